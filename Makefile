@@ -1,0 +1,45 @@
+# vbcluster developer entry points. Needs only Python 3.11 as `python3` (override: make PYTHON=...).
+# OPENBLAS_* and other environment variables are passed through untouched.
+
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+# Environment for test runs: a throwaway Prefect home, no telemetry, a patient ephemeral server,
+# and a non-interactive matplotlib backend.
+TEST_ENV := PREFECT_SERVER_ANALYTICS_ENABLED=false \
+            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 \
+            MPLBACKEND=Agg
+
+LINT_PATHS := $(wildcard vbcore pipeline flows tests bench)
+
+.PHONY: venv test demo bench lint clean
+
+venv: $(STAMP)
+
+# Reinstall only when the dependency declarations change.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --upgrade pip
+	$(VPY) -m pip install -c constraints.txt -e '.[dev]'
+	touch $@
+
+test: venv
+	@tmp=$$(mktemp -d); \
+	PREFECT_HOME=$$tmp $(TEST_ENV) $(VPY) -m pytest -q; \
+	rc=$$?; rm -rf "$$tmp"; exit $$rc
+
+demo: venv
+	MPLBACKEND=Agg $(VENV)/bin/vbcluster demo
+
+bench: venv
+	$(VPY) bench/bench_vbem.py
+
+lint: venv
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis \
+	       bench/out
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,24 @@
+"""Typed exceptions for vbcluster.
+
+Every user-facing error is a subclass of :class:`VBClusterError`, and the ones about bad input or bad
+settings are also :class:`ValueError`, so ``except ValueError`` in scikit-learn style code keeps working.
+Messages say what is wrong, where (parameter, array, row) and what to change.
+"""
+
+from __future__ import annotations
+
+
+class VBClusterError(Exception):
+    """Base class of all vbcluster errors."""
+
+
+class InputError(VBClusterError, ValueError):
+    """The data is unusable: wrong shape, non-finite values, too few rows."""
+
+
+class ConfigError(VBClusterError, ValueError):
+    """A parameter or prior is invalid (unknown name, non-positive value, wrong shape)."""
+
+
+class NumericalError(VBClusterError, ValueError):
+    """A posterior became numerically unusable (for example a covariance that is not positive definite)."""

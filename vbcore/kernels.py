@@ -1,0 +1,199 @@
+"""Chunk kernels: the VB E-step (seed 000 eqs. 35-36) and the statistics of eqs. 30-32, as GEMMs.
+
+Everything that reads data lives here. Kernels take their array namespace from the data (NumPy or
+CuPy) and use only array-API functions on it. Data of dtype float32 is multiplied with float32 GEMMs;
+sums across rows are returned as float64 NumPy arrays. No N x K x D array is ever built:
+
+* diagonal families: ``(x-m)^T P (x-m) = [x*x, x] @ [p; -2 p m]^T + m^T P m`` -- one
+  (n x 2D) @ (2D x K) GEMM; statistics ``R^T @ [x*x, x]`` -- one (K x n) @ (n x 2D) GEMM;
+* full: per component one (n x D) @ (D x D) GEMM with the precision Cholesky factor, and one
+  (D x n) @ (n x D) GEMM for its centred scatter.
+
+A :class:`Chunk` caches the shifted rows and ``[x*x, x]`` so that repeated passes over persisted data
+do not recompute them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vbcore.posterior import LOG_2PI, Posterior
+from vbcore.stats import SuffStats
+
+Array = Any
+
+
+def array_namespace(x: Array) -> Any:
+    """The array-API namespace of ``x`` (numpy for NumPy arrays, cupy for CuPy arrays)."""
+    if hasattr(x, "__array_namespace__"):
+        return x.__array_namespace__()
+    return np
+
+
+def to_numpy(x: Array) -> np.ndarray:
+    """Copy a (possibly device) array to a float64 NumPy array."""
+    if hasattr(x, "get"):  # CuPy
+        x = x.get()
+    return np.asarray(x, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows of the data, prepared once for repeated passes.
+
+    Attributes
+    ----------
+    x : array of shape (n_rows, n_features)
+        Rows minus ``shift``, in the data's dtype (float32 or float64).
+    feats : array of shape (n_rows, 2 * n_features) or None
+        ``[x*x, x]`` for the diagonal families; None for 'full'.
+    shift : ndarray of shape (n_features,)
+        The float64 offset that was subtracted.
+    """
+
+    x: Array
+    feats: Array | None
+    shift: np.ndarray
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.x.shape[0])
+
+
+def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str) -> Chunk:
+    """Subtract ``shift`` (float64, cast to the data dtype) and, for the diagonal families, cache
+    ``[x*x, x]`` (2x the chunk's memory; it saves one elementwise pass and one GEMM per iteration)."""
+    xp = array_namespace(x)
+    xs = x - xp.asarray(shift, dtype=x.dtype)
+    feats = None if covariance_type == "full" else xp.concat((xs * xs, xs), axis=1)
+    return Chunk(x=xs, feats=feats, shift=np.asarray(shift, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class EStepParams:
+    """What a chunk needs from the global posterior for one E-step (small; sent once per pass).
+
+    ``log rho_nk = const_k - 1/2 (x_n - m_k)^T E[Lambda_k] (x_n - m_k)`` (eq. 36), with
+    ``const_k = E ln pi_k + 1/2 E ln|Lambda_k| - D/2 ln 2 pi - D/(2 beta_k)``; for the diagonal
+    families ``weights`` (2D x K) and ``const`` already fold in the quadratic form's GEMM.
+    """
+
+    covariance_type: str
+    const: np.ndarray  # (K,)
+    weights: np.ndarray | None  # (2D, K) diagonal families
+    means: np.ndarray | None  # (K, D) shifted means, full
+    prec_chol: np.ndarray | None  # (K, D, D), full
+
+
+def estep_params(post: Posterior, shift: np.ndarray) -> EStepParams:
+    """Fold the posterior into the small arrays the E-step GEMMs use (seed 000 eqs. 33, 34, 36)."""
+    d = post.n_features
+    const = (
+        post.expected_log_weights()
+        + 0.5 * post.expected_log_det_precision()
+        - 0.5 * d * LOG_2PI
+        - 0.5 * d / post.mean_precision
+    )
+    m = post.means - shift[None, :]
+    if post.covariance_type == "full":
+        return EStepParams("full", const, None, m, post.precisions_cholesky)
+    p = post.precision_diagonal()  # (K, D)
+    weights = np.concatenate((-0.5 * p, p * m), axis=1).T  # (2D, K)
+    const = const - 0.5 * np.sum(p * m * m, axis=1)
+    return EStepParams(post.covariance_type, const, weights, None, None)
+
+
+def log_rho(chunk: Chunk, params: EStepParams) -> Array:
+    """Unnormalised log responsibilities ``ln rho_nk`` (eq. 36), shape (n_rows, K), data dtype."""
+    x = chunk.x
+    xp = array_namespace(x)
+    dt = x.dtype
+    const = xp.asarray(params.const, dtype=dt)
+    if params.covariance_type != "full":
+        assert chunk.feats is not None and params.weights is not None
+        return chunk.feats @ xp.asarray(params.weights, dtype=dt) + const
+    assert params.means is not None and params.prec_chol is not None
+    k = params.const.shape[0]
+    cols = []
+    for j in range(k):
+        u = xp.asarray(params.prec_chol[j], dtype=dt)
+        y = x @ u - xp.asarray(params.means[j] @ params.prec_chol[j], dtype=dt)
+        cols.append(xp.sum(y * y, axis=1))
+    return const - 0.5 * xp.stack(cols, axis=1)
+
+
+def normalise(log_r: Array) -> tuple[Array, Array, Array]:
+    """Row-wise softmax (eq. 35): responsibilities ``r``, ``ln r`` and ``ln sum_k rho_nk`` (n,)."""
+    xp = array_namespace(log_r)
+    mx = xp.max(log_r, axis=1, keepdims=True)
+    shifted = log_r - mx
+    e = xp.exp(shifted)
+    log_s = xp.log(xp.sum(e, axis=1, keepdims=True))
+    return e * xp.exp(-log_s), shifted - log_s, (mx + log_s)[:, 0]
+
+
+def chunk_statistics(chunk: Chunk, resp: Array, log_resp: Array | None = None) -> SuffStats:
+    """Sufficient statistics of a chunk given its responsibilities (eqs. 30-32), float64.
+
+    Parameters
+    ----------
+    chunk : Chunk
+    resp : array of shape (n_rows, K)
+        Responsibilities, in the chunk's dtype.
+    log_resp : array of shape (n_rows, K), optional
+        ``ln r``; when given, ``sum r ln r`` is accumulated (else it is 0).
+    """
+    xp = array_namespace(chunk.x)
+    x = chunk.x
+    resp = xp.astype(resp, x.dtype)
+    d = x.shape[1]
+    nk = to_numpy(xp.sum(xp.astype(resp, xp.float64), axis=0))
+    safe = np.where(nk > 0, nk, 1.0)
+    rlogr = 0.0
+    if log_resp is not None:
+        rlogr = float(to_numpy(xp.sum(xp.astype(resp * log_resp, xp.float64))))
+    if chunk.feats is not None:
+        g = to_numpy(xp.matrix_transpose(resp) @ chunk.feats)  # (K, 2D): [sum r x^2, sum r x]
+        sx = g[:, d:]
+        mean = sx / safe[:, None]
+        scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
+        mean[nk <= 0] = 0.0
+        scatter[nk <= 0] = 0.0
+    else:
+        mean = to_numpy(xp.matrix_transpose(resp) @ x) / safe[:, None]
+        mean[nk <= 0] = 0.0
+        k = nk.shape[0]
+        scatter = np.empty((k, d, d))
+        for j in range(k):
+            xc = x - xp.asarray(mean[j], dtype=x.dtype)
+            scatter[j] = to_numpy(xp.matrix_transpose(xc * resp[:, j : j + 1]) @ xc)
+        scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=rlogr, n_rows=chunk.n_rows,
+                     shift=chunk.shift)
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    """What one VB EM pass returns per chunk: statistics and ``sum_n ln sum_k rho_nk``."""
+
+    stats: SuffStats
+    log_norm: float
+
+    def merge(self, other: KernelResult) -> KernelResult:
+        return KernelResult(self.stats.merge(other.stats), self.log_norm + other.log_norm)
+
+
+def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
+    """One VB EM chunk pass: E-step (eqs. 35-36) then statistics (eqs. 30-32)."""
+    xp = array_namespace(chunk.x)
+    resp, log_resp, log_norm = normalise(log_rho(chunk, params))
+    total = float(to_numpy(xp.sum(xp.astype(log_norm, xp.float64))))
+    return KernelResult(chunk_statistics(chunk, resp, log_resp), total)
+
+
+def responsibilities(chunk: Chunk, params: EStepParams) -> Array:
+    """Responsibilities of the chunk's rows (eq. 35), data dtype."""
+    return normalise(log_rho(chunk, params))[0]

@@ -1,0 +1,90 @@
+"""Additive sufficient statistics of a mixture, in centred form (seed 000 eqs. 30-32).
+
+A chunk of rows with responsibilities ``r`` summarises to ``N_k = sum_n r_nk`` (eq. 30), the weighted
+mean ``xbar_k`` (eq. 31) and the centred scatter ``N_k S_k = sum_n r_nk (x_n - xbar_k)(x_n - xbar_k)^T``
+(eq. 32; only its diagonal for the diagonal families), plus ``sum_n sum_k r_nk ln r_nk`` for the
+entropy of q(Z). Two summaries merge exactly with the pairwise formula of Chan, Golub and LeVeque,
+which stays accurate where raw moments ``sum r x x^T`` would cancel. Means are stored relative to a
+``shift`` (the same for every chunk of a fit, usually the prior mean) to keep float32 GEMMs accurate.
+All arrays are float64 NumPy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SuffStats:
+    """Sufficient statistics of some rows of the data.
+
+    Attributes
+    ----------
+    nk : array of shape (n_components,)
+        ``N_k``, summed responsibilities.
+    mean : array of shape (n_components, n_features)
+        Weighted mean of ``x - shift``; zero where ``N_k == 0``.
+    scatter : array of shape (n_components, n_features, n_features) or (n_components, n_features)
+        Centred scatter ``N_k S_k`` (full) or its diagonal (diag, spherical, fixed).
+    sum_rlogr : float
+        ``sum_nk r_nk ln r_nk`` (minus the entropy of q(Z)).
+    n_rows : int
+        Number of rows summarised.
+    shift : array of shape (n_features,)
+        The offset subtracted from the rows before summarising.
+    """
+
+    nk: np.ndarray
+    mean: np.ndarray
+    scatter: np.ndarray
+    sum_rlogr: float
+    n_rows: int
+    shift: np.ndarray
+
+    @property
+    def n_components(self) -> int:
+        return int(self.nk.shape[0])
+
+    @property
+    def full(self) -> bool:
+        return self.scatter.ndim == 3
+
+    def merge(self, other: SuffStats) -> SuffStats:
+        """Combine two summaries of disjoint rows (Chan et al. pairwise update).
+
+        The result does not depend on which side holds which rows beyond floating-point rounding;
+        engines merge in a fixed (chunk) order so that results are bitwise reproducible.
+        """
+        if self.nk.shape != other.nk.shape or self.scatter.shape != other.scatter.shape:
+            raise ValueError(
+                f"cannot merge statistics of shapes {self.scatter.shape} and {other.scatter.shape}"
+            )
+        if not np.array_equal(self.shift, other.shift):
+            raise ValueError("cannot merge statistics computed with different shifts")
+        na, nb = self.nk, other.nk
+        n = na + nb
+        safe = np.where(n > 0, n, 1.0)
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (nb / safe)[:, None]
+        weight = na * nb / safe
+        if self.full:
+            correction = weight[:, None, None] * delta[:, :, None] * delta[:, None, :]
+        else:
+            correction = weight[:, None] * delta * delta
+        return SuffStats(
+            nk=n,
+            mean=mean,
+            scatter=self.scatter + other.scatter + correction,
+            sum_rlogr=self.sum_rlogr + other.sum_rlogr,
+            n_rows=self.n_rows + other.n_rows,
+            shift=self.shift,
+        )
+
+    def __add__(self, other: SuffStats) -> SuffStats:
+        return self.merge(other)
+
+    def raw_mean(self) -> np.ndarray:
+        """Weighted means in the data's own coordinates (``mean + shift``)."""
+        return self.mean + self.shift
