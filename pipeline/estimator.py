@@ -85,7 +85,8 @@ class VBMixture(DensityMixin, BaseEstimator):
     weight_concentration_prior, mean_precision_prior, mean_prior, degrees_of_freedom_prior,
     covariance_prior : priors, as in scikit-learn; None takes the data-dependent defaults.
     fixed_variance : float, optional
-        ``sigma^2`` for covariance_type='fixed'; default: the mean per-feature variance of X.
+        ``sigma^2`` for covariance_type='fixed'; default: the mean per-dimension within-cluster
+        variance of k-means with ``n_components`` clusters on (a sample of) X.
     learner : {'vbem'}, default='vbem'
     chunk_rows : int, default=65536
         Rows per chunk for the map-reduce passes.
@@ -193,7 +194,10 @@ class VBMixture(DensityMixin, BaseEstimator):
         self._engine = LocalEngine()
         raw_chunks = split_rows(X, int(self.chunk_rows))
         ct = self.covariance_type
-        prior = self._prior_from_raw(raw_chunks, d)
+        fixed_variance = self.fixed_variance
+        if ct == "fixed" and fixed_variance is None:
+            fixed_variance = self._default_fixed_variance(X)
+        prior = self._prior_from_raw(raw_chunks, d, fixed_variance)
         shift = prior.mean.copy()
         chunks = [prepare_chunk(c, shift, ct) for c in raw_chunks]
 
@@ -239,7 +243,24 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.prior_ = prior
         self._set_fitted(post, terms, history, converged, n_iter, n, d)
 
-    def _prior_from_raw(self, raw_chunks: list[np.ndarray], d: int) -> Prior:
+    def _default_fixed_variance(self, X: np.ndarray) -> float:
+        """Mean per-dimension within-cluster variance of k-means with K clusters on (a sample of
+        at most 20,000 rows of) X: the scale of one cluster, not of the whole data set."""
+        from sklearn.cluster import KMeans
+
+        rng = check_random_state(self.random_state)
+        n, d = X.shape
+        rows = np.sort(rng.choice(n, size=20_000, replace=False)) if n > 20_000 else np.arange(n)
+        sample = X[rows].astype(np.float64)
+        k = min(int(self.n_components), len(np.unique(sample, axis=0)))
+        km = KMeans(n_clusters=k, n_init=1, random_state=rng).fit(sample)
+        var = km.inertia_ / (len(sample) * d)
+        if not var > 0:
+            var = float(np.mean(sample.var(0))) or 1.0
+        return float(var)
+
+    def _prior_from_raw(self, raw_chunks: list[np.ndarray], d: int,
+                        fixed_variance: float | None) -> Prior:
         ct = self.covariance_type
         kind = "full" if (ct == "full" and self.covariance_prior is None) else "diag"
         # shift the moment pass by the first row to avoid cancellation on offset data
@@ -265,7 +286,7 @@ class VBMixture(DensityMixin, BaseEstimator):
             mean=mean_prior,
             degrees_of_freedom=self.degrees_of_freedom_prior,
             covariance=self.covariance_prior,
-            fixed_variance=self.fixed_variance,
+            fixed_variance=fixed_variance,
         )
 
     def _initial_resp(self, X: np.ndarray, resp_init: Any, prior: Prior) -> np.ndarray:
