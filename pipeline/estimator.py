@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import numpy as np
+from scipy.linalg import solve_triangular
 from scipy.special import gammaln, logsumexp
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.utils import check_random_state
@@ -24,9 +25,8 @@ from vbcore.kernels import (
     KernelResult,
     chunk_statistics,
     estep_params,
-    normalise,
-    log_rho,
     prepare_chunk,
+    responsibilities,
     vbem_kernel,
 )
 from vbcore.mstep import m_step
@@ -61,7 +61,7 @@ def check_array_2d(X: Any, name: str = "X") -> np.ndarray:
         row, col = np.argwhere(~finite)[0]
         raise InputError(
             f"{name} contains non-finite values (NaN or inf); the first is at row {row}, "
-            f"column {col}: {arr[row, col]!r}"
+            f"column {col}: {arr[row, col].item()}"
         )
     return arr
 
@@ -138,10 +138,24 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.verbose = verbose
 
     # ---- validation ---------------------------------------------------------------------------
+    @staticmethod
+    def _integer(name: str, value: Any, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+            raise ConfigError(f"{name} must be an integer >= {minimum}, got {_show(value)}")
+        return int(value)
+
+    @staticmethod
+    def _number(name: str, value: Any) -> float:
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            out = float("nan")
+        if isinstance(value, bool) or not np.isfinite(out) or out < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0, got {_show(value)}")
+        return out
+
     def _check_settings(self) -> None:
-        k = self.n_components
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ConfigError(f"n_components must be an integer >= 1, got {k!r}")
+        self._integer("n_components", self.n_components, 1)
         if self.covariance_type not in COVARIANCE_TYPES:
             raise ConfigError(
                 f"covariance_type must be one of {COVARIANCE_TYPES}, got {self.covariance_type!r}"
@@ -155,16 +169,10 @@ class VBMixture(DensityMixin, BaseEstimator):
             raise ConfigError(f"learner must be one of {LEARNERS}, got {self.learner!r}")
         if self.init_params not in INIT_PARAMS:
             raise ConfigError(f"init_params must be one of {INIT_PARAMS}, got {self.init_params!r}")
-        it = self.max_iter
-        if isinstance(it, bool) or not isinstance(it, (int, np.integer)) or it < 0:
-            raise ConfigError(f"max_iter must be an integer >= 0, got {it!r}")
-        if not np.isfinite(self.tol) or self.tol < 0:
-            raise ConfigError(f"tol must be a finite number >= 0, got {self.tol!r}")
-        if not np.isfinite(self.reg_covar) or self.reg_covar < 0:
-            raise ConfigError(f"reg_covar must be a finite number >= 0, got {self.reg_covar!r}")
-        cr = self.chunk_rows
-        if isinstance(cr, bool) or not isinstance(cr, (int, np.integer)) or cr < 1:
-            raise ConfigError(f"chunk_rows must be an integer >= 1, got {cr!r}")
+        self._integer("max_iter", self.max_iter, 0)
+        self._number("tol", self.tol)
+        self._number("reg_covar", self.reg_covar)
+        self._integer("chunk_rows", self.chunk_rows, 1)
 
     # ---- fitting ------------------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None, resp_init: Any = None) -> VBMixture:
@@ -210,10 +218,25 @@ class VBMixture(DensityMixin, BaseEstimator):
                     f"{self.posterior_.covariance_type!r} -> {ct!r})"
                 )
             post = self.posterior_
+            changed = [
+                f"{name} {old!r} -> {new!r}"
+                for name, old, new in (
+                    ("n_components", post.n_components, int(self.n_components)),
+                    ("weight_concentration_prior_type", post.weight_type,
+                     self.weight_concentration_prior_type),
+                )
+                if old != new
+            ]
+            if changed:
+                raise ConfigError(
+                    "warm_start: the settings changed since the last fit ("
+                    + "; ".join(changed) + "); set warm_start=False to start over"
+                )
         else:
             resp = self._initial_resp(X, resp_init, prior)
             stats = self._engine.map_reduce(
-                _stats_kernel, [(c, resp[s]) for c, s in zip(chunks, _slices(n, self.chunk_rows))]
+                _stats_kernel,
+                [(c, resp[s]) for c, s in zip(chunks, _slices(n, self.chunk_rows), strict=True)],
             )
             post = m_step(stats, prior, self.reg_covar)
 
@@ -270,7 +293,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         n = max(stats.n_rows - 1, 1)
         mean = stats.raw_mean()[0]
         cov = stats.scatter[0] / n
-        mean_prior = None if self.mean_prior is None else np.asarray(self.mean_prior, dtype=float)
+        mean_prior = None if self.mean_prior is None else _float_array("mean_prior", self.mean_prior)
         if mean_prior is not None and mean_prior.shape != (d,):
             raise ConfigError(
                 f"mean_prior must have shape (n_features,) = ({d},), got {mean_prior.shape}"
@@ -285,7 +308,8 @@ class VBMixture(DensityMixin, BaseEstimator):
             mean_precision=self.mean_precision_prior,
             mean=mean_prior,
             degrees_of_freedom=self.degrees_of_freedom_prior,
-            covariance=self.covariance_prior,
+            covariance=None if self.covariance_prior is None
+            else _float_array("covariance_prior", self.covariance_prior),
             fixed_variance=fixed_variance,
         )
 
@@ -303,7 +327,7 @@ class VBMixture(DensityMixin, BaseEstimator):
             sums = r.sum(1)
             if not np.allclose(sums, 1.0, rtol=0, atol=1e-6):
                 row = int(np.flatnonzero(~np.isclose(sums, 1.0, rtol=0, atol=1e-6))[0])
-                raise InputError(f"resp_init rows must sum to 1; row {row} sums to {sums[row]!r}")
+                raise InputError(f"resp_init rows must sum to 1; row {row} sums to {sums[row].item()}")
             return r
         rng = check_random_state(self.random_state)
         if self.init_params in ("kmeans", "k-means++", "random_from_data"):
@@ -373,7 +397,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         out = []
         for c in split_rows(X, int(self.chunk_rows)):
             chunk = prepare_chunk(c, shift, self.posterior_.covariance_type)
-            out.append(np.asarray(normalise(log_rho(chunk, params))[0], dtype=np.float64))
+            out.append(np.asarray(responsibilities(chunk, params), dtype=np.float64))
         return np.concatenate(out)
 
     def predict(self, X: Any) -> np.ndarray:
@@ -386,6 +410,18 @@ class VBMixture(DensityMixin, BaseEstimator):
 
     def score(self, X: Any, y: Any = None) -> float:
         return float(np.mean(self.score_samples(X)))
+
+
+def _show(value: Any) -> str:
+    """A value for an error message: NumPy scalars as plain Python numbers."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _float_array(name: str, value: Any) -> np.ndarray:
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be numeric, got {_show(value)}") from None
 
 
 # ---- kernels used by the estimator (module level so engines can ship them) --------------------
@@ -439,8 +475,6 @@ def _component_predictive(X: np.ndarray, ct: str, m: np.ndarray, beta: float, nu
         # precision L = dof * beta / (1 + beta) * W, W = (nu cov)^-1
         sigma = np.asarray(cov) * nu * scale / dof
         chol = np.linalg.cholesky(sigma)
-        from scipy.linalg import solve_triangular
-
         u = solve_triangular(chol, np.eye(d), lower=True).T
         return _student_t_logpdf(X, m, u, dof, True)
     if ct == "diag":  # independent 1-D t's with nu dof, scale^2 = cov (1+beta)/beta
@@ -449,9 +483,8 @@ def _component_predictive(X: np.ndarray, ct: str, m: np.ndarray, beta: float, nu
         return np.sum(gammaln(0.5 * (nu + 1)) - gammaln(0.5 * nu) - 0.5 * np.log(nu * np.pi * s2)
                       - 0.5 * (nu + 1) * np.log1p(z / nu), axis=1)
     # spherical: one shared Gamma precision -> multivariate t with nu*D dof
-    dof = nu * d
-    s2 = float(cov) * scale
-    return _student_t_logpdf(X, m, np.full(d, 1.0 / np.sqrt(s2)), dof, False)
+    var_sph = float(cov) * scale
+    return _student_t_logpdf(X, m, np.full(d, 1.0 / np.sqrt(var_sph)), nu * d, False)
 
 
 def posterior_predictive_logpdf(X: np.ndarray, post: Posterior, prior: Prior) -> np.ndarray:

@@ -57,7 +57,7 @@ def test_statistics_match_bruteforce_and_do_not_depend_on_chunking(data, ct, dty
     shift = X.astype(np.float64).mean(0)
     whole = chunk_statistics(prepare_chunk(X, shift, ct), R)
     parts = reduce_in_order([chunk_statistics(prepare_chunk(x, shift, ct), r)
-                             for x, r in zip(split_rows(X, 17), split_rows(R, 17))])
+                             for x, r in zip(split_rows(X, 17), split_rows(R, 17), strict=True)])
     tol = TOL[dtype]
     for s in (whole, parts):
         assert s.nk.dtype == np.float64 and s.mean.dtype == np.float64
@@ -93,17 +93,20 @@ def test_merge_rejects_mismatched_shifts():
 
 def test_normalise_is_a_stable_softmax():
     lr = np.array([[1000.0, 1001.0, -1e5], [-3.0, -3.0, -3.0]])
-    r, log_r, log_norm = normalise(lr)
+    r, log_norm, rlogr = normalise(lr)
     np.testing.assert_allclose(r.sum(1), 1.0)
-    np.testing.assert_allclose(np.exp(log_r), r)
     np.testing.assert_allclose(log_norm, [1001.0 + np.log1p(np.exp(-1.0)), -3.0 + np.log(3.0)])
+    from scipy.special import logsumexp, xlogy
+
+    np.testing.assert_allclose(r, np.exp(lr - logsumexp(lr, axis=1, keepdims=True)))
+    np.testing.assert_allclose(rlogr, xlogy(r, r).sum(1), rtol=1e-12)
 
 
 def test_rlogr_is_accumulated(data):
     prior, post, _ = _posterior(data, "diag")
     chunk = prepare_chunk(data, prior.mean, "diag")
-    r, log_r, _ = normalise(log_rho(chunk, estep_params(post, prior.mean)))
-    s = chunk_statistics(chunk, r, log_r)
+    r, _, rlogr = normalise(log_rho(chunk, estep_params(post, prior.mean)))
+    s = chunk_statistics(chunk, r, rlogr)
     from scipy.special import xlogy
 
     assert s.sum_rlogr == pytest.approx(xlogy(r, r).sum(), rel=1e-12)

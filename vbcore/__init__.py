@@ -6,7 +6,14 @@ on NumPy or CuPy arrays. Equation numbers in docstrings refer to the seed papers
 
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError, InputError, NumericalError, VBClusterError
-from vbcore.kernels import Chunk, EStepParams, chunk_statistics, estep_params, prepare_chunk, vbem_kernel
+from vbcore.kernels import (
+    Chunk,
+    EStepParams,
+    chunk_statistics,
+    estep_params,
+    prepare_chunk,
+    vbem_kernel,
+)
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
 from vbcore.priors import COVARIANCE_TYPES, WEIGHT_TYPES, Prior, default_prior

@@ -24,6 +24,8 @@ from vbcore.posterior import LOG_2PI, Posterior
 from vbcore.priors import Prior
 from vbcore.stats import SuffStats
 
+ArrayOrFloat = np.ndarray | float
+
 
 @dataclass(frozen=True)
 class ElboTerms:
@@ -59,7 +61,7 @@ def kl_beta(a: np.ndarray, b: np.ndarray, a0: float, b0: float) -> np.ndarray:
     )
 
 
-def kl_gamma(a: np.ndarray, b: np.ndarray, a0: np.ndarray, b0: np.ndarray) -> np.ndarray:
+def kl_gamma(a: ArrayOrFloat, b: ArrayOrFloat, a0: ArrayOrFloat, b0: ArrayOrFloat) -> np.ndarray:
     """KL(Gamma(shape a, rate b) || Gamma(shape a0, rate b0)), elementwise."""
     return (a - a0) * digamma(a) - gammaln(a) + gammaln(a0) + a0 * (np.log(b) - np.log(b0)) + a * (b0 - b) / b
 
@@ -105,7 +107,8 @@ def elbo_terms(stats: SuffStats, post: Posterior, prior: Prior) -> ElboTerms:
     e_log_det = post.expected_log_det_precision()
     e_log_pi = post.expected_log_weights()
 
-    # eq. 46: 1/2 sum_k N_k {E ln|Lambda| - D/beta - Tr(E[Lambda] S) - (xbar-m)^T E[Lambda] (xbar-m) - D ln 2pi}
+    # eq. 46: 1/2 sum_k N_k {E ln|Lambda| - D/beta - Tr(E[Lambda] S)
+    #                         - (xbar-m)^T E[Lambda] (xbar-m) - D ln 2pi}
     xbar_minus_m = stats.mean - (post.means - stats.shift)
     log_lik = 0.5 * np.sum(nk * (e_log_det - d / beta - d * LOG_2PI)) - 0.5 * np.sum(
         _trace_scatter(post, stats.scatter) + nk * _quad(post, xbar_minus_m)
@@ -140,12 +143,10 @@ def elbo_terms(stats: SuffStats, post: Posterior, prior: Prior) -> ElboTerms:
         nu0 = prior.degrees_of_freedom
         if ct == "diag":
             a, b = 0.5 * nu[:, None], 0.5 * nu[:, None] * post.covariances
-            a0, b0 = 0.5 * nu0, 0.5 * np.asarray(prior.covariance)[None, :]
-            kl_prec = kl_gamma(a, b, a0, b0).sum(1)
+            kl_prec = kl_gamma(a, b, 0.5 * nu0, 0.5 * np.asarray(prior.covariance)[None, :]).sum(1)
         else:
-            a, b = 0.5 * nu * d, 0.5 * nu * d * post.covariances
-            a0, b0 = 0.5 * nu0 * d, 0.5 * d * float(np.asarray(prior.covariance))
-            kl_prec = kl_gamma(a, b, a0, b0)
+            s0 = float(np.asarray(prior.covariance))
+            kl_prec = kl_gamma(0.5 * nu * d, 0.5 * nu * d * post.covariances, 0.5 * nu0 * d, 0.5 * d * s0)
     return ElboTerms(
         log_likelihood=float(log_lik),
         kl_assignments=float(kl_z),

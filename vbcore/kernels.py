@@ -126,16 +126,23 @@ def log_rho(chunk: Chunk, params: EStepParams) -> Array:
 
 
 def normalise(log_r: Array) -> tuple[Array, Array, Array]:
-    """Row-wise softmax (eq. 35): responsibilities ``r``, ``ln r`` and ``ln sum_k rho_nk`` (n,)."""
+    """Row-wise softmax (eq. 35) in few passes over the (n, K) array.
+
+    Returns the responsibilities ``r``, ``ln sum_k rho_nk`` and ``sum_k r_nk ln r_nk`` per row
+    (both (n,)). The last uses ``sum_k r ln r = (sum_k e_k z_k) / s - ln s`` with ``z = ln rho - max``,
+    ``e = exp(z)``, ``s = sum_k e_k``, so ``ln r`` is never materialised.
+    """
     xp = array_namespace(log_r)
     mx = xp.max(log_r, axis=1, keepdims=True)
-    shifted = log_r - mx
-    e = xp.exp(shifted)
-    log_s = xp.log(xp.sum(e, axis=1, keepdims=True))
-    return e * xp.exp(-log_s), shifted - log_s, (mx + log_s)[:, 0]
+    z = log_r - mx
+    e = xp.exp(z)
+    s = xp.sum(e, axis=1)
+    log_s = xp.log(s)
+    rlogr = xp.vecdot(e, z, axis=1) / s - log_s
+    return e * xp.reshape(1.0 / s, (-1, 1)), mx[:, 0] + log_s, rlogr
 
 
-def chunk_statistics(chunk: Chunk, resp: Array, log_resp: Array | None = None) -> SuffStats:
+def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> SuffStats:
     """Sufficient statistics of a chunk given its responsibilities (eqs. 30-32), float64.
 
     Parameters
@@ -143,18 +150,17 @@ def chunk_statistics(chunk: Chunk, resp: Array, log_resp: Array | None = None) -
     chunk : Chunk
     resp : array of shape (n_rows, K)
         Responsibilities, in the chunk's dtype.
-    log_resp : array of shape (n_rows, K), optional
-        ``ln r``; when given, ``sum r ln r`` is accumulated (else it is 0).
+    rlogr : array of shape (n_rows,), optional
+        ``sum_k r_nk ln r_nk`` per row (from :func:`normalise`); summed in float64 when given.
     """
     xp = array_namespace(chunk.x)
     x = chunk.x
-    resp = xp.astype(resp, x.dtype)
+    if resp.dtype != x.dtype:
+        resp = xp.astype(resp, x.dtype)
     d = x.shape[1]
-    nk = to_numpy(xp.sum(xp.astype(resp, xp.float64), axis=0))
+    nk = to_numpy(xp.sum(resp, axis=0, dtype=xp.float64))
     safe = np.where(nk > 0, nk, 1.0)
-    rlogr = 0.0
-    if log_resp is not None:
-        rlogr = float(to_numpy(xp.sum(xp.astype(resp * log_resp, xp.float64))))
+    sum_rlogr = 0.0 if rlogr is None else float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
     if chunk.feats is not None:
         g = to_numpy(xp.matrix_transpose(resp) @ chunk.feats)  # (K, 2D): [sum r x^2, sum r x]
         sx = g[:, d:]
@@ -171,7 +177,7 @@ def chunk_statistics(chunk: Chunk, resp: Array, log_resp: Array | None = None) -
             xc = x - xp.asarray(mean[j], dtype=x.dtype)
             scatter[j] = to_numpy(xp.matrix_transpose(xc * resp[:, j : j + 1]) @ xc)
         scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
-    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=rlogr, n_rows=chunk.n_rows,
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
                      shift=chunk.shift)
 
 
@@ -189,9 +195,9 @@ class KernelResult:
 def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     """One VB EM chunk pass: E-step (eqs. 35-36) then statistics (eqs. 30-32)."""
     xp = array_namespace(chunk.x)
-    resp, log_resp, log_norm = normalise(log_rho(chunk, params))
-    total = float(to_numpy(xp.sum(xp.astype(log_norm, xp.float64))))
-    return KernelResult(chunk_statistics(chunk, resp, log_resp), total)
+    resp, log_norm, rlogr = normalise(log_rho(chunk, params))
+    total = float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
+    return KernelResult(chunk_statistics(chunk, resp, rlogr), total)
 
 
 def responsibilities(chunk: Chunk, params: EStepParams) -> Array:

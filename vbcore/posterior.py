@@ -45,7 +45,7 @@ class Posterior:
     means: np.ndarray
     degrees_of_freedom: np.ndarray | None
     covariances: np.ndarray
-    precisions_cholesky: np.ndarray = field(repr=False, default=None)  # type: ignore[assignment]
+    precisions_cholesky: np.ndarray = field(repr=False, default=None)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         if self.precisions_cholesky is None:

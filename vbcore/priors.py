@@ -28,10 +28,14 @@ WEIGHT_TYPES = ("dirichlet_distribution", "dirichlet_process")
 
 
 def _positive(name: str, value: float) -> float:
-    value = float(value)
-    if not np.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-    return value
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        out = float("nan")
+    if isinstance(value, bool) or not np.isfinite(out) or out <= 0:
+        shown = value.item() if isinstance(value, np.generic) else value
+        raise ConfigError(f"{name} must be a finite number > 0, got {shown!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -92,18 +96,25 @@ def validate_prior(p: Prior) -> None:
     _positive("mean_precision_prior", p.mean_precision)
     mean = np.asarray(p.mean)
     if mean.ndim != 1 or not np.all(np.isfinite(mean)):
-        raise ConfigError(f"mean_prior must be a finite vector of shape (n_features,), got shape {mean.shape}")
+        raise ConfigError(
+            f"mean_prior must be a finite vector of shape (n_features,), got shape {mean.shape}"
+        )
     d = mean.shape[0]
     if p.covariance_type == "fixed":
         if p.fixed_variance is None:
             raise ConfigError("covariance_type='fixed' needs fixed_variance (a number > 0)")
         _positive("fixed_variance", p.fixed_variance)
         return
-    nu0 = float(p.degrees_of_freedom)
+    try:
+        nu0 = float(p.degrees_of_freedom)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"degrees_of_freedom_prior must be a number, got {p.degrees_of_freedom!r}"
+        ) from None
     if p.covariance_type == "full":
         if not np.isfinite(nu0) or nu0 <= d - 1:
             raise ConfigError(
-                f"degrees_of_freedom_prior must be > n_features - 1 = {d - 1} for 'full', got {nu0!r}"
+                f"degrees_of_freedom_prior must be > n_features - 1 = {d - 1} for 'full', got {nu0}"
             )
     else:
         _positive("degrees_of_freedom_prior", nu0)
@@ -172,6 +183,14 @@ def default_prior(
             if data_cov.ndim != 2:
                 raise ConfigError("a full covariance prior needs the full data covariance")
             covariance = data_cov + np.diag(np.maximum(floor - var, 0.0))
+            try:
+                np.linalg.cholesky(covariance)
+            except np.linalg.LinAlgError:
+                raise ConfigError(
+                    f"the covariance of the data (the default covariance_prior for 'full') is "
+                    f"singular: too few rows for {d} features, or collinear features; pass "
+                    "covariance_prior, or use covariance_type='diag'"
+                ) from None
         elif covariance_type == "diag":
             covariance = np.maximum(var, floor)
         else:
