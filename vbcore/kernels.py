@@ -25,6 +25,11 @@ from vbcore.stats import SuffStats
 
 Array = Any
 
+#: Rows per block inside a chunk. The (block x K) logits and responsibilities stay in cache between
+#: the E-step GEMM, the softmax and the statistics GEMM, and each block's float32 GEMM result is
+#: accumulated in float64. A fixed constant, so results do not depend on the machine.
+BLOCK_ROWS = 2048
+
 
 def array_namespace(x: Array) -> Any:
     """The array-API namespace of ``x`` (numpy for NumPy arrays, cupy for CuPy arrays)."""
@@ -162,21 +167,31 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
     safe = np.where(nk > 0, nk, 1.0)
     sum_rlogr = 0.0 if rlogr is None else float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
     if chunk.feats is not None:
-        g = to_numpy(xp.matrix_transpose(resp) @ chunk.feats)  # (K, 2D): [sum r x^2, sum r x]
-        sx = g[:, d:]
-        mean = sx / safe[:, None]
-        scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
-        mean[nk <= 0] = 0.0
-        scatter[nk <= 0] = 0.0
-    else:
-        mean = to_numpy(xp.matrix_transpose(resp) @ x) / safe[:, None]
-        mean[nk <= 0] = 0.0
-        k = nk.shape[0]
-        scatter = np.empty((k, d, d))
-        for j in range(k):
-            xc = x - xp.asarray(mean[j], dtype=x.dtype)
-            scatter[j] = to_numpy(xp.matrix_transpose(xc * resp[:, j : j + 1]) @ xc)
-        scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
+        g = np.zeros((nk.shape[0], 2 * d))  # [sum r x^2, sum r x], float64 over float32 blocks
+        for i in range(0, chunk.n_rows, BLOCK_ROWS):
+            g += to_numpy(xp.matrix_transpose(resp[i : i + BLOCK_ROWS]) @ chunk.feats[i : i + BLOCK_ROWS])
+        return _diag_stats(nk, g, sum_rlogr, chunk)
+    # full: means first, then the exactly centred scatter per component (two passes, D x D GEMMs)
+    mean = to_numpy(xp.matrix_transpose(resp) @ x) / safe[:, None]
+    mean[nk <= 0] = 0.0
+    k = nk.shape[0]
+    scatter = np.empty((k, d, d))
+    for j in range(k):
+        xc = x - xp.asarray(mean[j], dtype=x.dtype)
+        scatter[j] = to_numpy(xp.matrix_transpose(xc * resp[:, j : j + 1]) @ xc)
+    scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
+                     shift=chunk.shift)
+
+
+def _diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:
+    """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of shifted rows."""
+    d = g.shape[1] // 2
+    safe = np.where(nk > 0, nk, 1.0)
+    mean = g[:, d:] / safe[:, None]
+    scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
+    mean[nk <= 0] = 0.0
+    scatter[nk <= 0] = 0.0
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
                      shift=chunk.shift)
 
@@ -195,9 +210,27 @@ class KernelResult:
 def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     """One VB EM chunk pass: E-step (eqs. 35-36) then statistics (eqs. 30-32)."""
     xp = array_namespace(chunk.x)
-    resp, log_norm, rlogr = normalise(log_rho(chunk, params))
-    total = float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
-    return KernelResult(chunk_statistics(chunk, resp, rlogr), total)
+    if chunk.feats is None:
+        resp, log_norm, rlogr = normalise(log_rho(chunk, params))
+        total = float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
+        return KernelResult(chunk_statistics(chunk, resp, rlogr), total)
+    # diagonal families: E-step, softmax and statistics block by block (see BLOCK_ROWS)
+    assert params.weights is not None
+    dt = chunk.x.dtype
+    w = xp.asarray(params.weights, dtype=dt)
+    const = xp.asarray(params.const, dtype=dt)
+    k, d = params.const.shape[0], chunk.x.shape[1]
+    g = np.zeros((k, 2 * d))
+    nk = np.zeros(k)
+    total = sum_rlogr = 0.0
+    for i in range(0, chunk.n_rows, BLOCK_ROWS):
+        f = chunk.feats[i : i + BLOCK_ROWS]
+        resp, log_norm, rlogr = normalise(f @ w + const)
+        g += to_numpy(xp.matrix_transpose(resp) @ f)
+        nk += to_numpy(xp.sum(resp, axis=0, dtype=xp.float64))
+        total += float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
+        sum_rlogr += float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
+    return KernelResult(_diag_stats(nk, g, sum_rlogr, chunk), total)
 
 
 def responsibilities(chunk: Chunk, params: EStepParams) -> Array:
