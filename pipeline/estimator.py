@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import numpy as np
+from scipy import sparse
 from scipy.linalg import solve_triangular
 from scipy.special import gammaln, logsumexp
 from sklearn.base import BaseEstimator, DensityMixin
@@ -19,7 +20,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from pipeline.engine import LocalEngine, split_rows
 from vbcore.elbo import ElboTerms, elbo_terms
-from vbcore.errors import ConfigError, InputError
+from vbcore.errors import ConfigError, InputError, InputTypeError
 from vbcore.kernels import (
     Chunk,
     KernelResult,
@@ -39,22 +40,44 @@ INIT_PARAMS = ("kmeans", "k-means++", "random", "random_from_data")
 
 
 def check_array_2d(X: Any, name: str = "X") -> np.ndarray:
-    """Validate data: 2-D, numeric, at least one row, all finite. float32 stays float32."""
+    """Validate data: dense, 2-D, numeric, at least one row and column, all finite.
+
+    float32 stays float32; other numeric dtypes (and object arrays of numbers) become float64.
+    Messages keep scikit-learn's wording where it has one, so its tooling recognises them.
+    """
+    if sparse.issparse(X):
+        raise InputError(
+            f"{name} is a scipy sparse matrix; sparse input is not supported: pass X.toarray() "
+            "(feature stores hold dense features)"
+        )
     try:
         arr = np.asarray(X)
     except Exception as exc:  # pragma: no cover - exotic inputs
         raise InputError(f"{name} cannot be converted to an array: {exc}") from None
+    if arr.dtype.kind == "c":
+        raise InputError(f"Complex data not supported: {name} has dtype {arr.dtype}")
+    if arr.dtype.kind == "O":
+        try:
+            arr = arr.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InputTypeError(f"{name} must be numeric; its dtype object holds a non-number: {exc}") from None
     if arr.dtype.kind not in "biuf":
         raise InputError(f"{name} must be numeric, got dtype {arr.dtype}")
     if arr.ndim != 2:
         raise InputError(
-            f"{name} must be 2-D (n_samples, n_features), got {arr.ndim}-D of shape {arr.shape}; "
-            "reshape a single feature with X.reshape(-1, 1)"
+            f"{name} must be 2-D (n_samples, n_features), got {arr.ndim}-D of shape {arr.shape}. "
+            "Reshape your data: X.reshape(-1, 1) for a single feature, X.reshape(1, -1) for one row"
         )
     if arr.shape[0] < 1:
-        raise InputError(f"{name} has n_samples=0; at least 1 row is needed")
+        raise InputError(
+            f"{name} has n_samples=0: found array with 0 sample(s) (shape={arr.shape}) while a "
+            "minimum of 1 is required."
+        )
     if arr.shape[1] < 1:
-        raise InputError(f"{name} has n_features=0; at least 1 column is needed")
+        raise InputError(
+            f"{name} has n_features=0: found array with 0 feature(s) (shape={arr.shape}) while a "
+            "minimum of 1 is required."
+        )
     arr = np.ascontiguousarray(arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
     finite = np.isfinite(arr)
     if not finite.all():
@@ -385,7 +408,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         X = check_array_2d(X)
         if X.shape[1] != self.n_features_in_:
             raise InputError(
-                f"X has {X.shape[1]} features, but the model was fitted with {self.n_features_in_}"
+                f"X has {X.shape[1]} features, but VBMixture is expecting {self.n_features_in_} "
+                "features as input (the number it was fitted with)"
             )
         return X
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import sparse
 from sklearn.datasets import load_iris
 from sklearn.exceptions import NotFittedError
 
@@ -77,9 +78,11 @@ def test_non_finite_X_after_fitting(iris, fitted, method, bad):
         (np.zeros((0, 4)), r"n_samples=0"),
         (np.zeros((5, 0)), r"n_features=0"),
         (np.array([["a", "b"], ["c", "d"]]), r"numeric"),
-        (np.array([[1.0, 2.0], [3.0, 4.0]]) + 1j, r"numeric"),
+        (np.array([[1.0, 2.0], [3.0, 4.0]]) + 1j, r"Complex data not supported"),
+        (np.array([[1.0, {"a": 1}]], dtype=object), r"must be numeric.*dict"),
+        (sparse.csr_matrix(np.eye(3)), r"sparse input is not supported.*toarray"),
     ],
-    ids=["1d", "3d", "0d", "no-rows", "no-columns", "strings", "complex"],
+    ids=["1d", "3d", "0d", "no-rows", "no-columns", "strings", "complex", "object", "sparse"],
 )
 def test_bad_X_shapes_and_types(X, pattern):
     with pytest.raises(InputError, match=pattern):
@@ -97,7 +100,7 @@ def test_bad_X_in_predict(fitted):
 
 def test_predict_with_other_number_of_features(iris, fitted):
     for method in ("predict", "predict_proba", "score_samples", "score"):
-        with pytest.raises(InputError, match=r"3 features.*fitted with 4"):
+        with pytest.raises(InputError, match=r"X has 3 features, but VBMixture is expecting 4 features"):
             getattr(fitted, method)(iris[:, :3])
 
 

@@ -16,6 +16,10 @@ class InputError(VBClusterError, ValueError):
     """The data is unusable: wrong shape, non-finite values, too few rows."""
 
 
+class InputTypeError(InputError, TypeError):
+    """The data holds values that are not numbers (for example objects in an object array)."""
+
+
 class ConfigError(VBClusterError, ValueError):
     """A parameter or prior is invalid (unknown name, non-positive value, wrong shape)."""
 
