@@ -131,7 +131,6 @@ def main() -> None:
           f"(vbcluster iteration = {t_ours / t_sk:.3f} of scikit-learn's)")
     print(f"  E-step + statistics: {achieved / rate32:6.1%} of this machine's float32 GEMM rate "
           f"({achieved / 1e9:.0f} of {rate32 / 1e9:.0f} GFLOP/s, 2048^3 sgemm, same run)")
-    print(f"  share of the iteration spent in the chunk kernel: {t_kernel / t_ours:.1%}")
     ceiling = t_sk / (flops / rate32)
     print(f"  ceiling: with the kernel at 100% of the GEMM rate (and a free M-step) the speed-up over "
           f"scikit-learn would be {ceiling:.2f}x")

@@ -60,7 +60,9 @@ def check_array_2d(X: Any, name: str = "X") -> np.ndarray:
         try:
             arr = arr.astype(np.float64)
         except (TypeError, ValueError) as exc:
-            raise InputTypeError(f"{name} must be numeric; its dtype object holds a non-number: {exc}") from None
+            raise InputTypeError(
+                f"{name} must be numeric; its dtype object holds a non-number: {exc}"
+            ) from None
     if arr.dtype.kind not in "biuf":
         raise InputError(f"{name} must be numeric, got dtype {arr.dtype}")
     if arr.ndim != 2:
