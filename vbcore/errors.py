@@ -26,3 +26,7 @@ class ConfigError(VBClusterError, ValueError):
 
 class NumericalError(VBClusterError, ValueError):
     """A posterior became numerically unusable (for example a covariance that is not positive definite)."""
+
+
+class StoreError(VBClusterError, ValueError):
+    """A feature store is missing, malformed, from a newer schema, or cannot take the data."""

@@ -1,0 +1,438 @@
+"""The feature store: a Zarr v3 group with ``features`` (float32, rows chunked, compressed) and
+optional ``labels`` (int64) and ``ids`` (int64 or strings).
+
+Group attributes: ``format``, ``schema_version``, ``n_rows``, ``n_features``, ``chunk_rows``,
+``source``, ``extractor``, ``extractor_params``, ``fingerprint`` (a sha256 chained over every
+append: it changes whenever rows are added), ``appends`` (one record per append) and ``created``.
+
+**Atomic appends** (local stores). An append is a transaction with an undo journal:
+
+1. the metadata files (``zarr.json``) and the rows of the last, partly filled chunk of every array
+   are copied into ``STORE.append-journal.tmp/`` beside the store, which is then renamed to
+   ``STORE.append-journal/`` (the rename is the start of the transaction);
+2. the arrays are resized and the new rows written, batch by batch (memory stays bounded);
+3. the group attributes are updated, and the journal is renamed away and deleted (the commit).
+
+Opening a store for writing rolls back any journal left by a killed append: metadata restored,
+chunks beyond the old extent deleted, the partial chunk's old rows rewritten. A reader that finds
+a journal it may not roll back is refused with a clear message. Stores opened through an fsspec URL
+are readable; appends need a local path.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import ZstdCodec
+
+from vbcore.errors import InputError, StoreError
+
+FORMAT = "vbcluster-feature-store"
+SCHEMA_VERSION = 1
+JOURNAL = ".append-journal"  # suffix of a directory beside the store
+ARRAYS = ("features", "labels", "ids")
+
+
+def _is_url(path: str) -> bool:
+    return "://" in str(path)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def check_rows(X: Any, n_features: int | None, where: str, first_row: int = 0,
+               on_nonfinite: str = "raise") -> tuple[np.ndarray, np.ndarray | None]:
+    """Validate a batch of rows for a store: 2-D, numeric, finite, the store's width.
+
+    Returns the rows as float32 and, when ``on_nonfinite='drop'``, the boolean mask of kept rows
+    (None when nothing was dropped). ``where`` and ``first_row`` make messages point at the source.
+    """
+    arr = np.asarray(X)
+    if arr.ndim != 2:
+        raise InputError(f"{where}: rows must be 2-D (n_rows, n_features), got shape {arr.shape}")
+    if arr.dtype.kind not in "biuf":
+        raise InputError(f"{where}: features must be numeric, got dtype {arr.dtype}")
+    if n_features is not None and arr.shape[1] != n_features:
+        raise InputError(
+            f"{where}: rows have {arr.shape[1]} features but the store has {n_features}"
+        )
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    finite = np.isfinite(arr).all(axis=1)
+    if finite.all():
+        return arr, None
+    if on_nonfinite == "drop":
+        return arr[finite], finite
+    bad = int(np.flatnonzero(~finite)[0])
+    col = int(np.flatnonzero(~np.isfinite(arr[bad]))[0])
+    raise InputError(
+        f"{where}: non-finite value at row {first_row + bad}, column {col} "
+        f"({arr[bad, col].item()}); clean the source or ingest with --drop-nonfinite"
+    )
+
+
+@dataclass
+class FeatureStore:
+    """A handle on a feature store (see the module docstring for the layout)."""
+
+    path: str
+    group: zarr.Group
+    writable: bool
+
+    # ---- creation and opening -------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        n_features: int,
+        *,
+        chunk_rows: int = 8192,
+        labels: bool = False,
+        ids: str | None = None,
+        source: str = "",
+        extractor: str | None = None,
+        extractor_params: dict[str, Any] | None = None,
+        compression_level: int = 3,
+        overwrite: bool = False,
+    ) -> FeatureStore:
+        """Create an empty store. ``ids`` is None, 'int' or 'str'."""
+        path = str(path)
+        if int(n_features) < 1:
+            raise StoreError(f"{path}: n_features must be >= 1, got {n_features}")
+        if int(chunk_rows) < 1:
+            raise StoreError(f"{path}: chunk_rows must be >= 1, got {chunk_rows}")
+        if ids not in (None, "int", "str"):
+            raise StoreError(f"{path}: ids must be None, 'int' or 'str', got {ids!r}")
+        if not _is_url(path) and Path(path).exists() and any(Path(path).iterdir()) and not overwrite:
+            raise StoreError(f"{path} already exists and is not empty; pass overwrite=True to replace it")
+        group = zarr.open_group(path, mode="w")
+        comp = ZstdCodec(level=compression_level)
+        group.create_array("features", shape=(0, n_features), chunks=(chunk_rows, n_features),
+                           dtype="float32", compressors=comp)
+        if labels:
+            group.create_array("labels", shape=(0,), chunks=(chunk_rows,), dtype="int64", compressors=comp)
+        if ids is not None:
+            group.create_array("ids", shape=(0,), chunks=(chunk_rows,),
+                               dtype="int64" if ids == "int" else str, compressors=comp)
+        seed = hashlib.sha256(f"{FORMAT}/{SCHEMA_VERSION}/{n_features}".encode()).hexdigest()
+        group.attrs.update({
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "n_rows": 0,
+            "n_features": int(n_features),
+            "chunk_rows": int(chunk_rows),
+            "source": source,
+            "extractor": extractor,
+            "extractor_params": extractor_params or {},
+            "fingerprint": seed,
+            "appends": [],
+            "created": _now(),
+        })
+        return cls(path, group, True)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], mode: str = "r") -> FeatureStore:
+        """Open and validate a store. ``mode='r+'`` allows appends (and rolls back a killed one)."""
+        path = str(path)
+        if mode not in ("r", "r+"):
+            raise StoreError(f"mode must be 'r' or 'r+', got {mode!r}")
+        if not _is_url(path):
+            p = Path(path)
+            if not p.exists():
+                raise StoreError(f"{path}: no such feature store (the path does not exist)")
+            if not (p / "zarr.json").is_file():
+                raise StoreError(f"{path} is not a feature store (no zarr.json: not a Zarr v3 group)")
+            if _jpath(p).exists():
+                if mode == "r" and not os.access(path, os.W_OK):
+                    raise StoreError(
+                        f"{path}: an append was interrupted; open the store with write access once "
+                        "to roll it back"
+                    )
+                _rollback(p)
+        try:
+            group = zarr.open_group(path, mode="r+" if mode == "r+" else "r")
+        except Exception as exc:  # zarr raises several types for a non-group
+            raise StoreError(f"{path} is not a feature store ({type(exc).__name__}: {exc})") from None
+        store = cls(path, group, mode == "r+")
+        store._validate()
+        return store
+
+    def _validate(self) -> None:
+        a = dict(self.group.attrs)
+        if a.get("format") != FORMAT:
+            raise StoreError(f"{self.path} is a Zarr group but not a vbcluster feature store "
+                             f"(attribute 'format' is {a.get('format')!r})")
+        version = a.get("schema_version")
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} was written with store schema version {version!r}; this vbcluster "
+                f"reads versions <= {SCHEMA_VERSION}: upgrade vbcluster"
+            )
+        missing = [k for k in ("n_rows", "n_features", "chunk_rows", "fingerprint") if k not in a]
+        if missing:
+            raise StoreError(f"{self.path}: store attributes are missing {missing}")
+        if "features" not in self.group.array_keys():
+            raise StoreError(f"{self.path}: the store has no 'features' array")
+        f = self.features
+        n = int(a["n_rows"])
+        if f.ndim != 2 or f.shape[1] != a["n_features"] or f.shape[0] != n:
+            raise StoreError(f"{self.path}: 'features' has shape {f.shape}, attributes say "
+                             f"({n}, {a['n_features']})")
+        for name in ("labels", "ids"):
+            if name in self.group.array_keys() and self.group[name].shape != (n,):
+                raise StoreError(f"{self.path}: '{name}' has shape {self.group[name].shape}, expected ({n},)")
+
+    # ---- properties -------------------------------------------------------------------------
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return dict(self.group.attrs)
+
+    @property
+    def features(self) -> zarr.Array:
+        return self.group["features"]  # type: ignore[return-value]
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.group.attrs["n_rows"])  # type: ignore[arg-type]
+
+    @property
+    def n_features(self) -> int:
+        return int(self.group.attrs["n_features"])  # type: ignore[arg-type]
+
+    @property
+    def chunk_rows(self) -> int:
+        return int(self.group.attrs["chunk_rows"])  # type: ignore[arg-type]
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.group.attrs["fingerprint"])
+
+    @property
+    def has_labels(self) -> bool:
+        return "labels" in self.group.array_keys()
+
+    @property
+    def has_ids(self) -> bool:
+        return "ids" in self.group.array_keys()
+
+    def chunk_slices(self) -> list[slice]:
+        """Row ranges of the store's chunks, in order."""
+        n, c = self.n_rows, self.chunk_rows
+        return [slice(s, min(s + c, n)) for s in range(0, n, c)]
+
+    def read(self, rows: slice | None = None) -> np.ndarray:
+        rows = rows or slice(0, self.n_rows)
+        return np.asarray(self.features[rows], dtype=np.float32)
+
+    def read_labels(self, rows: slice | None = None) -> np.ndarray | None:
+        if not self.has_labels:
+            return None
+        return np.asarray(self.group["labels"][rows or slice(0, self.n_rows)])
+
+    def read_ids(self, rows: slice | None = None) -> np.ndarray | None:
+        if not self.has_ids:
+            return None
+        return np.asarray(self.group["ids"][rows or slice(0, self.n_rows)])
+
+    # ---- appends ----------------------------------------------------------------------------
+    def append(self, X: Any, labels: Any = None, ids: Any = None, *, source: str = "",
+               on_nonfinite: str = "raise") -> int:
+        """Append one batch of rows atomically; returns the number of rows written."""
+        return self.append_batches([(X, labels, ids)], source=source, on_nonfinite=on_nonfinite)
+
+    def append_batches(self, batches: Iterable[tuple[Any, Any, Any]], *, source: str = "",
+                       on_nonfinite: str = "raise") -> int:
+        """Append batches ``(X, labels, ids)`` as ONE atomic transaction, streaming (only one
+        batch is in memory at a time). Returns the number of rows written; with
+        ``on_nonfinite='drop'`` rows with NaN/inf are skipped and counted in the append record."""
+        if not self.writable:
+            raise StoreError(f"{self.path} is open read-only; open it with mode='r+' to append")
+        if _is_url(self.path):
+            raise StoreError(f"{self.path}: appends need a local store path")
+        if on_nonfinite not in ("raise", "drop"):
+            raise StoreError(f"on_nonfinite must be 'raise' or 'drop', got {on_nonfinite!r}")
+        root = Path(self.path)
+        old_n = self.n_rows
+        fp = self.fingerprint
+        _begin_journal(root, self.group, old_n, self.chunk_rows)
+        written = dropped = 0
+        where = source or "appended rows"
+        try:
+            for X, labels, ids in batches:
+                rows, kept = check_rows(X, self.n_features, where, first_row=written + dropped,
+                                        on_nonfinite=on_nonfinite)
+                n_in = rows.shape[0] if kept is None else kept.shape[0]
+                lab = self._check_side("labels", labels, n_in, kept, where)
+                idv = self._check_side("ids", ids, n_in, kept, where)
+                dropped += 0 if kept is None else int((~kept).sum())
+                if rows.shape[0] == 0:
+                    continue
+                start, stop = old_n + written, old_n + written + rows.shape[0]
+                self.features.resize((stop, self.n_features))
+                self.features[start:stop] = rows
+                h = hashlib.sha256(fp.encode())
+                h.update(rows.tobytes())
+                if lab is not None:
+                    self.group["labels"].resize((stop,))
+                    self.group["labels"][start:stop] = lab
+                    h.update(lab.tobytes())
+                if idv is not None:
+                    self.group["ids"].resize((stop,))
+                    self.group["ids"][start:stop] = idv
+                    h.update("\x00".join(map(str, idv.tolist())).encode())
+                fp = h.hexdigest()
+                written += rows.shape[0]
+            appends = list(self.group.attrs.get("appends", []))  # type: ignore[arg-type]
+            appends.append({"rows": written, "dropped_nonfinite": dropped, "source": source,
+                            "time": _now()})
+            self.group.attrs.update({"n_rows": old_n + written, "fingerprint": fp, "appends": appends})
+        except BaseException:
+            _rollback(root)
+            self.group = zarr.open_group(self.path, mode="r+")
+            raise
+        _commit_journal(root)
+        return written
+
+    def _check_side(self, name: str, values: Any, n_in: int, kept: np.ndarray | None,
+                    where: str) -> np.ndarray | None:
+        present = name in self.group.array_keys()
+        if values is None:
+            if present:
+                raise InputError(f"{where}: the store has '{name}'; pass them for every batch")
+            return None
+        if not present:
+            raise InputError(f"{where}: the store was created without '{name}'")
+        arr = np.asarray(values)
+        if arr.ndim != 1 or arr.shape[0] != n_in:
+            raise InputError(f"{where}: {name} has length {arr.shape[0] if arr.ndim else 0} "
+                             f"but there are {n_in} rows")
+        if name == "labels":
+            if arr.dtype.kind not in "biu":
+                if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+                    arr = arr.astype(np.int64)
+                else:
+                    raise InputError(f"{where}: labels must be integers, got dtype {arr.dtype}")
+            arr = arr.astype(np.int64)
+        elif self.group["ids"].dtype.kind in "iu":
+            arr = arr.astype(np.int64)
+        else:
+            arr = arr.astype(str)
+        return arr if kept is None else arr[kept]
+
+
+# ---- the undo journal ---------------------------------------------------------------------------
+def _jpath(root: Path, suffix: str = "") -> Path:
+    """The journal directory beside the store (outside the Zarr hierarchy)."""
+    return root.parent / (root.name + JOURNAL + suffix)
+
+
+def _save_tail(path: Path, values: np.ndarray) -> None:
+    if values.dtype.kind in "biuf":
+        np.save(path.with_suffix(".npy"), values, allow_pickle=False)
+    else:
+        path.with_suffix(".json").write_text(json.dumps([str(v) for v in values.tolist()]))
+
+
+def _load_tail(path: Path) -> np.ndarray | None:
+    if path.with_suffix(".npy").exists():
+        return np.load(path.with_suffix(".npy"), allow_pickle=False)
+    if path.with_suffix(".json").exists():
+        return np.array(json.loads(path.with_suffix(".json").read_text()), dtype=str)
+    return None
+
+
+def _metadata_files(root: Path) -> Iterator[Path]:
+    yield root / "zarr.json"
+    for name in ARRAYS:
+        if (root / name / "zarr.json").is_file():
+            yield root / name / "zarr.json"
+
+
+def _begin_journal(root: Path, group: zarr.Group, old_n: int, chunk_rows: int) -> None:
+    if _jpath(root).exists():
+        _rollback(root)
+    tmp = _jpath(root, ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for f in _metadata_files(root):
+        rel = f.relative_to(root)
+        (tmp / "meta" / rel.parent).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, tmp / "meta" / rel)
+    tail = (old_n // chunk_rows) * chunk_rows
+    for name in ARRAYS:
+        if name in group.array_keys() and tail < old_n:
+            _save_tail(tmp / f"tail-{name}", np.asarray(group[name][tail:old_n]))
+    (tmp / "journal.json").write_text(json.dumps({"old_n_rows": old_n, "tail_start": tail}))
+    _fsync_dir(tmp)
+    os.replace(tmp, _jpath(root))
+    _fsync_dir(root.parent)
+
+
+def _commit_journal(root: Path) -> None:
+    done = _jpath(root, ".done")
+    shutil.rmtree(done, ignore_errors=True)
+    os.replace(_jpath(root), done)
+    _fsync_dir(root.parent)
+    shutil.rmtree(done, ignore_errors=True)
+
+
+def _rollback(root: Path) -> None:
+    """Undo an interrupted append (idempotent: safe to interrupt and repeat)."""
+    shutil.rmtree(_jpath(root, ".tmp"), ignore_errors=True)
+    shutil.rmtree(_jpath(root, ".done"), ignore_errors=True)
+    j = _jpath(root)
+    if not j.exists():
+        return
+    info = json.loads((j / "journal.json").read_text())
+    old_n, tail = int(info["old_n_rows"]), int(info["tail_start"])
+    meta = j / "meta"
+    for f in sorted(meta.rglob("zarr.json")):
+        shutil.copy2(f, root / f.relative_to(meta))
+    group = zarr.open_group(str(root), mode="r+")
+    for name in ARRAYS:
+        if name not in group.array_keys():
+            continue
+        arr = group[name]
+        # drop chunk files a killed append wrote beyond the old extent
+        chunk = arr.chunks[0]
+        for d in _chunk_dirs(root / name):
+            try:
+                idx = int(d.name)
+            except ValueError:
+                continue
+            if idx * chunk >= old_n:
+                if d.is_dir():
+                    shutil.rmtree(d, ignore_errors=True)
+                else:
+                    d.unlink(missing_ok=True)
+        saved = _load_tail(j / f"tail-{name}")
+        if saved is not None:
+            arr[tail:old_n] = saved
+    os.replace(j, _jpath(root, ".done"))
+    shutil.rmtree(_jpath(root, ".done"), ignore_errors=True)
+
+
+def _chunk_dirs(array_dir: Path) -> list[Path]:
+    c = array_dir / "c"
+    return list(c.iterdir()) if c.is_dir() else []
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
