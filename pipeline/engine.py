@@ -1,13 +1,22 @@
-"""Engines run ``map_reduce(kernel, chunks)``: a kernel on every chunk, reduced in chunk order.
+"""Engines run kernels over the chunks of a row source and reduce the results.
 
-This in-process engine is the reference every other engine must match bit for bit: results are
-merged left to right in chunk order with float64 accumulators. The Dask engine (feature-store issue)
-implements the same interface on a ``distributed.Client``.
+One interface, two engines, one result:
+
+* ``prepare(source, prep, *args)`` turns every chunk into a prepared object once (for VB EM: rows
+  shifted and ``[x*x, x]`` cached), kept in memory (``persist``) or rebuilt from the source in
+  every pass (streaming, when the data does not fit);
+* ``map(kernel, handles, *args)`` runs ``kernel(prepared_chunk, *args)`` on every chunk and returns
+  the results in chunk order; the ``args`` (the small global state) are sent once per pass;
+* ``map_reduce(kernel, handles, *args)`` reduces those results with ``merge`` over a **fixed
+  pairwise tree** of chunk indices ((0,1), (2,3), ... then pairs of pairs). Both engines use the same
+  tree and float64 accumulators, so they give bitwise-identical results, and on Dask the merges run
+  on the workers (only the final K x D statistics travel to the driver).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -15,6 +24,8 @@ import numpy as np
 from vbcore.errors import ConfigError
 
 R = TypeVar("R", bound="Mergeable")
+
+PERSIST_MODES = ("auto", "always", "never")
 
 
 class Mergeable(Protocol):
@@ -29,6 +40,10 @@ def row_slices(n_rows: int, chunk_rows: int) -> Iterator[slice]:
         yield slice(start, min(start + int(chunk_rows), n_rows))
 
 
+def split_rows(x: np.ndarray, chunk_rows: int) -> list[np.ndarray]:
+    return [x[s] for s in row_slices(x.shape[0], chunk_rows)]
+
+
 def reduce_in_order(results: Sequence[R]) -> R:
     """Left fold of ``merge`` in the given (chunk) order."""
     if not results:
@@ -39,17 +54,211 @@ def reduce_in_order(results: Sequence[R]) -> R:
     return out
 
 
+def _merge(a: R, b: R) -> R:
+    return a.merge(b)
+
+
+def tree_pairs(n: int) -> list[list[tuple[int, int] | int]]:
+    """The fixed reduction tree: per level, pairs of positions to merge (or a lone position)."""
+    levels: list[list[tuple[int, int] | int]] = []
+    while n > 1:
+        level: list[tuple[int, int] | int] = [(i, i + 1) for i in range(0, n - 1, 2)]
+        if n % 2:
+            level.append(n - 1)
+        levels.append(level)
+        n = len(level)
+    return levels
+
+
+def tree_reduce(results: Sequence[R], merge: Callable[[Any, Any], Any] = _merge) -> Any:
+    """Reduce with the fixed pairwise tree of :func:`tree_pairs` (``merge`` may return futures)."""
+    if not results:
+        raise ValueError("nothing to reduce: there are no chunks")
+    items = list(results)
+    for level in tree_pairs(len(items)):
+        items = [merge(items[p[0]], items[p[1]]) if isinstance(p, tuple) else items[p] for p in level]
+    return items[0]
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A chunk that is loaded and prepared inside every pass (streaming)."""
+
+    source: Any
+    index: int
+    prep: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def get(self) -> Any:
+        return self.prep(self.source.load(self.index), *self.args)
+
+
+def _materialise(handle: Any) -> Any:
+    if isinstance(handle, Lazy):
+        return handle.get()
+    if isinstance(handle, tuple) and handle and handle[0] == "prep-rows":
+        # ("prep-rows", rows, prep, args): rows were scattered once; Dask resolved the future
+        _, rows, prep, args = handle
+        return prep(rows, *args)
+    return handle
+
+
+def _apply(kernel: Callable[..., Any], handle: Any, *args: Any) -> Any:
+    return kernel(_materialise(handle), *args)
+
+
+def _apply_item(kernel: Callable[..., Any], handle: Any, item: Any, *args: Any) -> Any:
+    return kernel(_materialise(handle), item, *args)
+
+
+def _load_prep(source: Any, i: int, prep: Callable[..., Any], *args: Any) -> Any:
+    return prep(source.load(i), *args)
+
+
+def prepared_nbytes(source: Any, expansion: float) -> float:
+    return float(source.n_rows) * source.n_features * np.dtype(source.dtype).itemsize * expansion
+
+
 class LocalEngine:
-    """Runs kernels in this process over an in-memory list of chunks."""
+    """Runs kernels in this process, chunk after chunk."""
 
     name = "local"
 
-    def map(self, kernel: Callable[..., Any], chunks: Sequence[Any], *args: Any) -> list[Any]:
-        return [kernel(c, *args) for c in chunks]
+    def __init__(self, persist: str = "always", memory_limit: float = 4e9) -> None:
+        if persist not in PERSIST_MODES:
+            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r}")
+        self.persist = persist
+        self.memory_limit = memory_limit
 
-    def map_reduce(self, kernel: Callable[..., R], chunks: Sequence[Any], *args: Any) -> R:
-        return reduce_in_order(self.map(kernel, chunks, *args))
+    def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0) -> list[Any]:
+        keep = self.persist == "always" or (
+            self.persist == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self.memory_limit
+        )
+        n = len(source.chunk_slices())
+        if keep:
+            return [prep(source.load(i), *args) for i in range(n)]
+        return [Lazy(source, i, prep, args) for i in range(n)]
+
+    def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
+            per_chunk: Sequence[Any] | None = None) -> list[Any]:
+        """``kernel(chunk, *args)``, or ``kernel(chunk, per_chunk[i], *args)``, for every chunk."""
+        if per_chunk is None:
+            return [_apply(kernel, h, *args) for h in handles]
+        return [_apply_item(kernel, h, item, *args) for h, item in zip(handles, per_chunk, strict=True)]
+
+    def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
+                   per_chunk: Sequence[Any] | None = None) -> R:
+        return tree_reduce(self.map(kernel, handles, *args, per_chunk=per_chunk))
+
+    def release(self, handles: Sequence[Any]) -> None:
+        """Drop prepared chunks (nothing to do in-process)."""
+
+    def close(self) -> None:
+        """Nothing to shut down."""
 
 
-def split_rows(x: np.ndarray, chunk_rows: int) -> list[np.ndarray]:
-    return [x[s] for s in row_slices(x.shape[0], chunk_rows)]
+class DaskEngine:
+    """Runs kernels on a ``distributed.Client``, next to the data.
+
+    Prepared chunks are persisted in worker memory when they fit (``persist='auto'``: at most half
+    of the workers' total memory limit), otherwise every pass loads them from the source on the
+    workers (Zarr stores are read by the workers themselves; in-memory arrays are scattered once).
+    """
+
+    name = "dask"
+
+    def __init__(self, client: Any, persist: str = "auto", owns_client: bool = False,
+                 cluster: Any = None) -> None:
+        if persist not in PERSIST_MODES:
+            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r}")
+        self.client = client
+        self.persist = persist
+        self.owns_client = owns_client
+        self.cluster = cluster
+
+    def _worker_memory(self) -> float:
+        workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
+        limits = [w.get("memory_limit") or 0 for w in workers]
+        return float(sum(limits)) if all(limits) else float("inf")
+
+    def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0) -> list[Any]:
+        from pipeline.sources import ArraySource
+
+        n = len(source.chunk_slices())
+        keep = self.persist == "always" or (
+            self.persist == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self._worker_memory()
+        )
+        c = self.client
+        if isinstance(source, ArraySource):
+            # the rows live on the driver: ship each chunk once; workers keep them
+            raw = c.scatter([source.load(i) for i in range(n)], hash=False)
+            if not keep:
+                return [("prep-rows", f, prep, args) for f in raw]
+            return c.map(prep, raw, *[[a] * n for a in args], pure=False)
+        if not keep:
+            return [Lazy(source, i, prep, args) for i in range(n)]
+        src = c.scatter(source, broadcast=True, hash=False)
+        return c.map(_load_prep, [src] * n, range(n), [prep] * n, *[[a] * n for a in args], pure=False)
+
+    def _broadcast(self, args: tuple[Any, ...]) -> list[Any]:
+        return [self.client.scatter(a, broadcast=True, hash=False) for a in args]
+
+    def _submit(self, kernel: Callable[..., Any], handles: Sequence[Any], args: tuple[Any, ...],
+                per_chunk: Sequence[Any] | None) -> list[Any]:
+        n = len(handles)
+        futs = self._broadcast(args)
+        rest = [[f] * n for f in futs]
+        if per_chunk is None:
+            return self.client.map(_apply, [kernel] * n, list(handles), *rest, pure=False)
+        return self.client.map(_apply_item, [kernel] * n, list(handles), list(per_chunk), *rest,
+                               pure=False)
+
+    def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
+            per_chunk: Sequence[Any] | None = None) -> list[Any]:
+        return self.client.gather(self._submit(kernel, handles, args, per_chunk))
+
+    def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
+                   per_chunk: Sequence[Any] | None = None) -> R:
+        parts = self._submit(kernel, handles, args, per_chunk)
+        root = tree_reduce(parts, lambda a, b: self.client.submit(_merge, a, b, pure=False))
+        return root.result()
+
+    def release(self, handles: Sequence[Any]) -> None:
+        futures = [h for h in handles if hasattr(h, "release")]
+        futures += [h[1] for h in handles if isinstance(h, tuple) and hasattr(h[1], "release")]
+        if futures:
+            self.client.cancel(futures)
+
+    def close(self) -> None:
+        if self.owns_client:
+            self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()
+
+
+def make_engine(engine: Any, persist: str = "auto") -> LocalEngine | DaskEngine:
+    """'local' | a LocalEngine/DaskEngine | a distributed.Client | 'tcp://host:port' | a YAML config."""
+    if isinstance(engine, (LocalEngine, DaskEngine)):
+        return engine
+    if engine is None or engine == "local":
+        return LocalEngine(persist="always" if persist == "auto" else persist)
+    if type(engine).__name__ == "Client" and hasattr(engine, "scheduler_info"):
+        return DaskEngine(engine, persist=persist)
+    if isinstance(engine, str) and "://" in engine:
+        from distributed import Client
+
+        return DaskEngine(Client(engine), persist=persist, owns_client=True)
+    if isinstance(engine, str) and engine.endswith((".yaml", ".yml")):
+        from pipeline.cluster import load_cluster_config
+
+        cfg = load_cluster_config(engine)
+        cluster = cfg.make_cluster()
+        from distributed import Client
+
+        client = Client(cfg.address) if cluster is None else Client(cluster)
+        return DaskEngine(client, persist=cfg.persist if persist == "auto" else persist,
+                          owns_client=True, cluster=cluster)
+    raise ConfigError(
+        "engine must be 'local', a distributed.Client, a scheduler address 'tcp://host:port' or a "
+        f"cluster config file (.yaml), got {engine!r}"
+    )

@@ -18,7 +18,8 @@ from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from pipeline.engine import LocalEngine, split_rows
+from pipeline.engine import PERSIST_MODES, make_engine, split_rows
+from pipeline.sources import ArraySource, DaskArraySource, StoreSource, is_dask_array, is_store_path
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError, InputError, InputTypeError
 from vbcore.kernels import (
@@ -114,7 +115,12 @@ class VBMixture(DensityMixin, BaseEstimator):
         variance of k-means with ``n_components`` clusters on (a sample of) X.
     learner : {'vbem'}, default='vbem'
     chunk_rows : int, default=65536
-        Rows per chunk for the map-reduce passes.
+        Rows per chunk for the map-reduce passes over in-memory arrays (stores and dask arrays
+        keep their own chunking).
+    engine : 'local', distributed.Client, 'tcp://host:port' or a cluster config path, default='local'
+        Where the passes run. Engines give bitwise-identical results.
+    persist : {'auto', 'always', 'never'}, default='auto'
+        Keep prepared chunks in (worker) memory; 'auto' does when they fit in half of it.
     random_state : int, RandomState or None
     warm_start : bool, default=False
         Start the next ``fit`` from the current posterior.
@@ -139,6 +145,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         fixed_variance: float | None = None,
         learner: str = "vbem",
         chunk_rows: int = 65536,
+        engine: Any = "local",
+        persist: str = "auto",
         random_state: Any = None,
         warm_start: bool = False,
         verbose: int = 0,
@@ -158,6 +166,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.fixed_variance = fixed_variance
         self.learner = learner
         self.chunk_rows = chunk_rows
+        self.engine = engine
+        self.persist = persist
         self.random_state = random_state
         self.warm_start = warm_start
         self.verbose = verbose
@@ -198,6 +208,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         self._number("tol", self.tol)
         self._number("reg_covar", self.reg_covar)
         self._integer("chunk_rows", self.chunk_rows, 1)
+        if self.persist not in PERSIST_MODES:
+            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {self.persist!r}")
 
     # ---- fitting ------------------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None, resp_init: Any = None) -> VBMixture:
@@ -218,78 +230,144 @@ class VBMixture(DensityMixin, BaseEstimator):
         self._fit(X, resp_init)
         return self.predict(X)
 
+    def _source(self, X: Any) -> Any:
+        """Wrap X as a row source: NumPy-like array, dask array, or feature-store path."""
+        if is_store_path(X):
+            return StoreSource(str(getattr(X, "path", X)))
+        if is_dask_array(X):
+            return DaskArraySource(X)
+        return ArraySource(check_array_2d(X), int(self.chunk_rows))
+
     def _fit(self, X: Any, resp_init: Any) -> None:
         self._check_settings()
-        X = check_array_2d(X)
-        n, d = X.shape
         if resp_init is not None and self.warm_start and hasattr(self, "posterior_"):
             raise ConfigError("pass either resp_init or warm_start=True with a fitted model, not both")
-        self._engine = LocalEngine()
-        raw_chunks = split_rows(X, int(self.chunk_rows))
+        source = self._source(X)
+        n, d = source.n_rows, source.n_features
         ct = self.covariance_type
-        fixed_variance = self.fixed_variance
-        if ct == "fixed" and fixed_variance is None:
-            fixed_variance = self._default_fixed_variance(X)
-        prior = self._prior_from_raw(raw_chunks, d, fixed_variance)
-        shift = prior.mean.copy()
-        chunks = [prepare_chunk(c, shift, ct) for c in raw_chunks]
-
         warm = self.warm_start and hasattr(self, "posterior_")
         if warm:
-            if self.posterior_.n_features != d or self.posterior_.covariance_type != ct:
-                raise ConfigError(
-                    "warm_start: the new data or settings do not match the fitted model "
-                    f"(n_features {self.posterior_.n_features} -> {d}, covariance_type "
-                    f"{self.posterior_.covariance_type!r} -> {ct!r})"
-                )
-            post = self.posterior_
-            changed = [
-                f"{name} {old!r} -> {new!r}"
-                for name, old, new in (
-                    ("n_components", post.n_components, int(self.n_components)),
-                    ("weight_concentration_prior_type", post.weight_type,
-                     self.weight_concentration_prior_type),
-                )
-                if old != new
-            ]
-            if changed:
-                raise ConfigError(
-                    "warm_start: the settings changed since the last fit ("
-                    + "; ".join(changed) + "); set warm_start=False to start over"
-                )
-        else:
-            resp = self._initial_resp(X, resp_init, prior)
-            stats = self._engine.map_reduce(
-                _stats_kernel,
-                [(c, resp[s]) for c, s in zip(chunks, _slices(n, self.chunk_rows), strict=True)],
-            )
-            post = m_step(stats, prior, self.reg_covar)
-
-        history: list[float] = []
-        terms: ElboTerms | None = None
-        converged = False
-        n_iter = 0
-        t0 = time.perf_counter()
-        for n_iter in range(1, int(self.max_iter) + 1):
-            params = estep_params(post, shift)
-            result: KernelResult = self._engine.map_reduce(vbem_kernel, chunks, params)
-            post = m_step(result.stats, prior, self.reg_covar)
-            terms = elbo_terms(result.stats, post, prior)
-            history.append(terms.total)
-            if self.verbose:
-                print(
-                    f"iter {n_iter:4d}  ELBO {terms.total:.6e}  per sample {terms.total / n:.6f}  "
-                    f"({time.perf_counter() - t0:.2f}s)"
-                )
-            if len(history) > 1 and abs(history[-1] - history[-2]) / n < self.tol:
-                converged = True
-                break
-        if terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
-            params = estep_params(post, shift)
-            result = self._engine.map_reduce(vbem_kernel, chunks, params)
-            terms = elbo_terms(result.stats, post, prior)
+            self._check_warm_start(d)
+        engine = make_engine(self.engine, self.persist)
+        handles: list[Any] = []
+        try:
+            # One preparation for the whole fit: rows shifted by the first row (any point near the
+            # data keeps float32 GEMMs accurate), [x*x, x] cached for the diagonal families.
+            shift = np.asarray(source.load(0)[0], dtype=np.float64)
+            handles = engine.prepare(source, prepare_chunk, shift, ct,
+                                     expansion=1.0 if ct == "full" else 3.0)
+            if not isinstance(source, ArraySource):  # arrays were checked by check_array_2d
+                engine.map(_check_kernel, handles, source.describe(),
+                           per_chunk=[s.start for s in source.chunk_slices()])
+            moments = engine.map_reduce(_moments_kernel, handles)
+            fixed_variance = self.fixed_variance
+            if ct == "fixed" and fixed_variance is None:
+                fixed_variance = self._default_fixed_variance(self._sample_rows(source))
+            prior = self._prior_from_moments(moments, d, fixed_variance)
+            if warm:
+                post = self.posterior_
+            else:
+                post = m_step(self._initial_stats(source, engine, handles, resp_init), prior,
+                              self.reg_covar)
+            history: list[float] = []
+            terms: ElboTerms | None = None
+            converged = False
+            n_iter = 0
+            t0 = time.perf_counter()
+            for n_iter in range(1, int(self.max_iter) + 1):
+                result: KernelResult = engine.map_reduce(vbem_kernel, handles, estep_params(post, shift))
+                post = m_step(result.stats, prior, self.reg_covar)
+                terms = elbo_terms(result.stats, post, prior)
+                history.append(terms.total)
+                if self.verbose:
+                    print(f"iter {n_iter:4d}  ELBO {terms.total:.6e}  per sample {terms.total / n:.6f}  "
+                          f"({time.perf_counter() - t0:.2f}s)")
+                if len(history) > 1 and abs(history[-1] - history[-2]) / n < self.tol:
+                    converged = True
+                    break
+            if terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
+                result = engine.map_reduce(vbem_kernel, handles, estep_params(post, shift))
+                terms = elbo_terms(result.stats, post, prior)
+        finally:
+            engine.release(handles)
+            if engine is not self.engine:
+                engine.close()
         self.prior_ = prior
         self._set_fitted(post, terms, history, converged, n_iter, n, d)
+
+    def _check_warm_start(self, d: int) -> None:
+        post = self.posterior_
+        changed = [
+            f"{name} {old!r} -> {new!r}"
+            for name, old, new in (
+                ("n_features", post.n_features, d),
+                ("covariance_type", post.covariance_type, self.covariance_type),
+                ("n_components", post.n_components, int(self.n_components)),
+                ("weight_concentration_prior_type", post.weight_type,
+                 self.weight_concentration_prior_type),
+            )
+            if old != new
+        ]
+        if changed:
+            raise ConfigError(
+                "warm_start: the new data or settings do not match the fitted model ("
+                + "; ".join(changed) + "); set warm_start=False to start over"
+            )
+
+    def _sample_rows(self, source: Any) -> np.ndarray:
+        """Whole chunks picked at random (seeded) until ``max(10000, 20 K)`` rows: k-means input."""
+        rng = check_random_state(self.random_state)
+        target = max(10_000, 20 * int(self.n_components))
+        slices = source.chunk_slices()
+        if source.n_rows <= target:
+            return np.concatenate([source.load(i) for i in range(len(slices))])
+        picked, total = [], 0
+        for i in rng.permutation(len(slices)):
+            picked.append(int(i))
+            total += slices[i].stop - slices[i].start
+            if total >= target:
+                break
+        return np.concatenate([source.load(i) for i in sorted(picked)])
+
+    def _initial_stats(self, source: Any, engine: Any, handles: list[Any], resp_init: Any) -> SuffStats:
+        n, k = source.n_rows, int(self.n_components)
+        slices = source.chunk_slices()
+        if resp_init is not None:
+            r = self._check_resp_init(resp_init, n, k)
+            return engine.map_reduce(_resp_stats_kernel, handles, per_chunk=[r[s] for s in slices])
+        rng = check_random_state(self.random_state)
+        if self.init_params == "random":
+            seeds = np.random.SeedSequence(int(rng.randint(2**31 - 1))).spawn(len(slices))
+            return engine.map_reduce(_random_stats_kernel, handles, k, per_chunk=seeds)
+        sample = self._sample_rows(source).astype(np.float64)
+        m = min(k, sample.shape[0])
+        if self.init_params == "kmeans":
+            from sklearn.cluster import KMeans
+
+            centres = KMeans(n_clusters=m, n_init=1, random_state=rng).fit(sample).cluster_centers_
+        elif self.init_params == "k-means++":
+            from sklearn.cluster import kmeans_plusplus
+
+            centres, _ = kmeans_plusplus(sample, m, random_state=rng)
+        else:  # random_from_data
+            centres = sample[rng.choice(sample.shape[0], size=m, replace=False)]
+        return engine.map_reduce(_nearest_stats_kernel, handles, np.asarray(centres, dtype=np.float64), k)
+
+    @staticmethod
+    def _check_resp_init(resp_init: Any, n: int, k: int) -> np.ndarray:
+        r = np.asarray(resp_init, dtype=np.float64)
+        if r.shape != (n, k):
+            raise InputError(
+                f"resp_init must have shape (n_samples, n_components) = ({n}, {k}), got {r.shape}"
+            )
+        if not np.all(np.isfinite(r)) or np.any(r < 0):
+            row = int(np.argwhere(~np.isfinite(r) | (r < 0))[0][0])
+            raise InputError(f"resp_init must be finite and >= 0; row {row} is not")
+        sums = r.sum(1)
+        if not np.allclose(sums, 1.0, rtol=0, atol=1e-6):
+            row = int(np.flatnonzero(~np.isclose(sums, 1.0, rtol=0, atol=1e-6))[0])
+            raise InputError(f"resp_init rows must sum to 1; row {row} sums to {sums[row].item()}")
+        return r
 
     def _default_fixed_variance(self, X: np.ndarray) -> float:
         """Mean per-dimension within-cluster variance of k-means with K clusters on (a sample of
@@ -307,24 +385,17 @@ class VBMixture(DensityMixin, BaseEstimator):
             var = float(np.mean(sample.var(0))) or 1.0
         return float(var)
 
-    def _prior_from_raw(self, raw_chunks: list[np.ndarray], d: int,
-                        fixed_variance: float | None) -> Prior:
-        ct = self.covariance_type
-        kind = "full" if (ct == "full" and self.covariance_prior is None) else "diag"
-        # shift the moment pass by the first row to avoid cancellation on offset data
-        first = np.asarray(raw_chunks[0][0], dtype=np.float64)
-        chunks = [prepare_chunk(c, first, kind) for c in raw_chunks]
-        stats = self._engine.map_reduce(_moments_kernel, chunks)
-        n = max(stats.n_rows - 1, 1)
-        mean = stats.raw_mean()[0]
-        cov = stats.scatter[0] / n
+    def _prior_from_moments(self, moments: SuffStats, d: int, fixed_variance: float | None) -> Prior:
+        n = max(moments.n_rows - 1, 1)
+        mean = moments.raw_mean()[0]
+        cov = moments.scatter[0] / n
         mean_prior = None if self.mean_prior is None else _float_array("mean_prior", self.mean_prior)
         if mean_prior is not None and mean_prior.shape != (d,):
             raise ConfigError(
                 f"mean_prior must have shape (n_features,) = ({d},), got {mean_prior.shape}"
             )
         return default_prior(
-            covariance_type=ct,
+            covariance_type=self.covariance_type,
             weight_type=self.weight_concentration_prior_type,
             n_components=int(self.n_components),
             data_mean=mean,
@@ -337,43 +408,6 @@ class VBMixture(DensityMixin, BaseEstimator):
             else _float_array("covariance_prior", self.covariance_prior),
             fixed_variance=fixed_variance,
         )
-
-    def _initial_resp(self, X: np.ndarray, resp_init: Any, prior: Prior) -> np.ndarray:
-        n, k = X.shape[0], int(self.n_components)
-        if resp_init is not None:
-            r = np.asarray(resp_init, dtype=np.float64)
-            if r.shape != (n, k):
-                raise InputError(
-                    f"resp_init must have shape (n_samples, n_components) = ({n}, {k}), got {r.shape}"
-                )
-            if not np.all(np.isfinite(r)) or np.any(r < 0):
-                row = int(np.argwhere(~np.isfinite(r) | (r < 0))[0][0])
-                raise InputError(f"resp_init must be finite and >= 0; row {row} is not")
-            sums = r.sum(1)
-            if not np.allclose(sums, 1.0, rtol=0, atol=1e-6):
-                row = int(np.flatnonzero(~np.isclose(sums, 1.0, rtol=0, atol=1e-6))[0])
-                raise InputError(f"resp_init rows must sum to 1; row {row} sums to {sums[row].item()}")
-            return r
-        rng = check_random_state(self.random_state)
-        if self.init_params in ("kmeans", "k-means++", "random_from_data"):
-            if self.init_params == "kmeans":
-                from sklearn.cluster import KMeans
-
-                labels = KMeans(n_clusters=min(k, n), n_init=1, random_state=rng).fit(X).labels_
-            else:
-                if self.init_params == "k-means++":
-                    from sklearn.cluster import kmeans_plusplus
-
-                    _, idx = kmeans_plusplus(X, min(k, n), random_state=rng)
-                else:
-                    idx = rng.choice(n, size=min(k, n), replace=False)
-                centres = X[idx].astype(np.float64)
-                labels = np.argmin(_sq_dists(X, centres), axis=1)
-            r = np.zeros((n, k))
-            r[np.arange(n), labels] = 1.0
-            return r
-        r = rng.uniform(size=(n, k))
-        return r / r.sum(1, keepdims=True)
 
     def _set_fitted(self, post: Posterior, terms: ElboTerms, history: list[float],
                     converged: bool, n_iter: int, n: int, d: int) -> None:
@@ -452,19 +486,39 @@ def _float_array(name: str, value: Any) -> np.ndarray:
 
 # ---- kernels used by the estimator (module level so engines can ship them) --------------------
 def _moments_kernel(chunk: Chunk) -> SuffStats:
-    xp_ones = np.ones((chunk.n_rows, 1), dtype=chunk.x.dtype)
-    return chunk_statistics(chunk, xp_ones)
+    """Data mean and scatter (one component with r = 1)."""
+    return chunk_statistics(chunk, np.ones((chunk.n_rows, 1), dtype=chunk.x.dtype))
 
 
-def _stats_kernel(item: tuple[Chunk, np.ndarray]) -> SuffStats:
-    chunk, resp = item
+def _check_kernel(chunk: Chunk, offset: int, where: str) -> None:
+    """Reject non-finite rows of sources that were not validated on the driver (stores, dask)."""
+    x = np.asarray(chunk.x)
+    finite = np.isfinite(x)
+    if not finite.all():
+        row, col = np.argwhere(~finite)[0]
+        raise InputError(
+            f"{where}: non-finite value at row {offset + int(row)}, column {int(col)}; "
+            "clean the data (vbcluster ingest rejects or drops such rows)"
+        )
+
+
+def _resp_stats_kernel(chunk: Chunk, resp: np.ndarray) -> SuffStats:
     return chunk_statistics(chunk, resp.astype(chunk.x.dtype))
 
 
-def _slices(n: int, chunk_rows: int) -> list[slice]:
-    from pipeline.engine import row_slices
+def _random_stats_kernel(chunk: Chunk, seed: np.random.SeedSequence, k: int) -> SuffStats:
+    """Uniform random responsibilities, from a per-chunk seed (the same on every engine)."""
+    r = np.random.default_rng(seed).uniform(size=(chunk.n_rows, k))
+    return chunk_statistics(chunk, (r / r.sum(1, keepdims=True)).astype(chunk.x.dtype))
 
-    return list(row_slices(n, int(chunk_rows)))
+
+def _nearest_stats_kernel(chunk: Chunk, centres: np.ndarray, k: int) -> SuffStats:
+    """Hard responsibilities: each row to its nearest centre (k-means style initialisation)."""
+    x = np.asarray(chunk.x, dtype=np.float64)
+    labels = np.argmin(_sq_dists(x, centres - chunk.shift), axis=1)
+    r = np.zeros((chunk.n_rows, k), dtype=chunk.x.dtype)
+    r[np.arange(chunk.n_rows), labels] = 1.0
+    return chunk_statistics(chunk, r)
 
 
 def _sq_dists(X: np.ndarray, centres: np.ndarray) -> np.ndarray:

@@ -1,0 +1,135 @@
+"""Row sources: where a fit's rows come from, chunk by chunk.
+
+A source has ``n_rows``, ``n_features``, ``dtype``, ``chunk_slices()`` and ``load(i)`` (the rows of
+chunk ``i`` as a NumPy array). Sources are small and picklable, so a Dask worker can load a chunk
+next to the data (streaming from Zarr) instead of receiving it from the driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vbcore.errors import InputError
+
+
+@dataclass
+class ArraySource:
+    """An in-memory NumPy array cut into ``chunk_rows`` row chunks."""
+
+    array: np.ndarray
+    chunk_rows: int
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.array.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.array.shape[1])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.array.dtype
+
+    def chunk_slices(self) -> list[slice]:
+        n, c = self.n_rows, int(self.chunk_rows)
+        return [slice(s, min(s + c, n)) for s in range(0, n, c)]
+
+    def load(self, i: int) -> np.ndarray:
+        return self.array[self.chunk_slices()[i]]
+
+    def describe(self) -> str:
+        return f"array of shape {self.array.shape}"
+
+
+@dataclass
+class StoreSource:
+    """A feature store on disk (or at an fsspec URL), read chunk by chunk with the store's chunking."""
+
+    path: str
+    n_rows: int = field(init=False)
+    n_features: int = field(init=False)
+    chunk_rows: int = field(init=False)
+    fingerprint: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        from pipeline.store import FeatureStore
+
+        self.path = str(self.path)
+        s = FeatureStore.open(self.path)
+        if s.n_rows < 1:
+            raise InputError(f"{self.path}: the store is empty (0 rows); ingest rows first")
+        self.n_rows, self.n_features = s.n_rows, s.n_features
+        self.chunk_rows, self.fingerprint = s.chunk_rows, s.fingerprint
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    def chunk_slices(self) -> list[slice]:
+        n, c = self.n_rows, self.chunk_rows
+        return [slice(s, min(s + c, n)) for s in range(0, n, c)]
+
+    def load(self, i: int) -> np.ndarray:
+        import zarr
+
+        arr = zarr.open_array(f"{self.path.rstrip('/')}/features", mode="r")
+        return np.asarray(arr[self.chunk_slices()[i]], dtype=np.float32)
+
+    def labels(self) -> np.ndarray | None:
+        from pipeline.store import FeatureStore
+
+        return FeatureStore.open(self.path).read_labels(slice(0, self.n_rows))
+
+    def describe(self) -> str:
+        return f"store {self.path} ({self.n_rows} x {self.n_features})"
+
+
+@dataclass
+class DaskArraySource:
+    """A 2-D dask array; its row blocks are the chunks (columns must be one block)."""
+
+    array: Any
+
+    def __post_init__(self) -> None:
+        if self.array.ndim != 2:
+            raise InputError(f"X must be 2-D, got a {self.array.ndim}-D dask array")
+        if len(self.array.chunks[1]) != 1:
+            self.array = self.array.rechunk({1: -1})
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.array.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.array.shape[1])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32 if self.array.dtype == np.float32 else np.float64)
+
+    def chunk_slices(self) -> list[slice]:
+        out, start = [], 0
+        for c in self.array.chunks[0]:
+            out.append(slice(start, start + c))
+            start += c
+        return out
+
+    def load(self, i: int) -> np.ndarray:
+        return np.asarray(self.array.blocks[i].compute(scheduler="sync"), dtype=self.dtype)
+
+    def describe(self) -> str:
+        return f"dask array of shape {self.array.shape}"
+
+
+def is_store_path(X: Any) -> bool:
+    return isinstance(X, (str, Path)) or type(X).__name__ == "FeatureStore"
+
+
+def is_dask_array(X: Any) -> bool:
+    return type(X).__module__.startswith("dask.array") and hasattr(X, "chunks")

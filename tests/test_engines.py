@@ -1,0 +1,136 @@
+"""LocalEngine and DaskEngine give the same bits; fits from arrays, dask arrays and stores."""
+
+import dask.array as da
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from pipeline import VBMixture
+from pipeline.engine import DaskEngine, LocalEngine, make_engine, tree_pairs, tree_reduce
+from pipeline.store import FeatureStore
+from vbcore.errors import ConfigError, InputError
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                           host="127.0.0.1")
+    c = Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(c, 1.0, size=(700, 6)) for c in (-4.0, 0.0, 5.0)]).astype(np.float32)
+    return X[rng.permutation(len(X))]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("stores") / "blobs.zarr"
+    s = FeatureStore.create(path, data.shape[1], chunk_rows=256, labels=False)
+    s.append(data)
+    return str(path)
+
+
+def _same_bits(a, b):
+    for name in ("means_", "covariances_", "weights_", "precisions_cholesky_", "lower_bounds_"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.lower_bound_ == b.lower_bound_ and a.n_iter_ == b.n_iter_
+
+
+def test_tree_is_fixed_and_complete():
+    assert tree_pairs(5) == [[(0, 1), (2, 3), 4], [(0, 1), 2], [(0, 1)]]
+    assert tree_reduce(list("abcde"), lambda a, b: f"({a}{b})") == "(((ab)(cd))e)"
+
+
+@pytest.mark.parametrize("ct", ["diag", "full"])
+def test_local_and_dask_engines_are_bitwise_identical(client, store, ct):
+    kw = dict(n_components=8, covariance_type=ct, max_iter=25, tol=0.0, random_state=0)
+    local = VBMixture(**kw).fit(store)
+    dask_fit = VBMixture(engine=client, **kw).fit(store)
+    assert local.n_iter_ == 25
+    _same_bits(local, dask_fit)
+
+
+def test_streaming_equals_persisted(client, store):
+    kw = dict(n_components=6, covariance_type="diag", max_iter=10, tol=0.0, random_state=1)
+    persisted = VBMixture(engine=client, persist="always", **kw).fit(store)
+    streamed = VBMixture(engine=client, persist="never", **kw).fit(store)
+    local_streamed = VBMixture(persist="never", **kw).fit(store)
+    _same_bits(persisted, streamed)
+    _same_bits(persisted, local_streamed)
+
+
+def test_array_dask_array_and_store_inputs_agree(client, store, data):
+    kw = dict(n_components=5, covariance_type="diag", max_iter=8, tol=0.0, random_state=2,
+              init_params="random")
+    from_store = VBMixture(**kw).fit(store)
+    from_array = VBMixture(chunk_rows=256, **kw).fit(data)
+    from_dask = VBMixture(engine=client, **kw).fit(da.from_array(data, chunks=(256, 6)))
+    _same_bits(from_store, from_array)
+    _same_bits(from_store, from_dask)
+
+
+def test_fit_through_scheduler_address(client, store):
+    kw = dict(n_components=4, covariance_type="spherical", max_iter=5, tol=0.0, random_state=0)
+    _same_bits(VBMixture(engine=client.scheduler.address, **kw).fit(store), VBMixture(**kw).fit(store))
+
+
+def _deps(dask_scheduler, keys):
+    if not all(k in dask_scheduler.tasks for k in keys):
+        return None  # the submission has not reached the scheduler yet
+    return {k: sorted(str(d.key) for d in dask_scheduler.tasks[k].dependencies) for k in keys}
+
+
+def _kernel(chunk, params):
+    import time
+
+    time.sleep(0.5)  # keep the tasks pending while the scheduler is inspected
+    return float(params.sum()) + chunk.n_rows
+
+
+def test_state_is_scattered_once_per_pass(client, store):
+    """Every chunk task of a pass depends on the same single scattered copy of the global state."""
+    from pipeline.sources import StoreSource
+    from vbcore.kernels import prepare_chunk
+
+    engine = DaskEngine(client, persist="always")
+    source = StoreSource(store)
+    handles = engine.prepare(source, prepare_chunk, np.zeros(6), "diag")
+    params = np.arange(1e5)
+    futures = engine._submit(_kernel, handles, (params,), None)
+    deps = None
+    for _ in range(200):
+        deps = client.run_on_scheduler(_deps, keys=[f.key for f in futures])
+        if deps is not None:
+            break
+    assert client.gather(futures) == [params.sum() + (s.stop - s.start) for s in source.chunk_slices()]
+    handle_keys = {str(h.key) for h in handles}
+    state_keys = {d for ds in deps.values() for d in ds if d not in handle_keys}
+    assert len(futures) == len(source.chunk_slices()) > 1
+    assert len(state_keys) == 1  # one scatter, shared by all tasks
+    assert all(len(ds) == 2 for ds in deps.values())  # its chunk + the state
+    engine.release(handles)
+
+
+def test_engine_errors(store):
+    with pytest.raises(ConfigError, match=r"engine must be 'local'"):
+        make_engine(42)
+    with pytest.raises(ConfigError, match=r"persist must be one of"):
+        LocalEngine(persist="sometimes")
+    with pytest.raises(ConfigError, match=r"persist must be one of"):
+        VBMixture(persist="x").fit(store)
+
+
+def test_empty_store_and_nonfinite_dask_rows(tmp_path, client):
+    FeatureStore.create(tmp_path / "empty.zarr", 3)
+    with pytest.raises(InputError, match=r"empty.zarr: the store is empty"):
+        VBMixture().fit(str(tmp_path / "empty.zarr"))
+    X = np.ones((40, 3), dtype=np.float32)
+    X[33, 1] = np.nan
+    with pytest.raises(InputError, match=r"non-finite value at row 33, column 1"):
+        VBMixture(2).fit(da.from_array(X, chunks=(10, 3)))
