@@ -1,12 +1,12 @@
-"""The ``vbcluster`` command line (typer + rich).
+"""The ``vbcluster`` command line (typer + rich): ingest, fit, assign, demo, version.
 
-Today: ``vbcluster demo`` (the embedded default job) and ``vbcluster version``. Ingest, fit, resume,
-report and deploy arrive with the feature-store, checkpoint and flow issues.
+Resume, report and deploy arrive with the checkpoint and flow issues.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import typer
@@ -56,6 +56,137 @@ def demo(
                       f"{ari(y, labels):.3f}", f"{secs:.2f}")
     console.print(table)
     console.print("clusters found = components that own at least one row (argmax of q(z)).")
+
+
+def _options(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise typer.BadParameter(f"--option takes KEY=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def ingest(
+    source: str = typer.Argument(..., help="A .npy/.npz/.h5/.parquet/.csv file, an image folder, "
+                                 "'digits', 'image:NAME' or 'synthetic'."),
+    out: str = typer.Option(..., "--out", help="The feature store to write (a Zarr directory)."),
+    chunk_rows: int = typer.Option(8192, help="Rows per chunk in the store."),
+    labels: str | None = typer.Option(None, help="Labels: a file, key, dataset, column or 'folders'."),
+    ids: str | None = typer.Option(None, help="Row ids: a file, key, dataset or column."),
+    append: bool = typer.Option(False, help="Append to an existing store (atomically)."),
+    overwrite: bool = typer.Option(False, help="Replace an existing store once the new one is complete."),
+    drop_nonfinite: bool = typer.Option(False, help="Drop rows with NaN/inf (counted) instead of failing."),
+    rows: int | None = typer.Option(None, help="synthetic: number of rows."),
+    dim: int | None = typer.Option(None, help="synthetic: number of features."),
+    classes: int | None = typer.Option(None, help="synthetic: number of classes."),
+    seed: int | None = typer.Option(None, help="synthetic: random seed."),
+    option: list[str] = typer.Option([], "--option", "-o", help="Source option KEY=VALUE (repeatable)."),
+) -> None:
+    """Stream a source into a chunked, compressed Zarr feature store."""
+    from pipeline.ingest import ingest as run_ingest
+    from vbcore.errors import VBClusterError
+
+    opts: dict[str, Any] = dict(_options(option))
+    for k, v in (("rows", rows), ("dim", dim), ("classes", classes), ("seed", seed)):
+        if v is not None:
+            opts[k] = v
+    try:
+        report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
+                            overwrite=overwrite, drop_nonfinite=drop_nonfinite, **opts)
+    except (VBClusterError, FileNotFoundError) as exc:
+        _fail(exc)
+        return
+    console.print(f"{report.path}: wrote {report.rows_written} rows x {report.n_features} features "
+                  f"from {report.source} ({report.rows_dropped} dropped) in {report.elapsed_s:.1f}s; "
+                  f"the store has {report.n_rows} rows")
+
+
+def _engine(cluster: str | None):  # type: ignore[no-untyped-def]
+    from pipeline.cluster import dashboard_link
+    from pipeline.engine import DaskEngine, make_engine
+
+    engine = make_engine(cluster or "local")
+    if isinstance(engine, DaskEngine):
+        link = dashboard_link(engine.client)
+        console.print(f"Dask cluster: {engine.client.scheduler.address}"
+                      + (f"  dashboard: {link}" if link else ""))
+    return engine
+
+
+@app.command()
+def fit(
+    store: str = typer.Argument(..., help="The feature store to cluster."),
+    run_dir: str = typer.Option(..., "--run-dir", help="Where result.json and posterior.npz go."),
+    learner: str = typer.Option("vbem", help="The learner (vbem)."),
+    components: int = typer.Option(50, "--components", "-k", help="K (the DP truncation level)."),
+    covariance: str = typer.Option("diag", help="full | diag | spherical | fixed."),
+    weights: str = typer.Option("dp", help="dp (truncated Dirichlet process) | dirichlet."),
+    max_iter: int = typer.Option(200, help="Maximum iterations."),
+    tol: float = typer.Option(1e-4, help="Convergence threshold on the ELBO change per row."),
+    seed: int = typer.Option(0, help="Random seed."),
+    init: str = typer.Option("kmeans", help="kmeans | k-means++ | random | random_from_data."),
+    cluster: str | None = typer.Option(None, help="A cluster config (cluster_config/*.yaml) or "
+                                       "scheduler address; default: in-process."),
+    chunk_rows: int = typer.Option(65536, help="Rows per chunk for in-memory arrays."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
+) -> None:
+    """Fit a VB mixture to a store; write DIR/result.json and DIR/posterior.npz."""
+    from pipeline.estimator import VBMixture
+    from pipeline.runs import save_run
+    from vbcore.errors import VBClusterError
+
+    wt = {"dp": "dirichlet_process", "dirichlet": "dirichlet_distribution"}.get(weights, weights)
+    t0 = time.perf_counter()
+    try:
+        engine = _engine(cluster)
+        try:
+            model = VBMixture(components, covariance_type=covariance, weight_concentration_prior_type=wt,
+                              max_iter=max_iter, tol=tol, random_state=seed, init_params=init,
+                              learner=learner, chunk_rows=chunk_rows, engine=engine,
+                              verbose=0 if quiet else 1).fit(store)
+            result = save_run(run_dir, model, store, extra={"seconds": time.perf_counter() - t0},
+                              engine=engine)
+        finally:
+            engine.close()
+    except VBClusterError as exc:
+        _fail(exc)
+        return
+    table = Table(title=f"vbcluster fit {store}")
+    for col in ("learner", "iterations", "converged", "K", "effective K", "ELBO", "NMI", "ACC", "seconds"):
+        table.add_column(col, justify="right")
+    m = result.get("metrics", {})
+    table.add_row(learner, str(result["n_iter"]), str(result["converged"]), str(components),
+                  str(result["n_effective"]), f"{result['elbo']:.6g}",
+                  f"{m['nmi']:.3f}" if m else "-", f"{m['acc']:.3f}" if m else "-",
+                  f"{result['seconds']:.1f}")
+    console.print(table)
+    console.print(f"wrote {run_dir}/result.json and {run_dir}/posterior.npz")
+
+
+@app.command()
+def assign(
+    run_dir: str = typer.Argument(..., help="A run directory written by `vbcluster fit`."),
+    store: str | None = typer.Option(None, help="The store (default: the one the run was fitted on)."),
+    name: str | None = typer.Option(None, help="Name of the assignment group (default: the run's name)."),
+) -> None:
+    """Write each row's cluster and its probability next to the store (atomically)."""
+    from pipeline.runs import assign_store
+    from vbcore.errors import VBClusterError
+
+    try:
+        target = assign_store(run_dir, store=store, name=name)
+    except VBClusterError as exc:
+        _fail(exc)
+        return
+    console.print(f"wrote {target} (arrays labels, probability)")
 
 
 if __name__ == "__main__":  # pragma: no cover

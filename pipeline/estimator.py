@@ -424,6 +424,10 @@ class VBMixture(DensityMixin, BaseEstimator):
             tuple(post.weight_concentration) if post.weight_type == "dirichlet_process"
             else post.weight_concentration
         )
+        wc = post.weight_concentration
+        self.counts_ = (wc[0] - 1.0) if post.weight_type == "dirichlet_process" else (
+            wc - self.prior_.weight_concentration)
+        self.n_effective_ = int(np.sum(self.counts_ >= 1.0))
         self.mean_precision_ = post.mean_precision
         self.means_ = post.means
         self.degrees_of_freedom_ = post.degrees_of_freedom

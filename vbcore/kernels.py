@@ -15,6 +15,8 @@ do not recompute them.
 
 from __future__ import annotations
 
+import functools
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,16 +34,47 @@ BLOCK_ROWS = 2048
 
 
 def array_namespace(x: Array) -> Any:
-    """The array-API namespace of ``x`` (numpy for NumPy arrays, cupy for CuPy arrays)."""
+    """The array-API namespace of ``x``: numpy for NumPy arrays, a standard-conforming view of cupy
+    for CuPy arrays (CuPy 14 has no ``__array_namespace__`` and no ``vecdot``), else the array's own
+    ``__array_namespace__()`` (array-api-strict and other conforming libraries)."""
+    if isinstance(x, np.ndarray):
+        return np
+    if type(x).__module__.startswith("cupy"):
+        return _cupy_namespace()
     if hasattr(x, "__array_namespace__"):
         return x.__array_namespace__()
     return np
 
 
+@functools.cache
+def _cupy_namespace() -> Any:
+    import cupy
+
+    ns = types.SimpleNamespace(**{k: getattr(cupy, k) for k in dir(cupy) if not k.startswith("_")})
+    if not hasattr(cupy, "vecdot"):  # real inputs only, which is all the kernels use
+        ns.vecdot = lambda a, b, /, *, axis=-1: cupy.sum(a * b, axis=axis)
+    if not hasattr(cupy, "matrix_transpose"):
+        ns.matrix_transpose = lambda a, /: cupy.swapaxes(a, -1, -2)
+    if not hasattr(cupy, "concat"):
+        ns.concat = lambda arrays, /, *, axis=0: cupy.concatenate(arrays, axis=axis)
+    if not hasattr(cupy, "astype"):
+        ns.astype = lambda a, dtype, /, *, copy=True: a.astype(dtype, copy=copy)
+    return ns
+
+
 def to_numpy(x: Array) -> np.ndarray:
-    """Copy a (possibly device) array to a float64 NumPy array."""
-    if hasattr(x, "get"):  # CuPy
+    """Copy a (possibly device) array to a float64 NumPy array.
+
+    NumPy arrays and scalars pass straight through ``np.asarray``; CuPy arrays are copied to the host
+    with ``.get()``; any other array-API array (on the host) is imported with ``np.from_dlpack``,
+    the standard's interchange route (``__array__`` is not part of the standard).
+    """
+    if isinstance(x, np.ndarray | np.generic):
+        pass
+    elif hasattr(x, "get"):  # CuPy
         x = x.get()
+    elif hasattr(x, "__dlpack__"):
+        x = np.from_dlpack(x)
     return np.asarray(x, dtype=np.float64)
 
 
@@ -143,7 +176,7 @@ def normalise(log_r: Array) -> tuple[Array, Array, Array]:
     e = xp.exp(z)
     s = xp.sum(e, axis=1)
     log_s = xp.log(s)
-    rlogr = xp.vecdot(e, z, axis=1) / s - log_s
+    rlogr = xp.vecdot(e, z, axis=-1) / s - log_s
     return e * xp.reshape(1.0 / s, (-1, 1)), mx[:, 0] + log_s, rlogr
 
 
@@ -168,8 +201,10 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
     sum_rlogr = 0.0 if rlogr is None else float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
     if chunk.feats is not None:
         g = np.zeros((nk.shape[0], 2 * d))  # [sum r x^2, sum r x], float64 over float32 blocks
-        for i in range(0, chunk.n_rows, BLOCK_ROWS):
-            g += to_numpy(xp.matrix_transpose(resp[i : i + BLOCK_ROWS]) @ chunk.feats[i : i + BLOCK_ROWS])
+        n = chunk.n_rows
+        for i in range(0, n, BLOCK_ROWS):
+            j = min(i + BLOCK_ROWS, n)  # in-bounds slice stops (the standard leaves others unspecified)
+            g += to_numpy(xp.matrix_transpose(resp[i:j, :]) @ chunk.feats[i:j, :])
         return _diag_stats(nk, g, sum_rlogr, chunk)
     # full: means first, then the exactly centred scatter per component (two passes, D x D GEMMs)
     mean = to_numpy(xp.matrix_transpose(resp) @ x) / safe[:, None]
@@ -223,8 +258,9 @@ def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     g = np.zeros((k, 2 * d))
     nk = np.zeros(k)
     total = sum_rlogr = 0.0
-    for i in range(0, chunk.n_rows, BLOCK_ROWS):
-        f = chunk.feats[i : i + BLOCK_ROWS]
+    n = chunk.n_rows
+    for i in range(0, n, BLOCK_ROWS):
+        f = chunk.feats[i : min(i + BLOCK_ROWS, n), :]
         resp, log_norm, rlogr = normalise(f @ w + const)
         g += to_numpy(xp.matrix_transpose(resp) @ f)
         nk += to_numpy(xp.sum(resp, axis=0, dtype=xp.float64))

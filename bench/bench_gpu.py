@@ -1,0 +1,173 @@
+"""One VB EM kernel pass on a CUDA GPU (CuPy) against the same pass with NumPy on this machine's
+CPU, and the share of the GPU's own float32 GEMM rate that the device pass reaches.
+
+Setting: diag components, N=100,000, D=512, K=100, float32 data shaped like ReLU CNN features (as
+in bench/bench_vbem.py), the same chunks and E-step parameters on both sides. The pass is
+``vbem_kernel`` over every chunk (E-step GEMM, softmax, statistics GEMM, block by block) with the
+statistics merged in chunk order: 8 N D K flops. Run with ``python bench/bench_gpu.py`` (``--help``
+for the settings); it needs the gpu extra (CuPy) and a CUDA device, and says so when either is
+missing. CuPy multiplies float32 with TF32 tensor cores only when ``CUPY_TF32=1``; the default
+(off) is what the kernels' float32 accuracy assumes, and the reference GEMM uses the same setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from functools import reduce
+from typing import Any
+
+import numpy as np
+
+
+def load_cupy() -> Any:
+    """Import CuPy and check that it sees a device; exit with a message (no traceback) otherwise."""
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001 - ImportError, or CUDA libraries failing to load
+        sys.exit(f"bench_gpu: CuPy cannot be imported ({type(exc).__name__}: {exc}).\n"
+                 "Install the gpu extra (pip install -e '.[gpu]') on a machine with a CUDA GPU.")
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # noqa: BLE001 - no driver, no device, driver too old
+        sys.exit(f"bench_gpu: no CUDA device ({type(exc).__name__}: {exc}).")
+    if count == 0:
+        sys.exit("bench_gpu: no CUDA device (getDeviceCount() == 0).")
+    return cupy
+
+
+def device_name(cp: Any) -> str:
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    name = props["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def check_namespace(cp: Any) -> None:
+    """The kernels must see CuPy's namespace in CuPy arrays, or they would compute on the host."""
+    from vbcore.kernels import array_namespace
+
+    x = cp.ones((2, 2), dtype=cp.float32)
+    xp = array_namespace(x)
+    ok = isinstance(xp.asarray(np.ones(2), dtype=x.dtype), cp.ndarray)
+    missing = [f for f in ("concat", "matrix_transpose", "vecdot", "astype") if not hasattr(xp, f)]
+    if not ok or missing:
+        sys.exit(f"bench_gpu: vbcore.kernels.array_namespace(cupy array) is "
+                 f"{getattr(xp, '__name__', xp)!r}"
+                 + ("" if ok else ", which does not make CuPy arrays")
+                 + (f", lacking {missing}" if missing else "")
+                 + f" (CuPy {cp.__version__}); the kernels cannot run on this CuPy.")
+
+
+def gpu_gemm_rate(cp: Any, size: int, repeat: int) -> float:
+    """float32 GEMM rate of the device (flop/s): ``size^3`` matmul timed with CUDA events."""
+    a = cp.random.standard_normal((size, size), dtype=cp.float32)
+    b = cp.random.standard_normal((size, size), dtype=cp.float32)
+    a @ b  # warm up (cuBLAS handle, kernel selection)
+    cp.cuda.Stream.null.synchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(repeat):
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+    del a, b
+    return 2.0 * size**3 / statistics.median(times)
+
+
+def time_pass(fn: Any, repeat: int, sync: Any = None) -> float:
+    """Median wall time of ``fn()`` after one warm-up call; ``sync()`` before and after each."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        if sync is not None:
+            sync()
+        t = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--components", type=int, default=100)
+    ap.add_argument("--chunk-rows", type=int, default=65_536)
+    ap.add_argument("--repeat", type=int, default=5, help="timed GPU passes (NumPy: fewer)")
+    ap.add_argument("--gemm-size", type=int, default=8192)
+    args = ap.parse_args()
+
+    cp = load_cupy()
+    try:
+        name = device_name(cp)
+    except Exception as exc:  # noqa: BLE001 - the device is listed but cannot be used
+        sys.exit(f"bench_gpu: the CUDA device cannot be used ({type(exc).__name__}: {exc}).")
+    check_namespace(cp)
+
+    from bench_vbem import relu_features  # same data as `make bench`
+    from threadpoolctl import threadpool_info
+
+    from pipeline.engine import split_rows
+    from vbcore.kernels import KernelResult, chunk_statistics, estep_params, prepare_chunk, vbem_kernel
+    from vbcore.mstep import m_step
+    from vbcore.priors import default_prior
+
+    n, d, k = args.rows, args.dim, args.components
+    print(f"vbcluster GPU bench: one VB EM kernel pass (E-step + statistics), diag, "
+          f"N={n} D={d} K={k}, float32")
+    print(f"  device: {name} (CuPy {cp.__version__}, CUDA runtime {cp.cuda.runtime.runtimeGetVersion()}, "
+          f"CUPY_TF32={os.environ.get('CUPY_TF32', '(unset)')})")
+    for info in threadpool_info():
+        print(f"  host threadpool: {info['internal_api']} {info.get('version')} "
+              f"threads={info['num_threads']}")
+
+    X = relu_features(n, d, k, seed=0)
+    var = X.var(0, dtype=np.float64)
+    prior = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=k,
+                          data_mean=X.mean(0, dtype=np.float64), data_covariance=var)
+    shift = prior.mean
+    host_chunks = [prepare_chunk(c, shift, "diag") for c in split_rows(X, args.chunk_rows)]
+    resp = np.random.default_rng(1).dirichlet(np.ones(k), size=n).astype(np.float32)
+    stats, offset = None, 0
+    for c in host_chunks:
+        s = chunk_statistics(c, resp[offset:offset + c.n_rows])
+        stats = s if stats is None else stats.merge(s)
+        offset += c.n_rows
+    del resp
+    params = estep_params(m_step(stats, prior, 1e-6), shift)
+    dev_chunks = [prepare_chunk(cp.asarray(c), shift, "diag") for c in split_rows(X, args.chunk_rows)]
+    cp.cuda.Stream.null.synchronize()
+
+    def one_pass(chunks: list[Any]) -> KernelResult:
+        return reduce(KernelResult.merge, [vbem_kernel(c, params) for c in chunks])
+
+    t_gpu = time_pass(lambda: one_pass(dev_chunks), args.repeat, cp.cuda.Stream.null.synchronize)
+    t_cpu = time_pass(lambda: one_pass(host_chunks), max(1, args.repeat // 2))
+    res_gpu, res_cpu = one_pass(dev_chunks), one_pass(host_chunks)
+    nk_diff = float(np.max(np.abs(res_gpu.stats.nk - res_cpu.stats.nk)) / n)
+    ln_diff = abs(res_gpu.log_norm - res_cpu.log_norm) / abs(res_cpu.log_norm)
+
+    dev_chunks.clear()
+    cp.get_default_memory_pool().free_all_blocks()
+    rate = gpu_gemm_rate(cp, args.gemm_size, repeat=10)
+    flops = 8.0 * n * d * k  # E-step [x*x, x] @ W (4NDK) + statistics R^T [x*x, x] (4NDK)
+    achieved = flops / t_gpu
+
+    print()
+    print(f"  NumPy (host): {t_cpu * 1e3:9.1f} ms per pass")
+    print(f"  CuPy (device): {t_gpu * 1e3:8.1f} ms per pass -> NumPy / CuPy time = {t_cpu / t_gpu:.1f}x")
+    print(f"  device pass: {achieved / rate:6.1%} of this GPU's float32 GEMM rate "
+          f"({achieved / 1e12:.2f} of {rate / 1e12:.2f} TFLOP/s, {args.gemm_size}^3 sgemm, same run)")
+    print(f"  agreement: max |N_k(gpu) - N_k(numpy)| / N = {nk_diff:.1e}, "
+          f"sum ln sum rho rel. diff = {ln_diff:.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Run directories: what ``vbcluster fit`` writes and ``vbcluster assign`` reads.
+
+A run directory holds ``result.json`` (learner, settings, store path and fingerprint, n_iter,
+converged, ELBO and its history and terms, effective number of components, metrics against the
+store's labels when it has them) and ``posterior.npz`` (the fitted attributes under the
+estimator's names, plus the prior). Both are written under a temporary name and renamed into
+place, so a killed fit never leaves a half-written result where a good one was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.engine import LocalEngine, make_engine
+from pipeline.estimator import VBMixture
+from pipeline.sources import StoreSource
+from pipeline.store import FeatureStore
+from vbcore.errors import InputError, StoreError
+from vbcore.kernels import Chunk, estep_params, prepare_chunk, responsibilities
+from vbcore.metrics import acc, ari, nmi
+from vbcore.posterior import Posterior
+from vbcore.priors import Prior
+
+RESULT = "result.json"
+POSTERIOR = "posterior.npz"
+ASSIGNMENTS = "assignments"
+
+
+def _assign_kernel(chunk: Chunk, params: Any) -> tuple[np.ndarray, np.ndarray]:
+    r = np.asarray(responsibilities(chunk, params))
+    return r.argmax(axis=1).astype(np.int32), r.max(axis=1).astype(np.float32)
+
+
+def assign_rows(model: VBMixture, source: Any, engine: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """MAP cluster and its responsibility for every row of ``source``, chunk by chunk."""
+    eng = engine or LocalEngine(persist="never")
+    shift = model.prior_.mean
+    handles = eng.prepare(source, prepare_chunk, shift, model.covariance_type)
+    try:
+        parts = eng.map(_assign_kernel, handles, estep_params(model.posterior_, shift))
+    finally:
+        eng.release(handles)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _atomic_dir(target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Move a finished directory into place; an older one is replaced only once the new one is whole."""
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
+def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[str, Any] | None = None,
+             engine: Any = None) -> dict[str, Any]:
+    """Write result.json and posterior.npz for a fitted model (atomically); returns the result."""
+    run_dir = Path(run_dir)
+    src = StoreSource(store)
+    result: dict[str, Any] = {
+        "learner": model.learner,
+        "settings": {k: _jsonable(v) for k, v in model.get_params().items() if k != "engine"},
+        "store": str(Path(store).resolve()) if "://" not in store else store,
+        "store_fingerprint": src.fingerprint,
+        "n_rows": src.n_rows,
+        "n_features": src.n_features,
+        "n_iter": int(model.n_iter_),
+        "converged": bool(model.converged_),
+        "elbo": float(model.lower_bound_),
+        "elbo_history": [float(v) for v in model.lower_bounds_],
+        "elbo_terms": model.elbo_terms_,
+        "n_components": int(model.n_components),
+        "n_effective": int(model.n_effective_),
+        "counts": [float(c) for c in model.counts_],
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    labels = src.labels()
+    if labels is not None:
+        pred, _ = assign_rows(model, src, engine)
+        result["metrics"] = {"nmi": nmi(labels, pred), "acc": acc(labels, pred), "ari": ari(labels, pred),
+                             "clusters_used": int(len(np.unique(pred)))}
+    result.update(extra or {})
+    tmp = _atomic_dir(run_dir)
+    try:
+        _write_posterior(tmp / POSTERIOR, model)
+        (tmp / RESULT).write_text(json.dumps(result, indent=2))
+        _publish(tmp, run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return repr(v)
+
+
+def _write_posterior(path: Path, model: VBMixture) -> None:
+    post, prior = model.posterior_, model.prior_
+    arrays: dict[str, Any] = {
+        "weights_": model.weights_,
+        "means_": model.means_,
+        "covariances_": model.covariances_,
+        "precisions_": model.precisions_,
+        "precisions_cholesky_": model.precisions_cholesky_,
+        "mean_precision_": model.mean_precision_,
+        "weight_concentration_": np.asarray(post.weight_concentration),
+        "lower_bounds_": model.lower_bounds_,
+        "counts_": model.counts_,
+        "prior_mean": prior.mean,
+        "meta": np.array(json.dumps({
+            "covariance_type": post.covariance_type, "weight_type": post.weight_type,
+            "n_components": prior.n_components, "weight_concentration": prior.weight_concentration,
+            "mean_precision": prior.mean_precision, "degrees_of_freedom": prior.degrees_of_freedom,
+            "fixed_variance": prior.fixed_variance, "n_iter": int(model.n_iter_),
+            "converged": bool(model.converged_), "elbo_terms": model.elbo_terms_,
+            "settings": {k: _jsonable(v) for k, v in model.get_params().items() if k != "engine"},
+        })),
+    }
+    if post.degrees_of_freedom is not None:
+        arrays["degrees_of_freedom_"] = post.degrees_of_freedom
+    if prior.covariance is not None:
+        arrays["prior_covariance"] = prior.covariance
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def load_model(run_dir: str | Path) -> VBMixture:
+    """Rebuild a fitted VBMixture from a run directory."""
+    run_dir = Path(run_dir)
+    path = run_dir / POSTERIOR
+    if not path.is_file():
+        raise InputError(f"{run_dir}: no {POSTERIOR} (not a finished vbcluster run directory)")
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        dof = z["degrees_of_freedom_"] if "degrees_of_freedom_" in z else None
+        post = Posterior(meta["covariance_type"], meta["weight_type"], z["weight_concentration_"],
+                         z["mean_precision_"], z["means_"], dof, z["covariances_"])
+        prior = Prior(meta["covariance_type"], meta["weight_type"], meta["n_components"],
+                      meta["weight_concentration"], meta["mean_precision"], z["prior_mean"],
+                      meta["degrees_of_freedom"],
+                      z["prior_covariance"] if "prior_covariance" in z else None,
+                      meta["fixed_variance"])
+        history = z["lower_bounds_"]
+    model = VBMixture(**{k: v for k, v in meta["settings"].items() if k in VBMixture._get_param_names()})
+    model.prior_ = prior
+    from vbcore.elbo import ElboTerms
+
+    terms = meta["elbo_terms"]
+    model._set_fitted(post, ElboTerms(terms["log_likelihood"], terms["kl_assignments"],
+                                      terms["kl_weights"], terms["kl_components"]),
+                      list(history), meta["converged"], meta["n_iter"], 0, post.n_features)
+    return model
+
+
+def read_result(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / RESULT
+    if not path.is_file():
+        raise InputError(f"{run_dir}: no {RESULT} (not a finished vbcluster run directory)")
+    return json.loads(path.read_text())
+
+
+def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | None = None,
+                 engine: Any = None) -> Path:
+    """Write the run's MAP labels and their probability next to the store's features, atomically:
+    a Zarr group ``STORE/assignments/NAME`` with arrays ``labels`` (int32) and ``probability``
+    (float32), written under a temporary name and renamed into place. Refuses a store whose content
+    changed since the fit (fingerprint)."""
+    import zarr
+
+    result = read_result(run_dir)
+    model = load_model(run_dir)
+    store = store or result["store"]
+    if "://" in store:
+        raise StoreError(f"{store}: assignments are written next to local stores only")
+    src = StoreSource(store)
+    if src.fingerprint != result["store_fingerprint"]:
+        raise StoreError(
+            f"{store} changed since the run in {run_dir} was fitted (fingerprint differs); refit, or "
+            "pass the store the run was fitted on"
+        )
+    eng = make_engine(engine) if engine is not None else None
+    labels, prob = assign_rows(model, src, eng)
+    name = name or Path(run_dir).resolve().name
+    target = Path(store) / ASSIGNMENTS / name
+    if not (Path(store) / ASSIGNMENTS / "zarr.json").exists():
+        zarr.open_group(str(Path(store) / ASSIGNMENTS), mode="a")
+    tmp = _atomic_dir(target)
+    try:
+        g = zarr.open_group(str(tmp), mode="w")
+        chunks = (FeatureStore.open(store).chunk_rows,)
+        g.create_array("labels", data=labels, chunks=chunks)
+        g.create_array("probability", data=prob, chunks=chunks)
+        g.attrs.update({"run_dir": str(Path(run_dir).resolve()), "store_fingerprint": src.fingerprint,
+                        "n_effective": int(model.n_effective_)})
+        _publish(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
