@@ -15,6 +15,7 @@ One interface, two engines, one result:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -26,6 +27,29 @@ from vbcore.errors import ConfigError
 R = TypeVar("R", bound="Mergeable")
 
 PERSIST_MODES = ("auto", "always", "never")
+ARRAY_BACKENDS = ("numpy", "cupy")
+
+
+def _check_backend(array_backend: str) -> None:
+    if array_backend not in ARRAY_BACKENDS:
+        raise ConfigError(f"array_backend must be one of {ARRAY_BACKENDS}, got {array_backend!r}")
+    if array_backend == "cupy":
+        try:
+            import cupy  # noqa: F401
+        except Exception as exc:  # ImportError, or CUDA libraries failing to load
+            raise ConfigError(
+                "array_backend 'cupy' needs CuPy and a CUDA device: pip install 'vbcluster[gpu]' "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+
+
+def _on_backend(array_backend: str, prep: Callable[..., Any], rows: Any, *args: Any) -> Any:
+    """Move a chunk's rows to the array backend (CuPy: device memory) before preparing it."""
+    if array_backend == "cupy":
+        import cupy
+
+        rows = cupy.asarray(rows)
+    return prep(rows, *args)
 
 
 class Mergeable(Protocol):
@@ -124,13 +148,18 @@ class LocalEngine:
 
     name = "local"
 
-    def __init__(self, persist: str = "always", memory_limit: float = 4e9) -> None:
+    def __init__(self, persist: str = "always", memory_limit: float = 4e9,
+                 array_backend: str = "numpy") -> None:
         if persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r}")
+        _check_backend(array_backend)
         self.persist = persist
         self.memory_limit = memory_limit
+        self.array_backend = array_backend
 
     def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0) -> list[Any]:
+        if self.array_backend != "numpy":
+            prep = functools.partial(_on_backend, self.array_backend, prep)
         keep = self.persist == "always" or (
             self.persist == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self.memory_limit
         )
@@ -168,9 +197,12 @@ class DaskEngine:
     name = "dask"
 
     def __init__(self, client: Any, persist: str = "auto", owns_client: bool = False,
-                 cluster: Any = None) -> None:
+                 cluster: Any = None, array_backend: str = "numpy") -> None:
         if persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r}")
+        if array_backend not in ARRAY_BACKENDS:  # CuPy is checked on the workers, where it runs
+            raise ConfigError(f"array_backend must be one of {ARRAY_BACKENDS}, got {array_backend!r}")
+        self.array_backend = array_backend
         self.client = client
         self.persist = persist
         self.owns_client = owns_client
@@ -183,6 +215,9 @@ class DaskEngine:
 
     def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0) -> list[Any]:
         from pipeline.sources import ArraySource
+
+        if self.array_backend != "numpy":
+            prep = functools.partial(_on_backend, self.array_backend, prep)
 
         n = len(source.chunk_slices())
         keep = self.persist == "always" or (
@@ -257,7 +292,7 @@ def make_engine(engine: Any, persist: str = "auto") -> LocalEngine | DaskEngine:
 
         client = Client(cfg.address) if cluster is None else Client(cluster)
         return DaskEngine(client, persist=cfg.persist if persist == "auto" else persist,
-                          owns_client=True, cluster=cluster)
+                          owns_client=True, cluster=cluster, array_backend=cfg.array_backend)
     raise ConfigError(
         "engine must be 'local', a distributed.Client, a scheduler address 'tcp://host:port' or a "
         f"cluster config file (.yaml), got {engine!r}"

@@ -25,10 +25,12 @@ from vbcore.errors import ConfigError, InputError, InputTypeError
 from vbcore.kernels import (
     Chunk,
     KernelResult,
+    array_namespace,
     chunk_statistics,
     estep_params,
     prepare_chunk,
     responsibilities,
+    to_numpy,
     vbem_kernel,
 )
 from vbcore.mstep import m_step
@@ -491,12 +493,12 @@ def _float_array(name: str, value: Any) -> np.ndarray:
 # ---- kernels used by the estimator (module level so engines can ship them) --------------------
 def _moments_kernel(chunk: Chunk) -> SuffStats:
     """Data mean and scatter (one component with r = 1)."""
-    return chunk_statistics(chunk, np.ones((chunk.n_rows, 1), dtype=chunk.x.dtype))
+    return chunk_statistics(chunk, _on_device(chunk, np.ones((chunk.n_rows, 1))))
 
 
 def _check_kernel(chunk: Chunk, offset: int, where: str) -> None:
     """Reject non-finite rows of sources that were not validated on the driver (stores, dask)."""
-    x = np.asarray(chunk.x)
+    x = to_numpy(chunk.x)
     finite = np.isfinite(x)
     if not finite.all():
         row, col = np.argwhere(~finite)[0]
@@ -506,23 +508,27 @@ def _check_kernel(chunk: Chunk, offset: int, where: str) -> None:
         )
 
 
+def _on_device(chunk: Chunk, host: np.ndarray) -> Any:
+    """Host responsibilities in the chunk's array namespace and dtype."""
+    return array_namespace(chunk.x).asarray(host.astype(chunk.x.dtype))
+
+
 def _resp_stats_kernel(chunk: Chunk, resp: np.ndarray) -> SuffStats:
-    return chunk_statistics(chunk, resp.astype(chunk.x.dtype))
+    return chunk_statistics(chunk, _on_device(chunk, resp))
 
 
 def _random_stats_kernel(chunk: Chunk, seed: np.random.SeedSequence, k: int) -> SuffStats:
     """Uniform random responsibilities, from a per-chunk seed (the same on every engine)."""
     r = np.random.default_rng(seed).uniform(size=(chunk.n_rows, k))
-    return chunk_statistics(chunk, (r / r.sum(1, keepdims=True)).astype(chunk.x.dtype))
+    return chunk_statistics(chunk, _on_device(chunk, r / r.sum(1, keepdims=True)))
 
 
 def _nearest_stats_kernel(chunk: Chunk, centres: np.ndarray, k: int) -> SuffStats:
     """Hard responsibilities: each row to its nearest centre (k-means style initialisation)."""
-    x = np.asarray(chunk.x, dtype=np.float64)
-    labels = np.argmin(_sq_dists(x, centres - chunk.shift), axis=1)
-    r = np.zeros((chunk.n_rows, k), dtype=chunk.x.dtype)
+    labels = np.argmin(_sq_dists(to_numpy(chunk.x), centres - chunk.shift), axis=1)
+    r = np.zeros((chunk.n_rows, k))
     r[np.arange(chunk.n_rows), labels] = 1.0
-    return chunk_statistics(chunk, r)
+    return chunk_statistics(chunk, _on_device(chunk, r))
 
 
 def _sq_dists(X: np.ndarray, centres: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from pipeline.estimator import VBMixture
 from pipeline.sources import StoreSource
 from pipeline.store import FeatureStore
 from vbcore.errors import InputError, StoreError
-from vbcore.kernels import Chunk, estep_params, prepare_chunk, responsibilities
+from vbcore.kernels import Chunk, estep_params, prepare_chunk, responsibilities, to_numpy
 from vbcore.metrics import acc, ari, nmi
 from vbcore.posterior import Posterior
 from vbcore.priors import Prior
@@ -35,7 +35,7 @@ ASSIGNMENTS = "assignments"
 
 
 def _assign_kernel(chunk: Chunk, params: Any) -> tuple[np.ndarray, np.ndarray]:
-    r = np.asarray(responsibilities(chunk, params))
+    r = to_numpy(responsibilities(chunk, params))
     return r.argmax(axis=1).astype(np.int32), r.max(axis=1).astype(np.float32)
 
 

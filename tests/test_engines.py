@@ -134,3 +134,20 @@ def test_empty_store_and_nonfinite_dask_rows(tmp_path, client):
     X[33, 1] = np.nan
     with pytest.raises(InputError, match=r"non-finite value at row 33, column 1"):
         VBMixture(2).fit(da.from_array(X, chunks=(10, 3)))
+
+
+def test_cupy_backend_needs_cupy_here():
+    with pytest.raises(ConfigError, match=r"array_backend 'cupy' needs CuPy.*vbcluster\[gpu\]"):
+        LocalEngine(array_backend="cupy")
+    with pytest.raises(ConfigError, match=r"array_backend must be one of"):
+        LocalEngine(array_backend="jax")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ct", ["diag", "full"])
+def test_cupy_backend_fit_matches_numpy(store, ct):
+    kw = dict(n_components=6, covariance_type=ct, max_iter=10, tol=0.0, random_state=0)
+    cpu = VBMixture(**kw).fit(store)
+    gpu = VBMixture(engine=LocalEngine(array_backend="cupy"), **kw).fit(store)
+    np.testing.assert_allclose(gpu.means_, cpu.means_, rtol=1e-4, atol=1e-4)
+    assert gpu.lower_bound_ == pytest.approx(cpu.lower_bound_, rel=1e-5)
