@@ -16,12 +16,10 @@ import numpy as np
 from vbcore.errors import InputError
 
 
-@dataclass
-class ArraySource:
-    """An in-memory NumPy array cut into ``chunk_rows`` row chunks."""
+class _ArrayRows:
+    """Shape properties shared by the array-backed sources."""
 
-    array: np.ndarray
-    chunk_rows: int
+    array: Any
 
     @property
     def n_rows(self) -> int:
@@ -30,6 +28,14 @@ class ArraySource:
     @property
     def n_features(self) -> int:
         return int(self.array.shape[1])
+
+
+@dataclass
+class ArraySource(_ArrayRows):
+    """An in-memory NumPy array cut into ``chunk_rows`` row chunks."""
+
+    array: np.ndarray
+    chunk_rows: int
 
     @property
     def dtype(self) -> np.dtype:
@@ -90,7 +96,7 @@ class StoreSource:
 
 
 @dataclass
-class DaskArraySource:
+class DaskArraySource(_ArrayRows):
     """A 2-D dask array; its row blocks are the chunks (columns must be one block)."""
 
     array: Any
@@ -100,14 +106,6 @@ class DaskArraySource:
             raise InputError(f"X must be 2-D, got a {self.array.ndim}-D dask array")
         if len(self.array.chunks[1]) != 1:
             self.array = self.array.rechunk({1: -1})
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.array.shape[0])
-
-    @property
-    def n_features(self) -> int:
-        return int(self.array.shape[1])
 
     @property
     def dtype(self) -> np.dtype:
