@@ -1,6 +1,6 @@
-"""The ``vbcluster`` command line (typer + rich): ingest, fit, assign, demo, version.
+"""The ``vbcluster`` command line (typer + rich): ingest, fit, resume, assign, demo, version.
 
-Resume, report and deploy arrive with the checkpoint and flow issues.
+Report and deploy arrive with the flow issue.
 """
 
 from __future__ import annotations
@@ -121,10 +121,14 @@ def _engine(cluster: str | None):  # type: ignore[no-untyped-def]
     return engine
 
 
+RUN_SPEC = "run.json"
+
+
 @app.command()
 def fit(
     store: str = typer.Argument(..., help="The feature store to cluster."),
-    run_dir: str = typer.Option(..., "--run-dir", help="Where result.json and posterior.npz go."),
+    run_dir: str = typer.Option(..., "--run-dir", help="Where result.json, posterior.npz and "
+                                "checkpoints/ go."),
     learner: str = typer.Option("vbem", help="The learner (vbem)."),
     components: int = typer.Option(50, "--components", "-k", help="K (the DP truncation level)."),
     covariance: str = typer.Option("diag", help="full | diag | spherical | fixed."),
@@ -136,35 +140,91 @@ def fit(
     cluster: str | None = typer.Option(None, help="A cluster config (cluster_config/*.yaml) or "
                                        "scheduler address; default: in-process."),
     chunk_rows: int = typer.Option(65536, help="Rows per chunk for in-memory arrays."),
+    checkpoint_every: int = typer.Option(10, help="Iterations between checkpoints."),
+    checkpoint_seconds: float | None = typer.Option(None, help="Also checkpoint after this many seconds."),
+    keep: int = typer.Option(3, help="Checkpoints kept."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ) -> None:
-    """Fit a VB mixture to a store; write DIR/result.json and DIR/posterior.npz."""
+    """Fit a VB mixture to a store; write DIR/result.json and DIR/posterior.npz, with checkpoints in
+    DIR/checkpoints (a killed fit continues with `vbcluster resume DIR`)."""
+    spec = {"store": store, "learner": learner, "components": components, "covariance": covariance,
+            "weights": weights, "max_iter": max_iter, "tol": tol, "seed": seed, "init": init,
+            "cluster": cluster, "chunk_rows": chunk_rows, "checkpoint_every": checkpoint_every,
+            "checkpoint_seconds": checkpoint_seconds, "keep": keep}
+    _run(run_dir, spec, quiet, fresh=True)
+
+
+@app.command()
+def resume(
+    run_dir: str = typer.Argument(..., help="A run directory of `vbcluster fit`."),
+    cluster: str | None = typer.Option(None, help="Run on another cluster config than the fit's."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
+) -> None:
+    """Continue a fit from its newest valid checkpoint (bit for bit where an uninterrupted fit ends)."""
+    import json
+    from pathlib import Path
+
+    path = Path(run_dir) / RUN_SPEC
+    if not path.is_file():
+        _fail(FileNotFoundError(f"{run_dir}: no {RUN_SPEC} (not a run directory of `vbcluster fit`)"))
+        return
+    spec = json.loads(path.read_text())
+    if cluster is not None:
+        spec["cluster"] = cluster
+    _run(run_dir, spec, quiet, fresh=False)
+
+
+def _run(run_dir: str, spec: dict[str, Any], quiet: bool, fresh: bool) -> None:
+    import json
+    from pathlib import Path
+
+    from pipeline.checkpoint import CheckpointError, RunLock, RunLockedError
     from pipeline.estimator import VBMixture
-    from pipeline.runs import save_run
+    from pipeline.runs import save_run, write_atomic
     from vbcore.errors import VBClusterError
 
-    wt = {"dp": "dirichlet_process", "dirichlet": "dirichlet_distribution"}.get(weights, weights)
+    wt = {"dp": "dirichlet_process", "dirichlet": "dirichlet_distribution"}.get(spec["weights"],
+                                                                              spec["weights"])
     t0 = time.perf_counter()
     try:
-        engine = _engine(cluster)
-        try:
-            model = VBMixture(components, covariance_type=covariance, weight_concentration_prior_type=wt,
-                              max_iter=max_iter, tol=tol, random_state=seed, init_params=init,
-                              learner=learner, chunk_rows=chunk_rows, engine=engine,
-                              verbose=0 if quiet else 1).fit(store)
-            result = save_run(run_dir, model, store, extra={"seconds": time.perf_counter() - t0},
-                              engine=engine)
-        finally:
-            engine.close()
-    except VBClusterError as exc:
+        from pipeline.sources import StoreSource
+
+        StoreSource(spec["store"])  # a missing or bad store fails before anything is written
+        with RunLock(run_dir) as lock:
+            if lock.taken_over:
+                console.print(f"took over a stale lock of pid {lock.taken_over.get('pid')} on "
+                              f"{lock.taken_over.get('host')}", soft_wrap=True)
+            if fresh:
+                write_atomic(Path(run_dir) / RUN_SPEC, lambda f: f.write(json.dumps(spec, indent=1).encode()))
+            engine = _engine(spec["cluster"])
+            try:
+                model = VBMixture(
+                    spec["components"], covariance_type=spec["covariance"],
+                    weight_concentration_prior_type=wt, max_iter=spec["max_iter"], tol=spec["tol"],
+                    random_state=spec["seed"], init_params=spec["init"], learner=spec["learner"],
+                    chunk_rows=spec["chunk_rows"], engine=engine, verbose=0 if quiet else 1,
+                    checkpoint_dir=str(Path(run_dir) / "checkpoints"),
+                    checkpoint_every=spec["checkpoint_every"],
+                    checkpoint_seconds=spec["checkpoint_seconds"], checkpoint_keep=spec["keep"],
+                )
+                model.fit(spec["store"])
+                if getattr(model, "resumed_from_", None):
+                    console.print(f"resumed from {model.resumed_from_}", soft_wrap=True)
+                for name, reason in getattr(model, "skipped_checkpoints_", []):
+                    console.print(f"skipped checkpoint {name}: {reason}", soft_wrap=True)
+                result = save_run(run_dir, model, spec["store"],
+                                  extra={"seconds": time.perf_counter() - t0}, engine=engine)
+            finally:
+                engine.close()
+    except (VBClusterError, RunLockedError, CheckpointError, OSError) as exc:
         _fail(exc)
         return
-    table = Table(title=f"vbcluster fit {store}")
+    table = Table(title=f"vbcluster fit {spec['store']}")
     for col in ("learner", "iterations", "converged", "K", "effective K", "ELBO", "NMI", "ACC", "seconds"):
         table.add_column(col, justify="right")
     m = result.get("metrics", {})
-    table.add_row(learner, str(result["n_iter"]), str(result["converged"]), str(components),
-                  str(result["n_effective"]), f"{result['elbo']:.6g}",
+    table.add_row(spec["learner"], str(result["n_iter"]), str(result["converged"]),
+                  str(spec["components"]), str(result["n_effective"]), f"{result['elbo']:.6g}",
                   f"{m['nmi']:.3f}" if m else "-", f"{m['acc']:.3f}" if m else "-",
                   f"{result['seconds']:.1f}")
     console.print(table)

@@ -7,7 +7,10 @@ plus ``lower_bounds_`` (the exact ELBO after every iteration) and ``elbo_terms_`
 
 from __future__ import annotations
 
+import hashlib
 import time
+import warnings
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -18,6 +21,7 @@ from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from pipeline.checkpoint import Checkpointer, RunLock, config_hash
 from pipeline.engine import PERSIST_MODES, make_engine, split_rows
 from pipeline.sources import ArraySource, DaskArraySource, StoreSource, is_dask_array, is_store_path
 from vbcore.elbo import ElboTerms, elbo_terms
@@ -123,6 +127,15 @@ class VBMixture(DensityMixin, BaseEstimator):
         Where the passes run. Engines give bitwise-identical results.
     persist : {'auto', 'always', 'never'}, default='auto'
         Keep prepared chunks in (worker) memory; 'auto' does when they fit in half of it.
+    checkpoint_dir : str, optional
+        Write checkpoints here, and resume from the newest valid one when the directory already
+        holds a run with the same settings and data (bit for bit the uninterrupted result).
+    checkpoint_every : int, default=10
+        Iterations between checkpoints (the last iteration is always checkpointed).
+    checkpoint_seconds : float, optional
+        Also checkpoint when this many seconds have passed since the last checkpoint.
+    checkpoint_keep : int, default=3
+        Checkpoints kept.
     random_state : int, RandomState or None
     warm_start : bool, default=False
         Start the next ``fit`` from the current posterior.
@@ -149,6 +162,10 @@ class VBMixture(DensityMixin, BaseEstimator):
         chunk_rows: int = 65536,
         engine: Any = "local",
         persist: str = "auto",
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 10,
+        checkpoint_seconds: float | None = None,
+        checkpoint_keep: int = 3,
         random_state: Any = None,
         warm_start: bool = False,
         verbose: int = 0,
@@ -170,6 +187,10 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.chunk_rows = chunk_rows
         self.engine = engine
         self.persist = persist
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_seconds = checkpoint_seconds
+        self.checkpoint_keep = checkpoint_keep
         self.random_state = random_state
         self.warm_start = warm_start
         self.verbose = verbose
@@ -210,6 +231,10 @@ class VBMixture(DensityMixin, BaseEstimator):
         self._number("tol", self.tol)
         self._number("reg_covar", self.reg_covar)
         self._integer("chunk_rows", self.chunk_rows, 1)
+        self._integer("checkpoint_every", self.checkpoint_every, 1)
+        self._integer("checkpoint_keep", self.checkpoint_keep, 1)
+        if self.checkpoint_seconds is not None:
+            self._number("checkpoint_seconds", self.checkpoint_seconds)
         if self.persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {self.persist!r}")
 
@@ -252,6 +277,7 @@ class VBMixture(DensityMixin, BaseEstimator):
             self._check_warm_start(d)
         engine = make_engine(self.engine, self.persist)
         handles: list[Any] = []
+        lock = RunLock(self.checkpoint_dir).acquire() if self.checkpoint_dir is not None else None
         try:
             # One preparation for the whole fit: rows shifted by the first row (any point near the
             # data keeps float32 GEMMs accurate), [x*x, x] cached for the diagonal families.
@@ -266,17 +292,28 @@ class VBMixture(DensityMixin, BaseEstimator):
             if ct == "fixed" and fixed_variance is None:
                 fixed_variance = self._default_fixed_variance(self._sample_rows(source))
             prior = self._prior_from_moments(moments, d, fixed_variance)
-            if warm:
-                post = self.posterior_
-            else:
-                post = m_step(self._initial_stats(source, engine, handles, resp_init), prior,
-                              self.reg_covar)
+            ckpt = None if self.checkpoint_dir is None else Checkpointer(self.checkpoint_dir,
+                                                                         int(self.checkpoint_keep))
+            identity = self._run_identity(source) if ckpt is not None else {}
+            loaded = self._load_checkpoint(ckpt, identity) if ckpt is not None else None
             history: list[float] = []
             terms: ElboTerms | None = None
             converged = False
             n_iter = 0
-            t0 = time.perf_counter()
-            for n_iter in range(1, int(self.max_iter) + 1):
+            if loaded is not None:
+                post = _posterior_from_state(loaded.state, ct, self.weight_concentration_prior_type)
+                history = [float(v) for v in loaded.manifest["elbo_history"]]
+                n_iter = int(loaded.manifest["iteration"])
+                converged = bool(loaded.manifest["converged"])
+                terms = ElboTerms(**loaded.manifest["elbo_terms"]) if loaded.manifest["elbo_terms"] else None
+            elif warm:
+                post = self.posterior_
+            else:
+                post = m_step(self._initial_stats(source, engine, handles, resp_init), prior,
+                              self.reg_covar)
+            t0 = last_ckpt = time.perf_counter()
+            while not converged and n_iter < int(self.max_iter):
+                n_iter += 1
                 result: KernelResult = engine.map_reduce(vbem_kernel, handles, estep_params(post, shift))
                 post = m_step(result.stats, prior, self.reg_covar)
                 terms = elbo_terms(result.stats, post, prior)
@@ -286,7 +323,13 @@ class VBMixture(DensityMixin, BaseEstimator):
                           f"({time.perf_counter() - t0:.2f}s)")
                 if len(history) > 1 and abs(history[-1] - history[-2]) / n < self.tol:
                     converged = True
-                    break
+                due = n_iter % int(self.checkpoint_every) == 0 or converged or n_iter == int(self.max_iter)
+                if self.checkpoint_seconds is not None:
+                    due = due or time.perf_counter() - last_ckpt >= float(self.checkpoint_seconds)
+                if ckpt is not None and due:
+                    ckpt.save(n_iter, _posterior_state(post), dict(
+                        identity, converged=converged, elbo_history=history, elbo_terms=asdict(terms)))
+                    last_ckpt = time.perf_counter()
             if terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
                 result = engine.map_reduce(vbem_kernel, handles, estep_params(post, shift))
                 terms = elbo_terms(result.stats, post, prior)
@@ -294,8 +337,54 @@ class VBMixture(DensityMixin, BaseEstimator):
             engine.release(handles)
             if engine is not self.engine:
                 engine.close()
+            if lock is not None:
+                lock.release()
         self.prior_ = prior
         self._set_fitted(post, terms, history, converged, n_iter, n, d)
+
+    #: settings that do not change the trajectory of a fit (a resumed run may change them)
+    _RESUMABLE = frozenset({"verbose", "engine", "persist", "max_iter", "tol", "warm_start",
+                            "checkpoint_dir", "checkpoint_every", "checkpoint_seconds",
+                            "checkpoint_keep"})
+
+    def _run_identity(self, source: Any) -> dict[str, Any]:
+        """What a checkpoint must match: learner, settings, data fingerprint, seed."""
+        settings = {k: _jsonable(v) for k, v in self.get_params().items() if k not in self._RESUMABLE}
+        seed = self.random_state if isinstance(self.random_state, (int, np.integer)) else None
+        return {
+            "learner": self.learner,
+            "settings": settings,
+            "config_hash": config_hash(settings),
+            "store_fingerprint": source_fingerprint(source),
+            "rng": {"entropy": None if seed is None else int(seed),
+                    "derivation": "numpy SeedSequence(entropy, spawn_key=(iteration,))"},
+        }
+
+    def _load_checkpoint(self, ckpt: Checkpointer, identity: dict[str, Any]) -> Any:
+        loaded = ckpt.load_latest()
+        if loaded is None:
+            return None
+        m = loaded.manifest
+        if m.get("store_fingerprint") != identity["store_fingerprint"]:
+            raise ConfigError(
+                f"{loaded.path}: the data changed since this checkpoint was written (fingerprint "
+                f"{str(m.get('store_fingerprint'))[:12]}... vs {identity['store_fingerprint'][:12]}...); "
+                "use another checkpoint_dir to start a new run"
+            )
+        if m.get("config_hash") != identity["config_hash"] or m.get("learner") != identity["learner"]:
+            old, new = m.get("settings", {}), identity["settings"]
+            diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+                    if old.get(k) != new.get(k)]
+            raise ConfigError(
+                f"{loaded.path}: the settings differ from the checkpoint's ({'; '.join(diff) or 'learner'}); "
+                "use the same settings to resume, or another checkpoint_dir to start a new run"
+            )
+        for path, reason in loaded.skipped:
+            warnings.warn(f"skipped checkpoint {path.name}: {reason}; resuming from {loaded.path.name}",
+                          stacklevel=3)
+        self.resumed_from_ = str(loaded.path)
+        self.skipped_checkpoints_ = [(str(p), r) for p, r in loaded.skipped]
+        return loaded
 
     def _check_warm_start(self, d: int) -> None:
         post = self.posterior_
@@ -476,6 +565,39 @@ class VBMixture(DensityMixin, BaseEstimator):
 
     def score(self, X: Any, y: Any = None) -> float:
         return float(np.mean(self.score_samples(X)))
+
+
+def _posterior_state(post: Posterior) -> dict[str, np.ndarray]:
+    state = {"weight_concentration": post.weight_concentration, "mean_precision": post.mean_precision,
+             "means": post.means, "covariances": post.covariances}
+    if post.degrees_of_freedom is not None:
+        state["degrees_of_freedom"] = post.degrees_of_freedom
+    return state
+
+
+def _posterior_from_state(state: dict[str, np.ndarray], ct: str, wt: str) -> Posterior:
+    return Posterior(ct, wt, state["weight_concentration"], state["mean_precision"], state["means"],
+                     state.get("degrees_of_freedom"), state["covariances"])
+
+
+def source_fingerprint(source: Any) -> str:
+    """The store's fingerprint, or a sha256 of the rows (chunk by chunk) for arrays."""
+    if hasattr(source, "fingerprint"):
+        return str(source.fingerprint)
+    h = hashlib.sha256(f"{source.n_rows}x{source.n_features}:{np.dtype(source.dtype)}".encode())
+    for i in range(len(source.chunk_slices())):
+        h.update(np.ascontiguousarray(source.load(i)).tobytes())
+    return h.hexdigest()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return repr(v)
 
 
 def _show(value: Any) -> str:

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.checkpoint import sha256_file
 from pipeline.engine import LocalEngine, make_engine
-from pipeline.estimator import VBMixture
+from pipeline.estimator import VBMixture, _jsonable
 from pipeline.sources import StoreSource
 from pipeline.store import FeatureStore
 from vbcore.errors import InputError, StoreError
@@ -95,28 +96,32 @@ def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[s
         result["metrics"] = {"nmi": nmi(labels, pred), "acc": acc(labels, pred), "ari": ari(labels, pred),
                              "clusters_used": int(len(np.unique(pred)))}
     result.update(extra or {})
-    tmp = _atomic_dir(run_dir)
-    try:
-        _write_posterior(tmp / POSTERIOR, model)
-        (tmp / RESULT).write_text(json.dumps(result, indent=2))
-        _publish(tmp, run_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # posterior first, then result.json (which names the posterior's sha256): a reader that finds a
+    # result.json always finds the posterior it describes; a failure leaves the old pair in place
+    # (a crash between the two renames leaves the new posterior with the old result, which the
+    # sha256 in result.json exposes)
+    write_atomic(run_dir / POSTERIOR, lambda f: _write_posterior(f, model))
+    result["posterior_sha256"] = sha256_file(run_dir / POSTERIOR)
+    write_atomic(run_dir / RESULT, lambda f: f.write(json.dumps(result, indent=2).encode()))
     return result
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    return repr(v)
+def write_atomic(path: Path, write: Any) -> None:
+    """Write a file under a temporary name in the same directory, fsync it, rename it into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
-def _write_posterior(path: Path, model: VBMixture) -> None:
+def _write_posterior(f: Any, model: VBMixture) -> None:
     post, prior = model.posterior_, model.prior_
     arrays: dict[str, Any] = {
         "weights_": model.weights_,
@@ -142,8 +147,7 @@ def _write_posterior(path: Path, model: VBMixture) -> None:
         arrays["degrees_of_freedom_"] = post.degrees_of_freedom
     if prior.covariance is not None:
         arrays["prior_covariance"] = prior.covariance
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
+    np.savez(f, **arrays)
 
 
 def load_model(run_dir: str | Path) -> VBMixture:

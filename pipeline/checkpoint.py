@@ -1,0 +1,242 @@
+"""Checkpoints and run locks: a killed run resumes and ends exactly where an uninterrupted one would.
+
+Layout of a checkpoint directory (``CHECKPOINT_DIR/ckpt-00000012/``)::
+
+    state.npz       the learner's global state (for VB EM: every posterior array), float64
+    manifest.json   iteration, learner, config hash and settings, store fingerprint, RNG record,
+                    ELBO history, sha256 of every file; written last
+
+A checkpoint is written into ``.ckpt-00000012.tmp-*/``, fsynced, and renamed into place; the last
+``keep`` checkpoints are kept. Loading takes the newest checkpoint whose files match their sha256 and
+reports every newer one it had to skip (truncated, corrupted, half-written). Learners with
+per-sample state will add Zarr arrays beside ``state.npz`` (see docs/operations.md).
+
+A run lock (``.lock``: pid, host, start time, created with O_EXCL) keeps two processes out of one
+run directory; a lock whose process is gone (same host) is stale and taken over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vbcore.errors import VBClusterError
+
+MANIFEST = "manifest.json"
+STATE = "state.npz"
+PREFIX = "ckpt-"
+#: fault injection for tests: seconds to pause between writing the state and the manifest
+PAUSE_ENV = "VBCLUSTER_CHECKPOINT_PAUSE"
+
+
+class CheckpointError(VBClusterError, OSError):
+    """A checkpoint could not be written or no usable checkpoint matches the run."""
+
+
+class RunLockedError(VBClusterError, RuntimeError):
+    """Another live process holds the run directory."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def config_hash(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def iteration_seed(entropy: int, iteration: int) -> np.random.SeedSequence:
+    """The RNG of iteration ``iteration``: derived from the run's seed alone, so a resumed run draws
+    exactly what the uninterrupted run drew (minibatch learners use it; VB EM draws nothing)."""
+    return np.random.SeedSequence(entropy, spawn_key=(iteration,))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Loaded:
+    path: Path
+    manifest: dict[str, Any]
+    state: dict[str, np.ndarray]
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+class Checkpointer:
+    """Writes, prunes and loads the checkpoints of one run."""
+
+    def __init__(self, directory: str | os.PathLike[str], keep: int = 3) -> None:
+        if int(keep) < 1:
+            raise CheckpointError(f"checkpoint keep must be >= 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep = int(keep)
+
+    def list(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(p for p in self.directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+
+    def save(self, iteration: int, state: dict[str, np.ndarray], manifest: dict[str, Any]) -> Path:
+        """Write one checkpoint atomically; on any OSError the previous checkpoints are untouched."""
+        final = self.directory / f"{PREFIX}{iteration:08d}"
+        tmp: Path | None = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=self.directory))
+            with open(tmp / STATE, "wb") as f:
+                np.savez(f, **state)  # type: ignore[arg-type]
+                f.flush()
+                os.fsync(f.fileno())
+            pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
+            if pause:
+                time.sleep(pause)
+            body = dict(manifest, iteration=int(iteration), files={STATE: sha256_file(tmp / STATE)},
+                        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            with open(tmp / MANIFEST, "w") as f:
+                f.write(json.dumps(body, indent=1))
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync(tmp)
+            if final.exists():  # a checkpoint of this iteration from an earlier attempt
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync(self.directory)
+        except OSError as exc:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            prev = self.list()
+            kept = f"the previous checkpoint ({prev[-1].name}) is intact" if prev else "no earlier checkpoint"
+            raise CheckpointError(
+                f"cannot write checkpoint {final}: {exc.strerror or exc}; {kept}"
+            ) from exc
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        for p in self.list()[: -self.keep]:
+            shutil.rmtree(p, ignore_errors=True)
+        for p in self.directory.glob(f".{PREFIX}*.tmp-*"):  # leftovers of killed writes
+            shutil.rmtree(p, ignore_errors=True)
+
+    def load_latest(self) -> Loaded | None:
+        """The newest checkpoint whose files verify, or None; ``skipped`` lists newer bad ones."""
+        skipped: list[tuple[Path, str]] = []
+        for path in reversed(self.list()):
+            reason = _verify(path)
+            if reason:
+                skipped.append((path, reason))
+                continue
+            manifest = json.loads((path / MANIFEST).read_text())
+            with np.load(path / STATE, allow_pickle=False) as z:
+                state = {k: z[k] for k in z.files}
+            return Loaded(path, manifest, state, skipped)
+        if skipped:
+            raise CheckpointError(
+                f"no usable checkpoint in {self.directory}: "
+                + "; ".join(f"{p.name}: {r}" for p, r in skipped)
+            )
+        return None
+
+
+def _verify(path: Path) -> str | None:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        return "no manifest (the write was interrupted)"
+    except (OSError, ValueError) as exc:
+        return f"unreadable manifest ({exc})"
+    files = manifest.get("files", {})
+    if STATE not in files:
+        return "the manifest lists no state file"
+    for name, digest in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if sha256_file(f) != digest:
+            return f"{name} does not match its sha256 (truncated or corrupted)"
+    return None
+
+
+class RunLock:
+    """An exclusive lock on a run directory (``.lock`` with pid, host and start time)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(run_dir) / ".lock"
+        self.taken_over: dict[str, Any] | None = None
+
+    def acquire(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and self._alive(holder):
+                    raise RunLockedError(
+                        f"{self.path.parent} is in use by pid {holder.get('pid')} on host "
+                        f"{holder.get('host')} (since {time.ctime(holder.get('started', 0))}); "
+                        "wait for it, or point this run at another directory"
+                    ) from None
+                self.taken_over = holder  # stale: its process is gone
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return self
+        raise RunLockedError(f"could not take the lock {self.path}")
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else None
+        except (OSError, ValueError):
+            return None  # half-written lock: its writer died while creating it
+
+    @staticmethod
+    def _alive(holder: dict[str, Any]) -> bool:
+        if holder.get("host") != socket.gethostname():
+            return True  # cannot check another host: assume it is alive
+        pid = holder.get("pid")
+        if not isinstance(pid, int):
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def release(self) -> None:
+        try:
+            holder = self._holder()
+            if holder is None or holder.get("pid") == os.getpid():
+                self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
