@@ -14,7 +14,7 @@ TEST_ENV := PREFECT_SERVER_ANALYTICS_ENABLED=false \
 
 LINT_PATHS := $(wildcard vbcore pipeline flows tests bench)
 
-.PHONY: venv test demo bench lint clean
+.PHONY: venv test demo bench bench-quick lint clean
 
 venv: $(STAMP)
 
@@ -33,7 +33,15 @@ test: venv
 demo: venv
 	MPLBACKEND=Agg $(VENV)/bin/vbcluster demo
 
+# All benchmarks (about 15 minutes on 2 cores; the synthetic stores are kept in bench/out/).
 bench: venv
+	$(VPY) bench/bench_vbem.py
+	$(VPY) bench/bench_ingest.py
+	mkdir -p bench/out && $(VPY) bench/bench_engine.py --workdir bench/out
+	$(VPY) bench/bench_checkpoint.py --workdir bench/out
+
+# One VB EM iteration against scikit-learn and the GEMM share (about 1 minute).
+bench-quick: venv
 	$(VPY) bench/bench_vbem.py
 
 lint: venv

@@ -8,6 +8,10 @@ The scheduler listens on 127.0.0.1 on a free port, without a dashboard (its HTTP
 still answers /health, takes another free port); each worker is its own
 ``dask worker`` process (one worker, one thread) in its own process group, and all of them are
 terminated, then killed, on exit. Workers may still be registering when the address is yielded.
+
+By default (as with the ``dask worker`` CLI) each worker runs under a nanny, which restarts a worker
+process that dies; ``nanny=False`` passes ``--no-nanny``, so the ``dask worker`` process is the
+worker itself and one that dies stays dead.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
 
 
 @contextmanager
-def dask_scheduler_and_workers(n_workers: int = 2) -> Iterator[str]:
+def dask_scheduler_and_workers(n_workers: int = 2, nanny: bool = True) -> Iterator[str]:
     """Start ``dask scheduler`` and ``n_workers`` ``dask worker`` processes; yield the scheduler address."""
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
@@ -104,6 +108,7 @@ def dask_scheduler_and_workers(n_workers: int = 2) -> Iterator[str]:
                     [
                         "worker", address, "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
                         "--host", "127.0.0.1", "--local-directory", tmp,
+                        *([] if nanny else ["--no-nanny"]),
                     ],
                 )  # fmt: skip
             yield address

@@ -49,7 +49,8 @@ def test_resume_continues_bitwise(tmp_path, X, ct):
 
 
 def test_manifest_and_pruning(tmp_path, X):
-    m = VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), checkpoint_every=2, checkpoint_keep=3, **KW).fit(X)
+    m = VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), checkpoint_every=2, checkpoint_keep=3,
+                  **KW).fit(X)
     names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt-"))
     assert names == ["ckpt-00000008", "ckpt-00000010", "ckpt-00000012"]
     man = json.loads((tmp_path / "ckpt-00000012" / "manifest.json").read_text())
@@ -64,7 +65,8 @@ def test_corrupted_newest_checkpoint_falls_back_and_says_so(tmp_path, X):
     VBMixture(max_iter=9, checkpoint_dir=str(tmp_path), checkpoint_every=3, **KW).fit(X)
     state = tmp_path / "ckpt-00000009" / "state.npz"
     state.write_bytes(state.read_bytes()[:100])  # truncated
-    with pytest.warns(UserWarning, match=r"skipped checkpoint ckpt-00000009: state.npz does not match its sha256"):
+    msg = r"skipped checkpoint ckpt-00000009: state.npz does not match its sha256"
+    with pytest.warns(UserWarning, match=msg):
         m = VBMixture(max_iter=20, checkpoint_dir=str(tmp_path), checkpoint_every=3, **KW).fit(X)
     assert m.resumed_from_.endswith("ckpt-00000006")
     _same_bits(m, VBMixture(max_iter=20, **KW).fit(X))
@@ -96,7 +98,8 @@ def test_disk_full_while_checkpointing_keeps_the_previous_one(tmp_path, X, monke
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(np, "savez", full)
-    with pytest.raises(CheckpointError, match=r"No space left on device; the previous checkpoint \(ckpt-00000004\) is intact"):
+    msg = r"No space left on device; the previous checkpoint \(ckpt-00000004\) is intact"
+    with pytest.raises(CheckpointError, match=msg):
         VBMixture(max_iter=8, checkpoint_dir=str(tmp_path), checkpoint_every=2, **KW).fit(X)
     monkeypatch.setattr(np, "savez", real)
     assert sha256_file(tmp_path / "ckpt-00000004" / "state.npz") == before
@@ -114,7 +117,8 @@ def test_permission_denied_is_a_clear_error(tmp_path, monkeypatch):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
     monkeypatch.setattr("tempfile.mkdtemp", denied)
-    with pytest.raises(CheckpointError, match=r"Permission denied; the previous checkpoint \(ckpt-00000001\) is intact"):
+    msg = r"Permission denied; the previous checkpoint \(ckpt-00000001\) is intact"
+    with pytest.raises(CheckpointError, match=msg):
         ck.save(2, {"a": np.ones(2)}, {})
 
 
