@@ -24,31 +24,25 @@ def main() -> None:
     import sys
 
     sys.path.insert(0, os.path.dirname(__file__))
-    from bench_engine import _make_store, _params
+    from bench_engine import sun397_setup
 
     from pipeline.checkpoint import Checkpointer
-    from pipeline.engine import LocalEngine
     from pipeline.estimator import _posterior_state
-    from pipeline.sources import StoreSource
-    from vbcore.kernels import prepare_chunk, vbem_kernel
+    from vbcore.kernels import vbem_kernel
     from vbcore.mstep import m_step
     from vbcore.priors import default_prior
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="vbcluster-bench-")
     os.makedirs(workdir, exist_ok=True)
     try:
-        path = os.path.join(workdir, "sun397.zarr")
-        _make_store(path, rows=108_754, dim=4096, classes=397, chunk_rows=8192)
-        source = StoreSource(path)
         k = 1000
-        shift, params = _params(source, k)
-        engine = LocalEngine(persist="always")
-        handles = engine.prepare(source, prepare_chunk, shift, "diag")
+        source, engine, handles, params = sun397_setup(workdir, k)
         t = time.perf_counter()
         res = engine.map_reduce(vbem_kernel, handles, params)
         x0 = source.load(0)
         prior = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=k,
-                              data_mean=x0.mean(0, dtype=np.float64), data_covariance=x0.var(0, dtype=np.float64))
+                              data_mean=x0.mean(0, dtype=np.float64),
+                              data_covariance=x0.var(0, dtype=np.float64))
         post = m_step(res.stats, prior, 1e-6)
         t_iter = time.perf_counter() - t
         ck = Checkpointer(os.path.join(workdir, "ckpts"), keep=3)

@@ -214,7 +214,7 @@ class DaskEngine:
         return float(sum(limits)) if all(limits) else float("inf")
 
     def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0) -> list[Any]:
-        from pipeline.sources import ArraySource
+        from pipeline.sources import ArraySource, StoreSource
 
         if self.array_backend != "numpy":
             prep = functools.partial(_on_backend, self.array_backend, prep)
@@ -232,16 +232,21 @@ class DaskEngine:
             return c.map(prep, raw, *[[a] * n for a in args], pure=False)
         if not keep:
             return [Lazy(source, i, prep, args) for i in range(n)]
-        src = c.scatter(source, broadcast=True, hash=False)
+        # A store source is a path and a few numbers: every task carries its own copy, so a chunk
+        # lost with a dead worker is recomputed from its lineage. Scattered data has none (and
+        # the Active Memory Manager trims a broadcast to one replica): lost, it stays lost.
+        src = source if isinstance(source, StoreSource) else c.scatter(source, broadcast=True, hash=False)
         return c.map(_load_prep, [src] * n, range(n), [prep] * n, *[[a] * n for a in args], pure=False)
 
     def _broadcast(self, args: tuple[Any, ...]) -> list[Any]:
         return [self.client.scatter(a, broadcast=True, hash=False) for a in args]
 
     def _submit(self, kernel: Callable[..., Any], handles: Sequence[Any], args: tuple[Any, ...],
-                per_chunk: Sequence[Any] | None) -> list[Any]:
+                per_chunk: Sequence[Any] | None, hold: list[Any] | None = None) -> list[Any]:
         n = len(handles)
         futs = self._broadcast(args)
+        if hold is not None:  # the caller holds the state until the pass is gathered
+            hold.extend(futs)
         rest = [[f] * n for f in futs]
         if per_chunk is None:
             return self.client.map(_apply, [kernel] * n, list(handles), *rest, pure=False)
@@ -250,11 +255,15 @@ class DaskEngine:
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
             per_chunk: Sequence[Any] | None = None) -> list[Any]:
-        return self.client.gather(self._submit(kernel, handles, args, per_chunk))
+        # The scattered state is held until the results are in: a result lost with a dead worker
+        # is recomputed from it (released, scattered data is forgotten).
+        state: list[Any] = []
+        return self.client.gather(self._submit(kernel, handles, args, per_chunk, state))
 
     def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
                    per_chunk: Sequence[Any] | None = None) -> R:
-        parts = self._submit(kernel, handles, args, per_chunk)
+        state: list[Any] = []  # held until the root is in, as in map
+        parts = self._submit(kernel, handles, args, per_chunk, state)
         root = tree_reduce(parts, lambda a, b: self.client.submit(_merge, a, b, pure=False))
         return root.result()
 

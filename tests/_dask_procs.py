@@ -11,7 +11,9 @@ terminated, then killed, on exit. Workers may still be registering when the addr
 
 By default (as with the ``dask worker`` CLI) each worker runs under a nanny, which restarts a worker
 process that dies; ``nanny=False`` passes ``--no-nanny``, so the ``dask worker`` process is the
-worker itself and one that dies stays dead.
+worker itself and one that dies stays dead. Such a worker gets the environment a nanny would set
+(``distributed.nanny.pre-spawn-environ``: one OpenMP/MKL/OpenBLAS thread), so both kinds compute
+the same bits.
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         proc.wait()
 
 
+def _no_nanny_env() -> dict[str, str]:
+    """This environment plus what a nanny sets before it spawns its worker process."""
+    import dask
+    import distributed  # noqa: F401 - loads distributed's config defaults
+
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()})
+    return env
+
+
 def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -82,10 +94,11 @@ def dask_scheduler_and_workers(n_workers: int = 2, nanny: bool = True) -> Iterat
     with tempfile.TemporaryDirectory(prefix="vbcluster-dask-") as tmp:
         logs = Path(tmp)
 
-        def spawn(name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        def spawn(name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
             with open(logs / f"{name}.log", "wb") as out:
                 proc = subprocess.Popen(
                     [*dask_cli, *args],
+                    env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -110,6 +123,7 @@ def dask_scheduler_and_workers(n_workers: int = 2, nanny: bool = True) -> Iterat
                         "--host", "127.0.0.1", "--local-directory", tmp,
                         *([] if nanny else ["--no-nanny"]),
                     ],
+                    env=None if nanny else _no_nanny_env(),
                 )  # fmt: skip
             yield address
         finally:
