@@ -152,13 +152,10 @@ class Kill:
         return self.started_at_kill > self.finished_at_kill
 
 
-def _blas_threads() -> list[int]:
-    return [int(i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas"]
-
-
 def _assert_one_blas_thread(client: Client) -> None:
     """The reference's setting: otherwise a mismatch would be BLAS threading, not the fault."""
-    per_worker = client.run(_blas_threads)
+    per_worker = {addr: [int(i["num_threads"]) for i in info if i["user_api"] == "blas"]
+                  for addr, info in client.run(threadpool_info).items()}  # workers can't import this module
     assert all(threads and set(threads) == {1} for threads in per_worker.values()), per_worker
 
 
