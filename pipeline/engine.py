@@ -16,6 +16,7 @@ One interface, two engines, one result:
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -135,6 +136,10 @@ def _apply_item(kernel: Callable[..., Any], handle: Any, item: Any, *args: Any) 
     return kernel(_materialise(handle), item, *args)
 
 
+def _identity(value: Any) -> Any:
+    return value
+
+
 def _load_prep(source: Any, i: int, prep: Callable[..., Any], *args: Any) -> Any:
     return prep(source.load(i), *args)
 
@@ -239,14 +244,19 @@ class DaskEngine:
         return c.map(_load_prep, [src] * n, range(n), [prep] * n, *[[a] * n for a in args], pure=False)
 
     def _broadcast(self, args: tuple[Any, ...]) -> list[Any]:
-        return [self.client.scatter(a, broadcast=True, hash=False) for a in args]
+        # Each piece of state is one task that returns it (its value travels to the scheduler in
+        # the task, as a scatter's does), so Dask recomputes it when the worker holding it dies.
+        # Scattered data has no lineage, and scatter(broadcast=True) waits forever for a worker
+        # that dies while the data is replicated. The scheduler keeps the state until the pass
+        # is done, knowingly: no "large graph" advice for states over 10 MB.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+            return [self.client.submit(_identity, a, pure=False) for a in args]
 
     def _submit(self, kernel: Callable[..., Any], handles: Sequence[Any], args: tuple[Any, ...],
-                per_chunk: Sequence[Any] | None, hold: list[Any] | None = None) -> list[Any]:
+                per_chunk: Sequence[Any] | None) -> list[Any]:
         n = len(handles)
         futs = self._broadcast(args)
-        if hold is not None:  # the caller holds the state until the pass is gathered
-            hold.extend(futs)
         rest = [[f] * n for f in futs]
         if per_chunk is None:
             return self.client.map(_apply, [kernel] * n, list(handles), *rest, pure=False)
@@ -255,15 +265,11 @@ class DaskEngine:
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
             per_chunk: Sequence[Any] | None = None) -> list[Any]:
-        # The scattered state is held until the results are in: a result lost with a dead worker
-        # is recomputed from it (released, scattered data is forgotten).
-        state: list[Any] = []
-        return self.client.gather(self._submit(kernel, handles, args, per_chunk, state))
+        return self.client.gather(self._submit(kernel, handles, args, per_chunk))
 
     def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
                    per_chunk: Sequence[Any] | None = None) -> R:
-        state: list[Any] = []  # held until the root is in, as in map
-        parts = self._submit(kernel, handles, args, per_chunk, state)
+        parts = self._submit(kernel, handles, args, per_chunk)
         root = tree_reduce(parts, lambda a, b: self.client.submit(_merge, a, b, pure=False))
         return root.result()
 

@@ -275,9 +275,14 @@ class VBMixture(DensityMixin, BaseEstimator):
         warm = self.warm_start and hasattr(self, "posterior_")
         if warm:
             self._check_warm_start(d)
-        engine = make_engine(self.engine, self.persist)
-        handles: list[Any] = []
         lock = RunLock(self.checkpoint_dir).acquire() if self.checkpoint_dir is not None else None
+        try:
+            engine = make_engine(self.engine, self.persist)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        handles: list[Any] = []
         try:
             # One preparation for the whole fit: rows shifted by the first row (any point near the
             # data keeps float32 GEMMs accurate), [x*x, x] cached for the diagonal families.

@@ -10,8 +10,10 @@ uninterrupted in-process fit (``np.array_equal``, not ``allclose``).
   finishes the fit alone.
 
 With ``persist='always'`` the prepared chunks held by the dead worker are lost with it; Dask
-recomputes them from their ``_load_prep`` lineage (the store source is scattered to every worker,
-so the survivor still has it). With ``persist='never'`` every pass reads the chunks from the store.
+recomputes them from their ``_load_prep`` lineage (each of those tasks carries the store source).
+With ``persist='never'`` every pass reads the chunks from the store. Either way, chunk results and
+merges lost with the worker are recomputed from the pass's global state, itself a task that Dask
+can rerun. One more test kills a worker just as a pass sends its state.
 
 The reference runs with one BLAS thread, as Dask workers do (a nanny sets OPENBLAS_NUM_THREADS=1
 and the other ``distributed.nanny.pre-spawn-environ`` variables; ``--no-nanny`` workers get the same
@@ -35,10 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
-
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from pipeline import VBMixture
@@ -49,7 +51,7 @@ from tests._dask_procs import dask_scheduler_and_workers
 N_ROWS, N_FEATURES, CHUNK_ROWS = 40_000, 64, 2_000  # 20 chunks of 2,000 rows
 FIT = dict(n_components=8, covariance_type="diag", max_iter=30, tol=0.0, random_state=0)
 POSTERIOR = ("means_", "covariances_", "weights_", "precisions_cholesky_", "lower_bounds_")
-FIT_TIMEOUT_S = 120.0
+FIT_TIMEOUT_S = 60.0  # an uninterrupted fit takes 2-8 s here
 ATTEMPTS = 3
 
 
@@ -94,6 +96,15 @@ class _ObservedEngine(DaskEngine):
         self.finished = 0
         self.handles: list[Any] = []
         self.who_has_at_release: dict[str, Any] = {}
+        self.on_state: tuple[int, Callable[[], None]] | None = None  # (pass, call) as it is sent
+
+    def _broadcast(self, args: Any) -> Any:
+        """Where a pass sends the global state to the workers: a hook for a kill at that moment."""
+        if self.on_state is not None and self.started == self.on_state[0]:
+            _, call = self.on_state
+            self.on_state = None
+            call()
+        return super()._broadcast(args)
 
     def _pass(self, run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         with self.cond:
@@ -142,6 +153,7 @@ class Kill:
     finished_at_kill: int = 0
     total_passes: int = 0
     chunks_on_victim: int = 0
+    sent: bool = False
 
     @property
     def mid_fit(self) -> bool:
@@ -171,8 +183,9 @@ def _moments(seed: int) -> list[tuple[int, float]]:
 
 
 def _fit_and_kill(client: Client, store: str, persist: str, seed: int, kill_pass: int,
-                  delay_s: float) -> tuple[VBMixture, Kill, _ObservedEngine]:
-    """Fit in a background thread; SIGKILL one worker process once pass ``kill_pass`` runs."""
+                  delay_s: float, at_state: bool = False) -> tuple[VBMixture, Kill, _ObservedEngine]:
+    """Fit in a background thread; SIGKILL one worker process ``delay_s`` after pass ``kill_pass``
+    starts, or (``at_state``) from the fit's own thread just as that pass sends its state."""
     pids = _worker_pids(client)
     assert len(pids) == 2, pids
     victim = sorted(pids)[int(np.random.default_rng(seed + 1000).integers(2))]
@@ -187,22 +200,29 @@ def _fit_and_kill(client: Client, store: str, persist: str, seed: int, kill_pass
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             out["error"] = exc
 
+    def send_kill() -> None:
+        kill.chunks_on_victim = engine.persisted_on(victim)
+        with engine.cond:  # the fit cannot start or finish a pass while the kill is being sent
+            kill.started_at_kill, kill.finished_at_kill = engine.started, engine.finished
+            os.kill(kill.victim_pid, signal.SIGKILL)
+            kill.sent = True
+
+    if at_state:
+        engine.on_state = (kill_pass, send_kill)
     thread = threading.Thread(target=fit, name="fit-under-fault", daemon=True)
     thread.start()
-    with engine.cond:
-        while engine.started < kill_pass and thread.is_alive():
-            engine.cond.wait(0.05)
-    time.sleep(delay_s)
-    chunks_on_victim = engine.persisted_on(victim)
-    with engine.cond:  # the fit cannot start or finish a pass while the kill is being sent
-        kill.started_at_kill, kill.finished_at_kill = engine.started, engine.finished
-        os.kill(kill.victim_pid, signal.SIGKILL)
-    kill.chunks_on_victim = chunks_on_victim
+    if not at_state:
+        with engine.cond:
+            while engine.started < kill_pass and thread.is_alive():
+                engine.cond.wait(0.05)
+        time.sleep(delay_s)
+        send_kill()
     thread.join(FIT_TIMEOUT_S)
     assert not thread.is_alive(), f"the fit did not finish within {FIT_TIMEOUT_S} s after {kill}"
     if "error" in out:
         raise AssertionError(f"the fit failed after {kill}") from out["error"]
     kill.total_passes = engine.finished
+    print(kill, "mid-pass" if kill.mid_pass else "between passes")
     return out["model"], kill, engine
 
 
@@ -224,7 +244,7 @@ def _wait_for_pids(client: Client, ok: Callable[[dict[str, int]], bool], what: s
 
 
 def _check_landed(kill: Kill, persist: str) -> None:
-    assert kill.mid_fit, kill
+    assert kill.sent and kill.mid_fit, kill
     assert kill.started_at_kill >= kill.kill_pass, kill
     if persist == "always":  # the dead worker took persisted chunks with it
         assert kill.chunks_on_victim >= 1, kill
@@ -232,16 +252,20 @@ def _check_landed(kill: Kill, persist: str) -> None:
 
 @pytest.fixture
 def local_cluster() -> Any:
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                           host="127.0.0.1")
-    client = Client(cluster)
-    client.wait_for_workers(2, timeout=60)
-    _assert_one_blas_thread(client)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
+    # LocalCluster closes a nanny whose worker name has no live worker ``lost-worker-timeout``
+    # (15 s) after a worker of that name left: a second kill of the same worker about 15 s after
+    # the first (a retry) would find its nanny closed mid-restart. Nannies here must restart.
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                               dashboard_address=None, host="127.0.0.1")
+        client = Client(cluster)
+        try:
+            client.wait_for_workers(2, timeout=60)
+            _assert_one_blas_thread(client)
+            yield client
+        finally:
+            client.close()
+            cluster.close()
 
 
 @pytest.mark.parametrize("persist", ["always", "never"])
@@ -253,11 +277,11 @@ def test_nanny_restarted_worker_killed_mid_fit_gives_same_bits(local_cluster, st
         pids_before = _worker_pids(client)
         model, kill, engine = _fit_and_kill(client, store, persist, seed, kill_pass, delay_s)
         # the nanny brings a new worker process back; the killed one is gone
-        pids_after = _wait_for_pids(
-            client, lambda p: len(p) == 2 and kill.victim_pid not in p.values(),
-            "the nanny to restart the killed worker")
+        dead = kill.victim_pid
+        pids_after = _wait_for_pids(client, lambda p, dead=dead: len(p) == 2 and dead not in p.values(),
+                                    "the nanny to restart the killed worker")
         assert set(pids_after.values()) != set(pids_before.values())
-        if kill.mid_fit:
+        if kill.sent and kill.mid_fit:
             break
     _check_landed(kill, persist)
     _assert_same_bits(model, reference)
@@ -285,3 +309,17 @@ def test_cli_worker_killed_mid_fit_survivor_finishes_with_same_bits(store, refer
     _assert_same_bits(model, reference)
     # every persisted chunk, the dead worker's too, ends up on the survivor
     assert all(set(ws) == {survivor} for ws in engine.who_has_at_release.values())
+
+
+def test_worker_killed_as_a_pass_sends_its_state_gives_same_bits(local_cluster, store, reference):
+    """The kill lands just as the driver sends a pass's global state to the workers: a worker that
+    dies while the state is being placed must neither fail nor stall the pass (a broadcast scatter
+    waited forever for the dead worker)."""
+    client = local_cluster
+    kill_pass = int(np.random.default_rng(31).integers(5, 22))
+    model, kill, _ = _fit_and_kill(client, store, "always", 31, kill_pass, 0.0, at_state=True)
+    assert kill.sent and kill.started_at_kill == kill_pass and kill.mid_pass, kill
+    _check_landed(kill, "always")
+    _assert_same_bits(model, reference)
+    _wait_for_pids(client, lambda p: len(p) == 2 and kill.victim_pid not in p.values(),
+                   "the nanny to restart the killed worker")
