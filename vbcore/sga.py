@@ -20,8 +20,8 @@ Choices where seed 003 is ambiguous (docs/algorithms.md, "SGA learners", has the
   minibatch of M rows: data terms averaged over the minibatch, prior terms (eqs. 16, 18) divided by
   N (the paper's literal eq. 14 would count the prior once per row);
 * SGA / SGA+M step the means in units of sigma (``Delta mu = eta sigma^2 g``);
-* SGA+F divides by the empirical Fisher (eq. 11) plus the curvature of eqs. 20-21 (a Levenberg-
-  Marquardt damping that keeps the step finite where a dimension has no spread in the minibatch);
+* SGA+F divides by the empirical Fisher (eq. 11) floored at the curvature of eqs. 20-21, which keeps
+  the step at most ``eta`` times the Newton step where a dimension has no spread in the minibatch;
 * a stick step that would leave (0, 1) goes half-way to the boundary instead;
 * a cluster is pruned when ``N E[v_k] < 1/2`` (its stick is worth less than half a row); for MM this
   removes exactly the clusters with no rows (their MAP stick is 0).
@@ -283,14 +283,14 @@ def sga_step(point: DPPoint, grad: Gradients, *, method: str, eta: float, sigma2
 
     * ``sga`` (eqs. 15, 17): ``mu += eta sigma^2 g(mu)``, ``v += eta g(v)``;
     * ``sga-m`` (eq. 8): ``gamma = alpha gamma + eta P g``, ``theta += gamma`` (P as for sga);
-    * ``sga-f`` (eqs. 9-11): ``theta += eta g / (F + C)``, F the empirical Fisher (eq. 11) and C the
-      curvature of eqs. 20-21, elementwise.
+    * ``sga-f`` (eqs. 9-11): ``theta += eta g / max(F, C)``, F the empirical Fisher (eq. 11) and C
+      the curvature of eqs. 20-21, elementwise.
 
     Returns the new point and the velocity (the step taken, for sga-m; zeros otherwise).
     """
     if method == "sga-f":
-        s_mu = eta * grad.mu / (grad.fisher_mu + grad.curv_mu[:, None])
-        s_v = eta * grad.v / (grad.fisher_v + grad.curv_v)
+        s_mu = eta * grad.mu / np.maximum(grad.fisher_mu, grad.curv_mu[:, None])
+        s_v = eta * grad.v / np.maximum(grad.fisher_v, grad.curv_v)
     elif method in ("sga", "sga-m"):
         s_mu = eta * sigma2 * grad.mu
         s_v = eta * grad.v
@@ -377,18 +377,24 @@ def point_posterior(point: DPPoint, counts: np.ndarray, prior: Prior, sigma2: fl
     :func:`vbcore.elbo.elbo_terms` applies (and compares with VB EM's):
 
     ``q(mu_k) = N(E[mu_k], sigma^2 / (lambda0 + n_k) I)`` (the spread the Gaussian posterior of
-    ``n_k`` rows has) and ``q(v_k) = Beta(a_k, b_k)`` with mean ``E[v_k]`` and the total
-    ``a_k + b_k = 1 + a0 + sum_{j>=k} n_j`` of the VB stick posterior. ``counts`` are the (estimated)
-    rows per cluster.
+    ``n_k`` rows has) and ``q(v_k) = Beta(1 + n_k, b_k)`` with ``b_k`` chosen so that its mean is
+    ``E[v_k]`` (``a_k - 1 = n_k`` as for the VB stick posterior, so counts read the same way).
+    ``counts`` are the (estimated) rows per cluster.
     """
     counts = np.maximum(np.asarray(counts, dtype=np.float64), 0.0)
-    total = 1.0 + a0 + np.cumsum(counts[::-1])[::-1]
     v = np.clip(point.sticks, STICK_EPS, 1.0 - STICK_EPS)
-    wc = np.vstack((v * total, (1.0 - v) * total))
+    a = 1.0 + counts
+    wc = np.vstack((a, a * (1.0 - v) / v))
     k = point.n_components
     return Posterior(covariance_type="fixed", weight_type="dirichlet_process", weight_concentration=wc,
                      mean_precision=prior.mean_precision + counts, means=point.means.copy(),
                      degrees_of_freedom=None, covariances=np.full(k, float(sigma2)))
+
+
+def take_stats(stats: SuffStats, order: np.ndarray) -> SuffStats:
+    """Statistics of the clusters ``order`` (pruning and re-ordering)."""
+    return SuffStats(nk=stats.nk[order], mean=stats.mean[order], scatter=stats.scatter[order],
+                     sum_rlogr=stats.sum_rlogr, n_rows=stats.n_rows, shift=stats.shift)
 
 
 def scale_stats(stats: SuffStats, factor: float) -> SuffStats:
@@ -419,4 +425,5 @@ __all__ = [
     "prune_order",
     "scale_stats",
     "sga_step",
+    "take_stats",
 ]

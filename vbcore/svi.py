@@ -39,3 +39,23 @@ def svi_update(post: Posterior, minibatch: SuffStats, prior: Prior, n_total: int
     return Posterior(covariance_type=post.covariance_type, weight_type=post.weight_type,
                      weight_concentration=wc, mean_precision=beta, means=beta_m / beta[:, None],
                      degrees_of_freedom=None, covariances=post.covariances.copy())
+
+
+def minibatch_vbem_kernel(chunk, rows, params):  # type: ignore[no-untyped-def]
+    """The VB E-step and statistics (seed 000 eqs. 30-36) of some rows of a chunk (a minibatch).
+
+    Parameters
+    ----------
+    chunk : Chunk
+    rows : int array of shape (m,)
+        Positions inside the chunk.
+    params : EStepParams
+    """
+    from vbcore.kernels import Chunk, array_namespace, vbem_kernel
+
+    xp = array_namespace(chunk.x)
+    idx = xp.asarray(np.asarray(rows, dtype=np.int64))
+    x = xp.take(chunk.x, idx, axis=0)
+    feats = (xp.take(chunk.feats, idx, axis=0) if chunk.feats is not None
+             else xp.concat((x * x, x), axis=1))
+    return vbem_kernel(Chunk(x=x, feats=feats, shift=chunk.shift), params)
