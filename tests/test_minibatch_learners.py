@@ -437,3 +437,15 @@ def test_cli_fit_with_only_the_learner(tmp_path):
     # defaults: K = 50 for 3 blobs, and the default sigma^2 (nearest of 50 k-means++ seeds) is about
     # half the true variance, so clusters stay split (measured NMI 0.58); a real clustering, not chance
     assert result["metrics"]["nmi"] > 0.5
+
+
+def test_kmeanspp_seeds_are_distinct_rows_and_spread_out():
+    from vbcore.sga import kmeanspp_seeds
+
+    X, y = _blobs(n_per=200, centres=5, d=300, seed=3, spread=10.0)  # D > 256: projected distances
+    idx = kmeanspp_seeds(X, 5, np.random.default_rng(0))
+    assert len(set(idx.tolist())) == 5 and np.array_equal(idx, kmeanspp_seeds(X, 5, np.random.default_rng(0)))
+    assert len(set(y[idx].tolist())) == 5  # one seed in every well-separated blob
+    same = np.zeros((4, 2))
+    assert sorted(kmeanspp_seeds(same, 3, np.random.default_rng(0)).tolist()) == [0, 1, 2] or \
+        len(set(kmeanspp_seeds(same, 3, np.random.default_rng(0)).tolist())) == 3

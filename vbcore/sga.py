@@ -176,6 +176,49 @@ def map_labels(chunk: Chunk, params: MapParams) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
+# ---- initialisation (Algorithm 1, step 3.iii) ---------------------------------------------------
+def kmeanspp_seeds(x: np.ndarray, k: int, rng: np.random.Generator, project: int = 256) -> np.ndarray:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007; ``2 + ln k`` candidates per step, as
+    scikit-learn) on rows ``x``; returns the indices of the ``k`` seed rows.
+
+    Seeding costs k sequential passes over the sample, so with ``D > project`` the squared distances
+    are those of a Gaussian random projection to ``project`` dimensions (Johnson-Lindenstrauss:
+    relative distortion about ``sqrt(2 / project)``), computed as float32 GEMMs with float64 sums.
+
+    Parameters
+    ----------
+    x : array of shape (n, D)
+    k : int, at most n
+    rng : numpy Generator
+    """
+    n, d = x.shape
+    k = min(int(k), n)
+    y = np.asarray(x, dtype=np.float32)
+    if d > project:
+        g = (rng.standard_normal((d, project)) / np.sqrt(project)).astype(np.float32)
+        y = y @ g
+    sq = np.einsum("ij,ij->i", y, y, dtype=np.float64)
+
+    def dist2(idx: np.ndarray) -> np.ndarray:
+        return np.maximum(sq[:, None] + sq[idx][None, :] - 2.0 * (y @ y[idx].T).astype(np.float64), 0.0)
+
+    chosen = [int(rng.integers(n))]
+    d2 = dist2(np.array(chosen))[:, 0]
+    trials = 2 + int(np.log(k)) if k > 1 else 1
+    for _ in range(1, k):
+        total = d2.sum()
+        if not total > 0:  # every row coincides with a seed: take unused rows in order
+            rest = np.setdiff1d(np.arange(n), chosen)[: k - len(chosen)]
+            chosen.extend(int(i) for i in rest)
+            break
+        cand = np.minimum(np.searchsorted(np.cumsum(d2), rng.uniform(size=trials) * total), n - 1)
+        new = np.minimum(d2[:, None], dist2(cand))
+        best = int(np.argmin(new.sum(0)))
+        chosen.append(int(cand[best]))
+        d2 = new[:, best]
+    return np.asarray(chosen, dtype=np.int64)
+
+
 # ---- eqs. 14, 16, 18, 20, 21, 11: gradients, curvatures, empirical Fisher -------------------------
 @dataclass(frozen=True)
 class Gradients:
@@ -415,6 +458,7 @@ __all__ = [
     "default_threshold",
     "gradients",
     "hard_kernel",
+    "kmeanspp_seeds",
     "log_stick_weights",
     "map_bound",
     "map_labels",

@@ -28,6 +28,7 @@ from vbcore.sga import (
     DPPoint,
     default_threshold,
     hard_kernel,
+    kmeanspp_seeds,
     map_params,
     mm_update,
     point_posterior,
@@ -86,12 +87,10 @@ def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> np.ndarra
 
 
 def kmeanspp(sample: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """k-means++ seeds (float64) and their row indices in ``sample``."""
-    from sklearn.cluster import kmeans_plusplus
-
-    k = min(k, sample.shape[0])
-    centres, idx = kmeans_plusplus(sample, k, random_state=seed)
-    return np.asarray(centres, dtype=np.float64), np.asarray(idx)
+    """k-means++ seeds (float64) and their row indices in ``sample``
+    (:func:`vbcore.sga.kmeanspp_seeds`)."""
+    idx = kmeanspp_seeds(sample, k, np.random.default_rng(seed))
+    return np.asarray(sample[idx], dtype=np.float64), idx
 
 
 def estimate_fixed_variance(sample: np.ndarray, n_components: int, random_state: Any) -> float:
@@ -106,7 +105,8 @@ def estimate_fixed_variance(sample: np.ndarray, n_components: int, random_state:
     k = max(1, min(int(n_components), size // 2))
     centres, idx = kmeanspp(x, k, int(rng.integers(2**31 - 1)))
     c = centres.astype(np.float32)
-    d2 = ((x * x).sum(1)[:, None] - 2.0 * (x @ c.T) + (c * c).sum(1)[None]).astype(np.float64)
+    sq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    d2 = sq[:, None] + np.einsum("ij,ij->i", c, c, dtype=np.float64)[None] - 2.0 * (x @ c.T)
     nearest = np.maximum(d2.min(1), 0.0)
     rest = np.setdiff1d(np.arange(size), idx)
     var = float(nearest[rest].mean() / x.shape[1]) if rest.size else 0.0
