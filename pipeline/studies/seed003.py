@@ -101,8 +101,10 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return float(np.mean([r[key] for r in rows]))
 
 
-def run(out: Path, *, quick: bool = False, seed: int = 0) -> Path:
-    """Run the study into ``out/seed003`` and return that folder (see the module docstring)."""
+def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | None = None) -> Path:
+    """Run the study into ``out/seed003`` and return that folder (see the module docstring).
+
+    ``datasets`` restricts the full study to some of :data:`DATASETS` (for example without SUN397)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,6 +115,13 @@ def run(out: Path, *, quick: bool = False, seed: int = 0) -> Path:
     stores = folder / "stores"
     stores.mkdir(exist_ok=True)
     sets = QUICK if quick else DATASETS
+    if datasets is not None:
+        unknown = sorted(set(datasets) - set(sets))
+        if unknown:
+            from vbcore.errors import ConfigError
+
+            raise ConfigError(f"seed003: unknown data set(s) {unknown}; known: {sorted(sets)}")
+        sets = {k: v for k, v in sets.items() if k in datasets}
     dim = QUICK_DIM if quick else DIM
     iterations = 10 if quick else ITERATIONS
     results: dict[str, list[dict[str, Any]]] = {}
