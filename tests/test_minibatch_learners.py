@@ -449,3 +449,15 @@ def test_kmeanspp_seeds_are_distinct_rows_and_spread_out():
     same = np.zeros((4, 2))
     assert sorted(kmeanspp_seeds(same, 3, np.random.default_rng(0)).tolist()) == [0, 1, 2] or \
         len(set(kmeanspp_seeds(same, 3, np.random.default_rng(0)).tolist())) == 3
+
+
+def test_learners_are_listed_with_their_options():
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    out = CliRunner().invoke(app, ["learners"], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    for name in DP_LEARNERS:
+        assert name in out.output
+    assert "eta=0.1" in out.output and "kappa=0.7" in out.output and "prune_below" in out.output

@@ -17,8 +17,10 @@ from vbcore.sga import map_bound, mm_update, prune_order, take_stats
 
 @register("mm")
 class MM(DPPointLearner):
-    """Batch MAP learner; the reported ELBO is that of (the assignments of this iteration's pass,
-    the distribution around the updated point), exact."""
+    """Batch hard-assignment MAP learner (seed 003 ref. [28], seed 004).
+
+    The reported ELBO is that of (the assignments of this iteration's pass, the distribution around
+    the updated point), exact."""
 
     options = {"prune_threshold": None}
 

@@ -30,6 +30,8 @@ from vbcore.svi import minibatch_vbem_kernel, step_size, svi_update
 
 @register("svi")
 class SVI(DPPointLearner):
+    """Stochastic variational inference: natural-gradient steps from minibatch statistics (ref. [8])."""
+
     options = {"minibatch": 4000, "tau": 1.0, "kappa": 0.7, "prune_threshold": None, "elbo": "minibatch"}
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
