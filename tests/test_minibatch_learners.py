@@ -57,7 +57,7 @@ def _brute_labels(x, point, sigma2):
 def _hard(x, point, prior, rows=None, dtype=np.float64):
     shift = np.asarray(x[0], dtype=np.float64)
     chunk = prepare_chunk(np.asarray(x, dtype=dtype), shift, "fixed")
-    return hard_kernel(chunk, rows, map_params(point, prior.fixed_variance, shift))
+    return hard_kernel(chunk, rows, map_params(point, prior.fixed_variance, shift)).to_stats()
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -79,6 +79,29 @@ def test_hard_kernel_matches_bruteforce_assignments_and_statistics(problem, dtyp
                                                      rel=tol, abs=tol)
     chunk = prepare_chunk(xb, xb[0], "fixed")
     assert np.array_equal(map_labels(chunk, map_params(point, prior.fixed_variance, xb[0])), lab)
+
+
+def test_hard_statistics_merge_across_blocks_and_chunks(problem):
+    """Rows in two chunks (and in blocks of BLOCK_ROWS inside a chunk) merge to the whole."""
+    import vbcore.sga as sga_mod
+
+    x, point, prior = problem
+    shift = x[0].astype(np.float64)
+    params = map_params(point, prior.fixed_variance, shift)
+    whole = hard_kernel(prepare_chunk(x, shift, "fixed"), None, params).to_stats()
+    parts = [hard_kernel(prepare_chunk(x[s], shift, "fixed"), None, params) for s in (slice(0, 23),
+                                                                                      slice(23, None))]
+    merged = parts[0].merge(parts[1]).to_stats()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(sga_mod, "BLOCK_ROWS", 7)
+    try:
+        blocked = hard_kernel(prepare_chunk(x, shift, "fixed"), None, params).to_stats()
+    finally:
+        mp.undo()
+    for other in (merged, blocked):
+        assert np.array_equal(other.nk, whole.nk)
+        assert other.mean == pytest.approx(whole.mean, rel=1e-12, abs=1e-12)
+        assert other.scatter == pytest.approx(whole.scatter, rel=1e-10, abs=1e-10)
 
 
 def test_gradients_match_finite_differences(problem):
@@ -416,7 +439,8 @@ def test_elbo_full_is_the_exact_bound_of_the_result(blobs):
 
     shift = X[0].astype(np.float64)
     point = DPPoint(post.means, a / (a + b))
-    stats = hard_kernel(prep(X, shift, "fixed"), None, map_params(point, prior.fixed_variance, shift))
+    stats = hard_kernel(prep(X, shift, "fixed"), None,
+                        map_params(point, prior.fixed_variance, shift)).to_stats()
     ref = elbo_terms(stats, post, prior).total
     assert m.lower_bound_ == pytest.approx(ref, rel=1e-9)
     assert prior.weight_concentration == len(X)  # a0 = N (Algorithm 1)

@@ -163,8 +163,8 @@ class DPPointLearner(Learner):
         params = map_params(point, self.sigma2, self.ctx.shift)
         self.passes += 1
         if rows is None:
-            return self.ctx.engine.map_reduce(hard_kernel, self.ctx.handles, None, params)
-        return self.ctx.engine.map_reduce(hard_kernel, handles, params, per_chunk=rows)
+            return self.ctx.engine.map_reduce(hard_kernel, self.ctx.handles, None, params).to_stats()
+        return self.ctx.engine.map_reduce(hard_kernel, handles, params, per_chunk=rows).to_stats()
 
     # -- initialisation (called by the estimator instead of its own k-means)
     def initialise(self) -> Posterior:
