@@ -442,7 +442,8 @@ def test_elbo_full_is_the_exact_bound_of_the_result(blobs):
     stats = hard_kernel(prep(X, shift, "fixed"), None,
                         map_params(point, prior.fixed_variance, shift)).to_stats()
     ref = elbo_terms(stats, post, prior).total
-    assert m.lower_bound_ == pytest.approx(ref, rel=1e-9)
+    # float32 sums within 2,048-row blocks (as every GEMM kernel), float64 across: the chunkings differ
+    assert m.lower_bound_ == pytest.approx(ref, rel=1e-6)
     assert prior.weight_concentration == len(X)  # a0 = N (Algorithm 1)
 
 

@@ -137,18 +137,23 @@ class HardStats:
                          shift=self.shift)
 
 
-def _add_by_label(xb: np.ndarray, lab: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> None:
-    """Add per-label sums of ``x`` and ``x*x`` (float64) into ``s1``, ``s2``: rows sorted by label,
-    cumulative sums along the rows, differences at the label boundaries (O(n D))."""
-    order = np.argsort(lab, kind="stable")
-    uniq, starts = np.unique(lab[order], return_index=True)
-    bounds = np.append(starts, lab.shape[0])
-    xs = xb[order].astype(np.float64)
-    for out, vals in ((s1, xs), (s2, xs * xs)):
-        cs = np.cumsum(vals, axis=0)
-        top = cs[bounds[1:] - 1]
-        top[1:] -= cs[bounds[1:-1] - 1]
-        out[uniq] += top
+def _add_by_label(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray, s1: np.ndarray,
+                  s2: np.ndarray) -> None:
+    """Add per-label sums of ``x*x`` and ``x`` into ``s2``, ``s1`` (float64): a sparse one-hot
+    (labels x rows) matrix times the block, O(n D), float32 within the block (at most BLOCK_ROWS
+    rows, as the GEMM kernels), float64 across blocks. ``fb`` is the cached ``[x*x, x]`` or None."""
+    from scipy import sparse
+
+    nb, d = xb.shape
+    uniq, inv = np.unique(lab, return_inverse=True)
+    z = sparse.csr_matrix((np.ones(nb, dtype=xb.dtype), (inv, np.arange(nb))), shape=(uniq.size, nb))
+    if fb is not None:
+        g = z @ fb
+        s2[uniq] += g[:, :d]
+        s1[uniq] += g[:, d:]
+    else:
+        s1[uniq] += z @ xb
+        s2[uniq] += z @ (xb * xb)
 
 
 def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> HardStats:
@@ -167,10 +172,12 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
     HardStats
         Counts and float64 sums of the rows per cluster (``.to_stats()`` centres them).
     """
-    x = chunk.x
+    x, feats = chunk.x, chunk.feats
     xp = array_namespace(x)
     if rows is not None:
-        x = xp.take(x, xp.asarray(np.asarray(rows, dtype=np.int64)), axis=0)
+        idx = xp.asarray(np.asarray(rows, dtype=np.int64))
+        x = xp.take(x, idx, axis=0)
+        feats = None if feats is None else xp.take(feats, idx, axis=0)
     dt = x.dtype
     w = xp.asarray(params.weights, dtype=dt)
     const = xp.asarray(params.const, dtype=dt)
@@ -183,7 +190,7 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
         xb = x[i : min(i + BLOCK_ROWS, n), :]
         lab = xp.argmax(xb @ w + const, axis=1)
         if xp is np:
-            _add_by_label(xb, lab, s1, s2)
+            _add_by_label(xb, None if feats is None else feats[i : min(i + BLOCK_ROWS, n), :], lab, s1, s2)
             nk += np.bincount(lab, minlength=k)
         else:  # other namespaces (CuPy): one-hot GEMM, float32 per block, float64 across blocks
             onehot = xp.astype(xp.reshape(lab, (-1, 1)) == xp.reshape(xp.arange(k), (1, -1)), dt)
