@@ -128,7 +128,6 @@ class DPPointLearner(Learner):
     estimator's predictions, checkpoints and ELBO work as for VB EM; the exact sticks are kept in
     the learner state for bitwise resume."""
 
-    options: Any = {}
     estimate_fixed_variance = staticmethod(estimate_fixed_variance)
     default_weight_concentration = staticmethod(default_weight_concentration)
     default_covariance_type = "fixed"

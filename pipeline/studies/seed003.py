@@ -90,6 +90,7 @@ def _fit(store: str, learner: str, k: int, minibatch: int, sigma2: float, n: int
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     src = StoreSource(store)
     y = src.labels()
+    assert y is not None, "synthetic stores have labels"
     pred = np.concatenate([model.predict(src.load(i)) for i in range(len(src.chunk_slices()))])
     return {"learner": learner, "nmi": _nmi_max(y, pred), "acc": acc(y, pred),
             "k_effective": int(model.n_effective_), "k_kept": int(model.n_components_),
