@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import importlib.util
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -157,8 +158,6 @@ def one_blas_thread() -> Iterator[None]:
 
 def available_learners() -> tuple[str, ...]:
     """Names of the learners ``VBMixture(learner=...)`` accepts in this installation."""
-    try:
-        from pipeline.learners import LEARNERS  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        from pipeline.estimator import LEARNERS
+    from pipeline.learners import LEARNERS
+
     return tuple(LEARNERS)

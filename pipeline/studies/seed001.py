@@ -158,6 +158,8 @@ def _run(out: Path, *, quick: bool = False, seed: int = 0, n_draws: int | None =
     """
     folder = study_dir(out, NAME)
     n1, n2 = 100, 1000
+    ks: tuple[int, ...]
+    phis: tuple[float, ...]
     if quick:
         draws_n, ks, phis, n_test, tol = 2, (2, 3), (0.5, 2.0), 2000, 1e-6
     else:
