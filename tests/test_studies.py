@@ -13,6 +13,7 @@ from pipeline.cli import app
 from pipeline.estimator import VBMixture
 from pipeline.studies import available_learners, read_table, run_study, seed000, seed001, write_table
 from pipeline.studies.data import (
+    CLUSTER_STD,
     cluster_centres,
     cluster_data,
     image_data,
@@ -33,7 +34,7 @@ def test_cluster_data_shapes_and_centres():
     assert np.all(np.abs(counts - 0.2) < 0.04)  # pi_k = 0.2
     for k, c in enumerate(cluster_centres(0.3)):
         assert np.allclose(X[y == k].mean(0), c, atol=0.03)
-        assert np.allclose(X[y == k].std(0), 0.1, rtol=0.15)
+        assert np.allclose(X[y == k].std(0), CLUSTER_STD, rtol=0.15)
 
 
 def test_cluster_data_R_controls_separation():
