@@ -93,7 +93,7 @@ def learner_options(name: str, eps: float) -> dict[str, Any]:
 
 
 def stop_rule(name: str) -> str:
-    return "two consecutive < eps N" if learner_options(name, 1.0) else "one |dC| < eps N"
+    return "dC < eps N twice" if learner_options(name, 1.0) else "abs(dC) < eps N once"
 
 
 def fit_runs(X: np.ndarray, learner: str, n_runs: int, k: int, eps: float, max_iter: int, seed: int,
