@@ -138,6 +138,37 @@ def test_seed000_priors_and_initialisation_reach_the_estimator():
     assert np.all(np.diff(model.lower_bounds_) >= -1e-9 * len(X))  # VB EM never lowers the bound
 
 
+def test_a_failing_learner_is_recorded_not_fatal():
+    """A learner that raises mid-fit becomes a failed run with its message; the others still count."""
+    from pipeline.learners import LEARNERS, register
+    from pipeline.learners.vbem import VBEM
+
+    class Failing(VBEM):
+        def step(self, iteration):
+            if iteration == 3:
+                raise FloatingPointError("diverged | at step 3")
+            return super().step(iteration)
+
+    register("test-failing")(Failing)
+    try:
+        X, _ = cluster_data(0.3, n=100, seed=10)
+        by = {"vbem": seed000.fit_runs(X, "vbem", 2, 8, 1e-6, 50, 0)}
+        with pytest.warns(UserWarning, match="test-failing run 0 failed after 2 iterations"):
+            by["test-failing"] = seed000.fit_runs(X, "test-failing", 2, 8, 1e-6, 50, 0)
+    finally:
+        del LEARNERS["test-failing"]
+    bad = by["test-failing"]
+    assert all(r.failed and math.isnan(r.cost) and r.n_iter == 2 for r in bad)
+    assert "FloatingPointError: diverged / at step 3" in bad[0].error  # no Markdown pipes
+    best = min(r.cost for r in by["vbem"])
+    rows = {r[0]: dict(zip(seed000.SUMMARY_COLS, r, strict=True))
+            for r in seed000.summary_rows(by, best, 1e-3)}
+    assert rows["vbem"]["failed"] == 0 and rows["vbem"]["runs_at_best"] >= 1
+    assert rows["test-failing"]["failed"] == 2 and rows["test-failing"]["runs_at_best"] == 0
+    assert list(seed000.ok_runs(by)) == ["vbem"]
+    assert "test-failing init 1 after 2 iterations" in seed000.failures_text(by)
+
+
 def test_optima_groups_costs():
     levels = seed000.optima(np.array([3.0, 1.0, 1.0005, 2.0, 1.0009]), tol=0.001)
     assert np.allclose(levels, [1.0, 2.0, 3.0])

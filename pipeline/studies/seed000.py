@@ -19,6 +19,7 @@ Learners that are not registered in this installation are skipped with a line in
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,11 @@ class Run:
     costs: np.ndarray = field(repr=False)  #: C after each iteration
     times: np.ndarray = field(repr=False)  #: cumulative learning seconds at each iteration
     resp: np.ndarray | None = field(default=None, repr=False)
+    error: str = ""  #: why the fit failed ("" when it did not)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error)
 
 
 def learner_options(name: str, eps: float) -> dict[str, Any]:
@@ -87,7 +93,7 @@ def learner_options(name: str, eps: float) -> dict[str, Any]:
     estimator's ``tol = eps`` rule (``|C_{k-1} - C_k| < eps N`` once)."""
     from pipeline.learners import LEARNERS
 
-    if "convergence" in LEARNERS[name].options:
+    if name in LEARNERS and "convergence" in LEARNERS[name].options:
         return {"convergence": "seed000", "eps": eps}
     return {}
 
@@ -109,7 +115,15 @@ def fit_runs(X: np.ndarray, learner: str, n_runs: int, k: int, eps: float, max_i
                           **paper_prior(X.shape[1]))
         steps: list[dict[str, Any]] = []
         t0 = time.perf_counter()
-        model.fit(X, resp_init=resp0, callback=steps.append)
+        try:
+            model.fit(X, resp_init=resp0, callback=steps.append)
+        except Exception as exc:  # a learner that fails is a result: recorded, not fatal
+            wall = time.perf_counter() - t0
+            msg = f"{type(exc).__name__}: {exc}".replace("\n", " ").replace("|", "/")[:160]
+            warnings.warn(f"{learner} run {i} failed after {len(steps)} iterations: {msg}", stacklevel=2)
+            runs.append(Run(learner, i, float("nan"), wall, wall, len(steps), 0, False, 0,
+                            np.array([np.nan]), np.array([wall]), None, msg))
+            continue
         wall = time.perf_counter() - t0
         times = np.cumsum([s["seconds"] for s in steps]) if steps else np.zeros(1)
         costs = -np.array([s["elbo"] for s in steps]) if steps else np.array([-model.lower_bound_])
@@ -153,21 +167,42 @@ def median_curve(runs: list[Run], grid: np.ndarray) -> np.ndarray:
 
 
 def summary_rows(runs_by: dict[str, list[Run]], best: float, tol: float) -> list[list[Any]]:
+    """One row per learner; medians over the runs that did not fail."""
     rows = []
-    for name, runs in runs_by.items():
+    for name, all_runs in runs_by.items():
+        runs = [r for r in all_runs if not r.failed]
+        failed = len(all_runs) - len(runs)
+        if not runs:
+            nan = float("nan")
+            rows.append([name, stop_rule(name), len(all_runs), 0] + [nan] * 6 + [0, failed, nan])
+            continue
         c = np.array([r.cost for r in runs])
-        rows.append([name, stop_rule(name), len(runs), int(np.sum(c - best <= tol)), float(np.median(c)),
-                     float(c.min()),
+        rows.append([name, stop_rule(name), len(all_runs), int(np.sum(c - best <= tol)),
+                     float(np.median(c)), float(c.min()),
                      float(np.median([r.n_iter for r in runs])), float(np.median([r.passes for r in runs])),
                      float(np.median([r.seconds for r in runs])), float(np.median([r.wall for r in runs])),
-                     int(sum(not r.converged for r in runs)),
+                     int(sum(not r.converged for r in runs)), failed,
                      float(np.median([r.n_effective for r in runs]))])
     return rows
 
 
+def ok_runs(runs_by: dict[str, list[Run]]) -> dict[str, list[Run]]:
+    """The runs that did not fail, for learners with at least one."""
+    out = {name: [r for r in runs if not r.failed] for name, runs in runs_by.items()}
+    return {name: runs for name, runs in out.items() if runs}
+
+
+def failures_text(runs_by: dict[str, list[Run]]) -> str:
+    bad = [r for runs in runs_by.values() for r in runs if r.failed]
+    if not bad:
+        return "No run failed."
+    return "Failed runs (excluded from medians and plots): " + "; ".join(
+        f"{r.learner} init {r.init} after {r.n_iter} iterations: {r.error}" for r in bad)
+
+
 SUMMARY_COLS = ["learner", "stop_rule", "runs", "runs_at_best", "median_cost", "best_cost",
                 "median_iterations", "median_passes", "median_seconds", "median_wall_seconds",
-                "not_converged", "median_effective_K"]
+                "not_converged", "failed", "median_effective_K"]
 
 
 def _curves_plot(runs_by: dict[str, list[Run]], path: Path, title: str, log_time: bool) -> None:
@@ -287,10 +322,11 @@ def _run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = 
                  + skipped_line(missing) + " VB EM is included as a reference.")
         X, _ = cluster_data(0.3, n_4a, seed=_rng(seed, 1))
         by = {name: fit_runs(X, name, runs_n, 5, eps_4a, iters, seed) for name in learners}
-        best = min(r.cost for v in by.values() for r in v)
+        best = min((r.cost for v in ok_runs(by).values() for r in v), default=float("nan"))
+        rep.text(failures_text(by))
         rep.table("fig4a_summary", SUMMARY_COLS, summary_rows(by, best, opt_tol_per_n * len(X)),
                   "Fig. 4(a) summary")
-        _curves_plot(by, folder / "fig4a_cost.png", "Fig. 4(a): cluster data R = 0.3", log_time=True)
+        _curves_plot(ok_runs(by), folder / "fig4a_cost.png", "Fig. 4(a): cluster data R = 0.3", log_time=True)
         rep.image("fig4a_cost.png", "Fig. 4(a): median cost above the best against time and iteration")
 
     if "4d" in parts:
@@ -298,13 +334,16 @@ def _run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = 
         rep.text(f"## Fig. 4(d): time to converge against R (N = {n_cluster}, K = 8)\n\n"
                  + skipped_line(missing))
         rows = []
+        fails: list[str] = []
         for R in rs:
             X, _ = cluster_data(R, n_cluster, seed=np.random.default_rng(
                 np.random.SeedSequence(seed, spawn_key=(2, int(round(R * 1000))))))
             by = {name: fit_runs(X, name, runs_n, 8, eps, iters, seed) for name in learners}
-            best = min(r.cost for v in by.values() for r in v)
+            best = min((r.cost for v in ok_runs(by).values() for r in v), default=float("nan"))
+            fails.append(f"R = {R}: " + failures_text(by))
             for row in summary_rows(by, best, opt_tol_per_n * len(X)):
                 rows.append([R] + row)
+        rep.text("\n\n".join(fails))
         rep.table("fig4d_time_vs_R", ["R"] + SUMMARY_COLS, rows, "Fig. 4(d): median time to converge")
         plt = pyplot()
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -335,29 +374,31 @@ def _run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = 
         rep.text(f"## {title} (N = {len(X)}, D = {X.shape[1]}, K = 8)\n\n" + skipped_line(missing))
         by = {name: fit_runs(X, name, runs_n, 8, eps, iters, seed, keep_resp=part == "image")
               for name in learners}
-        all_costs = np.array([r.cost for v in by.values() for r in v])
+        all_costs = np.array([r.cost for v in ok_runs(by).values() for r in v])
         tol = opt_tol_per_n * len(X)
         levels = optima(all_costs, tol)
-        best = float(levels[0])
+        best = float(levels[0]) if len(levels) else float("nan")
+        rep.text(failures_text(by))
         rep.table(f"{part}_summary", SUMMARY_COLS, summary_rows(by, best, tol),
                   f"{title}: runs reaching the best optimum (within {opt_tol_per_n:g} N = {tol:.3g} nats)")
         rep.table(f"{part}_runs", ["learner", "init", "cost", "cost_minus_best", "seconds", "wall_seconds",
-                                   "iterations", "passes", "converged", "effective_K"],
+                                   "iterations", "passes", "converged", "effective_K", "error"],
                   [[r.learner, r.init, r.cost, r.cost - best, r.seconds, r.wall, r.n_iter, r.passes,
-                    r.converged, r.n_effective]
+                    r.converged, r.n_effective, r.error]
                    for v in by.values() for r in v], f"{title}: every run")
         rep.text("Distinct optima (cost, runs of each learner there): " + "; ".join(
             f"{lv:.3f}: " + ", ".join(f"{n} {sum(abs(r.cost - lv) <= tol for r in v)}" for n, v in by.items())
             for lv in levels[:5]))
         tag = "4b" if part == "spiral" else "4c"
-        _curves_plot(by, folder / f"fig{tag}_{part}_cost.png", f"Fig. {tag}: {part}", log_time=False)
+        _curves_plot(ok_runs(by), folder / f"fig{tag}_{part}_cost.png", f"Fig. {tag}: {part}", log_time=False)
         rep.image(f"fig{tag}_{part}_cost.png",
                   f"Fig. {tag}: median cost above the best against time and iteration")
         tag = "4e" if part == "spiral" else "4f"
-        _scatter_plot(by, folder / f"fig{tag}_{part}_final.png", f"Fig. {tag}: final cost and time, {part}")
+        _scatter_plot(ok_runs(by), folder / f"fig{tag}_{part}_final.png",
+                      f"Fig. {tag}: final cost and time, {part}")
         rep.image(f"fig{tag}_{part}_final.png", f"Fig. {tag}: final cost against time, every run")
-        if part == "image" and photo is not None:
-            flat = sorted((r for v in by.values() for r in v), key=lambda r: r.cost)
+        flat = sorted((r for v in ok_runs(by).values() for r in v), key=lambda r: r.cost)
+        if part == "image" and photo is not None and flat:
             best_run = flat[0]
             second = next((r for r in flat if r.cost - best > tol), None)
             _segmentation_plot(photo, best_run, second, folder / "fig5_segmentation.png")
