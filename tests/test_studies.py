@@ -152,9 +152,9 @@ def test_a_failing_learner_is_recorded_not_fatal():
     register("test-failing")(Failing)
     try:
         X, _ = cluster_data(0.3, n=100, seed=10)
-        by = {"vbem": seed000.fit_runs(X, "vbem", 2, 8, 1e-6, 50, 0)}
+        by = {"vbem": seed000.fit_runs(X, "vbem", 2, 8, 1e-6, 10, 0)}
         with pytest.warns(UserWarning, match=r"test-failing run [01] failed after 2 iterations"):
-            by["test-failing"] = seed000.fit_runs(X, "test-failing", 2, 8, 1e-6, 50, 0)
+            by["test-failing"] = seed000.fit_runs(X, "test-failing", 2, 8, 1e-6, 10, 0)
     finally:
         del LEARNERS["test-failing"]
     bad = by["test-failing"]
