@@ -80,7 +80,8 @@ class LineSearchResult:
     tried: list[tuple[float, float]]
 
 
-def quadratic_line_search(phi: Any, cost0: float, slope0: float, trial: float, max_evals: int) -> LineSearchResult:
+def quadratic_line_search(phi: Any, cost0: float, slope0: float, trial: float,
+                          max_evals: int) -> LineSearchResult:
     """Minimise ``phi(lam)`` along a descent direction by quadratic interpolation.
 
     ``phi(0) = cost0`` and ``phi'(0) = slope0 < 0`` are known. With a trial ``lam1`` and its cost
@@ -143,8 +144,8 @@ def _on_chunk(chunk: Chunk, state: LogitState) -> LogitState:
     from vbcore.kernels import array_namespace
 
     xp = array_namespace(chunk.x)
-    conv = [None if a is None else xp.asarray(a, dtype=chunk.x.dtype) for a in (state.log_r, state.h, state.p)]
-    return LogitState(*conv)
+    arrays = (state.log_r, state.h, state.p)
+    return LogitState(*(None if a is None else xp.asarray(a, dtype=chunk.x.dtype) for a in arrays))
 
 
 def _init_kernel(chunk: Chunk, state: Any, params: Any) -> tuple[LogitState, SuffStats]:
@@ -210,15 +211,13 @@ class GradientLearner(Learner):
         self._reset_driver_state()
         self._set_point(stats, post.means)
 
-    def _set_point(self, stats: SuffStats, means: np.ndarray) -> float:
-        self.stats = stats
-        self.post = conditional_update(stats, self.ctx.prior, means, self.ctx.reg_covar)
-        self.terms = elbo_terms(stats, self.post, self.ctx.prior)
-        return -self.terms.total
-
-    def _cost(self, stats: SuffStats, means: np.ndarray) -> float:
+    def _point(self, stats: SuffStats, means: np.ndarray) -> tuple[SuffStats, Posterior, ElboTerms]:
+        """q(Z) summarised by ``stats``, the means, and the other parameters at their VB update."""
         post = conditional_update(stats, self.ctx.prior, means, self.ctx.reg_covar)
-        return -elbo_terms(stats, post, self.ctx.prior).total
+        return stats, post, elbo_terms(stats, post, self.ctx.prior)
+
+    def _set_point(self, stats: SuffStats, means: np.ndarray) -> None:
+        self.stats, self.post, self.terms = self._point(stats, means)
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None and self.stats is not None and self.terms is not None, "start() first"
@@ -256,19 +255,19 @@ class GradientLearner(Learner):
             trial = min(self.lam_prev * self.slope_prev / slope, 10.0 * self.lam_prev)
         means = self.post.means
         cost0 = -self.terms.total
-        cache: dict[float, SuffStats] = {}
+        cache: dict[float, tuple[SuffStats, Posterior, ElboTerms]] = {}
 
         def phi(lam: float) -> float:
             stats = ctx.engine.map_reduce(logit_trial_kernel, ctx.handles, lam, beta, per_chunk=self.states)
             self.passes += 1
-            cache[lam] = stats
-            return self._cost(stats, means + lam * pm)
+            cache[lam] = self._point(stats, means + lam * pm)
+            return -cache[lam][2].total
 
         ls = quadratic_line_search(phi, cost0, slope, float(trial), int(self.opts["line_search_evals"]))
         self.hg_prev = gh
         self.hm_prev = hm
         if ls.step > 0:
-            self._set_point(cache[ls.step], means + ls.step * pm)
+            self.stats, self.post, self.terms = cache[ls.step]
             self.lam_acc, self.beta_acc = ls.step, beta
             self.lam_prev, self.slope_prev = ls.step, slope
             self.pm_prev = pm
