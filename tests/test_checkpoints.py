@@ -19,7 +19,7 @@ from pipeline.checkpoint import PAUSE_ENV, Checkpointer, CheckpointError, RunLoc
 from pipeline.store import FeatureStore
 from vbcore.errors import ConfigError
 
-LEARNERS = ["vbem"]
+LEARNERS = ["vbem", "ncg"]
 
 
 def _same_bits(a, b):
