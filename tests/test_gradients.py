@@ -200,3 +200,35 @@ def test_chunk_kernels_compose_and_float32_tracks_float64(ct):
     assert e1 > e0  # the unit natural step (a VB EM step) improves the bound
     for a, b in zip(res[np.float32], res[np.float64], strict=True):
         assert a == pytest.approx(b, rel=1e-3)
+
+
+@pytest.mark.parametrize("ct", ["full", "diag"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_chunk_kernels_use_only_the_array_api(ct, dtype):
+    """The logit kernels on array-api-strict chunks (any non-standard call raises there) give the
+    NumPy numbers."""
+    xps = pytest.importorskip("array_api_strict")
+    from tests._kernel_checks import close, close_stats, posterior, three_clusters
+    from vbcore.kernels import to_numpy
+
+    X = three_clusters().astype(dtype)
+    prior, post = posterior(X.astype(np.float64), ct)
+    params = estep_params(post, prior.mean)
+    out = {}
+    for name, x in (("np", X), ("strict", xps.asarray(X))):
+        chunk = prepare_chunk(x, prior.mean, ct)
+        state, stats = logit_init_kernel(chunk, params)
+        cond = conditional_update(stats, prior, post.means + 0.1)
+        state, sums = logit_gradient_kernel(chunk, state, estep_params(cond, prior.mean), 0.0, 0.0, True)
+        trial = logit_trial_kernel(chunk, state, 0.7, 0.0)
+        state2, sums2 = logit_gradient_kernel(chunk, state, estep_params(cond, prior.mean), 0.7, 0.0, True)
+        out[name] = (stats, sums, trial, state2, sums2)
+    rtol = 1e-12 if dtype == np.float64 else 1e-5
+    (s0, g0, t0, st0, h0), (s1, g1, t1, st1, h1) = out["np"], out["strict"]
+    close_stats(s1, s0, rtol, "init")
+    close_stats(t1, t0, rtol, "trial")
+    for a, b in ((g1, g0), (h1, h0)):
+        for f in ("gg", "gh", "g_hprev", "g_pprev"):
+            assert getattr(a, f) == pytest.approx(getattr(b, f), rel=10 * rtol, abs=1e-9), f
+    for f in ("log_r", "h", "p"):
+        close(getattr(st1, f), to_numpy(getattr(st0, f)), 10 * rtol, f)
