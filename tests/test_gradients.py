@@ -232,3 +232,27 @@ def test_chunk_kernels_use_only_the_array_api(ct, dtype):
             assert getattr(a, f) == pytest.approx(getattr(b, f), rel=10 * rtol, abs=1e-9), f
     for f in ("log_r", "h", "p"):
         close(getattr(st1, f), to_numpy(getattr(st0, f)), 10 * rtol, f)
+
+
+@pytest.mark.parametrize("wt", WEIGHTS)
+@pytest.mark.parametrize("ct", TYPES)
+def test_pattern_line_passes_through_both_posteriors_and_stays_valid(ct, wt):
+    from vbcore.pattern import PatternLine
+
+    chunk, prior, gamma, _ = _problem(ct, wt, seed=6)
+    _, r, rlogr = log_softmax(gamma)
+    old = m_step(chunk_statistics(chunk, r, rlogr), prior)
+    _, r2, rlogr2 = log_softmax(gamma * 0.3)
+    new = m_step(chunk_statistics(chunk, r2, rlogr2), prior)
+    line = PatternLine(old, new)
+    fields = ("weight_concentration", "mean_precision", "means", "degrees_of_freedom", "covariances")
+    for lam, ref in ((0.0, new), (-1.0, old)):
+        got = line.at(lam)
+        for f in fields:
+            if getattr(ref, f) is not None:
+                np.testing.assert_allclose(getattr(got, f), getattr(ref, f), rtol=1e-12, err_msg=f)
+    far = line.at(25.0)  # a long extrapolation is still a valid posterior with a finite bound
+    assert np.all(far.weight_concentration > 0) and np.all(far.mean_precision > 0)
+    if ct != "fixed":  # Wishart: nu > D - 1; Gamma shapes: nu > 0
+        assert np.all(far.degrees_of_freedom > (prior.n_features - 1 if ct == "full" else 0))
+    assert np.isfinite(elbo_terms(chunk_statistics(chunk, r2, rlogr2), far, prior).total)

@@ -61,10 +61,24 @@ def _from_xi(xi: dict[str, np.ndarray], like: Posterior) -> Posterior:
     return Posterior(ct, like.weight_type, np.exp(xi["wc"]), np.exp(xi["beta"]), xi["m"], nu, covariances)
 
 
-def extrapolate(old: Posterior, new: Posterior, lam: float) -> Posterior:
-    """The posterior ``lam`` pattern steps beyond ``new`` along ``xi(new) - xi(old)``.
+class PatternLine:
+    """The line through ``old`` and ``new`` in ``xi`` coordinates (both converted once)."""
 
-    Raises ``vbcore.errors.NumericalError`` when the result is not finite (far too long a step).
-    """
-    a, b = _to_xi(old), _to_xi(new)
-    return _from_xi({key: b[key] + lam * (b[key] - a[key]) for key in b}, new)
+    def __init__(self, old: Posterior, new: Posterior) -> None:
+        self.new = new
+        self.b = _to_xi(new)
+        a = _to_xi(old)
+        self.delta = {key: self.b[key] - a[key] for key in self.b}
+
+    def at(self, lam: float) -> Posterior:
+        """The posterior ``lam`` pattern steps beyond ``new`` along ``xi(new) - xi(old)``.
+
+        Raises ``vbcore.errors.NumericalError`` when the result is not a valid posterior (far too
+        long a step overflows).
+        """
+        return _from_xi({key: self.b[key] + lam * self.delta[key] for key in self.b}, self.new)
+
+
+def extrapolate(old: Posterior, new: Posterior, lam: float) -> Posterior:
+    """``PatternLine(old, new).at(lam)``."""
+    return PatternLine(old, new).at(lam)

@@ -21,7 +21,7 @@ from pipeline.learners.vbem import vbem_pass
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError, NumericalError
 from vbcore.mstep import m_step
-from vbcore.pattern import extrapolate
+from vbcore.pattern import PatternLine
 from vbcore.posterior import Posterior
 from vbcore.stats import SuffStats
 
@@ -95,13 +95,14 @@ class PatternSearchVBEM(Learner):
             self.tried += 1
             lam1 = self.lam
             best = (l_cur, 0.0, stats, cur)
-            trial1 = self._trial(lam1)
+            line = PatternLine(self.prev, cur)
+            trial1 = self._trial(line, lam1)
             if trial1 is not None:
                 best = max(best, (trial1[1], lam1, trial1[0], trial1[2]), key=lambda t: t[0])
                 lam2 = parabola_peak(lam1, self.l_prev, l_cur, trial1[1], float(self.opts["max_step"]))
             else:
                 lam2 = 0.25 * lam1
-            trial2 = self._trial(lam2)
+            trial2 = self._trial(line, lam2)
             if trial2 is not None:
                 best = max(best, (trial2[1], lam2, trial2[0], trial2[2]), key=lambda t: t[0])
             if best[1] > 0 and best[0] > l_cur:  # accept only an improvement of L
@@ -113,10 +114,10 @@ class PatternSearchVBEM(Learner):
         self.post = m_step(stats, ctx.prior, ctx.reg_covar)
         return self.post, elbo_terms(stats, self.post, ctx.prior)
 
-    def _trial(self, lam: float) -> tuple[SuffStats, float, Posterior] | None:
-        assert self.prev is not None and self.post is not None
+    def _trial(self, line: PatternLine, lam: float) -> tuple[SuffStats, float, Posterior] | None:
         try:
-            post = extrapolate(self.prev, self.post, lam)
+            with np.errstate(over="raise", invalid="raise"):
+                post = line.at(lam)
         except (NumericalError, FloatingPointError):
             return None
         values = [getattr(post, f) for f in _POST_FIELDS]
