@@ -270,3 +270,24 @@ def test_resume_on_dask_from_a_local_checkpoint_is_bitwise(tmp_path, client):
     resumed = VBMixture(max_iter=20, checkpoint_dir=str(tmp_path), engine=client, **kw).fit(X32)
     assert resumed.resumed_from_.endswith("ckpt-00000008")
     _same_bits(resumed, VBMixture(max_iter=20, **kw).fit(X32))
+
+
+@pytest.mark.parametrize("ct", ["diag", "full"])
+def test_ncg_builds_no_n_k_d_temporary(ct):
+    import tracemalloc
+
+    n, d, k = 20_000, 48, 40
+    X = np.random.default_rng(0).random((n, d), dtype=np.float32)
+    R = np.random.default_rng(1).dirichlet(np.ones(k), size=n)
+    model = VBMixture(k, covariance_type=ct, learner="ncg", max_iter=2, tol=0.0, chunk_rows=8192)
+    tracemalloc.start()
+    try:
+        model.fit(X, resp_init=R)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    nkd_float32 = n * k * d * 4  # 154 MB
+    # allowed: a few copies of the data, the per-chunk state (3 float32 N x K arrays) and a few
+    # N x K float64 arrays (resp_init and its statistics)
+    assert peak < 4 * X.nbytes + 3 * n * k * 4 + 3 * n * k * 8 + 16 * 2**20, peak
+    assert peak < nkd_float32 / 4
