@@ -271,5 +271,26 @@ def assign(
     console.print(f"wrote {target} (arrays labels, probability)")
 
 
+@app.command()
+def study(
+    name: str = typer.Argument(..., help="The study: seed000, seed001 or seed003."),
+    out: str = typer.Option(..., "--out", help="Results folder; the study writes OUT/NAME/."),
+    quick: bool = typer.Option(False, "--quick", help="A small version (seconds), as the tests run it."),
+    seed: int = typer.Option(0, help="Random seed of the study."),
+) -> None:
+    """Reproduce a seed paper's experiments: Markdown + CSV tables and PNG plots in OUT/NAME/."""
+    from pipeline.studies import run_study
+    from vbcore.errors import VBClusterError
+
+    t0 = time.perf_counter()
+    try:
+        folder = run_study(name, out, quick=quick, seed=seed)
+    except VBClusterError as exc:
+        _fail(exc)
+        return
+    console.print(f"study {name}: wrote {folder}/README.md and its tables and plots "
+                  f"in {time.perf_counter() - t0:.1f}s", soft_wrap=True)
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()
