@@ -40,6 +40,7 @@ bench: venv
 	mkdir -p bench/out && $(VPY) bench/bench_engine.py --workdir bench/out
 	$(VPY) bench/bench_checkpoint.py --workdir bench/out
 	$(VPY) bench/bench_ncg.py --workdir bench/out
+	$(VPY) bench/bench_sga.py --workdir bench/out
 
 # One VB EM iteration against scikit-learn and the GEMM share (about 1 minute).
 bench-quick: venv

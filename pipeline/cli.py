@@ -133,7 +133,8 @@ def fit(
     learner_option: list[str] = typer.Option([], "--learner-option", "-o",
                                              help="Learner option KEY=VALUE (repeatable)."),
     components: int = typer.Option(50, "--components", "-k", help="K (the DP truncation level)."),
-    covariance: str = typer.Option("diag", help="full | diag | spherical | fixed."),
+    covariance: str | None = typer.Option(None, help="full | diag | spherical | fixed; default: the "
+                                          "learner's (fixed for mm, sga*, svi; diag otherwise)."),
     weights: str = typer.Option("dp", help="dp (truncated Dirichlet process) | dirichlet."),
     max_iter: int = typer.Option(200, help="Maximum iterations."),
     tol: float = typer.Option(1e-4, help="Convergence threshold on the ELBO change per row."),
@@ -149,6 +150,10 @@ def fit(
 ) -> None:
     """Fit a VB mixture to a store; write DIR/result.json and DIR/posterior.npz, with checkpoints in
     DIR/checkpoints (a killed fit continues with `vbcluster resume DIR`)."""
+    if covariance is None:  # the learner's own default (issue 6: the seed 003 learners need 'fixed')
+        from pipeline.learners import LEARNERS
+
+        covariance = getattr(LEARNERS.get(learner), "default_covariance_type", "diag")
     spec = {"store": store, "learner": learner, "components": components, "covariance": covariance,
             "weights": weights, "max_iter": max_iter, "tol": tol, "seed": seed, "init": init,
             "cluster": cluster, "chunk_rows": chunk_rows, "checkpoint_every": checkpoint_every,

@@ -87,6 +87,7 @@ def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[s
         "elbo_terms": model.elbo_terms_,
         "n_components": int(model.n_components),
         "n_effective": int(model.n_effective_),
+        "n_components_kept": int(getattr(model, "n_components_", model.n_components)),  # after pruning
         "counts": [float(c) for c in model.counts_],
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
