@@ -62,7 +62,7 @@ def _options(pairs: list[str]) -> dict[str, str]:
     out = {}
     for p in pairs:
         if "=" not in p:
-            raise typer.BadParameter(f"--option takes KEY=VALUE, got {p!r}")
+            raise typer.BadParameter(f"options take KEY=VALUE, got {p!r}")
         k, v = p.split("=", 1)
         out[k.strip()] = v.strip()
     return out
@@ -129,7 +129,9 @@ def fit(
     store: str = typer.Argument(..., help="The feature store to cluster."),
     run_dir: str = typer.Option(..., "--run-dir", help="Where result.json, posterior.npz and "
                                 "checkpoints/ go."),
-    learner: str = typer.Option("vbem", help="The learner (vbem)."),
+    learner: str = typer.Option("vbem", help="The learner: vbem, or another of `vbcluster learners`."),
+    learner_option: list[str] = typer.Option([], "--learner-option", "-o",
+                                             help="Learner option KEY=VALUE (repeatable)."),
     components: int = typer.Option(50, "--components", "-k", help="K (the DP truncation level)."),
     covariance: str = typer.Option("diag", help="full | diag | spherical | fixed."),
     weights: str = typer.Option("dp", help="dp (truncated Dirichlet process) | dirichlet."),
@@ -150,8 +152,24 @@ def fit(
     spec = {"store": store, "learner": learner, "components": components, "covariance": covariance,
             "weights": weights, "max_iter": max_iter, "tol": tol, "seed": seed, "init": init,
             "cluster": cluster, "chunk_rows": chunk_rows, "checkpoint_every": checkpoint_every,
-            "checkpoint_seconds": checkpoint_seconds, "keep": keep}
+            "checkpoint_seconds": checkpoint_seconds, "keep": keep,
+            "learner_options": _options(learner_option)}
     _run(run_dir, spec, quiet, fresh=True)
+
+
+@app.command()
+def learners() -> None:
+    """List the learners and their options (pass options to `fit` as -o KEY=VALUE)."""
+    from pipeline.learners import LEARNERS
+
+    table = Table(title="vbcluster learners")
+    table.add_column("learner")
+    table.add_column("options (defaults)")
+    table.add_column("about")
+    for name, cls in LEARNERS.items():
+        opts = ", ".join(f"{k}={v}" for k, v in cls.options.items()) or "-"
+        table.add_row(name, opts, (cls.__doc__ or "").strip().splitlines()[0])
+    console.print(table)
 
 
 @app.command()
@@ -190,6 +208,9 @@ def _run(run_dir: str, spec: dict[str, Any], quiet: bool, fresh: bool) -> None:
         from pipeline.sources import StoreSource
 
         StoreSource(spec["store"])  # a missing or bad store fails before anything is written
+        from pipeline.learners import learner_class  # and so do a bad learner or its options
+
+        learner_class(spec["learner"]).parse_options(spec.get("learner_options") or {})
         with RunLock(run_dir) as lock:
             if lock.taken_over:
                 console.print(f"took over a stale lock of pid {lock.taken_over.get('pid')} on "
@@ -202,6 +223,7 @@ def _run(run_dir: str, spec: dict[str, Any], quiet: bool, fresh: bool) -> None:
                     spec["components"], covariance_type=spec["covariance"],
                     weight_concentration_prior_type=wt, max_iter=spec["max_iter"], tol=spec["tol"],
                     random_state=spec["seed"], init_params=spec["init"], learner=spec["learner"],
+                    learner_options=spec.get("learner_options") or None,
                     chunk_rows=spec["chunk_rows"], engine=engine, verbose=0 if quiet else 1,
                     checkpoint_dir=str(Path(run_dir) / "checkpoints"),
                     checkpoint_every=spec["checkpoint_every"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -23,26 +24,25 @@ from sklearn.utils.validation import check_is_fitted
 
 from pipeline.checkpoint import Checkpointer, RunLock, config_hash
 from pipeline.engine import PERSIST_MODES, make_engine, split_rows
+from pipeline.learners import LEARNERS, FitContext, learner_class, make_learner
+from pipeline.learners.vbem import vbem_pass
 from pipeline.sources import ArraySource, DaskArraySource, StoreSource, is_dask_array, is_store_path
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError, InputError, InputTypeError
 from vbcore.kernels import (
     Chunk,
-    KernelResult,
     array_namespace,
     chunk_statistics,
     estep_params,
     prepare_chunk,
     responsibilities,
     to_numpy,
-    vbem_kernel,
 )
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
 from vbcore.priors import COVARIANCE_TYPES, WEIGHT_TYPES, Prior, default_prior
 from vbcore.stats import SuffStats
 
-LEARNERS = ("vbem",)
 INIT_PARAMS = ("kmeans", "k-means++", "random", "random_from_data")
 
 
@@ -119,7 +119,13 @@ class VBMixture(DensityMixin, BaseEstimator):
     fixed_variance : float, optional
         ``sigma^2`` for covariance_type='fixed'; default: the mean per-dimension within-cluster
         variance of k-means with ``n_components`` clusters on (a sample of) X.
-    learner : {'vbem'}, default='vbem'
+    learner : str, default='vbem'
+        A registered learner (``pipeline.learners.LEARNERS``): 'vbem', and the others listed in
+        docs/algorithms.md. ``set_params(learner=..., warm_start=True)`` switches learners and
+        continues from the current posterior.
+    learner_options : dict, optional
+        Options of the learner (step sizes, minibatch size, ...); each learner lists its own with
+        their defaults in ``LEARNERS[name].options``.
     chunk_rows : int, default=65536
         Rows per chunk for the map-reduce passes over in-memory arrays (stores and dask arrays
         keep their own chunking).
@@ -159,6 +165,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         covariance_prior: Any = None,
         fixed_variance: float | None = None,
         learner: str = "vbem",
+        learner_options: dict[str, Any] | None = None,
         chunk_rows: int = 65536,
         engine: Any = "local",
         persist: str = "auto",
@@ -184,6 +191,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.covariance_prior = covariance_prior
         self.fixed_variance = fixed_variance
         self.learner = learner
+        self.learner_options = learner_options
         self.chunk_rows = chunk_rows
         self.engine = engine
         self.persist = persist
@@ -223,8 +231,11 @@ class VBMixture(DensityMixin, BaseEstimator):
                 "weight_concentration_prior_type must be one of "
                 f"{WEIGHT_TYPES}, got {self.weight_concentration_prior_type!r}"
             )
-        if self.learner not in LEARNERS:
-            raise ConfigError(f"learner must be one of {LEARNERS}, got {self.learner!r}")
+        if not isinstance(self.learner, str) or self.learner not in LEARNERS:
+            raise ConfigError(f"learner must be one of {tuple(LEARNERS)}, got {self.learner!r}")
+        if self.learner_options is not None and not isinstance(self.learner_options, dict):
+            raise ConfigError(f"learner_options must be a dict, got {_show(self.learner_options)}")
+        learner_class(self.learner).parse_options(self.learner_options or {})
         if self.init_params not in INIT_PARAMS:
             raise ConfigError(f"init_params must be one of {INIT_PARAMS}, got {self.init_params!r}")
         self._integer("max_iter", self.max_iter, 0)
@@ -239,22 +250,27 @@ class VBMixture(DensityMixin, BaseEstimator):
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {self.persist!r}")
 
     # ---- fitting ------------------------------------------------------------------------------
-    def fit(self, X: Any, y: Any = None, resp_init: Any = None) -> VBMixture:
-        """Fit by VB EM.
+    def fit(self, X: Any, y: Any = None, resp_init: Any = None, *,
+            callback: Callable[[dict[str, Any]], None] | None = None) -> VBMixture:
+        """Fit with the chosen learner.
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like of shape (n_samples, n_features), dask array or feature-store path
         y : ignored
         resp_init : array of shape (n_samples, n_components), optional
             Initial responsibilities: the fit starts with one M-step from them, then runs up to
-            ``max_iter`` E/M iterations (so runs can be compared with another implementation).
+            ``max_iter`` iterations (so runs can be compared with another implementation).
+        callback : callable, optional
+            Called after every iteration with a dict: ``iteration``, ``elbo``, ``n_effective``
+            (clusters alive), ``n_components`` (components kept), ``seconds`` (of that iteration),
+            ``passes`` (engine passes so far) and ``learner``.
         """
-        self._fit(X, resp_init)
+        self._fit(X, resp_init, callback)
         return self
 
     def fit_predict(self, X: Any, y: Any = None, resp_init: Any = None) -> np.ndarray:
-        self._fit(X, resp_init)
+        self._fit(X, resp_init, None)
         return self.predict(X)
 
     def _source(self, X: Any) -> Any:
@@ -265,7 +281,7 @@ class VBMixture(DensityMixin, BaseEstimator):
             return DaskArraySource(X)
         return ArraySource(check_array_2d(X), int(self.chunk_rows))
 
-    def _fit(self, X: Any, resp_init: Any) -> None:
+    def _fit(self, X: Any, resp_init: Any, callback: Callable[[dict[str, Any]], None] | None) -> None:
         self._check_settings()
         if resp_init is not None and self.warm_start and hasattr(self, "posterior_"):
             raise ConfigError("pass either resp_init or warm_start=True with a fitted model, not both")
@@ -301,43 +317,64 @@ class VBMixture(DensityMixin, BaseEstimator):
                                                                          int(self.checkpoint_keep))
             identity = self._run_identity(source) if ckpt is not None else {}
             loaded = self._load_checkpoint(ckpt, identity) if ckpt is not None else None
+            ctx = FitContext(engine=engine, handles=handles, source=source, prior=prior, shift=shift,
+                             reg_covar=float(self.reg_covar), n_rows=n, n_features=d,
+                             covariance_type=ct, weight_type=self.weight_concentration_prior_type,
+                             seed=_seed_entropy(self.random_state),
+                             chunk_starts=[sl.start for sl in source.chunk_slices()])
+            learner = make_learner(self.learner, ctx, self.learner_options)
             history: list[float] = []
             terms: ElboTerms | None = None
             converged = False
             n_iter = 0
-            if loaded is not None:
-                post = _posterior_from_state(loaded.state, ct, self.weight_concentration_prior_type)
-                history = [float(v) for v in loaded.manifest["elbo_history"]]
-                n_iter = int(loaded.manifest["iteration"])
-                converged = bool(loaded.manifest["converged"])
-                terms = ElboTerms(**loaded.manifest["elbo_terms"]) if loaded.manifest["elbo_terms"] else None
-            elif warm:
-                post = self.posterior_
-            else:
-                post = m_step(self._initial_stats(source, engine, handles, resp_init), prior,
-                              self.reg_covar)
-            t0 = last_ckpt = time.perf_counter()
-            while not converged and n_iter < int(self.max_iter):
-                n_iter += 1
-                result: KernelResult = engine.map_reduce(vbem_kernel, handles, estep_params(post, shift))
-                post = m_step(result.stats, prior, self.reg_covar)
-                terms = elbo_terms(result.stats, post, prior)
-                history.append(terms.total)
-                if self.verbose:
-                    print(f"iter {n_iter:4d}  ELBO {terms.total:.6e}  per sample {terms.total / n:.6f}  "
-                          f"({time.perf_counter() - t0:.2f}s)")
-                if len(history) > 1 and abs(history[-1] - history[-2]) / n < self.tol:
-                    converged = True
-                due = n_iter % int(self.checkpoint_every) == 0 or converged or n_iter == int(self.max_iter)
-                if self.checkpoint_seconds is not None:
-                    due = due or time.perf_counter() - last_ckpt >= float(self.checkpoint_seconds)
-                if ckpt is not None and due:
-                    ckpt.save(n_iter, _posterior_state(post), dict(
-                        identity, converged=converged, elbo_history=history, elbo_terms=asdict(terms)))
-                    last_ckpt = time.perf_counter()
-            if terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
-                result = engine.map_reduce(vbem_kernel, handles, estep_params(post, shift))
-                terms = elbo_terms(result.stats, post, prior)
+            try:
+                if loaded is not None:
+                    post = _posterior_from_state(loaded.state, ct, self.weight_concentration_prior_type)
+                    history = [float(v) for v in loaded.manifest["elbo_history"]]
+                    n_iter = int(loaded.manifest["iteration"])
+                    converged = bool(loaded.manifest["converged"])
+                    terms = (ElboTerms(**loaded.manifest["elbo_terms"]) if loaded.manifest["elbo_terms"]
+                             else None)
+                    learner.load_state(post, {k[len(_LEARNER_KEY):]: v for k, v in loaded.state.items()
+                                              if k.startswith(_LEARNER_KEY)})
+                else:
+                    if warm:
+                        post = self.posterior_
+                    else:
+                        post = m_step(self._initial_stats(source, engine, handles, resp_init), prior,
+                                      self.reg_covar)
+                    learner.start(post)
+                t0 = last_ckpt = t_iter = time.perf_counter()
+                while not converged and n_iter < int(self.max_iter):
+                    n_iter += 1
+                    post, terms = learner.step(n_iter)
+                    history.append(terms.total)
+                    converged = learner.converged(history, float(self.tol))
+                    now = time.perf_counter()
+                    if self.verbose:
+                        print(f"iter {n_iter:4d}  ELBO {terms.total:.6e}  per sample {terms.total / n:.6f}  "
+                              f"K {post.n_components}  ({now - t0:.2f}s)")
+                    if callback is not None:
+                        callback({"iteration": n_iter, "elbo": terms.total,
+                                  "n_effective": _n_effective(post, prior),
+                                  "n_components": post.n_components, "seconds": now - t_iter,
+                                  "passes": learner.passes, "learner": self.learner})
+                    t_iter = now
+                    due = (n_iter % int(self.checkpoint_every) == 0 or converged
+                           or n_iter == int(self.max_iter))
+                    if self.checkpoint_seconds is not None:
+                        due = due or now - last_ckpt >= float(self.checkpoint_seconds)
+                    if ckpt is not None and due:
+                        state = _posterior_state(post)
+                        state.update({_LEARNER_KEY + k: v for k, v in learner.state().items()})
+                        ckpt.save(n_iter, state, dict(
+                            identity, converged=converged, elbo_history=history, elbo_terms=asdict(terms)))
+                        last_ckpt = time.perf_counter()
+                if terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
+                    terms = elbo_terms(vbem_pass(ctx, post).stats, post, prior)
+                self.n_passes_ = learner.passes
+            finally:
+                learner.close()
         finally:
             engine.release(handles)
             if engine is not self.engine:
@@ -572,6 +609,24 @@ class VBMixture(DensityMixin, BaseEstimator):
         return float(np.mean(self.score_samples(X)))
 
 
+#: checkpoint keys of learner state (beyond the posterior) carry this prefix
+_LEARNER_KEY = "learner."
+
+
+def _seed_entropy(random_state: Any) -> int | None:
+    """The integer seed of a fit (None for unseeded fits and RandomState instances)."""
+    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
+        return int(random_state)
+    return None
+
+
+def _n_effective(post: Posterior, prior: Prior) -> int:
+    """Components holding at least one sample's worth of responsibility."""
+    wc = post.weight_concentration
+    counts = (wc[0] - 1.0) if post.weight_type == "dirichlet_process" else wc - prior.weight_concentration
+    return int(np.sum(counts >= 1.0))
+
+
 def _posterior_state(post: Posterior) -> dict[str, np.ndarray]:
     state = {"weight_concentration": post.weight_concentration, "mean_precision": post.mean_precision,
              "means": post.means, "covariances": post.covariances}
@@ -596,6 +651,10 @@ def source_fingerprint(source: Any) -> str:
 
 
 def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in sorted(v.items())}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
     if isinstance(v, np.ndarray):
         return v.tolist()
     if isinstance(v, np.generic):
