@@ -10,7 +10,6 @@ docs/operations.md, "Warm start").
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -61,8 +60,6 @@ def model_from_spec(spec: dict[str, Any], engine: Any, checkpoint_dir: str | Non
         checkpoint_keep=spec["keep"],
     )
     if spec.get("learner_options"):
-        if "learner_options" not in VBMixture._get_param_names():
-            raise ConfigError("this vbcluster's estimator takes no learner_options")
         kw["learner_options"] = dict(spec["learner_options"])
     return VBMixture(spec["components"], **kw)
 
@@ -104,13 +101,16 @@ def fit_run(run_dir: str | Path, spec: dict[str, Any], *, engine: Any = "local",
     warm_from : path, optional
         A finished run directory whose posterior starts this fit (``warm_start``).
     callback : callable, optional
-        ``callback(info)`` after every iteration (passed to ``VBMixture.fit`` when it takes one).
+        ``callback(info)`` after every iteration (``VBMixture.fit``'s callback).
     extra : dict, optional
         More entries for result.json.
     """
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
     StoreSource(spec["store"])  # a missing or bad store fails before anything is written
+    from pipeline.learners import learner_class  # and so do a bad learner or its options
+
+    learner_class(spec["learner"]).parse_options(spec.get("learner_options") or {})
     with RunLock(run_dir) as lock, _engine(engine) as eng:
         write_atomic(run_dir / RUN_SPEC, lambda f: f.write(json.dumps(spec, indent=1).encode()))
         model = model_from_spec(spec, eng, str(run_dir / "checkpoints"))
@@ -124,10 +124,7 @@ def fit_run(run_dir: str | Path, spec: dict[str, Any], *, engine: Any = "local",
             model.posterior_ = load_model(warm_from).posterior_
             model.warm_start = True
             info["warm_start_from"] = str(Path(warm_from).resolve())
-        kwargs: dict[str, Any] = {}
-        if callback is not None and "callback" in inspect.signature(model.fit).parameters:
-            kwargs["callback"] = callback
-        model.fit(spec["store"], **kwargs)
+        model.fit(spec["store"], callback=callback)
         if getattr(model, "resumed_from_", None):
             info["resumed_from"] = model.resumed_from_
         info["seconds"] = time.perf_counter() - t0

@@ -6,6 +6,7 @@ ingest_flow, study_flow."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -84,9 +85,10 @@ def test_cluster_flow_fits_assigns_and_reports(digits_store, reference, tmp_path
     assert {p.name for p in Path(out["report"]).parent.glob("*.png")} == {
         "elbo.png", "run0-sizes.png", "run0-contingency.png", "run0-pca.png"}
     # the structured per-iteration log
-    log = run / "iterations.jsonl"
-    lines = log.read_text().splitlines() if log.exists() else []
-    assert len(lines) in (0, 20)  # 20 once VBMixture.fit takes a callback
+    records = [json.loads(line) for line in (run / "iterations.jsonl").read_text().splitlines()]
+    assert [x["iteration"] for x in records] == list(range(1, 21))
+    assert [x["elbo"] for x in records] == r["elbo_history"]
+    assert all(x["learner"] == "vbem" and 1 <= x["n_effective"] <= 15 and x["seconds"] > 0 for x in records)
     fr = _flow_run(state.state_details.flow_run_id)
     assert fr.state.is_completed() and fr.run_count == 1
 
