@@ -271,5 +271,25 @@ def assign(
     console.print(f"wrote {target} (arrays labels, probability)")
 
 
+@app.command()
+def report(
+    run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: compared on "
+                                         "one ELBO plot)."),
+    out: str | None = typer.Option(None, "--out", help="The report directory (default: "
+                                   "FIRST_RUN_DIR/report)."),
+    sample: int = typer.Option(3000, help="Rows drawn for the PCA scatter."),
+) -> None:
+    """Write one self-contained HTML report (PNGs embedded, and written beside it)."""
+    from pipeline.report import write_report
+    from vbcore.errors import VBClusterError
+
+    try:
+        path = write_report(run_dirs, out, sample=sample)
+    except VBClusterError as exc:
+        _fail(exc)
+        return
+    console.print(f"wrote {path} (and its PNGs beside it)")
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()
