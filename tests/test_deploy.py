@@ -70,6 +70,24 @@ def test_bad_cron_missing_store_and_no_schedule_are_refused(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_refresh_flow_cold_skip_warm(tmp_path, prefect_api):
+    """The scheduled flow itself, run three times on the session's ephemeral API."""
+    from flows.schedule import refresh_flow
+
+    store = _store(tmp_path / "s.zarr", 600)
+    out = str(tmp_path / "pub")
+    kw = dict(components=6, max_iter=40)
+    first = refresh_flow(store, out, **kw)
+    assert first["action"] == "cold" and latest(out) == Path(first["version"]).resolve()
+    assert refresh_flow(store, out, **kw)["action"] == "skip"  # nothing new: nothing published
+    assert len(version_dirs(out)) == 1
+    _append(store, 200, seed=3)
+    third = refresh_flow(store, out, **kw)
+    assert third["action"] == "warm" and third["warm_start_from"] == first["version"]
+    assert latest(out) == Path(third["version"]).resolve() and read_result(third["version"])["n_rows"] == 800
+    assert [p.name[:5] for p in version_dirs(out)] == ["v0001", "v0002"]
+
+
 def _wait(what: str, cond, timeout: float, procs: list[subprocess.Popen], logs: list[Path]) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
