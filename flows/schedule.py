@@ -141,6 +141,12 @@ def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[
     store_path = str(Path(store).resolve()) if "://" not in store else store
     out_path = Path(out) if out is not None else Path(store_path).with_name(Path(store_path).name
                                                                            + ".versions")
+    cluster = settings.get("cluster")
+    if cluster is not None and "://" not in cluster and cluster != "local":
+        from pipeline.cluster import load_cluster_config
+
+        load_cluster_config(cluster)  # a missing or invalid config: a clear ConfigError
+        settings["cluster"] = str(Path(cluster).resolve())  # scheduled runs may start elsewhere
     spec = make_spec(store, **{k: v for k, v in settings.items() if k not in ("quiet",)})
     learner_class(spec["learner"]).parse_options(spec.get("learner_options") or {})
     if out_path.exists() and not out_path.is_dir():

@@ -60,6 +60,8 @@ def test_bad_cron_missing_store_and_no_schedule_are_refused(tmp_path):
         deploy(store, cron="0 2 * * *", interval=60)
     with pytest.raises(ConfigError, match=r"--interval must be a positive number of seconds, got -1"):
         deploy(store, interval=-1)
+    with pytest.raises(ConfigError, match=r"nope\.yaml.*no such cluster config file"):
+        deploy(store, cron="0 2 * * *", cluster=str(tmp_path / "nope.yaml"))
     res = runner.invoke(app, ["deploy", store, "--cron", "every day"])
     assert res.exit_code == 2 and "does not parse as a cron schedule" in res.output
     res = runner.invoke(app, ["deploy", str(tmp_path / "nope.zarr"), "--interval", "60"])
