@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def _check_run(run_dir: Path) -> dict[str, Any]:
     return read_result(run_dir)
 
 
-def write_report(run_dirs: list[str | os.PathLike[str]] | str | os.PathLike[str],
+def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                  out: str | os.PathLike[str] | None = None, *, sample: int = SAMPLE_ROWS,
                  seed: int = 0) -> Path:
     """Write ``report.html`` and its PNGs; returns the HTML file's path.

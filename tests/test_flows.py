@@ -197,3 +197,12 @@ def test_study_flow_refuses_an_unknown_study(tmp_path):
 def test_study_flow_runs_a_quick_study(tmp_path):
     (path,) = run_studies(["seed001"], str(tmp_path), quick=True, seed=0)
     assert Path(path).is_dir() and any(Path(path).iterdir())
+
+
+@pytest.mark.skipif("seed001" not in available_studies(),
+                    reason="pipeline.studies.seed001 is not on this branch (it lands with issue 5b)")
+def test_study_flow_spreads_studies_over_a_dask_cluster(tmp_path):
+    """prefect-dask's DaskTaskRunner on a LocalCluster from cluster_config/local.yaml."""
+    (path,) = run_studies("seed001", str(tmp_path), quick=True, seed=0,
+                          cluster=str(ROOT / "cluster_config" / "local.yaml"))
+    assert Path(path).is_dir() and any(Path(path).iterdir())
