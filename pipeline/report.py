@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.runs import POSTERIOR, RESULT, assign_rows, load_model, read_result
+from pipeline.runs import ASSIGNMENTS, POSTERIOR, RESULT, assign_rows, load_model, read_result
 from vbcore.errors import InputError
 from vbcore.metrics import acc, nmi
 
@@ -260,7 +260,11 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
         notes.append(f"store plots skipped: {exc}")
         return {"dir": d, "result": r, "figs": figs, "notes": notes}
     model = load_model(d)
-    pred, _ = assign_rows(model, src)
+    pred = _stored_assignments(d, r)
+    if pred is None:
+        pred, _ = assign_rows(model, src)
+    else:
+        notes.append(f"clusters read from {r['store']}/{ASSIGNMENTS}/{d.resolve().name}")
     labels = src.labels()
     if labels is not None:
         _contingency_plot(labels, pred, title, tmp / f"run{i}-contingency.png")
@@ -277,6 +281,25 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
         _segmentation_plot(store, pred, np.asarray(model.means_), title, tmp / f"run{i}-segmentation.png")
         figs.append((f"run{i}-segmentation.png", "Segmentation (image store)"))
     return {"dir": d, "result": r, "figs": figs, "notes": notes}
+
+
+def _stored_assignments(d: Path, r: dict[str, Any]) -> np.ndarray | None:
+    """The labels `vbcluster assign` wrote for this run, when they belong to it and to this store."""
+    import zarr
+
+    path = Path(r["store"]) / ASSIGNMENTS / d.resolve().name
+    if not (path / "zarr.json").is_file():
+        return None
+    g = zarr.open_group(str(path), mode="r")
+    if (g.attrs.get("run_dir") != str(d.resolve())
+            or g.attrs.get("store_fingerprint") != r.get("store_fingerprint")
+            or g.attrs.get("posterior_sha256") != r.get("posterior_sha256")):  # not from an older fit
+        return None
+    arr = g["labels"]
+    labels = np.asarray(arr[:]) if isinstance(arr, zarr.Array) else None
+    if labels is None:
+        return None
+    return labels if labels.shape == (int(r["n_rows"]),) else None
 
 
 # ---- HTML ---------------------------------------------------------------------------------------

@@ -81,6 +81,7 @@ def test_cluster_flow_fits_assigns_and_reports(digits_store, reference, tmp_path
     np.testing.assert_array_equal(g["labels"][:], load_model(run).predict(X))
     # the report, with its PNGs beside it and embedded
     html = Path(out["report"]).read_text()
+    assert "clusters read from" in html  # the report used the assignments the flow wrote
     assert html.count("data:image/png;base64,") == 4  # ELBO, sizes, contingency, PCA
     assert {p.name for p in Path(out["report"]).parent.glob("*.png")} == {
         "elbo.png", "run0-sizes.png", "run0-contingency.png", "run0-pca.png"}

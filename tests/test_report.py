@@ -16,7 +16,7 @@ from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.ingest import ingest
 from pipeline.report import write_report
-from pipeline.runs import read_result, save_run
+from pipeline.runs import assign_store, read_result, save_run
 from vbcore.errors import InputError
 
 runner = CliRunner()
@@ -103,3 +103,15 @@ def test_cli_report(runs, tmp_path):
     res = runner.invoke(app, ["report", str(a), str(b), "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r" / "report.html").is_file() and "wrote" in res.output
+
+
+def test_report_reads_the_runs_own_assignments_only(tmp_path):
+    store = str(tmp_path / "d.zarr")
+    ingest("digits", store, chunk_rows=900)
+    run = _fit(store, tmp_path / "run", max_iter=10)
+    assign_store(run)
+    html = write_report([run]).read_text()
+    assert "clusters read from" in html
+    _fit(store, run, max_iter=10, random_state=1)  # a new fit into the same directory
+    html = write_report([run]).read_text()
+    assert "clusters read from" not in html  # the old labels belong to the old posterior
