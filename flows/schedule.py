@@ -9,8 +9,10 @@ Each run of ``refresh_flow`` compares the store with the last published version 
 - otherwise (first run, rows replaced, other settings): a cold start.
 
 The fit runs as the ``cluster_flow`` subflow (checkpoints, assignments, report) in a version
-directory ``OUT/versions/vNNNN-<end of the flow run id>``; a retried flow run gets the same directory back
-and resumes from its checkpoints. ``OUT/latest`` moves to the new version only once it is complete.
+directory ``OUT/versions/vNNNN-<end of the flow run id>``; a retried flow run gets the same
+directory back and resumes from its checkpoints, and so does the next scheduled run when a refresh
+died (its process killed, its node lost) before publishing. ``OUT/latest`` moves to the new version
+only once it is complete.
 
 ``deploy`` registers the flow as a deployment on the Prefect server of ``PREFECT_API_URL`` with a
 cron or interval schedule and serves it: this process polls the server and executes the
@@ -83,7 +85,7 @@ def refresh_flow(
         ``n_iter``, ``elbo``, ``n_effective`` and ``warm_start_from``.
     """
     from pipeline.fitting import make_spec, warm_start_problem
-    from pipeline.publish import claim_version
+    from pipeline.publish import claim_version, unfinished_version
 
     logger = get_run_logger()
     p = plan(out, store)
@@ -92,12 +94,16 @@ def refresh_flow(
         return {"action": "skip", "reason": p["reason"], "latest": p["previous"]}
     warm = p["previous"] if p["action"] == "warm" else None
     spec = make_spec(store, learner=learner, components=components, covariance=covariance,
-                     weights=weights)
+                     weights=weights, seed=seed, learner_options=learner_options)
     if warm is not None and (problem := warm_start_problem(warm, spec)):
         logger.info("cold start instead of a warm start from %s: %s", warm, problem)
         warm = None
         p["action"], p["reason"] = "cold", problem
-    run_dir = claim_version(out, _run_key())
+    run_dir = unfinished_version(out, p["fingerprint"], spec)  # a refresh that died mid-fit: resume it
+    if run_dir is not None:
+        logger.info("resuming the unfinished refresh in %s", run_dir)
+    else:
+        run_dir = claim_version(out, _run_key())
     result = cluster_flow(store, str(run_dir), learner=learner, components=components,
                           covariance=covariance, weights=weights, max_iter=max_iter, tol=tol, seed=seed,
                           learner_options=learner_options, cluster=cluster, warm_start_from=warm,

@@ -20,6 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.runs import POSTERIOR, RESULT, read_result
 from pipeline.sources import StoreSource
@@ -57,6 +58,47 @@ def claim_version(out: str | os.PathLike[str], key: str) -> Path:
         except FileExistsError:  # another refresh took this number first
             continue
         return path
+
+
+#: run.json keys that fix a fit's trajectory (a checkpoint resumes only under the same ones)
+TRAJECTORY = ("learner", "components", "covariance", "weights", "seed", "init", "chunk_rows",
+              "learner_options")
+
+
+def unfinished_version(out: str | os.PathLike[str], fingerprint: str,
+                       spec: dict[str, Any] | None = None) -> Path | None:
+    """A version directory newer than ``latest`` whose refresh died mid-fit and can be resumed.
+
+    That is the newest version without ``result.json`` whose run lock is free or stale (its
+    process is gone), whose settings (``run.json``) match ``spec`` where they fix the trajectory,
+    and whose newest valid checkpoint was written for the store's current content
+    (``fingerprint``). None when there is none.
+    """
+    import json
+
+    from pipeline.checkpoint import Checkpointer, CheckpointError, RunLock
+
+    current = latest(out)
+    for path in reversed(version_dirs(out)):
+        if current is not None and path.resolve() == current:
+            return None  # only versions newer than the published one
+        if (path / RESULT).is_file() or not (path / "run.json").is_file():
+            continue
+        if spec is not None:
+            old = json.loads((path / "run.json").read_text())
+            if any((old.get(k) or None) != (spec.get(k) or None) for k in TRAJECTORY):
+                continue
+        lock = RunLock(path)
+        holder = lock._holder() if lock.path.exists() else None
+        if holder is not None and lock._alive(holder):
+            continue  # a refresh is running in it
+        try:
+            loaded = Checkpointer(path / "checkpoints").load_latest()
+        except CheckpointError:
+            continue
+        if loaded is not None and loaded.manifest.get("store_fingerprint") == fingerprint:
+            return path
+    return None
 
 
 def latest(out: str | os.PathLike[str]) -> Path | None:
@@ -99,6 +141,7 @@ class RefreshPlan:
     reason: str
     n_rows: int
     previous_n_rows: int | None = None
+    fingerprint: str = ""
 
 
 def plan_refresh(out: str | os.PathLike[str], store: str) -> RefreshPlan:
@@ -106,14 +149,15 @@ def plan_refresh(out: str | os.PathLike[str], store: str) -> RefreshPlan:
     src = StoreSource(store)  # a missing or invalid store fails here, before anything is written
     prev = latest(out)
     if prev is None:
-        return RefreshPlan("cold", None, "no published version yet", src.n_rows)
+        return RefreshPlan("cold", None, "no published version yet", src.n_rows, None, src.fingerprint)
     result = read_result(prev)
     old_n = int(result["n_rows"])
     if result.get("store_fingerprint") == src.fingerprint:
-        return RefreshPlan("skip", str(prev), f"the store is unchanged since {prev.name}", src.n_rows, old_n)
+        return RefreshPlan("skip", str(prev), f"the store is unchanged since {prev.name}", src.n_rows, old_n,
+                           src.fingerprint)
     if src.n_rows > old_n and int(result["n_features"]) == src.n_features:
         return RefreshPlan("warm", str(prev), f"the store grew from {old_n} to {src.n_rows} rows",
-                           src.n_rows, old_n)
+                           src.n_rows, old_n, src.fingerprint)
     return RefreshPlan("cold", str(prev), f"the store changed other than by appending rows "
                        f"({old_n} -> {src.n_rows} rows, {result['n_features']} -> {src.n_features} "
-                       "features)", src.n_rows, old_n)
+                       "features)", src.n_rows, old_n, src.fingerprint)

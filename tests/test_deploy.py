@@ -90,6 +90,45 @@ def test_refresh_flow_cold_skip_warm(tmp_path, prefect_api):
     assert [p.name[:5] for p in version_dirs(out)] == ["v0001", "v0002"]
 
 
+def test_the_next_refresh_resumes_a_refresh_that_died(tmp_path, prefect_api, monkeypatch):
+    """A refresh dies mid-fit before publishing (disk full at its second checkpoint); the next
+    scheduled run finds its version directory, resumes it from the checkpoint and publishes it, with
+    the bits of a refresh that never died."""
+    import errno
+
+    from flows.schedule import refresh_flow
+    from pipeline.checkpoint import CheckpointError
+    from pipeline.fitting import fit_run, make_spec
+    from pipeline.publish import claim_version
+
+    store = _store(tmp_path / "s.zarr", 600)
+    kw = dict(components=6, max_iter=25, tol=0.0)
+    clean = refresh_flow(store, str(tmp_path / "clean"), **kw)
+    out = str(tmp_path / "pub")
+    dead = claim_version(out, "dead")
+    real, calls = np.savez, []
+
+    def disk_full_once(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*a, **k)
+
+    monkeypatch.setattr(np, "savez", disk_full_once)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        fit_run(dead, make_spec(store, checkpoint_every=5, **kw))
+    monkeypatch.setattr(np, "savez", real)
+    assert latest(out) is None and not (dead / "result.json").exists()
+    res = refresh_flow(store, out, **kw)
+    assert Path(res["version"]) == dead and latest(out) == dead.resolve()
+    r = read_result(dead)
+    assert Path(r["resumed_from"]).name == "ckpt-00000005" and len(version_dirs(out)) == 1
+    with np.load(dead / "posterior.npz") as a, np.load(Path(clean["version"]) / "posterior.npz") as b:
+        for k in a.files:
+            if k != "meta":
+                assert np.array_equal(a[k], b[k]), k
+
+
 def _wait(what: str, cond, timeout: float, procs: list[subprocess.Popen], logs: list[Path]) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
