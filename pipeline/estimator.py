@@ -311,7 +311,11 @@ class VBMixture(DensityMixin, BaseEstimator):
             moments = engine.map_reduce(_moments_kernel, handles)
             fixed_variance = self.fixed_variance
             if ct == "fixed" and fixed_variance is None:
-                fixed_variance = self._default_fixed_variance(self._sample_rows(source))
+                # a learner may bring its own (cheaper) estimate (issue 6: seed 003 learners)
+                estimate = getattr(learner_class(self.learner), "estimate_fixed_variance", None)
+                fixed_variance = (estimate(self._sample_rows(source), int(self.n_components),
+                                           self.random_state) if estimate is not None
+                                  else self._default_fixed_variance(self._sample_rows(source)))
             prior = self._prior_from_moments(moments, d, fixed_variance)
             ckpt = None if self.checkpoint_dir is None else Checkpointer(self.checkpoint_dir,
                                                                          int(self.checkpoint_keep))
@@ -338,8 +342,11 @@ class VBMixture(DensityMixin, BaseEstimator):
                     learner.load_state(post, {k[len(_LEARNER_KEY):]: v for k, v in loaded.state.items()
                                               if k.startswith(_LEARNER_KEY)})
                 else:
+                    initialise = getattr(learner, "initialise", None)  # a learner's own init
                     if warm:
                         post = self.posterior_
+                    elif initialise is not None and resp_init is None:
+                        post = initialise()
                     else:
                         post = m_step(self._initial_stats(source, engine, handles, resp_init), prior,
                                       self.reg_covar)
@@ -527,13 +534,17 @@ class VBMixture(DensityMixin, BaseEstimator):
             raise ConfigError(
                 f"mean_prior must have shape (n_features,) = ({d},), got {mean_prior.shape}"
             )
+        weight_concentration = self.weight_concentration_prior
+        if weight_concentration is None:  # a learner's default, e.g. a0 = N (seed 003 Algorithm 1)
+            default_wc = getattr(learner_class(self.learner), "default_weight_concentration", None)
+            weight_concentration = None if default_wc is None else default_wc(moments.n_rows)
         return default_prior(
             covariance_type=self.covariance_type,
             weight_type=self.weight_concentration_prior_type,
             n_components=int(self.n_components),
             data_mean=mean,
             data_covariance=cov,
-            weight_concentration=self.weight_concentration_prior,
+            weight_concentration=weight_concentration,
             mean_precision=self.mean_precision_prior,
             mean=mean_prior,
             degrees_of_freedom=self.degrees_of_freedom_prior,
@@ -561,6 +572,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.counts_ = (wc[0] - 1.0) if post.weight_type == "dirichlet_process" else (
             wc - self.prior_.weight_concentration)
         self.n_effective_ = int(np.sum(self.counts_ >= 1.0))
+        self.n_components_ = post.n_components  # components kept (DP learners prune, issue 6)
         self.mean_precision_ = post.mean_precision
         self.means_ = post.means
         self.degrees_of_freedom_ = post.degrees_of_freedom
@@ -595,7 +607,11 @@ class VBMixture(DensityMixin, BaseEstimator):
         for c in split_rows(X, int(self.chunk_rows)):
             chunk = prepare_chunk(c, shift, self.posterior_.covariance_type)
             out.append(np.asarray(responsibilities(chunk, params), dtype=np.float64))
-        return np.concatenate(out)
+        resp = np.concatenate(out)
+        k = int(self.n_components)
+        if resp.shape[1] < k:  # pruned components have probability 0 (columns k >= n_components_)
+            resp = np.concatenate((resp, np.zeros((resp.shape[0], k - resp.shape[1]))), axis=1)
+        return resp
 
     def predict(self, X: Any) -> np.ndarray:
         return self.predict_proba(X).argmax(axis=1)

@@ -87,6 +87,7 @@ def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[s
         "elbo_terms": model.elbo_terms_,
         "n_components": int(model.n_components),
         "n_effective": int(model.n_effective_),
+        "n_components_kept": int(getattr(model, "n_components_", model.n_components)),  # after pruning
         "counts": [float(c) for c in model.counts_],
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -217,7 +218,8 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
         g.create_array("labels", data=labels, chunks=chunks)
         g.create_array("probability", data=prob, chunks=chunks)
         g.attrs.update({"run_dir": str(Path(run_dir).resolve()), "store_fingerprint": src.fingerprint,
-                        "n_effective": int(model.n_effective_)})
+                        "n_effective": int(model.n_effective_),
+                        "posterior_sha256": result.get("posterior_sha256")})
         _publish(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -20,7 +20,9 @@ def test_empty_components_stay_finite(ct):
     R = np.zeros((len(X), k))
     R[:, 0] = 0.5
     R[:, 1] = 0.5  # components 2..5 start empty
-    m = VBMixture(k, covariance_type=ct, reg_covar=0.0, max_iter=20, tol=0.0).fit(X, resp_init=R)
+    # empty components kept (VB EM prunes them by default, issue 6) to check that they stay finite
+    m = VBMixture(k, covariance_type=ct, reg_covar=0.0, max_iter=20, tol=0.0,
+                  learner_options={"prune_below": 0.0}).fit(X, resp_init=R)
     assert np.isfinite(m.lower_bounds_).all() and _monotone(m.lower_bounds_)
     assert np.all(np.isfinite(m.means_)) and np.all(np.isfinite(m.covariances_))
     np.testing.assert_allclose(m.means_[5], m.prior_.mean)  # empty -> prior mean

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from pipeline.learners import register
 from pipeline.learners.base import Learner
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.kernels import KernelResult, estep_params, vbem_kernel
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
+from vbcore.sga import take_stats
 
 
 def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
@@ -22,9 +25,33 @@ class VBEM(Learner):
     The ELBO reported after iteration t is that of (q(Z) from the E-step, q(theta) from the M-step
     that followed), which never decreases for ``reg_covar = 0`` (Bishop 10.2)."""
 
+    #: DP pruning (issue 6): components whose expected count N_k falls under ``prune_below`` rows are
+    #: dropped after the M-step (the bound moves by about N_k nats); ``reorder`` sorts the sticks by
+    #: descending N_k before the M-step (which never lowers the bound, seed 003 section 4.5; off by
+    #: default, so the trajectory stays scikit-learn's)
+    options = {"prune_below": 1e-6, "reorder": False}
+
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
         result = vbem_pass(self.ctx, self.post)
         self.passes += 1
-        self.post = m_step(result.stats, self.ctx.prior, self.ctx.reg_covar)
-        return self.post, elbo_terms(result.stats, self.post, self.ctx.prior)
+        stats = result.stats
+        dp = self.ctx.weight_type == "dirichlet_process"
+        if dp and self.opts["reorder"]:
+            stats = take_stats(stats, np.argsort(-stats.nk, kind="stable"))
+        self.post = m_step(stats, self.ctx.prior, self.ctx.reg_covar)
+        terms = elbo_terms(stats, self.post, self.ctx.prior)
+        if dp:
+            self.post = prune_components(self.post, stats.nk >= float(self.opts["prune_below"]))
+        return self.post, terms
+
+
+def prune_components(post: Posterior, keep: np.ndarray) -> Posterior:
+    """The posterior of the components ``keep`` (a mask; the largest is kept if none is)."""
+    if keep.all():
+        return post
+    idx = np.flatnonzero(keep) if keep.any() else np.array([int(np.argmax(post.weight_concentration[0]))])
+    nu = None if post.degrees_of_freedom is None else post.degrees_of_freedom[idx]
+    return Posterior(post.covariance_type, post.weight_type, post.weight_concentration[..., idx],
+                     post.mean_precision[idx], post.means[idx], nu, post.covariances[idx],
+                     post.precisions_cholesky[idx])

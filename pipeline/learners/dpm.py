@@ -1,0 +1,239 @@
+"""Shared machinery of the DP-mixture point learners (MM, SGA, SGA+M, SGA+F) and SVI (seed 003).
+
+* **Minibatches**: iteration t draws ``minibatch`` distinct rows uniformly from all N rows with
+  ``ctx.rng(t)`` (so a resumed run draws the same rows), groups them by chunk, and sends each chunk
+  only its own row positions (``per_chunk``): the rows are gathered and processed next to the data,
+  on the workers; only K x D statistics come back.
+* **Initialisation** (Algorithm 1, step 3.iii): k-means++ seeds on a sample of rows gathered through
+  the engine (drawn with ``ctx.rng(0, 1)``), then one full pass: MAP assignments to the seeds, and
+  the MM update of means and sticks from those statistics (one Lloyd step of k-means with the prior's
+  shrinkage).
+* **Defaults the estimator asks for**: ``a0 = N`` (Algorithm 1) and the fixed variance, the mean
+  per-dimension squared distance of sample rows to their nearest k-means++ seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipeline.learners.base import FitContext, Learner
+from vbcore.elbo import ElboTerms, elbo_terms
+from vbcore.errors import ConfigError
+from vbcore.kernels import Chunk, array_namespace, to_numpy
+from vbcore.posterior import Posterior
+from vbcore.sga import (
+    DPPoint,
+    default_threshold,
+    hard_kernel,
+    kmeanspp_seeds,
+    map_params,
+    mm_update,
+    point_posterior,
+    prune_order,
+)
+from vbcore.stats import SuffStats
+
+#: rows of the k-means++ sample: max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * K), at most N
+INIT_MIN_ROWS = 5000
+INIT_ROWS_PER_CLUSTER = 10
+
+
+# ---- minibatches ------------------------------------------------------------------------------
+def chunk_bounds(ctx: FitContext) -> np.ndarray:
+    """Start row of every chunk plus N at the end, shape (n_chunks + 1,)."""
+    starts = ctx.chunk_starts or [s.start for s in ctx.source.chunk_slices()]
+    return np.asarray([*starts, ctx.n_rows], dtype=np.int64)
+
+
+def split_by_chunk(rows: np.ndarray, bounds: np.ndarray) -> tuple[list[int], list[np.ndarray]]:
+    """Sorted global rows -> (chunk ids that have rows, positions inside each of those chunks)."""
+    which = np.searchsorted(bounds, rows, side="right") - 1
+    ids, first = np.unique(which, return_index=True)
+    parts = np.split(rows, first[1:])
+    return [int(i) for i in ids], [p - bounds[i] for i, p in zip(ids, parts, strict=True)]
+
+
+def draw_rows(rng: np.random.Generator, n_rows: int, size: int) -> np.ndarray:
+    """``size`` distinct rows out of ``n_rows`` (all rows when size >= n_rows), sorted."""
+    if size >= n_rows:
+        return np.arange(n_rows, dtype=np.int64)
+    return np.sort(rng.choice(n_rows, size=size, replace=False)).astype(np.int64)
+
+
+def minibatch(ctx: FitContext, iteration: int, size: int) -> tuple[list[Any], list[np.ndarray], int]:
+    """The handles, per-chunk positions and row count of iteration ``iteration``'s minibatch."""
+    rows = draw_rows(ctx.rng(iteration), ctx.n_rows, size)
+    ids, parts = split_by_chunk(rows, chunk_bounds(ctx))
+    return [ctx.handles[i] for i in ids], parts, int(rows.size)
+
+
+def gather_kernel(chunk: Chunk, rows: np.ndarray) -> np.ndarray:
+    """Rows of a chunk (shifted), as a float32/float64 NumPy array."""
+    xp = array_namespace(chunk.x)
+    x = xp.take(chunk.x, xp.asarray(np.asarray(rows, dtype=np.int64)), axis=0)
+    return np.asarray(to_numpy(x), dtype=np.float64).astype(np.float32 if str(x.dtype) == "float32"
+                                                           else np.float64)
+
+
+def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> np.ndarray:
+    """A uniform sample of rows (shifted), gathered through the engine, in row order."""
+    rows = draw_rows(ctx.rng(*key), ctx.n_rows, size)
+    ids, parts = split_by_chunk(rows, chunk_bounds(ctx))
+    out = ctx.engine.map(gather_kernel, [ctx.handles[i] for i in ids], per_chunk=parts)
+    return np.concatenate(out)
+
+
+def kmeanspp(sample: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """k-means++ seeds (float64) and their row indices in ``sample``
+    (:func:`vbcore.sga.kmeanspp_seeds`)."""
+    idx = kmeanspp_seeds(sample, k, np.random.default_rng(seed))
+    return np.asarray(sample[idx], dtype=np.float64), idx
+
+
+def estimate_fixed_variance(sample: np.ndarray, n_components: int, random_state: Any) -> float:
+    """Default ``sigma^2``: mean per-dimension squared distance of the sample's rows to their nearest
+    of ``n_components`` k-means++ seeds (the seeds themselves excluded), on at most
+    ``max(5000, 5 K)`` rows with at most half as many seeds as rows."""
+    seed = int(random_state) if isinstance(random_state, (int, np.integer)) else 0
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, 2)))
+    size = min(sample.shape[0], max(INIT_MIN_ROWS, 5 * int(n_components)))
+    x = sample[np.sort(rng.choice(sample.shape[0], size=size, replace=False))].astype(np.float32)
+    x = x - x.mean(0, dtype=np.float64).astype(np.float32)
+    k = max(1, min(int(n_components), size // 2))
+    centres, idx = kmeanspp(x, k, int(rng.integers(2**31 - 1)))
+    c = centres.astype(np.float32)
+    sq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    d2 = sq[:, None] + np.einsum("ij,ij->i", c, c, dtype=np.float64)[None] - 2.0 * (x @ c.T)
+    nearest = np.maximum(d2.min(1), 0.0)
+    rest = np.setdiff1d(np.arange(size), idx)
+    var = float(nearest[rest].mean() / x.shape[1]) if rest.size else 0.0
+    if not var > 0:
+        var = float(np.mean(x.var(0, dtype=np.float64))) or 1.0
+    return var
+
+
+def default_weight_concentration(n_rows: int) -> float:
+    """``a0 = N`` (seed 003 Algorithm 1, step 3.i)."""
+    return float(n_rows)
+
+
+# ---- the point learners -------------------------------------------------------------------------
+class DPPointLearner(Learner):
+    """Base of MM and the SGA learners: state = :class:`~vbcore.sga.DPPoint` plus estimated counts.
+
+    The posterior handed to the estimator is :func:`vbcore.sga.point_posterior` of the point, so the
+    estimator's predictions, checkpoints and ELBO work as for VB EM; the exact sticks are kept in
+    the learner state for bitwise resume."""
+
+    estimate_fixed_variance = staticmethod(estimate_fixed_variance)
+    default_weight_concentration = staticmethod(default_weight_concentration)
+    default_covariance_type = "fixed"
+
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)
+        if ctx.covariance_type != "fixed":
+            raise ConfigError(
+                f"learner {self.name!r} needs covariance_type='fixed' (a known isotropic variance, "
+                f"seed 003 section 2), got {ctx.covariance_type!r}"
+            )
+        if ctx.weight_type != "dirichlet_process":
+            raise ConfigError(
+                f"learner {self.name!r} needs weight_concentration_prior_type='dirichlet_process', "
+                f"got {ctx.weight_type!r}"
+            )
+        thr = self.opts.get("prune_threshold")
+        if thr is not None and not 0 <= thr < 1:
+            raise ConfigError(f"learner option 'prune_threshold' of {self.name!r} must be in [0, 1), "
+                              f"got {thr!r}")
+        self.threshold = default_threshold(ctx.n_rows) if thr is None else float(thr)
+        assert ctx.prior.fixed_variance is not None
+        self.sigma2 = float(ctx.prior.fixed_variance)
+        self.a0 = float(ctx.prior.weight_concentration)
+        self.point: DPPoint | None = None
+        self.counts = np.zeros(0)
+
+    # -- passes
+    def hard_pass(self, point: DPPoint, handles: list[Any] | None = None,
+                  rows: list[np.ndarray] | None = None) -> SuffStats:
+        """MAP assignments (eq. 19) and hard statistics of all rows, or of a minibatch."""
+        params = map_params(point, self.sigma2, self.ctx.shift)
+        self.passes += 1
+        if rows is None:
+            return self.ctx.engine.map_reduce(hard_kernel, self.ctx.handles, None, params).to_stats()
+        return self.ctx.engine.map_reduce(hard_kernel, handles, params, per_chunk=rows).to_stats()
+
+    # -- initialisation (called by the estimator instead of its own k-means)
+    def initialise(self) -> Posterior:
+        k = int(self.ctx.prior.n_components)
+        size = min(self.ctx.n_rows, max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * k))
+        sample = gather_sample(self.ctx, size, (0, 1))
+        self.passes += 1
+        seed = int(self.ctx.rng(0, 3).integers(2**31 - 1))
+        centres, _ = kmeanspp(sample, k, seed)
+        seeds = DPPoint(centres + self.ctx.shift[None, :], np.full(centres.shape[0], 0.5))
+        # equal weights for the first assignment: ln pi_k would otherwise favour early seeds
+        stats = self._equal_weight_pass(seeds)
+        point = mm_update(stats, self.ctx.prior, self.a0)
+        self._set(point, stats.nk)
+        self.post = self.posterior()
+        return self.post
+
+    def _equal_weight_pass(self, seeds: DPPoint) -> SuffStats:
+        k = seeds.n_components
+        # sticks giving pi_k = 1/k for all k: v_k = 1/(k - j) for the j-th (0-based) stick
+        sticks = 1.0 / (k - np.arange(k, dtype=np.float64))
+        sticks[-1] = 1.0 - 1e-12
+        return self.hard_pass(DPPoint(seeds.means, sticks))
+
+    # -- state
+    def _set(self, point: DPPoint, counts: np.ndarray) -> None:
+        order = prune_order(point.sticks, self.threshold)
+        self.point = point.take(order)
+        self.counts = np.asarray(counts, dtype=np.float64)[order]
+        self._reorder(order)
+
+    def _reorder(self, order: np.ndarray) -> None:
+        """Subclasses re-order their own per-cluster state (momentum)."""
+
+    def posterior(self) -> Posterior:
+        assert self.point is not None
+        return point_posterior(self.point, self.counts, self.ctx.prior, self.sigma2, self.a0)
+
+    def start(self, post: Posterior) -> None:
+        if self.point is not None and post is self.post:  # straight after initialise()
+            return
+        if post.covariance_type != "fixed" or post.weight_type != "dirichlet_process":
+            raise ConfigError(f"learner {self.name!r} cannot start from a {post.covariance_type!r}/"
+                              f"{post.weight_type!r} posterior")
+        a, b = post.weight_concentration
+        self._set(DPPoint(post.means.copy(), a / (a + b)), a - 1.0)
+        self.post = self.posterior()
+
+    def state(self) -> dict[str, np.ndarray]:
+        assert self.point is not None
+        return {"sticks": self.point.sticks, "counts": self.counts}
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        self.point = DPPoint(post.means.copy(), np.asarray(state["sticks"], dtype=np.float64))
+        self.counts = np.asarray(state["counts"], dtype=np.float64)
+        self.post = self.posterior()
+
+    def exact_terms(self) -> ElboTerms:
+        """The exact ELBO of the current distribution: one full pass for its MAP q(z)."""
+        assert self.point is not None
+        stats = self.hard_pass(self.point)
+        self.counts = stats.nk.copy()
+        self.post = self.posterior()
+        return elbo_terms(stats, self.post, self.ctx.prior)
+
+
+def check_range(learner: str, key: str, value: float, lo: float, hi: float, *,
+                lo_open: bool = False) -> None:
+    bad = value <= lo if lo_open else value < lo
+    if bad or value > hi:
+        left = "(" if lo_open else "["
+        raise ConfigError(f"learner option {key!r} of {learner!r} must be in {left}{lo:g}, {hi:g}], "
+                          f"got {value!r}")

@@ -1,0 +1,118 @@
+"""SGA, SGA+M and SGA+F for the DP mixture (seed 003 sections 3-4, Algorithm 1).
+
+Each iteration draws a minibatch (``ctx.rng(iteration)``), computes its MAP assignments and hard
+statistics next to the data (one pass over the chunks that hold its rows), and updates the means and
+sticks from the minibatch-averaged gradients (eqs. 14, 16, 18): a constant step (``sga``, eqs. 15,
+17), momentum (``sga-m``, eq. 8) or the empirical-Fisher step (``sga-f``, eqs. 9-11); then prunes
+clusters with ``E[v_k]`` under the threshold and re-orders by descending ``E[v_k]`` (section 4.5).
+
+The ELBO reported per iteration is, by default (``elbo='minibatch'``), the minibatch estimate of
+the exact ELBO of the distribution after the step (data terms scaled by N/M, assignments from the
+iteration's E-step); ``elbo='full'`` spends one more full pass per iteration for the exact value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipeline.learners import register
+from pipeline.learners.base import FitContext
+from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
+from vbcore.elbo import ElboTerms, elbo_terms
+from vbcore.errors import ConfigError
+from vbcore.posterior import Posterior
+from vbcore.sga import Velocity, gradients, point_posterior, scale_stats, sga_step
+
+ELBO_MODES = ("minibatch", "full")
+
+
+class _SGA(DPPointLearner):
+    method = "sga"
+    options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch"}
+
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)
+        check_range(self.name, "eta", self.opts["eta"], 1e-3, 1e-1)  # Algorithm 1, step 3.i
+        if self.opts["minibatch"] < 1:
+            raise ConfigError(f"learner option 'minibatch' of {self.name!r} must be an integer >= 1 "
+                              f"(rows per iteration), got {self.opts['minibatch']!r}")
+        if self.opts["elbo"] not in ELBO_MODES:
+            raise ConfigError(f"learner option 'elbo' of {self.name!r} must be one of {ELBO_MODES}, "
+                              f"got {self.opts['elbo']!r}")
+        if "alpha" in self.opts:
+            check_range(self.name, "alpha", self.opts["alpha"], 0.0, 1.0)
+        self.velocity: Velocity | None = None
+
+    def _reorder(self, order: np.ndarray) -> None:
+        if self.velocity is not None:
+            self.velocity = self.velocity.take(order)
+
+    def start(self, post: Posterior) -> None:
+        if not (self.point is not None and post is self.post):
+            self.velocity = Velocity.zeros(*post.means.shape)
+        super().start(post)
+
+    def initialise(self) -> Posterior:
+        self.velocity = None
+        post = super().initialise()
+        assert self.point is not None
+        self.velocity = Velocity.zeros(*self.point.means.shape)
+        return post
+
+    def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
+        assert self.point is not None, "start() first"
+        n = self.ctx.n_rows
+        handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
+        stats = self.hard_pass(self.point, handles, rows)
+        grad = gradients(stats, self.point, self.ctx.prior, self.sigma2, n, self.a0)
+        new, vel = sga_step(self.point, grad, method=self.method, eta=float(self.opts["eta"]),
+                            sigma2=self.sigma2, velocity=self.velocity,
+                            alpha=float(self.opts.get("alpha", 0.9)))
+        self.velocity = vel
+        counts = stats.nk * (n / m)
+        terms = None
+        if self.opts["elbo"] == "minibatch":
+            post = point_posterior(new, counts, self.ctx.prior, self.sigma2, self.a0)
+            terms = elbo_terms(scale_stats(stats, n / m), post, self.ctx.prior)
+        self._set(new, counts)
+        if terms is None:
+            terms = self.exact_terms()
+        self.post = self.posterior()
+        return self.post, terms
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = super().state()
+        if self.method == "sga-m" and self.velocity is not None:
+            out.update({"velocity_mu": self.velocity.mu, "velocity_v": self.velocity.v})
+        return out
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        super().load_state(post, state)
+        k, d = post.means.shape
+        self.velocity = (Velocity(np.asarray(state["velocity_mu"]), np.asarray(state["velocity_v"]))
+                         if "velocity_mu" in state else Velocity.zeros(k, d))
+
+
+@register("sga")
+class SGA(_SGA):
+    """Constant step size (seed 003 section 3.1)."""
+
+    method = "sga"
+
+
+@register("sga-m")
+class SGAMomentum(_SGA):
+    """Momentum (seed 003 section 3.2, eq. 8)."""
+
+    method = "sga-m"
+    options = {**_SGA.options, "alpha": 0.9}
+
+
+@register("sga-f")
+class SGAFisher(_SGA):
+    """Empirical-Fisher adaptive step size (seed 003 section 3.3, eqs. 9-11)."""
+
+    method = "sga-f"

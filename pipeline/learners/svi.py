@@ -1,0 +1,102 @@
+"""SVI for the DP mixture (Hoffman et al. 2013; seed 003 ref. [8], the baseline of Table 3).
+
+Each iteration: the VB E-step on a minibatch drawn with ``ctx.rng(iteration)`` (next to the data),
+then the natural-gradient step of the global parameters towards the posterior of the N/M-scaled
+minibatch statistics with ``rho_t = (t + tau)^-kappa`` (:func:`vbcore.svi.svi_update`), then pruning
+of components with less than half a row of expected count and re-ordering by descending ``E[v_k]``.
+The reported ELBO is the minibatch estimate (``elbo='minibatch'``) or exact (``elbo='full'``, one
+more full pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipeline.learners import register
+from pipeline.learners.base import FitContext
+from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
+from pipeline.learners.sga import ELBO_MODES
+from vbcore.elbo import ElboTerms, elbo_terms
+from vbcore.errors import ConfigError
+from vbcore.kernels import estep_params, vbem_kernel
+from vbcore.mstep import weight_posterior
+from vbcore.posterior import Posterior
+from vbcore.sga import scale_stats
+from vbcore.svi import minibatch_vbem_kernel, step_size, svi_update
+
+
+@register("svi")
+class SVI(DPPointLearner):
+    """Stochastic variational inference: natural-gradient steps from minibatch statistics (ref. [8])."""
+
+    options = {"minibatch": 4000, "tau": 1.0, "kappa": 0.7, "prune_threshold": None, "elbo": "minibatch"}
+
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)
+        check_range(self.name, "kappa", self.opts["kappa"], 0.5, 1.0, lo_open=True)
+        if self.opts["tau"] < 0:
+            raise ConfigError(f"learner option 'tau' of {self.name!r} must be >= 0, got {self.opts['tau']!r}")
+        if self.opts["minibatch"] < 1:
+            raise ConfigError(f"learner option 'minibatch' of {self.name!r} must be an integer >= 1 "
+                              f"(rows per iteration), got {self.opts['minibatch']!r}")
+        if self.opts["elbo"] not in ELBO_MODES:
+            raise ConfigError(f"learner option 'elbo' of {self.name!r} must be one of {ELBO_MODES}, "
+                              f"got {self.opts['elbo']!r}")
+        self.vb: Posterior | None = None
+        # half a row of expected count, as the point learners' 1/(2N) stick threshold
+        self.min_count = 0.5 if self.opts["prune_threshold"] is None else self.threshold * ctx.n_rows
+
+    def initialise(self) -> Posterior:
+        super().initialise()  # k-means++ seeds and one full MAP pass
+        assert self.point is not None
+        wc = weight_posterior(self.counts, self.ctx.prior)  # the VB stick posterior of the counts
+        self.vb = Posterior("fixed", "dirichlet_process", wc, self.ctx.prior.mean_precision + self.counts,
+                            self.point.means.copy(), None, np.full(self.counts.shape, self.sigma2))
+        return self.vb
+
+    def start(self, post: Posterior) -> None:
+        if post.covariance_type != "fixed" or post.weight_type != "dirichlet_process":
+            raise ConfigError(f"learner {self.name!r} cannot start from a {post.covariance_type!r}/"
+                              f"{post.weight_type!r} posterior")
+        self.vb = self._prune(post)
+        self.post = self.vb
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        self.vb = post
+        self.post = post
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def _prune(self, post: Posterior) -> Posterior:
+        a, b = post.weight_concentration
+        keep = np.flatnonzero(a - 1.0 >= self.min_count)
+        if keep.size == 0:
+            keep = np.array([int(np.argmax(a))])
+        order = keep[np.argsort(-(a / (a + b))[keep], kind="stable")]
+        return Posterior("fixed", "dirichlet_process", post.weight_concentration[:, order],
+                         post.mean_precision[order], post.means[order], None, post.covariances[order])
+
+    def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
+        assert self.vb is not None, "start() first"
+        n = self.ctx.n_rows
+        handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
+        params = estep_params(self.vb, self.ctx.shift)
+        res = self.ctx.engine.map_reduce(minibatch_vbem_kernel, handles, params, per_chunk=rows)
+        self.passes += 1
+        rho = step_size(iteration, float(self.opts["tau"]), float(self.opts["kappa"]))
+        new = svi_update(self.vb, res.stats, self.ctx.prior, n, rho)
+        if self.opts["elbo"] == "minibatch":
+            terms = elbo_terms(scale_stats(res.stats, n / m), new, self.ctx.prior)
+            self.vb = self._prune(new)
+        else:
+            self.vb = self._prune(new)
+            full = self.ctx.engine.map_reduce(vbem_kernel, self.ctx.handles,
+                                              estep_params(self.vb, self.ctx.shift))
+            self.passes += 1
+            terms = elbo_terms(full.stats, self.vb, self.ctx.prior)
+        self.post = self.vb
+        return self.vb, terms

@@ -1,0 +1,512 @@
+"""Point-estimate learners of the truncated Dirichlet-process mixture with a known isotropic variance
+(seed 003 sections 2-4): MAP assignments, minibatch gradients, SGA / SGA+M / SGA+F steps, the MM
+update, pruning and the bound.
+
+Model (seed 003 eq. 1, with ``lambda0`` = our ``mean_precision`` beta0)::
+
+    x_n | z_n = k ~ N(mu_k, sigma^2 I),   mu_k ~ N(m0, sigma^2 / lambda0 I),
+    v_k ~ Beta(1, a0),                     pi_k = v_k prod_{l<k} (1 - v_l).
+
+The global state is a :class:`DPPoint`: ``E[mu_k]`` (K, D) and ``E[v_k]`` (K,). Everything that
+reads data is one chunk kernel, :func:`hard_kernel`: the MAP assignment of eq. 19 as one float32
+``(n x D) @ (D x K)`` GEMM per 2,048-row block, then the hard statistics of the assigned rows
+(``n_k``, per-cluster mean and per-dimension centred scatter) accumulated in float64. From these
+statistics alone follow the minibatch gradients (eqs. 14, 16, 18), their empirical Fisher (eq. 11),
+the curvatures (eqs. 20, 21), the MM update and the bound (eqs. 22-29). No N x K x D array exists.
+
+Choices where seed 003 is ambiguous (docs/algorithms.md, "SGA learners", has the reasoning):
+
+* the averaged gradient (eq. 14) is the gradient of ``J = (1/N) ln p(x, z, mu, v)`` estimated from a
+  minibatch of M rows: data terms averaged over the minibatch, prior terms (eqs. 16, 18) divided by
+  N (the paper's literal eq. 14 would count the prior once per row);
+* SGA / SGA+M step the means in units of sigma (``Delta mu = eta sigma^2 g``);
+* SGA+F divides by the empirical Fisher (eq. 11) floored at the curvature of eqs. 20-21, which keeps
+  the step at most ``eta`` times the Newton step where a dimension has no spread in the minibatch;
+* a stick step that would leave (0, 1) goes half-way to the boundary instead;
+* a cluster is pruned when ``N E[v_k] < 1/2`` (its stick is worth less than half a row); for MM this
+  removes exactly the clusters with no rows (their MAP stick is 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vbcore.kernels import BLOCK_ROWS, Chunk, array_namespace, to_numpy
+from vbcore.posterior import LOG_2PI, Posterior
+from vbcore.priors import Prior
+from vbcore.stats import SuffStats
+
+Array = Any
+
+#: smallest stick kept away from 0 and 1 (ln v and ln(1 - v) stay finite)
+STICK_EPS = 1e-12
+SGA_METHODS = ("sga", "sga-m", "sga-f")
+
+
+@dataclass(frozen=True)
+class DPPoint:
+    """Point estimates of the DP mixture (float64).
+
+    Attributes
+    ----------
+    means : array of shape (n_components, n_features)
+        ``E[mu_k]`` in the data's coordinates.
+    sticks : array of shape (n_components,)
+        ``E[v_k]`` in (0, 1).
+    """
+
+    means: np.ndarray
+    sticks: np.ndarray
+
+    @property
+    def n_components(self) -> int:
+        return int(self.means.shape[0])
+
+    def take(self, order: np.ndarray) -> DPPoint:
+        return DPPoint(self.means[order], self.sticks[order])
+
+
+def log_stick_weights(sticks: np.ndarray) -> np.ndarray:
+    """``ln v_k + sum_{l<k} ln(1 - v_l)`` (the weight terms of eq. 19), shape (K,)."""
+    v = np.clip(sticks, STICK_EPS, 1.0 - STICK_EPS)
+    return np.log(v) + np.concatenate(([0.0], np.cumsum(np.log1p(-v[:-1]))))
+
+
+# ---- eq. 19: MAP assignments, as a GEMM -------------------------------------------------------
+@dataclass(frozen=True)
+class MapParams:
+    """What a chunk needs for eq. 19 (small; sent once per pass).
+
+    ``argmax_k x.m_k / sigma^2 - |m_k|^2 / (2 sigma^2) + ln pi_k`` (the row's own ``|x|^2`` and
+    ``ln(1/sigma)`` are the same for every k), with rows and means shifted by ``shift``.
+
+    Attributes
+    ----------
+    weights : array of shape (n_features, n_components)
+        ``(m_k - shift) / sigma^2`` as columns.
+    const : array of shape (n_components,)
+        ``ln pi_k - |m_k - shift|^2 / (2 sigma^2)``.
+    """
+
+    weights: np.ndarray
+    const: np.ndarray
+
+
+def map_params(point: DPPoint, sigma2: float, shift: np.ndarray) -> MapParams:
+    m = point.means - shift[None, :]
+    const = log_stick_weights(point.sticks) - 0.5 * np.sum(m * m, axis=1) / sigma2
+    return MapParams(weights=np.ascontiguousarray(m.T / sigma2), const=const)
+
+
+@dataclass(frozen=True)
+class HardStats:
+    """Raw float64 sums of the rows assigned to each cluster (shifted rows): additive, so chunks
+    merge with two additions (cheap at K = 1000, D = 4096), in the engines' fixed order.
+
+    Attributes
+    ----------
+    nk : array of shape (K,)
+    s1, s2 : arrays of shape (K, D)
+        ``sum_n z_nk x_n`` and ``sum_n z_nk x_n * x_n``.
+    n_rows : int
+    shift : array of shape (D,)
+    """
+
+    nk: np.ndarray
+    s1: np.ndarray
+    s2: np.ndarray
+    n_rows: int
+    shift: np.ndarray
+
+    def merge(self, other: HardStats) -> HardStats:
+        return HardStats(self.nk + other.nk, self.s1 + other.s1, self.s2 + other.s2,
+                         self.n_rows + other.n_rows, self.shift)
+
+    def to_stats(self) -> SuffStats:
+        """Centred statistics (mean, per-dimension scatter), ``sum_rlogr = 0`` (one-hot q(z))."""
+        nk = self.nk
+        safe = np.where(nk > 0, nk, 1.0)
+        mean = self.s1 / safe[:, None]
+        scatter = np.maximum(self.s2 - nk[:, None] * mean * mean, 0.0)
+        mean[nk <= 0] = 0.0
+        scatter[nk <= 0] = 0.0
+        return SuffStats(nk=nk.copy(), mean=mean, scatter=scatter, sum_rlogr=0.0, n_rows=self.n_rows,
+                         shift=self.shift)
+
+
+def _add_by_label(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray, s1: np.ndarray,
+                  s2: np.ndarray) -> None:
+    """Add per-label sums of ``x*x`` and ``x`` into ``s2``, ``s1`` (float64): a sparse one-hot
+    (labels x rows) matrix times the block, O(n D), float32 within the block (at most BLOCK_ROWS
+    rows, as the GEMM kernels), float64 across blocks. ``fb`` is the cached ``[x*x, x]`` or None."""
+    from scipy import sparse
+
+    nb, d = xb.shape
+    uniq, inv = np.unique(lab, return_inverse=True)
+    z = sparse.csr_matrix((np.ones(nb, dtype=xb.dtype), (inv, np.arange(nb))), shape=(uniq.size, nb))
+    if fb is not None:
+        g = z @ fb
+        s2[uniq] += g[:, :d]
+        s1[uniq] += g[:, d:]
+    else:
+        s1[uniq] += z @ xb
+        s2[uniq] += z @ (xb * xb)
+
+
+def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> HardStats:
+    """MAP assignments (eq. 19) of some rows of a chunk and their hard statistics.
+
+    Parameters
+    ----------
+    chunk : Chunk
+        Prepared rows (shifted by ``chunk.shift``); ``feats`` are not needed.
+    rows : int array of shape (m,), or None
+        Positions inside the chunk (a minibatch), or None for every row.
+    params : MapParams
+
+    Returns
+    -------
+    HardStats
+        Counts and float64 sums of the rows per cluster (``.to_stats()`` centres them).
+    """
+    x, feats = chunk.x, chunk.feats
+    xp = array_namespace(x)
+    if rows is not None:
+        idx = xp.asarray(np.asarray(rows, dtype=np.int64))
+        x = xp.take(x, idx, axis=0)
+        feats = None if feats is None else xp.take(feats, idx, axis=0)
+    dt = x.dtype
+    w = xp.asarray(params.weights, dtype=dt)
+    const = xp.asarray(params.const, dtype=dt)
+    k, d = params.const.shape[0], x.shape[1]
+    n = int(x.shape[0])
+    s1 = np.zeros((k, d))
+    s2 = np.zeros((k, d))
+    nk = np.zeros(k)
+    for i in range(0, n, BLOCK_ROWS):
+        xb = x[i : min(i + BLOCK_ROWS, n), :]
+        lab = xp.argmax(xb @ w + const, axis=1)
+        if xp is np:
+            _add_by_label(xb, None if feats is None else feats[i : min(i + BLOCK_ROWS, n), :], lab, s1, s2)
+            nk += np.bincount(lab, minlength=k)
+        else:  # other namespaces (CuPy): one-hot GEMM, float32 per block, float64 across blocks
+            onehot = xp.astype(xp.reshape(lab, (-1, 1)) == xp.reshape(xp.arange(k), (1, -1)), dt)
+            g = to_numpy(xp.matrix_transpose(onehot) @ xp.concat((xb, xb * xb), axis=1))
+            s1 += g[:, :d]
+            s2 += g[:, d:]
+            nk += to_numpy(xp.sum(onehot, axis=0, dtype=xp.float64))
+    return HardStats(nk=nk, s1=s1, s2=s2, n_rows=n, shift=chunk.shift)
+
+
+def map_labels(chunk: Chunk, params: MapParams) -> np.ndarray:
+    """MAP labels (eq. 19) of every row of a chunk, int64 NumPy array (prediction)."""
+    xp = array_namespace(chunk.x)
+    w = xp.asarray(params.weights, dtype=chunk.x.dtype)
+    const = xp.asarray(params.const, dtype=chunk.x.dtype)
+    n = chunk.n_rows
+    out = [np.asarray(to_numpy(xp.argmax(chunk.x[i : min(i + BLOCK_ROWS, n), :] @ w + const, axis=1)),
+                      dtype=np.int64) for i in range(0, n, BLOCK_ROWS)]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+# ---- initialisation (Algorithm 1, step 3.iii) ---------------------------------------------------
+def kmeanspp_seeds(x: np.ndarray, k: int, rng: np.random.Generator, project: int = 256) -> np.ndarray:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007; ``2 + ln k`` candidates per step, as
+    scikit-learn) on rows ``x``; returns the indices of the ``k`` seed rows.
+
+    Seeding costs k sequential passes over the sample, so with ``D > project`` the squared distances
+    are those of a Gaussian random projection to ``project`` dimensions (Johnson-Lindenstrauss:
+    relative distortion about ``sqrt(2 / project)``), computed as float32 GEMMs with float64 sums.
+
+    Parameters
+    ----------
+    x : array of shape (n, D)
+    k : int, at most n
+    rng : numpy Generator
+    """
+    n, d = x.shape
+    k = min(int(k), n)
+    y = np.asarray(x, dtype=np.float32)
+    if d > project:
+        g = (rng.standard_normal((d, project)) / np.sqrt(project)).astype(np.float32)
+        y = y @ g
+    sq = np.einsum("ij,ij->i", y, y, dtype=np.float64)
+    yt = np.ascontiguousarray(y.T)  # (p, n): the GEMM below has the long side as its columns
+
+    def dist2(idx: np.ndarray) -> np.ndarray:
+        prod = (y[idx] @ yt).astype(np.float64).T
+        return np.maximum(sq[:, None] + sq[idx][None, :] - 2.0 * prod, 0.0)
+
+    chosen = [int(rng.integers(n))]
+    d2 = dist2(np.array(chosen))[:, 0]
+    trials = 2 + int(np.log(k)) if k > 1 else 1
+    for _ in range(1, k):
+        total = d2.sum()
+        if not total > 0:  # every row coincides with a seed: take unused rows in order
+            rest = np.setdiff1d(np.arange(n), chosen)[: k - len(chosen)]
+            chosen.extend(int(i) for i in rest)
+            break
+        cand = np.minimum(np.searchsorted(np.cumsum(d2), rng.uniform(size=trials) * total), n - 1)
+        new = np.minimum(d2[:, None], dist2(cand))
+        best = int(np.argmin(new.sum(0)))
+        chosen.append(int(cand[best]))
+        d2 = new[:, best]
+    return np.asarray(chosen, dtype=np.int64)
+
+
+# ---- eqs. 14, 16, 18, 20, 21, 11: gradients, curvatures, empirical Fisher -------------------------
+@dataclass(frozen=True)
+class Gradients:
+    """Minibatch-averaged gradient of ``J = (1/N) ln p(x, z, mu, v)`` and its second moments.
+
+    Attributes
+    ----------
+    mu, fisher_mu : arrays of shape (K, D)
+        ``g(mu)`` (eqs. 14, 16) and the empirical Fisher ``(1/M) sum_n (grad_n)^2`` (eq. 11).
+    curv_mu : array of shape (K,)
+        ``-d^2 J / d mu_kd^2`` (eq. 20, averaged): ``n_k / (M sigma^2) + lambda0 / (N sigma^2)``.
+    v, fisher_v, curv_v : arrays of shape (K,)
+        The same for the sticks (eqs. 14, 18, 11, 21).
+    """
+
+    mu: np.ndarray
+    fisher_mu: np.ndarray
+    curv_mu: np.ndarray
+    v: np.ndarray
+    fisher_v: np.ndarray
+    curv_v: np.ndarray
+
+
+def gradients(stats: SuffStats, point: DPPoint, prior: Prior, sigma2: float, n_total: int,
+              a0: float) -> Gradients:
+    """Gradients of the minibatch objective from the minibatch's hard statistics.
+
+    With M rows, ``n_k`` of them in cluster k, ``tau_k = sum_{j>k} n_j / M``, ``e = (a0 - 1) / N``::
+
+        J_B = (1/M) sum_n sum_k z_nk [-|x_n - mu_k|^2 / (2 sigma^2) + ln v_k] + t_nk ln(1 - v_k)
+              + (1/N) sum_k [-lambda0 |mu_k - m0|^2 / (2 sigma^2) + (a0 - 1) ln(1 - v_k)]
+
+    (``t_nk = sum_{j>k} z_nj``), so ``g(mu_k) = n_k (xbar_k - mu_k) / (M sigma^2) - lambda0 (mu_k -
+    m0) / (N sigma^2)`` (eq. 16) and ``g(v_k) = pi_k / v_k - (tau_k + e) / (1 - v_k)`` with
+    ``pi_k = n_k / M`` (eq. 18). The per-row gradients are those summands; their mean squares
+    (eq. 11) follow from the centred scatter because z is one-hot.
+    """
+    m_rows = max(int(stats.n_rows), 1)
+    n = float(n_total)
+    lam0 = prior.mean_precision
+    nk = stats.nk
+    mu = point.means - stats.shift[None, :]
+    delta = np.where(nk[:, None] > 0, stats.mean - mu, 0.0)  # xbar_k - mu_k
+    c = lam0 * (mu - (prior.mean - stats.shift)[None, :]) / (n * sigma2)  # prior part, per row
+    g_mu = nk[:, None] * delta / (m_rows * sigma2) - c
+    # sum_n z (x - mu)^2 = S_k + n_k delta^2, sum_n z (x - mu) = n_k delta
+    f_mu = ((stats.scatter + nk[:, None] * delta**2) / sigma2**2
+            - 2.0 * c * nk[:, None] * delta / sigma2) / m_rows + c * c
+    curv_mu = nk / (m_rows * sigma2) + lam0 / (n * sigma2)
+
+    v = np.clip(point.sticks, STICK_EPS, 1.0 - STICK_EPS)
+    pi = nk / m_rows
+    tau = np.concatenate((np.cumsum(nk[::-1])[-2::-1], [0.0])) / m_rows
+    e = (a0 - 1.0) / n
+    g_v = pi / v - (tau + e) / (1.0 - v)
+    # grad_n = z/v - (t + e)/(1 - v); z t = 0, z^2 = z, t^2 = t
+    f_v = pi / v**2 + (tau * (1.0 + 2.0 * e) + e * e) / (1.0 - v) ** 2 - 2.0 * pi * e / (v * (1.0 - v))
+    curv_v = pi / v**2 + (tau + e) / (1.0 - v) ** 2
+    return Gradients(g_mu, f_mu, curv_mu, g_v, np.maximum(f_v, 0.0), curv_v)
+
+
+def minibatch_objective(x: np.ndarray, labels: np.ndarray, point: DPPoint, prior: Prior,
+                        sigma2: float, n_total: int, a0: float) -> float:
+    """``J_B`` of :func:`gradients` evaluated directly (float64 reference for tests)."""
+    x = np.asarray(x, dtype=np.float64)
+    m_rows = x.shape[0]
+    k = point.n_components
+    z = np.zeros((m_rows, k))
+    z[np.arange(m_rows), labels] = 1.0
+    t = np.cumsum(z[:, ::-1], axis=1)[:, ::-1] - z  # t_nk = sum_{j>k} z_nj
+    sq = ((x[:, None, :] - point.means[None]) ** 2).sum(-1)
+    v = point.sticks
+    data = (z * (-sq / (2 * sigma2) + np.log(v)[None]) + t * np.log1p(-v)[None]).sum() / m_rows
+    pri = (-prior.mean_precision * ((point.means - prior.mean) ** 2).sum(1) / (2 * sigma2)
+           + (a0 - 1.0) * np.log1p(-v)).sum() / n_total
+    return float(data + pri)
+
+
+# ---- eqs. 8, 9, 15, 17: the steps --------------------------------------------------------------
+@dataclass(frozen=True)
+class Velocity:
+    """Momentum ``gamma`` of eq. 8 for the means (K, D) and the sticks (K,)."""
+
+    mu: np.ndarray
+    v: np.ndarray
+
+    @staticmethod
+    def zeros(k: int, d: int) -> Velocity:
+        return Velocity(np.zeros((k, d)), np.zeros(k))
+
+    def take(self, order: np.ndarray) -> Velocity:
+        return Velocity(self.mu[order], self.v[order])
+
+
+def _inside(v: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """A stick step that would leave (0, 1) goes half-way to the boundary instead."""
+    new = v + step
+    step = np.where(new <= 0.0, -0.5 * v, step)
+    return np.where(new >= 1.0, 0.5 * (1.0 - v), step)
+
+
+def sga_step(point: DPPoint, grad: Gradients, *, method: str, eta: float, sigma2: float,
+             velocity: Velocity | None = None, alpha: float = 0.9) -> tuple[DPPoint, Velocity]:
+    """One update of the means and sticks.
+
+    * ``sga`` (eqs. 15, 17): ``mu += eta sigma^2 g(mu)``, ``v += eta g(v)``;
+    * ``sga-m`` (eq. 8): ``gamma = alpha gamma + eta P g``, ``theta += gamma`` (P as for sga);
+    * ``sga-f`` (eqs. 9-11): ``theta += eta g / max(F, C)``, F the empirical Fisher (eq. 11) and C
+      the curvature of eqs. 20-21, elementwise.
+
+    Returns the new point and the velocity (the step taken, for sga-m; zeros otherwise).
+    """
+    if method == "sga-f":
+        s_mu = eta * grad.mu / np.maximum(grad.fisher_mu, grad.curv_mu[:, None])
+        s_v = eta * grad.v / np.maximum(grad.fisher_v, grad.curv_v)
+    elif method in ("sga", "sga-m"):
+        s_mu = eta * sigma2 * grad.mu
+        s_v = eta * grad.v
+        if method == "sga-m":
+            if velocity is None:
+                velocity = Velocity.zeros(*point.means.shape)
+            s_mu = alpha * velocity.mu + s_mu
+            s_v = alpha * velocity.v + s_v
+    else:
+        raise ValueError(f"method must be one of {SGA_METHODS}, got {method!r}")
+    s_v = _inside(point.sticks, s_v)
+    new = DPPoint(point.means + s_mu, np.clip(point.sticks + s_v, STICK_EPS, 1.0 - STICK_EPS))
+    vel = Velocity(s_mu, s_v) if method == "sga-m" else Velocity.zeros(*point.means.shape)
+    return new, vel
+
+
+# ---- MM (seed 003 ref. [28], seed 004): MAP of every factor from all rows --------------------------
+def mm_update(stats: SuffStats, prior: Prior, a0: float) -> DPPoint:
+    """``mu_k = (lambda0 m0 + n_k xbar_k) / (lambda0 + n_k)``; ``v_k`` = mode of
+    ``Beta(1 + n_k, a0 + n_{>k})`` = ``n_k / (n_k + n_{>k} + a0 - 1)``."""
+    nk = stats.nk
+    lam0 = prior.mean_precision
+    means = (lam0 * prior.mean[None, :] + nk[:, None] * stats.raw_mean()) / (lam0 + nk)[:, None]
+    tail = np.concatenate((np.cumsum(nk[::-1])[-2::-1], [0.0]))
+    denom = np.maximum(nk + tail + a0 - 1.0, nk)
+    sticks = np.where(denom > 0, nk / np.where(denom > 0, denom, 1.0), 0.0)
+    return DPPoint(means, np.clip(sticks, 0.0, 1.0 - STICK_EPS))
+
+
+# ---- section 4.5: pruning and re-ordering ----------------------------------------------------------
+def prune_order(sticks: np.ndarray, threshold: float) -> np.ndarray:
+    """Indices of the clusters kept (``E[v_k] >= threshold``), by descending ``E[v_k]`` (stable).
+    At least one cluster (the largest stick) is always kept."""
+    keep = np.flatnonzero(sticks >= threshold)
+    if keep.size == 0:
+        keep = np.array([int(np.argmax(sticks))])
+    return keep[np.argsort(-sticks[keep], kind="stable")]
+
+
+def default_threshold(n_total: int) -> float:
+    """``1 / (2N)``: a stick worth less than half a row (see the module docstring)."""
+    return 0.5 / float(n_total)
+
+
+# ---- eqs. 22-29: the bounds --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MapBound:
+    """``ln p(x, z, mu, v)`` at the point estimates, by the terms of seed 003 eqs. 23-26, with all
+    constants (the paper drops them and the ``1/sigma^2``). The entropy of a one-hot q(z) (eq. 27)
+    is 0."""
+
+    log_lik: float  # eq. 23
+    log_prior_mu: float  # eq. 24
+    log_p_z: float  # eq. 25
+    log_prior_v: float  # eq. 26
+
+    @property
+    def total(self) -> float:
+        return self.log_lik + self.log_prior_mu + self.log_p_z + self.log_prior_v
+
+
+def map_bound(stats: SuffStats, point: DPPoint, prior: Prior, sigma2: float, a0: float,
+              scale: float = 1.0) -> MapBound:
+    """:class:`MapBound` from hard statistics; ``scale`` multiplies the data terms (``N/M`` for a
+    minibatch estimate)."""
+    d = point.means.shape[1]
+    nk = stats.nk
+    mu = point.means - stats.shift[None, :]
+    sq = stats.scatter.sum(1) + nk * ((stats.mean - mu) ** 2).sum(1)  # sum_n z_nk |x_n - mu_k|^2
+    log_lik = scale * float(np.sum(-0.5 * nk * d * np.log(2 * np.pi * sigma2) - 0.5 * sq / sigma2))
+    lam0 = prior.mean_precision
+    k = point.n_components
+    log_mu = float(-0.5 * k * d * np.log(2 * np.pi * sigma2 / lam0)
+                   - 0.5 * lam0 * np.sum((point.means - prior.mean) ** 2) / sigma2)
+    log_z = scale * float(np.sum(nk * log_stick_weights(point.sticks)))
+    v = np.clip(point.sticks, STICK_EPS, 1.0 - STICK_EPS)
+    log_v = float(np.sum(np.log(a0) + (a0 - 1.0) * np.log1p(-v)))
+    return MapBound(log_lik, log_mu, log_z, log_v)
+
+
+def point_posterior(point: DPPoint, counts: np.ndarray, prior: Prior, sigma2: float,
+                    a0: float) -> Posterior:
+    """A proper variational posterior around the point estimates, so the exact ELBO of
+    :func:`vbcore.elbo.elbo_terms` applies (and compares with VB EM's):
+
+    ``q(mu_k) = N(E[mu_k], sigma^2 / (lambda0 + n_k) I)`` (the spread the Gaussian posterior of
+    ``n_k`` rows has) and ``q(v_k) = Beta(1 + n_k, b_k)`` with ``b_k`` chosen so that its mean is
+    ``E[v_k]`` (``a_k - 1 = n_k`` as for the VB stick posterior, so counts read the same way).
+    ``counts`` are the (estimated) rows per cluster.
+    """
+    counts = np.maximum(np.asarray(counts, dtype=np.float64), 0.0)
+    v = np.clip(point.sticks, STICK_EPS, 1.0 - STICK_EPS)
+    a = 1.0 + counts
+    wc = np.vstack((a, a * (1.0 - v) / v))
+    k = point.n_components
+    return Posterior(covariance_type="fixed", weight_type="dirichlet_process", weight_concentration=wc,
+                     mean_precision=prior.mean_precision + counts, means=point.means.copy(),
+                     degrees_of_freedom=None, covariances=np.full(k, float(sigma2)))
+
+
+def take_stats(stats: SuffStats, order: np.ndarray) -> SuffStats:
+    """Statistics of the clusters ``order`` (pruning and re-ordering)."""
+    return SuffStats(nk=stats.nk[order], mean=stats.mean[order], scatter=stats.scatter[order],
+                     sum_rlogr=stats.sum_rlogr, n_rows=stats.n_rows, shift=stats.shift)
+
+
+def scale_stats(stats: SuffStats, factor: float) -> SuffStats:
+    """Statistics of ``factor`` copies of the rows (a minibatch standing for the data set)."""
+    return SuffStats(nk=stats.nk * factor, mean=stats.mean, scatter=stats.scatter * factor,
+                     sum_rlogr=stats.sum_rlogr * factor, n_rows=int(round(stats.n_rows * factor)),
+                     shift=stats.shift)
+
+
+__all__ = [
+    "LOG_2PI",
+    "SGA_METHODS",
+    "DPPoint",
+    "Gradients",
+    "HardStats",
+    "MapBound",
+    "MapParams",
+    "Velocity",
+    "default_threshold",
+    "gradients",
+    "hard_kernel",
+    "kmeanspp_seeds",
+    "log_stick_weights",
+    "map_bound",
+    "map_labels",
+    "map_params",
+    "minibatch_objective",
+    "mm_update",
+    "point_posterior",
+    "prune_order",
+    "scale_stats",
+    "sga_step",
+    "take_stats",
+]
