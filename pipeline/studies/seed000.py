@@ -295,7 +295,7 @@ def _run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = 
     """
     folder = study_dir(out, NAME)
     runs_n = n_runs if n_runs is not None else (2 if quick else 30)
-    iters = max_iter if max_iter is not None else (150 if quick else 20_000)
+    iters = max_iter if max_iter is not None else (80 if quick else 20_000)
     full_rs = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
     rs = r_values if r_values is not None else ((0.2, 0.5) if quick else full_rs)
     n_cluster, n_4a, n_spiral = (150, 150, 200) if quick else (1000, 500, 1000)
