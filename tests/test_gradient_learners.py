@@ -292,3 +292,23 @@ def test_ncg_builds_no_n_k_d_temporary(ct):
     # N x K float64 arrays (resp_init and its statistics)
     assert peak < 4 * X.nbytes + 3 * n * k * 4 + 3 * n * k * 8 + 16 * 2**20, peak
     assert peak < nkd_float32 / 4
+
+
+def test_vbem_ps_skips_invalid_trial_posteriors():
+    """Regression (found by the seed 000 study, R = 0.1, initialisation 6): a long pattern step
+    underflowed exp(xi) so that nu_k = D - 1 exactly, and the Wishart KL raised. Such trial points are
+    now rejected without a pass, and the fit continues monotonically."""
+    from pipeline.learners.pattern import _valid
+    from pipeline.studies.data import cluster_data as study_data
+    from pipeline.studies.seed000 import _rng, paper_prior, paper_resp_init
+
+    X = study_data(0.1, 1000, seed=_rng(0, 2, 100))[0]
+    resp0 = paper_resp_init(X, 8, np.random.default_rng(np.random.SeedSequence(0, spawn_key=(6,))))
+    m = VBMixture(8, learner="vbem-ps", max_iter=60, tol=0.0, chunk_rows=len(X), random_state=0,
+                  **paper_prior(2)).fit(X, resp_init=resp0)
+    assert m.n_iter_ == 60 and np.all(np.diff(m.lower_bounds_) >= -1e-12 * abs(m.lower_bound_))
+    post = m.posterior_
+    assert _valid(post)
+    bad = type(post)(post.covariance_type, post.weight_type, post.weight_concentration, post.mean_precision,
+                     post.means, np.full_like(post.degrees_of_freedom, 1.0), post.covariances)  # nu = D - 1
+    assert not _valid(bad)

@@ -44,6 +44,18 @@ def parabola_peak(lam1: float, l_minus: float, l0: float, l1: float, max_step: f
     return hi if l1 > l0 else 0.25 * lam1
 
 
+def _valid(post: Posterior) -> bool:
+    """Finite parameters inside their domains (what the ELBO's special functions accept)."""
+    values = [getattr(post, f) for f in _POST_FIELDS]
+    if not all(np.all(np.isfinite(v)) for v in values if v is not None):
+        return False
+    ok = bool(np.all(post.weight_concentration > 0) and np.all(post.mean_precision > 0))
+    nu = post.degrees_of_freedom
+    if nu is not None:
+        ok = ok and bool(np.all(nu > (post.n_features - 1 if post.covariance_type == "full" else 0)))
+    return ok
+
+
 @register("vbem-ps")
 class PatternSearchVBEM(Learner):
     """VB EM with a pattern-search line search every ``every`` iterations."""
@@ -115,15 +127,21 @@ class PatternSearchVBEM(Learner):
         return self.post, elbo_terms(stats, self.post, ctx.prior)
 
     def _trial(self, line: PatternLine, lam: float) -> tuple[SuffStats, float, Posterior] | None:
+        """Score the point ``lam`` along the line, or None (no pass) when it is not a valid posterior:
+        a long step can overflow, or underflow ``exp(xi)`` so that ``nu_k = D - 1`` (Wishart) or a
+        concentration, ``beta_k`` or ``nu_k`` (Gamma) becomes 0."""
         try:
             with np.errstate(over="raise", invalid="raise"):
                 post = line.at(lam)
-        except (NumericalError, FloatingPointError):
+        except (NumericalError, FloatingPointError, ValueError, np.linalg.LinAlgError):
             return None
-        values = [getattr(post, f) for f in _POST_FIELDS]
-        if not all(np.all(np.isfinite(v)) for v in values if v is not None):
+        if not _valid(post):
             return None
-        stats, value = self._score(post)
+        with np.errstate(all="ignore"):  # an extreme but valid point may score -inf/NaN: rejected
+            try:
+                stats, value = self._score(post)
+            except (NumericalError, ValueError, FloatingPointError):
+                return None
         return (stats, value, post) if np.isfinite(value) else None
 
     def converged(self, history: list[float], tol: float) -> bool:
