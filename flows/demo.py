@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".vbcluster/demo", help="Where stores, runs and the report go.")
-    parser.add_argument("--learners", default="vbem", help="Comma-separated learners to run on each store.")
+    parser.add_argument("--learners", default="vbem,ncg",
+                        help="Comma-separated learners for each store (unregistered ones are skipped).")
     parser.add_argument("--no-cluster", action="store_true", help="Run the passes in-process (no Dask).")
     parser.add_argument("--max-iter", type=int, default=200)
     args = parser.parse_args(argv)
@@ -48,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)  # the cluster's own chatter
     out = Path(args.out)
     t_all = time.perf_counter()
-    learners = [x.strip() for x in args.learners.split(",") if x.strip()]
+    from pipeline.learners import LEARNERS
+
+    wanted = [x.strip() for x in args.learners.split(",") if x.strip()]
+    learners = [x for x in wanted if x in LEARNERS]
+    if missing := sorted(set(wanted) - set(learners)):
+        console.print(f"skipping learners that are not registered: {', '.join(missing)}")
     stores = {}
     for name, (source, options, _) in DATASETS.items():
         stores[name] = str(out / f"{name}.zarr")

@@ -7,6 +7,7 @@ prefect-dask's ``DaskTaskRunner``; without one they run in threads of this proce
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import pkgutil
@@ -19,11 +20,13 @@ from vbcore.errors import ConfigError
 
 
 def available_studies() -> list[str]:
-    """The modules of ``pipeline.studies`` (empty when the package does not exist)."""
+    """The studies of ``pipeline.studies`` (empty when the package does not exist)."""
     try:
         pkg = importlib.import_module("pipeline.studies")
     except ModuleNotFoundError:
         return []
+    if callable(getattr(pkg, "known_studies", None)):  # the package's own list (helpers left out)
+        return list(pkg.known_studies())
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
 
 
@@ -47,7 +50,10 @@ def run_study(name: str, out: str, quick: bool = False, seed: int = 0) -> str:
     module = importlib.import_module(f"pipeline.studies.{name}")
     if not callable(getattr(module, "run", None)):
         raise ConfigError(f"pipeline.studies.{name} has no run(out, *, quick, seed) function")
-    path = module.run(Path(out), quick=quick, seed=seed)
+    pkg = importlib.import_module("pipeline.studies")
+    one_thread = getattr(pkg, "one_blas_thread", None)  # the studies' own reproducibility setting
+    with one_thread() if callable(one_thread) else contextlib.nullcontext():
+        path = module.run(Path(out), quick=quick, seed=seed)
     get_run_logger().info("study %s wrote %s", name, path)
     return str(path)
 
