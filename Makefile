@@ -30,8 +30,11 @@ test: venv
 	PREFECT_HOME=$$tmp $(TEST_ENV) $(VPY) -m pytest -q; \
 	rc=$$?; rm -rf "$$tmp"; exit $$rc
 
+# cluster_flow end to end (digits + a small synthetic store) on Prefect's ephemeral API and a Dask
+# LocalCluster; Prefect's home (its SQLite database) lives in .vbcluster/prefect.
 demo: venv
-	MPLBACKEND=Agg $(VENV)/bin/vbcluster demo
+	@mkdir -p .vbcluster/prefect
+	PREFECT_HOME=$(CURDIR)/.vbcluster/prefect $(TEST_ENV) $(VPY) -m flows.demo --out .vbcluster/demo
 
 # All benchmarks (about 15 minutes on 2 cores; the synthetic stores are kept in bench/out/).
 bench: venv
@@ -39,6 +42,7 @@ bench: venv
 	$(VPY) bench/bench_ingest.py
 	mkdir -p bench/out && $(VPY) bench/bench_engine.py --workdir bench/out
 	$(VPY) bench/bench_checkpoint.py --workdir bench/out
+	$(VPY) bench/bench_ncg.py --workdir bench/out
 	$(VPY) bench/bench_sga.py --workdir bench/out
 
 # One VB EM iteration against scikit-learn and the GEMM share (about 1 minute).

@@ -89,6 +89,7 @@ def ingest(
     classes: int | None = typer.Option(None, help="synthetic: number of classes."),
     seed: int | None = typer.Option(None, help="synthetic: random seed."),
     option: list[str] = typer.Option([], "--option", "-o", help="Source option KEY=VALUE (repeatable)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; print only the summary."),
 ) -> None:
     """Stream a source into a chunked, compressed Zarr feature store."""
     from pipeline.ingest import ingest as run_ingest
@@ -98,9 +99,16 @@ def ingest(
     for k, v in (("rows", rows), ("dim", dim), ("classes", classes), ("seed", seed)):
         if v is not None:
             opts[k] = v
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     try:
-        report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
-                            overwrite=overwrite, drop_nonfinite=drop_nonfinite, **opts)
+        with Progress(SpinnerColumn(), TextColumn("[bold]ingest {task.description}"),
+                      TextColumn("{task.completed:,} rows"), TimeElapsedColumn(), console=console,
+                      disable=quiet) as bar:
+            t = bar.add_task(source, total=None)
+            report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
+                                overwrite=overwrite, drop_nonfinite=drop_nonfinite,
+                                progress=lambda n: bar.advance(t, n), **opts)
     except (VBClusterError, FileNotFoundError) as exc:
         _fail(exc)
         return
@@ -229,12 +237,16 @@ def _run(run_dir: str, spec: dict[str, Any], quiet: bool, fresh: bool) -> None:
                     weight_concentration_prior_type=wt, max_iter=spec["max_iter"], tol=spec["tol"],
                     random_state=spec["seed"], init_params=spec["init"], learner=spec["learner"],
                     learner_options=spec.get("learner_options") or None,
-                    chunk_rows=spec["chunk_rows"], engine=engine, verbose=0 if quiet else 1,
+                    chunk_rows=spec["chunk_rows"], engine=engine, verbose=0,
                     checkpoint_dir=str(Path(run_dir) / "checkpoints"),
                     checkpoint_every=spec["checkpoint_every"],
                     checkpoint_seconds=spec["checkpoint_seconds"], checkpoint_keep=spec["keep"],
                 )
-                model.fit(spec["store"])
+                from pipeline.progress import FitProgress
+
+                with FitProgress(spec["max_iter"], f"{spec['learner']} {Path(run_dir).name}", quiet=quiet,
+                                 log_path=Path(run_dir) / "iterations.jsonl", console=console) as progress:
+                    model.fit(spec["store"], callback=progress)
                 if getattr(model, "resumed_from_", None):
                     console.print(f"resumed from {model.resumed_from_}", soft_wrap=True)
                 for name, reason in getattr(model, "skipped_checkpoints_", []):
@@ -274,6 +286,47 @@ def assign(
         _fail(exc)
         return
     console.print(f"wrote {target} (arrays labels, probability)")
+
+
+@app.command()
+def study(
+    name: str = typer.Argument(..., help="The study: seed000, seed001 or seed003."),
+    out: str = typer.Option(..., "--out", help="Results folder; the study writes OUT/NAME/."),
+    quick: bool = typer.Option(False, "--quick", help="A small version (seconds), as the tests run it."),
+    seed: int = typer.Option(0, help="Random seed of the study."),
+) -> None:
+    """Reproduce a seed paper's experiments: Markdown + CSV tables and PNG plots in OUT/NAME/."""
+    from pipeline.studies import run_study
+    from vbcore.errors import VBClusterError
+
+    t0 = time.perf_counter()
+    try:
+        folder = run_study(name, out, quick=quick, seed=seed)
+    except VBClusterError as exc:
+        _fail(exc)
+        return
+    console.print(f"study {name}: wrote {folder}/README.md and its tables and plots "
+                  f"in {time.perf_counter() - t0:.1f}s", soft_wrap=True)
+
+
+@app.command()
+def report(
+    run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: compared on "
+                                         "one ELBO plot)."),
+    out: str | None = typer.Option(None, "--out", help="The report directory (default: "
+                                   "FIRST_RUN_DIR/report)."),
+    sample: int = typer.Option(3000, help="Rows drawn for the PCA scatter."),
+) -> None:
+    """Write one self-contained HTML report (PNGs embedded, and written beside it)."""
+    from pipeline.report import write_report
+    from vbcore.errors import VBClusterError
+
+    try:
+        path = write_report(run_dirs, out, sample=sample)
+    except VBClusterError as exc:
+        _fail(exc)
+        return
+    console.print(f"wrote {path} (and its PNGs beside it)")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,12 +10,18 @@ One interface, two engines, one result:
 * ``map_reduce(kernel, handles, *args)`` reduces those results with ``merge`` over a **fixed
   pairwise tree** of chunk indices ((0,1), (2,3), ... then pairs of pairs). Both engines use the same
   tree and float64 accumulators, so they give bitwise-identical results, and on Dask the merges run
-  on the workers (only the final K x D statistics travel to the driver).
+  on the workers (only the final K x D statistics travel to the driver);
+* ``map_keep(kernel, handles, states, *args)`` runs ``kernel(chunk, state, *args) -> (new_state,
+  result)`` and keeps every ``new_state`` where its chunk was processed (objects in-process, futures on
+  Dask) while the results are reduced as in ``map_reduce``: per-chunk learner state (NCG's logits
+  and search direction) never travels to the driver. ``fetch_states`` gathers it (checkpoints) and
+  ``place_states`` puts gathered state back (resume).
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -184,6 +190,21 @@ class LocalEngine:
                    per_chunk: Sequence[Any] | None = None) -> R:
         return tree_reduce(self.map(kernel, handles, *args, per_chunk=per_chunk))
 
+    def map_keep(self, kernel: Callable[..., tuple[Any, R]], handles: Sequence[Any], states: Sequence[Any],
+                 *args: Any) -> tuple[list[Any], R]:
+        """``kernel(chunk, state, *args) -> (new_state, result)`` on every chunk: the new states (in
+        chunk order) and the results reduced over the fixed tree."""
+        pairs = self.map(kernel, handles, *args, per_chunk=states)
+        return [p[0] for p in pairs], tree_reduce([p[1] for p in pairs])
+
+    def fetch_states(self, states: Sequence[Any], convert: Callable[[Any], Any] | None = None) -> list[Any]:
+        """The per-chunk states (``convert`` applied to each, where it lives), in chunk order."""
+        return [s if convert is None else convert(s) for s in states]
+
+    def place_states(self, states: Sequence[Any], handles: Sequence[Any]) -> list[Any]:
+        """Per-chunk states ready for ``map_keep`` (in-process: as they are)."""
+        return list(states)
+
     def release(self, handles: Sequence[Any]) -> None:
         """Drop prepared chunks (nothing to do in-process)."""
 
@@ -272,6 +293,38 @@ class DaskEngine:
         parts = self._submit(kernel, handles, args, per_chunk)
         root = tree_reduce(parts, lambda a, b: self.client.submit(_merge, a, b, pure=False))
         return root.result()
+
+    def map_keep(self, kernel: Callable[..., tuple[Any, R]], handles: Sequence[Any], states: Sequence[Any],
+                 *args: Any) -> tuple[list[Any], R]:
+        """As :meth:`LocalEngine.map_keep`; the new states are futures that stay on the worker that
+        computed them (next to a persisted chunk), the results merge on the workers.
+
+        Per-chunk state has no lineage beyond the pass that made it: a worker lost between passes
+        loses its chunks' states (resume from a checkpoint), unlike the prepared chunks themselves.
+        """
+        n = len(handles)
+        pairs = self._submit(kernel, handles, args, states)
+        new_states = self.client.map(operator.getitem, pairs, [0] * n, pure=False)
+        results = self.client.map(operator.getitem, pairs, [1] * n, pure=False)
+        root = tree_reduce(results, lambda a, b: self.client.submit(_merge, a, b, pure=False))
+        return new_states, root.result()
+
+    def fetch_states(self, states: Sequence[Any], convert: Callable[[Any], Any] | None = None) -> list[Any]:
+        """Gather per-chunk states to the driver (for a checkpoint); ``convert`` (for example device
+        to host) runs on the workers first."""
+        if convert is not None:
+            states = self.client.map(convert, list(states), pure=False)
+        return list(self.client.gather(list(states)))
+
+    def place_states(self, states: Sequence[Any], handles: Sequence[Any]) -> list[Any]:
+        """Scatter gathered per-chunk states, each to the worker holding its chunk when it is
+        persisted (elsewhere Dask moves it on first use)."""
+        where = self.client.who_has([h for h in handles if hasattr(h, "key")]) if handles else {}
+        out = []
+        for state, h in zip(states, handles, strict=True):
+            workers = list(where.get(h.key, ())) if hasattr(h, "key") else []
+            out.append(self.client.scatter(state, workers=workers or None, hash=False))
+        return out
 
     def release(self, handles: Sequence[Any]) -> None:
         futures = [h for h in handles if hasattr(h, "release")]

@@ -84,7 +84,7 @@ class _Plan:
 def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, labels: str | None = None,
            ids: str | None = None, append: bool = False, drop_nonfinite: bool = False,
            overwrite: bool = False, compression_level: int = 1, batch_chunks: int = 1,
-           **options: Any) -> IngestReport:
+           progress: Callable[[int], None] | None = None, **options: Any) -> IngestReport:
     """Stream ``source`` into the feature store ``out``.
 
     Parameters
@@ -107,6 +107,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
     batch_chunks : int
         Store chunks per batch written. Zarr compresses the chunks of one batch in parallel threads,
         so 2 uses two cores; memory grows with it (about 3 x batch_chunks chunks).
+    progress : callable, optional
+        ``progress(rows)`` after each batch read from the source, with the number of rows in it.
     **options
         Source options (``key``, ``dataset``, ``ignore_columns``, ``delimiter``, ``extractor``,
         ``skip_unreadable``, ``batch_images``, ``downsample``, ``rows``, ``dim``, ``classes``,
@@ -130,6 +132,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
                              "overwrite=True to replace it")
         _check_replaceable(out)
     plan = _open_source(str(source), labels, ids, dict(options), chunk_rows)
+    if progress is not None:
+        plan.blocks = _counted(plan.blocks, progress)
     on_nonfinite = "drop" if drop_nonfinite else "raise"
     # Every chunk written here is full of rows, so zarr's per-chunk "is it all fill value?" scan (a
     # third of the write time on dense features) is wasted work: skip it.
@@ -170,6 +174,16 @@ def _write(plan: _Plan, out: Path, source: str, append: bool, chunk_rows: int, b
         _remove_store(tmp)
         raise
     return FeatureStore.open(out, "r"), written
+
+
+def _counted(blocks: Callable[[int, int], Iterator[Batch]],
+             progress: Callable[[int], None]) -> Callable[[int, int], Iterator[Batch]]:
+    """``blocks`` that reports the rows of each batch it yields."""
+    def counted(first: int, size: int) -> Iterator[Batch]:
+        for b in blocks(first, size):
+            progress(int(b[0].shape[0]))
+            yield b
+    return counted
 
 
 # ---- placing the store --------------------------------------------------------------------------

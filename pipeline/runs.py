@@ -218,7 +218,8 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
         g.create_array("labels", data=labels, chunks=chunks)
         g.create_array("probability", data=prob, chunks=chunks)
         g.attrs.update({"run_dir": str(Path(run_dir).resolve()), "store_fingerprint": src.fingerprint,
-                        "n_effective": int(model.n_effective_)})
+                        "n_effective": int(model.n_effective_),
+                        "posterior_sha256": result.get("posterior_sha256")})
         _publish(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -49,3 +49,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=f"gpu test skipped: {reason}")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+# ---- Prefect: one ephemeral API server for the whole session (flow tests) -------------------------
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A Prefect test harness (its own SQLite database, a local API subprocess) shared by every test
+    of the session that runs flows: starting one costs 12-26 s. Yields the API URL."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=None):  # None: the ephemeral start-up timeout
+        yield PREFECT_API_URL.value()

@@ -19,7 +19,7 @@ from pipeline.checkpoint import PAUSE_ENV, Checkpointer, CheckpointError, RunLoc
 from pipeline.store import FeatureStore
 from vbcore.errors import ConfigError
 
-LEARNERS = ["vbem", "sga-m"]  # sga-m: minibatch draws, momentum and sticks in the learner state
+LEARNERS = ["vbem", "ncg", "sga-m"]  # ncg: per-chunk logits/directions; sga-m: minibatch draws, momentum
 
 
 def _same_bits(a, b):

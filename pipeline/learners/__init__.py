@@ -39,6 +39,6 @@ def make_learner(name: str, ctx: FitContext, options: Mapping[str, Any] | None =
 
 
 # the learner modules register themselves on import (keep this list sorted)
-from pipeline.learners import mm, sga, svi, vbem  # noqa: E402,F401  (mm, sga, svi: issue 6)
+from pipeline.learners import gradient, mm, pattern, sga, svi, vbem  # noqa: E402,F401
 
 __all__ = ["LEARNERS", "FitContext", "Learner", "learner_class", "make_learner", "register"]

@@ -1,0 +1,56 @@
+"""The ``vbcluster`` command: every command of :mod:`pipeline.cli`, plus the ones that need Prefect
+(``deploy``). The orchestration layer adds them here because ``pipeline`` never imports Prefect."""
+
+from __future__ import annotations
+
+import typer
+
+from pipeline.cli import _fail, _options, app, console
+
+__all__ = ["app"]
+
+
+@app.command()
+def deploy(
+    store: str = typer.Argument(..., help="The feature store to keep clustered."),
+    out: str | None = typer.Option(None, "--out", help="Where versions/ and latest go "
+                                   "(default: STORE.versions beside the store)."),
+    cron: str | None = typer.Option(None, help="A cron schedule, e.g. '0 2 * * *' (02:00 every day)."),
+    interval: float | None = typer.Option(None, help="Or: run every this many seconds."),
+    name: str = typer.Option("vbcluster-refresh", help="The deployment's name."),
+    learner: str = typer.Option("vbem", help="The learner (see `vbcluster learners`)."),
+    learner_option: list[str] = typer.Option([], "--learner-option", "-o",
+                                             help="Learner option KEY=VALUE (repeatable)."),
+    components: int = typer.Option(50, "--components", "-k", help="K (the DP truncation level)."),
+    covariance: str = typer.Option("diag", help="full | diag | spherical | fixed."),
+    weights: str = typer.Option("dp", help="dp | dirichlet."),
+    max_iter: int = typer.Option(200, help="Maximum iterations per refresh."),
+    tol: float = typer.Option(1e-4, help="Convergence threshold on the ELBO change per row."),
+    seed: int = typer.Option(0, help="Random seed."),
+    cluster: str | None = typer.Option(None, help="A cluster config (cluster_config/*.yaml) or "
+                                       "scheduler address for the fits."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the inputs, register nothing."),
+) -> None:
+    """Refresh the clustering of STORE on a schedule: register a Prefect deployment on the server of
+    PREFECT_API_URL and serve it (this process runs the scheduled flow runs until stopped). Each run
+    warm-starts from the last published version when the store has grown and publishes a new
+    version (OUT/versions/vNNNN-*, OUT/latest)."""
+    from flows.schedule import deploy as run_deploy
+    from vbcore.errors import VBClusterError
+
+    try:
+        info = run_deploy(store, out, cron=cron, interval=interval, name=name, dry_run=dry_run,
+                          learner=learner, learner_options=_options(learner_option) or None,
+                          components=components, covariance=covariance, weights=weights,
+                          max_iter=max_iter, tol=tol, seed=seed, cluster=cluster)
+    except VBClusterError as exc:
+        _fail(exc)
+        return
+    if dry_run:
+        when = info.get("cron") or f"every {info['interval'].total_seconds():g} s"
+        console.print(f"ok: would refresh {info['parameters']['store']} into {info['parameters']['out']} "
+                      f"({when})", soft_wrap=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

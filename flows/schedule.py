@@ -1,0 +1,176 @@
+"""Scheduled refreshes: ``refresh_flow`` and ``deploy`` (``vbcluster deploy``).
+
+Each run of ``refresh_flow`` compares the store with the last published version (``OUT/latest``):
+
+- unchanged (same fingerprint): nothing to do, nothing published;
+- grown (more rows, same features): **warm start**, i.e. the fit starts from the last published
+  posterior and runs over all rows, old and new; the prior stays the data-dependent default of the
+  (grown) store, not the old posterior (docs/operations.md, "Warm start", says why);
+- otherwise (first run, rows replaced, other settings): a cold start.
+
+The fit runs as the ``cluster_flow`` subflow (checkpoints, assignments, report) in a version
+directory ``OUT/versions/vNNNN-<end of the flow run id>``; a retried flow run gets the same
+directory back and resumes from its checkpoints, and so does the next scheduled run when a refresh
+died (its process killed, its node lost) before publishing. ``OUT/latest`` moves to the new version
+only once it is complete.
+
+``deploy`` registers the flow as a deployment on the Prefect server of ``PREFECT_API_URL`` with a
+cron or interval schedule and serves it: this process polls the server and executes the
+scheduled runs (``flow.serve``), until it is stopped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE
+
+from flows.cluster import cluster_flow
+from vbcore.errors import ConfigError
+
+DEPLOYMENT = "vbcluster-refresh"
+
+
+@task(name="plan-refresh", retries=2, retry_delay_seconds=1, cache_policy=NONE)
+def plan(out: str, store: str) -> dict[str, Any]:
+    """What this refresh does: cold, warm or skip (see :func:`pipeline.publish.plan_refresh`)."""
+    from dataclasses import asdict
+
+    from pipeline.publish import plan_refresh
+
+    return asdict(plan_refresh(out, store))
+
+
+@task(name="publish", retries=2, retry_delay_seconds=1, cache_policy=NONE)
+def publish_version(out: str, run_dir: str) -> str:
+    """Point ``OUT/latest`` at the finished version (atomically)."""
+    from pipeline.publish import publish
+
+    publish(out, run_dir)
+    return run_dir
+
+
+def _run_key() -> str:
+    from prefect.runtime import flow_run
+
+    rid = flow_run.id  # a UUID7: its first digits are a timestamp, its last ones random
+    return uuid.UUID(str(rid)).hex[-12:] if rid else uuid.uuid4().hex[-12:]
+
+
+@flow(name=DEPLOYMENT, retries=1, retry_delay_seconds=2)
+def refresh_flow(
+    store: str,
+    out: str,
+    learner: str = "vbem",
+    components: int = 50,
+    covariance: str = "diag",
+    weights: str = "dp",
+    max_iter: int = 200,
+    tol: float = 1e-4,
+    seed: int = 0,
+    learner_options: dict[str, Any] | None = None,
+    cluster: str | None = None,
+    quiet: bool = True,
+) -> dict[str, Any]:
+    """Refit the store when it changed and publish a new version (see the module docstring).
+
+    Returns
+    -------
+    dict
+        ``action`` (cold / warm / skip), ``reason``, and for a fit ``version`` (its directory),
+        ``n_iter``, ``elbo``, ``n_effective`` and ``warm_start_from``.
+    """
+    from pipeline.fitting import make_spec, warm_start_problem
+    from pipeline.publish import claim_version, unfinished_version
+
+    logger = get_run_logger()
+    p = plan(out, store)
+    logger.info("refresh of %s into %s: %s (%s)", store, out, p["action"], p["reason"])
+    if p["action"] == "skip":
+        return {"action": "skip", "reason": p["reason"], "latest": p["previous"]}
+    warm = p["previous"] if p["action"] == "warm" else None
+    spec = make_spec(store, learner=learner, components=components, covariance=covariance,
+                     weights=weights, seed=seed, learner_options=learner_options)
+    if warm is not None and (problem := warm_start_problem(warm, spec)):
+        logger.info("cold start instead of a warm start from %s: %s", warm, problem)
+        warm = None
+        p["action"], p["reason"] = "cold", problem
+    run_dir = unfinished_version(out, p["fingerprint"], spec)  # a refresh that died mid-fit: resume it
+    if run_dir is not None:
+        logger.info("resuming the unfinished refresh in %s", run_dir)
+    else:
+        run_dir = claim_version(out, _run_key())
+    result = cluster_flow(store, str(run_dir), learner=learner, components=components,
+                          covariance=covariance, weights=weights, max_iter=max_iter, tol=tol, seed=seed,
+                          learner_options=learner_options, cluster=cluster, warm_start_from=warm,
+                          quiet=quiet, extra={"refresh": p})
+    publish_version(out, str(run_dir))
+    logger.info("published %s (%s start, %d rows, %d iterations, %d clusters)", run_dir.name,
+                p["action"], result["n_rows"], result["n_iter"], result["n_effective"])
+    return {"action": p["action"], "reason": p["reason"], "version": str(run_dir),
+            "n_iter": result["n_iter"], "elbo": result["elbo"], "n_effective": result["n_effective"],
+            "warm_start_from": result.get("warm_start_from")}
+
+
+def check_schedule(cron: str | None, interval: float | None) -> dict[str, Any]:
+    """The schedule keyword of ``flow.serve``; a cron string that does not parse is a ConfigError."""
+    if (cron is None) == (interval is None):
+        raise ConfigError("give exactly one schedule: --cron \"MIN HOUR DOM MON DOW\" or --interval SECONDS")
+    if cron is not None:
+        from prefect.client.schemas.schedules import CronSchedule
+        from pydantic import ValidationError
+
+        try:
+            CronSchedule(cron=cron)
+        except ValidationError as exc:
+            raise ConfigError(f"--cron {cron!r} does not parse as a cron schedule (5 fields: minute hour "
+                              f"day-of-month month day-of-week, e.g. '0 2 * * *'): "
+                              f"{exc.errors()[0]['msg']}") from None
+        return {"cron": cron}
+    assert interval is not None
+    if not interval > 0:
+        raise ConfigError(f"--interval must be a positive number of seconds, got {interval}")
+    return {"interval": datetime.timedelta(seconds=float(interval))}
+
+
+def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[str, Any]:
+    """Check the store (it must exist) and the settings; the refresh flow's parameters."""
+    from pipeline.fitting import make_spec
+    from pipeline.learners import learner_class
+    from pipeline.sources import StoreSource
+
+    src = StoreSource(store)  # a missing or invalid store: a clear StoreError, nothing changed
+    store_path = str(Path(store).resolve()) if "://" not in store else store
+    out_path = Path(out) if out is not None else Path(store_path).with_name(Path(store_path).name
+                                                                           + ".versions")
+    cluster = settings.get("cluster")
+    if cluster is not None and "://" not in cluster and cluster != "local":
+        from pipeline.cluster import load_cluster_config
+
+        load_cluster_config(cluster)  # a missing or invalid config: a clear ConfigError
+        settings["cluster"] = str(Path(cluster).resolve())  # scheduled runs may start elsewhere
+    spec = make_spec(store, **{k: v for k, v in settings.items() if k not in ("quiet",)})
+    learner_class(spec["learner"]).parse_options(spec.get("learner_options") or {})
+    if out_path.exists() and not out_path.is_dir():
+        raise ConfigError(f"--out {out_path} exists and is not a directory")
+    del src
+    return dict(store=store_path, out=str(out_path.resolve()), **settings)
+
+
+def deploy(store: str, out: str | None = None, *, cron: str | None = None, interval: float | None = None,
+           name: str = DEPLOYMENT, dry_run: bool = False, **settings: Any) -> dict[str, Any]:
+    """Register ``refresh_flow`` on the Prefect server as deployment ``name`` with the schedule, and
+    serve it (blocks, executing the scheduled runs); ``dry_run`` only checks the inputs.
+
+    Every input is checked before anything is registered or written. Returns the deployment's
+    parameters and schedule.
+    """
+    schedule = check_schedule(cron, interval)
+    params = deployment_parameters(store, out, **settings)
+    if not dry_run:
+        refresh_flow.serve(name=name, parameters=params, limit=1, **schedule)
+    return {"parameters": params, **schedule}

@@ -1,0 +1,352 @@
+"""``vbcluster report``: one self-contained HTML file (PNGs embedded as base64, and written beside it).
+
+For every run directory: a summary table, sorted cluster sizes (expected rows per component, like
+seed 003's E[v] bar plot), a contingency heat map against the store's labels when it has them, a
+2-D PCA scatter of a sample of rows coloured by cluster, and for ``image:`` stores the segmentation.
+One ELBO-per-iteration plot holds every run given (learners compared on one plot). Plots are drawn
+with matplotlib's Agg backend (no display needed).
+
+Everything is written into a temporary directory that is renamed into place when complete; a run
+directory without results is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.runs import ASSIGNMENTS, POSTERIOR, RESULT, assign_rows, load_model, read_result
+from vbcore.errors import InputError
+from vbcore.metrics import acc, nmi
+
+REPORT_DIR = "report"
+REPORT_HTML = "report.html"
+SAMPLE_ROWS = 3000
+MAX_HEATMAP = 60  # rows / columns of the contingency table drawn (largest classes / clusters)
+
+
+def _check_run(run_dir: Path) -> dict[str, Any]:
+    missing = [n for n in (RESULT, POSTERIOR) if not (run_dir / n).is_file()]
+    if missing:
+        raise InputError(f"{run_dir}: no {' or '.join(missing)}: not a finished vbcluster run directory "
+                         "(run `vbcluster fit` or `vbcluster resume` first)")
+    return read_result(run_dir)
+
+
+def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+                 out: str | os.PathLike[str] | None = None, *, sample: int = SAMPLE_ROWS,
+                 seed: int = 0) -> Path:
+    """Write ``report.html`` and its PNGs; returns the HTML file's path.
+
+    Parameters
+    ----------
+    run_dirs : path or list of paths
+        Finished run directories (result.json and posterior.npz).
+    out : path, optional
+        The report directory; default ``RUN_DIR/report`` of the first run. It is replaced whole.
+    sample : int
+        Rows drawn (seeded) for the PCA scatter.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    dirs = [Path(d) for d in ([run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else run_dirs)]
+    if not dirs:
+        raise InputError("report: no run directory given")
+    results = [_check_run(d) for d in dirs]  # every run checked before anything is written
+    target = Path(out) if out is not None else dirs[0] / REPORT_DIR
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        sections = []
+        figures: list[tuple[str, str]] = [("elbo.png", "ELBO per iteration")]
+        _elbo_plot(dirs, results, tmp / "elbo.png")
+        for i, (d, r) in enumerate(zip(dirs, results, strict=True)):
+            sections.append(_run_section(i, d, r, tmp, sample, seed))
+        page = _html(dirs, results, figures, sections, tmp)
+        (tmp / REPORT_HTML).write_text(page, encoding="utf-8")
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target / REPORT_HTML
+
+
+# ---- plots --------------------------------------------------------------------------------------
+def _name(d: Path, r: dict[str, Any]) -> str:
+    return f"{d.resolve().name} ({r.get('learner', '?')})"
+
+
+def _elbo_plot(dirs: list[Path], results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    same_store = len({r.get("store_fingerprint") for r in results}) == 1
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    best = max(max(r["elbo_history"] or [r["elbo"]]) for r in results)
+    for d, r in zip(dirs, results, strict=True):
+        h = np.asarray(r["elbo_history"] or [r["elbo"]], dtype=np.float64)
+        scale = 1.0 if same_store else float(r["n_rows"])
+        it = np.arange(1, len(h) + 1)
+        ax1.plot(it, h / scale, marker="." if len(h) < 60 else None, label=_name(d, r))
+        top = best if same_store else float(h.max())
+        gap = np.maximum((top - h) / scale, 1e-12)
+        ax2.semilogy(it, gap, label=_name(d, r))
+    ax1.set_xlabel("iteration")
+    ax1.set_ylabel("ELBO" if same_store else "ELBO per row")
+    ax1.set_title("ELBO after each iteration")
+    # the first iterations can sit orders of magnitude below the end: show the last 90% of the rise
+    lo = min(np.quantile(np.asarray(r["elbo_history"] or [r["elbo"]]), 0.1) for r in results)
+    hi = max(max(r["elbo_history"] or [r["elbo"]]) for r in results)
+    if same_store and hi > lo:
+        ax1.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+    ax2.set_xlabel("iteration")
+    ax2.set_ylabel("best ELBO - ELBO" + ("" if same_store else " (per row, own best)"))
+    ax2.set_title("distance to the best ELBO (log scale)")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    counts = np.sort(np.asarray(r["counts"], dtype=np.float64))[::-1]
+    k = len(counts)
+    fig, ax = plt.subplots(figsize=(max(6.0, min(14.0, 0.12 * k + 4)), 3.8))
+    alive = counts >= 1.0
+    ax.bar(np.arange(1, k + 1)[alive], counts[alive], color="tab:blue", label="clusters with >= 1 row")
+    ax.bar(np.arange(1, k + 1)[~alive], np.maximum(counts[~alive], 1e-3), color="tab:gray",
+           label="empty (< 1 expected row)")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("cluster (sorted by size)")
+    ax.set_ylabel("expected rows (log scale)")
+    ax.set_title(f"{title}: cluster sizes, {int(alive.sum())} of {k} components used")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    classes, yi = np.unique(labels, return_inverse=True)
+    clusters, ci = np.unique(pred, return_inverse=True)
+    table = np.zeros((len(classes), len(clusters)), dtype=np.int64)
+    np.add.at(table, (yi, ci), 1)
+    # the largest classes and clusters; clusters ordered by the class they mostly hold
+    rows = np.argsort(-table.sum(1), kind="stable")[:MAX_HEATMAP]
+    rows = np.sort(rows)
+    cols = np.argsort(-table.sum(0), kind="stable")[:MAX_HEATMAP]
+    sub = table[np.ix_(rows, cols)]
+    order = np.lexsort((-sub.max(0), sub.argmax(0)))
+    sub = sub[:, order]
+    frac = sub / np.maximum(sub.sum(1, keepdims=True), 1)
+    fig, ax = plt.subplots(figsize=(min(14.0, 3 + 0.22 * sub.shape[1]), min(12.0, 2.5 + 0.22 * sub.shape[0])))
+    im = ax.imshow(frac, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xlabel("cluster (ordered by majority class)")
+    ax.set_ylabel("class (label)")
+    if sub.shape[0] <= 40:
+        ax.set_yticks(np.arange(sub.shape[0]), [str(c) for c in classes[rows]], fontsize=7)
+    if sub.shape[1] <= 40:
+        ax.set_xticks(np.arange(sub.shape[1]), [str(c) for c in clusters[cols][order]], fontsize=7,
+                      rotation=90)
+    shown = "" if (len(classes) <= MAX_HEATMAP and len(clusters) <= MAX_HEATMAP) else \
+        f" (largest {sub.shape[0]} of {len(classes)} classes, {sub.shape[1]} of {len(clusters)} clusters)"
+    ax.set_title(f"{title}: share of each class in each cluster{shown}\n"
+                 f"NMI {nmi(labels, pred):.3f}, ACC {acc(labels, pred):.3f}", fontsize=10)
+    fig.colorbar(im, ax=ax, label="share of the class's rows")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _cluster_colours(pred: np.ndarray, top: int = 20) -> tuple[np.ndarray, list[int]]:
+    import matplotlib
+
+    ids, counts = np.unique(pred, return_counts=True)
+    biggest = [int(i) for i in ids[np.argsort(-counts, kind="stable")][:top]]
+    cmap = matplotlib.colormaps["tab20"]
+    colours = np.tile(np.array([[0.75, 0.75, 0.75, 0.5]]), (len(pred), 1))
+    for j, c in enumerate(biggest):
+        colours[pred == c] = cmap(j % 20)
+    return colours, biggest
+
+
+def _pca_plot(X: np.ndarray, pred: np.ndarray, means: np.ndarray, title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    mu = X.mean(0)
+    _, s, vt = np.linalg.svd(X - mu, full_matrices=False)
+    P = vt[:2].T
+    Z = (X - mu) @ P
+    var = (s[:2] ** 2) / max((s**2).sum(), 1e-300)
+    colours, biggest = _cluster_colours(pred)
+    fig, ax = plt.subplots(figsize=(7, 6))
+    ax.scatter(Z[:, 0], Z[:, 1], c=colours, s=6, linewidths=0)
+    M = (means - mu) @ P
+    used = np.unique(pred)
+    ax.scatter(M[used, 0], M[used, 1], marker="x", c="black", s=30, label="cluster means")
+    ax.set_xlabel(f"PC 1 ({100 * var[0]:.1f}% of variance)")
+    ax.set_ylabel(f"PC 2 ({100 * var[1]:.1f}% of variance)" if len(var) > 1 else "PC 2")
+    more = "" if len(used) <= len(biggest) else f"; the {len(biggest)} largest coloured, the rest grey"
+    ax.set_title(f"{title}: {len(X)} rows, {len(used)} clusters{more}", fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _segmentation_plot(store: Any, pred: np.ndarray, means: np.ndarray, title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    h, w = (int(v) for v in store.attrs["extractor_params"]["shape"])
+    X = store.read()
+    ids = store.read_ids()
+    pix = np.asarray(ids if ids is not None else np.arange(len(X)), dtype=np.int64)
+    rgb = np.zeros((h * w, 3))
+    rgb[pix] = (X[:, :3] + 1.0) / 2.0  # features hold colour c as c/127.5 - 1
+    seg = np.zeros((h * w, 3))
+    seg[pix] = (means[pred, :3] + 1.0) / 2.0  # each pixel painted with its cluster's mean colour
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 5.5 * h / max(w, 1) + 1))
+    a1.imshow(np.clip(rgb.reshape(h, w, 3), 0, 1))
+    a1.set_title("image (as stored)")
+    a2.imshow(np.clip(seg.reshape(h, w, 3), 0, 1))
+    a2.set_title(f"{title}: segmentation, {len(np.unique(pred))} clusters (mean colours)")
+    for a in (a1, a2):
+        a.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- one run ------------------------------------------------------------------------------------
+def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, seed: int) -> dict[str, Any]:
+    from pipeline.sources import StoreSource
+    from pipeline.store import FeatureStore
+
+    title = d.resolve().name
+    figs: list[tuple[str, str]] = []
+    notes: list[str] = []
+    _sizes_plot(r, title, tmp / f"run{i}-sizes.png")
+    figs.append((f"run{i}-sizes.png", "Cluster sizes (expected rows per component, sorted)"))
+    try:
+        src = StoreSource(r["store"])
+        if src.fingerprint != r.get("store_fingerprint"):
+            raise InputError(f"{r['store']} changed since the fit (fingerprint differs)")
+    except Exception as exc:  # noqa: BLE001 - the store may be gone or changed: plots from result.json only
+        notes.append(f"store plots skipped: {exc}")
+        return {"dir": d, "result": r, "figs": figs, "notes": notes}
+    model = load_model(d)
+    pred = _stored_assignments(d, r)
+    if pred is None:
+        pred, _ = assign_rows(model, src)
+    else:
+        notes.append(f"clusters read from {r['store']}/{ASSIGNMENTS}/{d.resolve().name}")
+    labels = src.labels()
+    if labels is not None:
+        _contingency_plot(labels, pred, title, tmp / f"run{i}-contingency.png")
+        figs.append((f"run{i}-contingency.png", "Contingency against the store's labels"))
+    else:
+        notes.append("the store has no labels: no contingency table")
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(src.n_rows, size=min(sample, src.n_rows), replace=False))
+    store = FeatureStore.open(r["store"])
+    X = np.asarray(store.features.get_orthogonal_selection((rows, slice(None))), dtype=np.float64)
+    _pca_plot(X, pred[rows], np.asarray(model.means_, dtype=np.float64), title, tmp / f"run{i}-pca.png")
+    figs.append((f"run{i}-pca.png", "PCA of a sample of rows, coloured by cluster"))
+    if store.attrs.get("extractor") == "pixels-rgb-rowcol":
+        _segmentation_plot(store, pred, np.asarray(model.means_), title, tmp / f"run{i}-segmentation.png")
+        figs.append((f"run{i}-segmentation.png", "Segmentation (image store)"))
+    return {"dir": d, "result": r, "figs": figs, "notes": notes}
+
+
+def _stored_assignments(d: Path, r: dict[str, Any]) -> np.ndarray | None:
+    """The labels `vbcluster assign` wrote for this run, when they belong to it and to this store."""
+    import zarr
+
+    path = Path(r["store"]) / ASSIGNMENTS / d.resolve().name
+    if not (path / "zarr.json").is_file():
+        return None
+    g = zarr.open_group(str(path), mode="r")
+    if (g.attrs.get("run_dir") != str(d.resolve())
+            or g.attrs.get("store_fingerprint") != r.get("store_fingerprint")
+            or g.attrs.get("posterior_sha256") != r.get("posterior_sha256")):  # not from an older fit
+        return None
+    arr = g["labels"]
+    labels = np.asarray(arr[:]) if isinstance(arr, zarr.Array) else None
+    if labels is None:
+        return None
+    return labels if labels.shape == (int(r["n_rows"]),) else None
+
+
+# ---- HTML ---------------------------------------------------------------------------------------
+def _img(tmp: Path, name: str, caption: str) -> str:
+    data = base64.b64encode((tmp / name).read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(caption)} ({html.escape(name)})</figcaption></figure>")
+
+
+def _fmt(v: Any, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    return html.escape(format(v, spec) if spec else str(v))
+
+
+def _html(dirs: list[Path], results: list[dict[str, Any]], figures: list[tuple[str, str]],
+          sections: list[dict[str, Any]], tmp: Path) -> str:
+    cols = ("run", "learner", "rows", "K", "clusters", "iterations", "converged", "ELBO", "NMI", "ACC",
+            "ARI", "seconds", "warm start from")
+    head = "".join(f"<th>{c}</th>" for c in cols)
+    body = []
+    for d, r in zip(dirs, results, strict=True):
+        m = r.get("metrics") or {}
+        cells = (d.resolve().name, r.get("learner"), r.get("n_rows"), r.get("n_components"),
+                 r.get("n_effective"), r.get("n_iter"), r.get("converged"), _fmt(r.get("elbo"), ".8g"),
+                 _fmt(m.get("nmi"), ".3f") if m else "-", _fmt(m.get("acc"), ".3f") if m else "-",
+                 _fmt(m.get("ari"), ".3f") if m else "-", _fmt(r.get("seconds"), ".1f"),
+                 Path(r["warm_start_from"]).name if r.get("warm_start_from") else "-")
+        body.append("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in cells) + "</tr>")
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>vbcluster report</title><style>",
+        "body{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}",
+        "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "text-align:right}img{max-width:100%}figure{margin:1em 0}figcaption{color:#555;font-size:90%}",
+        "</style></head><body>",
+        f"<h1>vbcluster report</h1><p>written {html.escape(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}; "
+        "ELBO = the exact evidence lower bound after each iteration; clusters = components with at "
+        "least one expected row.</p>",
+        f"<table><tr>{head}</tr>{''.join(body)}</table>",
+    ]
+    parts += [_img(tmp, n, c) for n, c in figures]
+    for s in sections:
+        r = s["result"]
+        parts.append(f"<h2>{html.escape(_name(s['dir'], r))}</h2><p>store {html.escape(str(r['store']))}, "
+                     f"{r['n_rows']} rows x {r['n_features']} features; run directory "
+                     f"{html.escape(str(s['dir'].resolve()))}</p>")
+        parts += [f"<p><em>{html.escape(n)}</em></p>" for n in s["notes"]]
+        parts += [_img(tmp, n, c) for n, c in s["figs"]]
+    parts.append("</body></html>")
+    return "\n".join(parts)
