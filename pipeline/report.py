@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.runs import ASSIGNMENTS, POSTERIOR, RESULT, assign_rows, load_model, read_result
+from pipeline.runs import ASSIGNMENTS, POSTERIOR, RESULT, assign_rows, load_model, publish_dir, read_result
 from vbcore.errors import InputError
 from vbcore.metrics import acc, nmi
 
@@ -74,13 +74,7 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[
             sections.append(_run_section(i, d, r, tmp, sample, seed))
         page = _html(dirs, results, figures, sections, tmp)
         (tmp / REPORT_HTML).write_text(page, encoding="utf-8")
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{os.getpid()}"
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+        publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

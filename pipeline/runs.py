@@ -57,7 +57,7 @@ def _atomic_dir(target: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
 
 
-def _publish(tmp: Path, target: Path) -> None:
+def publish_dir(tmp: Path, target: Path) -> None:
     """Move a finished directory into place; an older one is replaced only once the new one is whole."""
     if target.exists():
         old = target.parent / f".{target.name}.old-{os.getpid()}"
@@ -220,7 +220,7 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
         g.attrs.update({"run_dir": str(Path(run_dir).resolve()), "store_fingerprint": src.fingerprint,
                         "n_effective": int(model.n_effective_),
                         "posterior_sha256": result.get("posterior_sha256")})
-        _publish(tmp, target)
+        publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -61,3 +61,16 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=None):  # None: the ephemeral start-up timeout
         yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A real Dask cluster for a test module: two worker processes, one thread each, on 127.0.0.1."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                           host="127.0.0.1")
+    c = Client(cluster)
+    yield c
+    c.close()
+    cluster.close()

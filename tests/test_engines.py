@@ -3,22 +3,11 @@
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 
 from pipeline import VBMixture
 from pipeline.engine import DaskEngine, LocalEngine, make_engine, tree_pairs, tree_reduce
 from pipeline.store import FeatureStore
 from vbcore.errors import ConfigError, InputError
-
-
-@pytest.fixture(scope="module")
-def client():
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                           host="127.0.0.1")
-    c = Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
 
 
 @pytest.fixture(scope="module")

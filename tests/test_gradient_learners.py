@@ -3,7 +3,6 @@ VB EM fixed point, learner switches, LocalEngine == DaskEngine bit for bit, bitw
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 
 from pipeline import VBMixture
 from pipeline.learners import LEARNERS
@@ -34,15 +33,6 @@ KW = dict(n_components=6, weight_concentration_prior_type="dirichlet_distributio
 def X():
     return cluster_data()
 
-
-@pytest.fixture(scope="module")
-def client():
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                           host="127.0.0.1")
-    c = Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
 
 
 def _same_bits(a, b):

@@ -381,17 +381,6 @@ def test_minibatches_are_drawn_per_iteration_and_split_by_chunk():
     assert all(p.max() < bounds[i + 1] - bounds[i] for i, p in zip(ids, parts, strict=True))
 
 
-@pytest.fixture(scope="module")
-def client():
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                           host="127.0.0.1")
-    c = Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
-
 
 @pytest.mark.parametrize("learner", ["sga-f", "svi", "mm"])
 def test_local_engine_and_local_cluster_are_bitwise_identical(tmp_path, blobs, client, learner):
