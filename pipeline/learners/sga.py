@@ -29,6 +29,16 @@ from vbcore.sga import Velocity, gradients, point_posterior, scale_stats, sga_st
 ELBO_MODES = ("minibatch", "full")
 
 
+def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
+    """The options every minibatch learner (sga, sga-m, sga-f, svi) shares."""
+    if opts["minibatch"] < 1:
+        raise ConfigError(f"learner option 'minibatch' of {name!r} must be an integer >= 1 "
+                          f"(rows per iteration), got {opts['minibatch']!r}")
+    if opts["elbo"] not in ELBO_MODES:
+        raise ConfigError(f"learner option 'elbo' of {name!r} must be one of {ELBO_MODES}, "
+                          f"got {opts['elbo']!r}")
+
+
 class _SGA(DPPointLearner):
     method = "sga"
     options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch"}
@@ -36,12 +46,7 @@ class _SGA(DPPointLearner):
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
         check_range(self.name, "eta", self.opts["eta"], 1e-3, 1e-1)  # Algorithm 1, step 3.i
-        if self.opts["minibatch"] < 1:
-            raise ConfigError(f"learner option 'minibatch' of {self.name!r} must be an integer >= 1 "
-                              f"(rows per iteration), got {self.opts['minibatch']!r}")
-        if self.opts["elbo"] not in ELBO_MODES:
-            raise ConfigError(f"learner option 'elbo' of {self.name!r} must be one of {ELBO_MODES}, "
-                              f"got {self.opts['elbo']!r}")
+        check_minibatch_options(self.name, self.opts)
         if "alpha" in self.opts:
             check_range(self.name, "alpha", self.opts["alpha"], 0.0, 1.0)
         self.velocity: Velocity | None = None

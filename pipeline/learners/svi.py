@@ -18,7 +18,7 @@ import numpy as np
 from pipeline.learners import register
 from pipeline.learners.base import FitContext
 from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
-from pipeline.learners.sga import ELBO_MODES
+from pipeline.learners.sga import check_minibatch_options
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.kernels import estep_params, vbem_kernel
@@ -39,12 +39,7 @@ class SVI(DPPointLearner):
         check_range(self.name, "kappa", self.opts["kappa"], 0.5, 1.0, lo_open=True)
         if self.opts["tau"] < 0:
             raise ConfigError(f"learner option 'tau' of {self.name!r} must be >= 0, got {self.opts['tau']!r}")
-        if self.opts["minibatch"] < 1:
-            raise ConfigError(f"learner option 'minibatch' of {self.name!r} must be an integer >= 1 "
-                              f"(rows per iteration), got {self.opts['minibatch']!r}")
-        if self.opts["elbo"] not in ELBO_MODES:
-            raise ConfigError(f"learner option 'elbo' of {self.name!r} must be one of {ELBO_MODES}, "
-                              f"got {self.opts['elbo']!r}")
+        check_minibatch_options(self.name, self.opts)
         self.vb: Posterior | None = None
         # half a row of expected count, as the point learners' 1/(2N) stick threshold
         self.min_count = 0.5 if self.opts["prune_threshold"] is None else self.threshold * ctx.n_rows
