@@ -8,6 +8,7 @@ from pipeline import VBMixture
 from pipeline.learners import LEARNERS
 from pipeline.learners.gradient import NCG, quadratic_line_search, seed000_converged
 from pipeline.learners.pattern import PatternSearchVBEM, parabola_peak
+from tests._memory import peak_fit_bytes
 from vbcore.elbo import elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.gradients import conditional_update, logit_gradient_kernel
@@ -265,18 +266,11 @@ def test_resume_on_dask_from_a_local_checkpoint_is_bitwise(tmp_path, client):
 
 @pytest.mark.parametrize("ct", ["diag", "full"])
 def test_ncg_builds_no_n_k_d_temporary(ct):
-    import tracemalloc
-
     n, d, k = (20_000, 48, 40) if ct == "diag" else (10_000, 48, 20)  # full: K D x D GEMMs per chunk
     X = np.random.default_rng(0).random((n, d), dtype=np.float32)
     R = np.random.default_rng(1).dirichlet(np.ones(k), size=n)
     model = VBMixture(k, covariance_type=ct, learner="ncg", max_iter=2, tol=0.0, chunk_rows=4096)
-    tracemalloc.start()
-    try:
-        model.fit(X, resp_init=R)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = peak_fit_bytes(model, X, R)
     nkd_float32 = n * k * d * 4  # 154 MB (diag), 38 MB (full)
     # allowed: a few copies of the data, the per-chunk state (3 float32 N x K arrays) and a few
     # N x K float64 arrays (resp_init and its statistics)

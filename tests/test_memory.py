@@ -1,12 +1,11 @@
 """The E-step is GEMM-shaped: no N x K x D temporary is ever built (measured with tracemalloc,
 which sees NumPy's allocations)."""
 
-import tracemalloc
-
 import numpy as np
 import pytest
 
 from pipeline import VBMixture
+from tests._memory import peak_fit_bytes
 
 
 @pytest.mark.parametrize("ct", ["diag", "spherical", "fixed", "full"])
@@ -15,12 +14,7 @@ def test_peak_memory_far_below_n_k_d(ct):
     X = np.random.default_rng(0).random((n, d), dtype=np.float32)
     R = np.random.default_rng(1).dirichlet(np.ones(k), size=n)
     model = VBMixture(k, covariance_type=ct, max_iter=2, tol=0.0, chunk_rows=8192)
-    tracemalloc.start()
-    try:
-        model.fit(X, resp_init=R)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = peak_fit_bytes(model, X, R)
     nkd_float32 = n * k * d * 4  # 154 MB: what one N x K x D float32 temporary would cost
     data = X.nbytes  # 3.8 MB
     # allowed: a few copies of the data and of the (N x K) float64 responsibilities
