@@ -301,10 +301,12 @@ class VBMixture(DensityMixin, BaseEstimator):
         handles: list[Any] = []
         try:
             # One preparation for the whole fit: rows shifted by the first row (any point near the
-            # data keeps float32 GEMMs accurate), [x*x, x] cached for the diagonal families.
+            # data keeps float32 GEMMs accurate), [x*x, x] cached for the diagonal families unless
+            # the learner says it does not use it (Learner.cache_squares).
             shift = np.asarray(source.load(0)[0], dtype=np.float64)
-            handles = engine.prepare(source, prepare_chunk, shift, ct,
-                                     expansion=1.0 if ct == "full" else 3.0)
+            squares = ct != "full" and bool(getattr(learner_class(self.learner), "cache_squares", True))
+            handles = engine.prepare(source, prepare_chunk, shift, ct, squares,
+                                     expansion=3.0 if squares else 1.0)
             if not isinstance(source, ArraySource):  # arrays were checked by check_array_2d
                 engine.map(_check_kernel, handles, source.describe(),
                            per_chunk=[s.start for s in source.chunk_slices()])
@@ -313,7 +315,7 @@ class VBMixture(DensityMixin, BaseEstimator):
             if ct == "fixed" and fixed_variance is None:
                 # a learner may bring its own (cheaper) estimate (issue 6: seed 003 learners)
                 estimate = getattr(learner_class(self.learner), "estimate_fixed_variance", None)
-                fixed_variance = (estimate(self._sample_rows(source), int(self.n_components),
+                fixed_variance = (estimate(self._gathered_rows(engine, handles, source), int(self.n_components),
                                            self.random_state) if estimate is not None
                                   else self._default_fixed_variance(self._sample_rows(source)))
             prior = self._prior_from_moments(moments, d, fixed_variance)
@@ -468,6 +470,17 @@ class VBMixture(DensityMixin, BaseEstimator):
             if total >= target:
                 break
         return np.concatenate([source.load(i) for i in sorted(picked)])
+
+    def _gathered_rows(self, engine: Any, handles: list[Any], source: Any) -> np.ndarray:
+        """``max(10000, 20 K)`` rows drawn uniformly (seeded) and gathered through the engine from the
+        prepared chunks (shifted rows): the sample a learner's own ``sigma^2`` estimate reads."""
+        from pipeline.learners.dpm import draw_rows, gather_rows
+
+        n = source.n_rows
+        rng = np.random.default_rng(np.random.SeedSequence(_seed_entropy(self.random_state), spawn_key=(0, 4)))
+        rows = draw_rows(rng, n, max(10_000, 20 * int(self.n_components)))
+        bounds = np.asarray([*(sl.start for sl in source.chunk_slices()), n], dtype=np.int64)
+        return gather_rows(engine, handles, bounds, rows)
 
     def _initial_stats(self, source: Any, engine: Any, handles: list[Any], resp_init: Any) -> SuffStats:
         n, k = source.n_rows, int(self.n_components)

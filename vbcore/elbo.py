@@ -88,6 +88,8 @@ def _quad(post: Posterior, v: np.ndarray) -> np.ndarray:
     if post.covariance_type == "full":
         y = np.einsum("kd,kde->ke", v, post.precisions_cholesky)
         return np.sum(y * y, axis=1)
+    if post.covariance_type in ("spherical", "fixed"):  # one precision per component: no (K, D) copy
+        return np.einsum("kd,kd->k", v, v) / post.covariances
     return np.sum(post.precision_diagonal() * v * v, axis=1)
 
 
@@ -96,6 +98,8 @@ def _trace_scatter(post: Posterior, scatter: np.ndarray) -> np.ndarray:
     if post.covariance_type == "full":
         prec = np.einsum("kij,klj->kil", post.precisions_cholesky, post.precisions_cholesky)
         return np.einsum("kij,kji->k", prec, scatter)
+    if post.covariance_type in ("spherical", "fixed"):
+        return np.sum(scatter, axis=1) / post.covariances
     return np.sum(post.precision_diagonal() * scatter, axis=1)
 
 

@@ -87,27 +87,47 @@ class Chunk:
     x : array of shape (n_rows, n_features)
         Rows minus ``shift``, in the data's dtype (float32 or float64).
     feats : array of shape (n_rows, 2 * n_features) or None
-        ``[x*x, x]`` for the diagonal families; None for 'full'.
+        ``[x*x, x]`` cached for the diagonal families; None for 'full', or when the learner
+        forms it per block (:meth:`features`).
     shift : ndarray of shape (n_features,)
         The float64 offset that was subtracted.
+    diagonal : bool or None
+        Prepared for a diagonal family ('diag', 'spherical', 'fixed'); None: whether ``feats`` is set.
     """
 
     x: Array
     feats: Array | None
     shift: np.ndarray
+    diagonal: bool | None = None
 
     @property
     def n_rows(self) -> int:
         return int(self.x.shape[0])
 
+    @property
+    def is_diagonal(self) -> bool:
+        return self.feats is not None if self.diagonal is None else bool(self.diagonal)
 
-def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str) -> Chunk:
+    def features(self, start: int, stop: int) -> Array:
+        """``[x*x, x]`` of rows ``start:stop``: the cache when there is one, else formed here."""
+        if self.feats is not None:
+            return self.feats[start:stop, :]
+        xp = array_namespace(self.x)
+        xb = self.x[start:stop, :]
+        return xp.concat((xb * xb, xb), axis=1)
+
+
+def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bool | None = None) -> Chunk:
     """Subtract ``shift`` (float64, cast to the data dtype) and, for the diagonal families, cache
-    ``[x*x, x]`` (2x the chunk's memory; it saves one elementwise pass and one GEMM per iteration)."""
+    ``[x*x, x]`` (2x the chunk's memory; it saves one elementwise pass and one GEMM per iteration).
+    ``squares`` overrides that choice (the hard-assignment learners form ``x*x`` only for the rows
+    they touch, so they skip the cache)."""
     xp = array_namespace(x)
     xs = x - xp.asarray(shift, dtype=x.dtype)
-    feats = None if covariance_type == "full" else xp.concat((xs * xs, xs), axis=1)
-    return Chunk(x=xs, feats=feats, shift=np.asarray(shift, dtype=np.float64))
+    cache = covariance_type != "full" if squares is None else bool(squares)
+    feats = xp.concat((xs * xs, xs), axis=1) if cache else None
+    return Chunk(x=xs, feats=feats, shift=np.asarray(shift, dtype=np.float64),
+                 diagonal=covariance_type != "full")
 
 
 @dataclass(frozen=True)
@@ -151,8 +171,8 @@ def log_rho(chunk: Chunk, params: EStepParams) -> Array:
     dt = x.dtype
     const = xp.asarray(params.const, dtype=dt)
     if params.covariance_type != "full":
-        assert chunk.feats is not None and params.weights is not None
-        return chunk.feats @ xp.asarray(params.weights, dtype=dt) + const
+        assert params.weights is not None
+        return chunk.features(0, chunk.n_rows) @ xp.asarray(params.weights, dtype=dt) + const
     assert params.means is not None and params.prec_chol is not None
     k = params.const.shape[0]
     cols = []
@@ -199,12 +219,18 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
     nk = to_numpy(xp.sum(resp, axis=0, dtype=xp.float64))
     safe = np.where(nk > 0, nk, 1.0)
     sum_rlogr = 0.0 if rlogr is None else float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
-    if chunk.feats is not None:
+    if chunk.is_diagonal:
         g = np.zeros((nk.shape[0], 2 * d))  # [sum r x^2, sum r x], float64 over float32 blocks
         n = chunk.n_rows
         for i in range(0, n, BLOCK_ROWS):
             j = min(i + BLOCK_ROWS, n)  # in-bounds slice stops (the standard leaves others unspecified)
-            g += to_numpy(xp.matrix_transpose(resp[i:j, :]) @ chunk.feats[i:j, :])
+            rt = xp.matrix_transpose(resp[i:j, :])
+            if chunk.feats is not None:
+                g += to_numpy(rt @ chunk.feats[i:j, :])
+            else:  # no [x*x, x] cache: two products, no (n, 2D) copy
+                xb = chunk.x[i:j, :]
+                g[:, :d] += to_numpy(rt @ (xb * xb))
+                g[:, d:] += to_numpy(rt @ xb)
         return _diag_stats(nk, g, sum_rlogr, chunk)
     # full: means first, then the exactly centred scatter per component (two passes, D x D GEMMs)
     mean = to_numpy(xp.matrix_transpose(resp) @ x) / safe[:, None]
@@ -245,7 +271,7 @@ class KernelResult:
 def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     """One VB EM chunk pass: E-step (eqs. 35-36) then statistics (eqs. 30-32)."""
     xp = array_namespace(chunk.x)
-    if chunk.feats is None:
+    if params.covariance_type == "full":
         resp, log_norm, rlogr = normalise(log_rho(chunk, params))
         total = float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
         return KernelResult(chunk_statistics(chunk, resp, rlogr), total)
@@ -260,7 +286,7 @@ def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     total = sum_rlogr = 0.0
     n = chunk.n_rows
     for i in range(0, n, BLOCK_ROWS):
-        f = chunk.feats[i : min(i + BLOCK_ROWS, n), :]
+        f = chunk.features(i, min(i + BLOCK_ROWS, n))
         resp, log_norm, rlogr = normalise(f @ w + const)
         g += to_numpy(xp.matrix_transpose(resp) @ f)
         nk += to_numpy(xp.sum(resp, axis=0, dtype=xp.float64))

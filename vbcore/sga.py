@@ -29,6 +29,7 @@ Choices where seed 003 is ambiguous (docs/algorithms.md, "SGA learners", has the
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,53 +96,93 @@ class MapParams:
     const: np.ndarray
 
 
-def map_params(point: DPPoint, sigma2: float, shift: np.ndarray) -> MapParams:
+def map_params(point: DPPoint, sigma2: float, shift: np.ndarray, dtype: Any = np.float64) -> MapParams:
+    """:class:`MapParams` of a point; ``dtype`` the data's (float32 data: the GEMM weights are cast
+    once here, not in every chunk kernel)."""
     m = point.means - shift[None, :]
-    const = log_stick_weights(point.sticks) - 0.5 * np.sum(m * m, axis=1) / sigma2
-    return MapParams(weights=np.ascontiguousarray(m.T / sigma2), const=const)
+    const = log_stick_weights(point.sticks) - 0.5 * np.einsum("kd,kd->k", m, m) / sigma2
+    w = np.empty((m.shape[1], m.shape[0]), dtype=np.dtype(dtype))
+    np.multiply(m.T, 1.0 / sigma2, out=w, casting="same_kind")
+    return MapParams(weights=w, const=const)
 
 
 @dataclass(frozen=True)
 class HardStats:
-    """Raw float64 sums of the rows assigned to each cluster (shifted rows): additive, so chunks
-    merge with two additions (cheap at K = 1000, D = 4096), in the engines' fixed order.
+    """Raw float64 sums of the rows assigned to each cluster (shifted rows), kept only for the
+    clusters that own rows (``idx``): a minibatch's chunk touches a few hundred of K = 1000 clusters,
+    so the per-chunk results and their merges cost O(rows x D), not O(K x D). Additive; chunks merge
+    in the engines' fixed order.
 
     Attributes
     ----------
     nk : array of shape (K,)
-    s1, s2 : arrays of shape (K, D)
-        ``sum_n z_nk x_n`` and ``sum_n z_nk x_n * x_n``.
+        Rows per cluster (all K).
+    idx : int64 array of shape (u,)
+        The clusters with ``nk > 0``, ascending.
+    s1, s2 : arrays of shape (u, D)
+        ``sum_n z_nk x_n`` and ``sum_n z_nk x_n * x_n`` of the clusters ``idx``: float64, or the
+        data's float32 for a single block's sums (exact in float64; half the bytes to move).
     n_rows : int
     shift : array of shape (D,)
     """
 
     nk: np.ndarray
+    idx: np.ndarray
     s1: np.ndarray
     s2: np.ndarray
     n_rows: int
     shift: np.ndarray
 
     def merge(self, other: HardStats) -> HardStats:
-        return HardStats(self.nk + other.nk, self.s1 + other.s1, self.s2 + other.s2,
-                         self.n_rows + other.n_rows, self.shift)
+        a, b = self, other
+        if a.idx.size == b.idx.size and np.array_equal(a.idx, b.idx):
+            idx, s1, s2 = a.idx, np.add(a.s1, b.s1, dtype=np.float64), np.add(a.s2, b.s2, dtype=np.float64)
+        else:
+            idx = np.union1d(a.idx, b.idx)
+            pa, pb = np.searchsorted(idx, a.idx), np.searchsorted(idx, b.idx)
+            s1 = np.zeros((idx.size, a.s1.shape[1]))
+            s2 = np.zeros_like(s1)
+            s1[pa], s2[pa] = a.s1, a.s2
+            s1[pb] += b.s1  # positions are distinct: the same sums as a dense add
+            s2[pb] += b.s2
+        return HardStats(a.nk + b.nk, idx, s1, s2, a.n_rows + b.n_rows, a.shift)
+
+    @staticmethod
+    def combine(parts: list[HardStats]) -> HardStats:
+        """Sum of many results in list order into one (u, D) float64 array: for minibatch passes,
+        where a tree of pairwise merges would rewrite the growing unions at every level. Each
+        cluster's sums are added chunk after chunk, the same bits on any engine."""
+        if not parts:
+            raise ValueError("nothing to combine: there are no chunks")
+        idx = functools.reduce(np.union1d, [p.idx for p in parts])
+        d = parts[0].shift.shape[0]
+        s1, s2 = np.zeros((idx.size, d)), np.zeros((idx.size, d))
+        for p in parts:
+            pos = np.searchsorted(idx, p.idx)
+            s1[pos] += p.s1
+            s2[pos] += p.s2
+        nk = functools.reduce(np.add, [p.nk for p in parts])
+        return HardStats(nk, idx, s1, s2, sum(p.n_rows for p in parts), parts[0].shift)
 
     def to_stats(self) -> SuffStats:
         """Centred statistics (mean, per-dimension scatter), ``sum_rlogr = 0`` (one-hot q(z))."""
-        nk = self.nk
-        safe = np.where(nk > 0, nk, 1.0)
-        mean = self.s1 / safe[:, None]
-        scatter = np.maximum(self.s2 - nk[:, None] * mean * mean, 0.0)
-        mean[nk <= 0] = 0.0
-        scatter[nk <= 0] = 0.0
-        return SuffStats(nk=nk.copy(), mean=mean, scatter=scatter, sum_rlogr=0.0, n_rows=self.n_rows,
-                         shift=self.shift)
+        k, d = self.nk.shape[0], self.shift.shape[0]
+        mean = np.zeros((k, d))
+        scatter = np.zeros((k, d))
+        if self.idx.size:
+            n = self.nk[self.idx][:, None]
+            m = np.asarray(self.s1, dtype=np.float64) / n
+            mean[self.idx] = m
+            scatter[self.idx] = np.maximum(np.asarray(self.s2, dtype=np.float64) - n * m * m, 0.0)
+        return SuffStats(nk=self.nk.copy(), mean=mean, scatter=scatter, sum_rlogr=0.0,
+                         n_rows=self.n_rows, shift=self.shift)
 
 
-def _add_by_label(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray, s1: np.ndarray,
-                  s2: np.ndarray) -> None:
-    """Add per-label sums of ``x*x`` and ``x`` into ``s2``, ``s1`` (float64): a sparse one-hot
-    (labels x rows) matrix times the block, O(n D), float32 within the block (at most BLOCK_ROWS
-    rows, as the GEMM kernels), float64 across blocks. ``fb`` is the cached ``[x*x, x]`` or None."""
+def _block_sums(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                               np.ndarray]:
+    """Per-label sums of ``x`` and ``x*x`` over one block (at most BLOCK_ROWS rows, as the GEMM
+    kernels): a sparse one-hot (labels x rows) matrix times the block, O(n D), in the block's dtype.
+    ``fb`` is the cached ``[x*x, x]`` or None. Returns (labels present, sums of x, sums of x*x)."""
     from scipy import sparse
 
     nb, d = xb.shape
@@ -149,11 +190,8 @@ def _add_by_label(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray, s1: np
     z = sparse.csr_matrix((np.ones(nb, dtype=xb.dtype), (inv, np.arange(nb))), shape=(uniq.size, nb))
     if fb is not None:
         g = z @ fb
-        s2[uniq] += g[:, :d]
-        s1[uniq] += g[:, d:]
-    else:
-        s1[uniq] += z @ xb
-        s2[uniq] += z @ (xb * xb)
+        return uniq, g[:, d:], g[:, :d]
+    return uniq, z @ xb, z @ (xb * xb)
 
 
 def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> HardStats:
@@ -162,7 +200,8 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
     Parameters
     ----------
     chunk : Chunk
-        Prepared rows (shifted by ``chunk.shift``); ``feats`` are not needed.
+        Prepared rows (shifted by ``chunk.shift``); ``feats`` (the ``[x*x, x]`` cache) are used
+        when present, else ``x*x`` is formed per block.
     rows : int array of shape (m,), or None
         Positions inside the chunk (a minibatch), or None for every row.
     params : MapParams
@@ -183,22 +222,35 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
     const = xp.asarray(params.const, dtype=dt)
     k, d = params.const.shape[0], x.shape[1]
     n = int(x.shape[0])
-    s1 = np.zeros((k, d))
-    s2 = np.zeros((k, d))
-    nk = np.zeros(k)
-    for i in range(0, n, BLOCK_ROWS):
-        xb = x[i : min(i + BLOCK_ROWS, n), :]
+    blocks = [(i, min(i + BLOCK_ROWS, n)) for i in range(0, n, BLOCK_ROWS)]
+    if xp is np:
+        labs = [np.argmax(x[a:b] @ w + const, axis=1) for a, b in blocks]
+        nk = np.bincount(np.concatenate(labs), minlength=k).astype(np.float64) if labs else np.zeros(k)
+        used = np.flatnonzero(nk)
+        if len(blocks) == 1:  # one block (a minibatch's rows of a chunk): its sums, exact in float64
+            _, g1, g2 = _block_sums(x, feats, labs[0])
+            return HardStats(nk=nk, idx=used, s1=g1, s2=g2, n_rows=n, shift=chunk.shift)
+        s1 = np.zeros((used.size, d))
+        s2 = np.zeros((used.size, d))
+        for (a, b), lab in zip(blocks, labs, strict=True):
+            uniq, g1, g2 = _block_sums(x[a:b], None if feats is None else feats[a:b], lab)
+            pos = np.searchsorted(used, uniq)
+            s1[pos] += g1  # float32 within the block, float64 across blocks
+            s2[pos] += g2
+        return HardStats(nk=nk, idx=used, s1=s1, s2=s2, n_rows=n, shift=chunk.shift)
+    # other namespaces (CuPy): one-hot GEMM, float32 per block, float64 across blocks, on the device
+    acc = xp.zeros((k, 2 * d), dtype=xp.float64)
+    nk_dev = xp.zeros((k,), dtype=xp.float64)
+    for a, b in blocks:
+        xb = x[a:b, :]
         lab = xp.argmax(xb @ w + const, axis=1)
-        if xp is np:
-            _add_by_label(xb, None if feats is None else feats[i : min(i + BLOCK_ROWS, n), :], lab, s1, s2)
-            nk += np.bincount(lab, minlength=k)
-        else:  # other namespaces (CuPy): one-hot GEMM, float32 per block, float64 across blocks
-            onehot = xp.astype(xp.reshape(lab, (-1, 1)) == xp.reshape(xp.arange(k), (1, -1)), dt)
-            g = to_numpy(xp.matrix_transpose(onehot) @ xp.concat((xb, xb * xb), axis=1))
-            s1 += g[:, :d]
-            s2 += g[:, d:]
-            nk += to_numpy(xp.sum(onehot, axis=0, dtype=xp.float64))
-    return HardStats(nk=nk, s1=s1, s2=s2, n_rows=n, shift=chunk.shift)
+        onehot = xp.astype(xp.reshape(lab, (-1, 1)) == xp.reshape(xp.arange(k), (1, -1)), dt)
+        acc += xp.astype(xp.matrix_transpose(onehot) @ xp.concat((xb, xb * xb), axis=1), xp.float64)
+        nk_dev += xp.sum(onehot, axis=0, dtype=xp.float64)
+    nk = to_numpy(nk_dev)
+    used = np.flatnonzero(nk)
+    g = to_numpy(xp.take(acc, xp.asarray(used), axis=0)) if used.size else np.zeros((0, 2 * d))
+    return HardStats(nk=nk, idx=used, s1=g[:, :d], s2=g[:, d:], n_rows=n, shift=chunk.shift)
 
 
 def map_labels(chunk: Chunk, params: MapParams) -> np.ndarray:

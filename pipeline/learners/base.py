@@ -74,6 +74,9 @@ class Learner:
     name: ClassVar[str] = ""
     #: allowed learner options and their defaults
     options: ClassVar[dict[str, Any]] = {}
+    #: whether the chunks keep the ``[x*x, x]`` cache of the diagonal families (its E-steps use it;
+    #: hard-assignment learners form ``x*x`` only for the rows they touch and save 2x the data's memory)
+    cache_squares: ClassVar[bool] = True
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         self.ctx = ctx

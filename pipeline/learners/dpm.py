@@ -5,9 +5,9 @@
   only its own row positions (``per_chunk``): the rows are gathered and processed next to the data,
   on the workers; only K x D statistics come back.
 * **Initialisation** (Algorithm 1, step 3.iii): k-means++ seeds on a sample of rows gathered through
-  the engine (drawn with ``ctx.rng(0, 1)``), then one full pass: MAP assignments to the seeds, and
-  the MM update of means and sticks from those statistics (one Lloyd step of k-means with the prior's
-  shrinkage).
+  the engine (drawn with ``ctx.rng(0, 1)``), then, on that sample (the algorithm's input is a
+  minibatch): MAP assignments to the seeds, and the MM update of means and sticks from the sample's
+  statistics scaled by N / M (one Lloyd step of k-means with the prior's shrinkage).
 * **Defaults the estimator asks for**: ``a0 = N`` (Algorithm 1) and the fixed variance, the mean
   per-dimension squared distance of sample rows to their nearest k-means++ seed.
 """
@@ -26,6 +26,7 @@ from vbcore.kernels import Chunk, array_namespace, to_numpy
 from vbcore.posterior import Posterior
 from vbcore.sga import (
     DPPoint,
+    HardStats,
     default_threshold,
     hard_kernel,
     kmeanspp_seeds,
@@ -33,6 +34,7 @@ from vbcore.sga import (
     mm_update,
     point_posterior,
     prune_order,
+    scale_stats,
 )
 from vbcore.stats import SuffStats
 
@@ -78,12 +80,16 @@ def gather_kernel(chunk: Chunk, rows: np.ndarray) -> np.ndarray:
                                                            else np.float64)
 
 
+def gather_rows(engine: Any, handles: list[Any], bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Sorted global ``rows`` (shifted), gathered next to the data through the engine, in row order;
+    ``bounds`` as :func:`chunk_bounds`."""
+    ids, parts = split_by_chunk(rows, bounds)
+    return np.concatenate(engine.map(gather_kernel, [handles[i] for i in ids], per_chunk=parts))
+
+
 def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> np.ndarray:
     """A uniform sample of rows (shifted), gathered through the engine, in row order."""
-    rows = draw_rows(ctx.rng(*key), ctx.n_rows, size)
-    ids, parts = split_by_chunk(rows, chunk_bounds(ctx))
-    out = ctx.engine.map(gather_kernel, [ctx.handles[i] for i in ids], per_chunk=parts)
-    return np.concatenate(out)
+    return gather_rows(ctx.engine, ctx.handles, chunk_bounds(ctx), draw_rows(ctx.rng(*key), ctx.n_rows, size))
 
 
 def kmeanspp(sample: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -131,6 +137,7 @@ class DPPointLearner(Learner):
     estimate_fixed_variance = staticmethod(estimate_fixed_variance)
     default_weight_concentration = staticmethod(default_weight_concentration)
     default_covariance_type = "fixed"
+    cache_squares = False  # minibatch kernels square only the rows they touch (Learner.cache_squares)
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
@@ -159,14 +166,19 @@ class DPPointLearner(Learner):
     def hard_pass(self, point: DPPoint, handles: list[Any] | None = None,
                   rows: list[np.ndarray] | None = None) -> SuffStats:
         """MAP assignments (eq. 19) and hard statistics of all rows, or of a minibatch."""
-        params = map_params(point, self.sigma2, self.ctx.shift)
+        params = map_params(point, self.sigma2, self.ctx.shift, self.ctx.source.dtype)
         self.passes += 1
         if rows is None:
             return self.ctx.engine.map_reduce(hard_kernel, self.ctx.handles, None, params).to_stats()
-        return self.ctx.engine.map_reduce(hard_kernel, handles, params, per_chunk=rows).to_stats()
+        # a minibatch touches a few hundred clusters per chunk: one combine on the driver, in chunk
+        # order, instead of a tree of merges of growing unions (HardStats.combine)
+        return HardStats.combine(self.ctx.engine.map(hard_kernel, handles, params, per_chunk=rows)).to_stats()
 
     # -- initialisation (called by the estimator instead of its own k-means)
     def initialise(self) -> Posterior:
+        """Algorithm 1, step 3.iii, on a sample: k-means++ seeds, then MAP assignments of the sample's
+        rows to the seeds (equal weights) and the MM update of means and sticks from the sample's
+        statistics scaled by N / M (the algorithm's input is a minibatch; no full pass)."""
         k = int(self.ctx.prior.n_components)
         size = min(self.ctx.n_rows, max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * k))
         sample = gather_sample(self.ctx, size, (0, 1))
@@ -174,19 +186,23 @@ class DPPointLearner(Learner):
         seed = int(self.ctx.rng(0, 3).integers(2**31 - 1))
         centres, _ = kmeanspp(sample, k, seed)
         seeds = DPPoint(centres + self.ctx.shift[None, :], np.full(centres.shape[0], 0.5))
-        # equal weights for the first assignment: ln pi_k would otherwise favour early seeds
-        stats = self._equal_weight_pass(seeds)
+        stats = self._equal_weight_stats(seeds, sample)
         point = mm_update(stats, self.ctx.prior, self.a0)
         self._set(point, stats.nk)
         self.post = self.posterior()
         return self.post
 
-    def _equal_weight_pass(self, seeds: DPPoint) -> SuffStats:
+    def _equal_weight_stats(self, seeds: DPPoint, sample: np.ndarray) -> SuffStats:
+        """Hard statistics of the (shifted) sample rows assigned to the seeds with equal weights
+        (``ln pi_k`` would otherwise favour early seeds), scaled to the N rows of the data."""
         k = seeds.n_components
         # sticks giving pi_k = 1/k for all k: v_k = 1/(k - j) for the j-th (0-based) stick
         sticks = 1.0 / (k - np.arange(k, dtype=np.float64))
         sticks[-1] = 1.0 - 1e-12
-        return self.hard_pass(DPPoint(seeds.means, sticks))
+        params = map_params(DPPoint(seeds.means, sticks), self.sigma2, self.ctx.shift, sample.dtype)
+        chunk = Chunk(x=sample, feats=None, shift=self.ctx.shift, diagonal=True)
+        stats = hard_kernel(chunk, None, params).to_stats()
+        return scale_stats(stats, self.ctx.n_rows / sample.shape[0])
 
     # -- state
     def _set(self, point: DPPoint, counts: np.ndarray) -> None:
