@@ -315,9 +315,10 @@ class VBMixture(DensityMixin, BaseEstimator):
             if ct == "fixed" and fixed_variance is None:
                 # a learner may bring its own (cheaper) estimate (issue 6: seed 003 learners)
                 estimate = getattr(learner_class(self.learner), "estimate_fixed_variance", None)
-                fixed_variance = (estimate(self._gathered_rows(engine, handles, source), int(self.n_components),
-                                           self.random_state) if estimate is not None
-                                  else self._default_fixed_variance(self._sample_rows(source)))
+                fixed_variance = (
+                    estimate(self._gathered_rows(engine, handles, source), int(self.n_components),
+                             self.random_state) if estimate is not None
+                    else self._default_fixed_variance(self._sample_rows(source)))
             prior = self._prior_from_moments(moments, d, fixed_variance)
             ckpt = None if self.checkpoint_dir is None else Checkpointer(self.checkpoint_dir,
                                                                          int(self.checkpoint_keep))
@@ -477,7 +478,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         from pipeline.learners.dpm import draw_rows, gather_rows
 
         n = source.n_rows
-        rng = np.random.default_rng(np.random.SeedSequence(_seed_entropy(self.random_state), spawn_key=(0, 4)))
+        seq = np.random.SeedSequence(_seed_entropy(self.random_state), spawn_key=(0, 4))
+        rng = np.random.default_rng(seq)
         rows = draw_rows(rng, n, max(10_000, 20 * int(self.n_components)))
         bounds = np.asarray([*(sl.start for sl in source.chunk_slices()), n], dtype=np.int64)
         return gather_rows(engine, handles, bounds, rows)
