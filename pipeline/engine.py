@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -175,9 +177,15 @@ class LocalEngine:
             self.persist == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self.memory_limit
         )
         n = len(source.chunk_slices())
-        if keep:
-            return [prep(source.load(i), *args) for i in range(n)]
-        return [Lazy(source, i, prep, args) for i in range(n)]
+        if not keep:
+            return [Lazy(source, i, prep, args) for i in range(n)]
+        # load and prepare a few chunks at a time: decompression and the shift release the GIL, so
+        # a store's chunks decode on every core (results in chunk order; chunks are independent)
+        workers = max(1, min(n, os.cpu_count() or 1, 4))
+        if workers == 1:
+            return [_load_prep(source, i, prep, *args) for i in range(n)]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vbcluster-load") as pool:
+            return list(pool.map(lambda i: _load_prep(source, i, prep, *args), range(n)))
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
             per_chunk: Sequence[Any] | None = None) -> list[Any]:
