@@ -473,14 +473,16 @@ class VBMixture(DensityMixin, BaseEstimator):
         return np.concatenate([source.load(i) for i in sorted(picked)])
 
     def _gathered_rows(self, engine: Any, handles: list[Any], source: Any) -> np.ndarray:
-        """``max(10000, 20 K)`` rows drawn uniformly (seeded) and gathered through the engine from the
-        prepared chunks (shifted rows): the sample a learner's own ``sigma^2`` estimate reads."""
+        """Rows drawn uniformly (seeded) and gathered through the engine from the prepared chunks
+        (shifted rows): the sample a learner's own ``sigma^2`` estimate reads (its
+        ``sigma2_sample_rows``, else ``max(10000, 20 K)``)."""
         from pipeline.learners.dpm import draw_rows, gather_rows
 
         n = source.n_rows
+        size = getattr(learner_class(self.learner), "sigma2_sample_rows", max(10_000, 20 * int(self.n_components)))
         seq = np.random.SeedSequence(_seed_entropy(self.random_state), spawn_key=(0, 4))
         rng = np.random.default_rng(seq)
-        rows = draw_rows(rng, n, max(10_000, 20 * int(self.n_components)))
+        rows = draw_rows(rng, n, int(size))
         bounds = np.asarray([*(sl.start for sl in source.chunk_slices()), n], dtype=np.int64)
         return gather_rows(engine, handles, bounds, rows)
 

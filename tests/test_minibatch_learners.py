@@ -308,7 +308,10 @@ def _fit(learner, X, **kw):
 #: sga-f 0.924, svi 0.795; vbem 0.827 with its default prior and its k-means fixed variance,
 #: which is small enough here that VB EM keeps split clusters); the stochastic learners still
 #: carry split clusters there
-MIN_NMI = {"mm": 0.95, "sga": 0.9, "sga-m": 0.95, "sga-f": 0.9, "svi": 0.75, "vbem": 0.8}
+# svi: 0.760 with the old k-means++ sigma^2 (1.056), 0.744 with the default since issue 6 item 5
+# (0.9987) and 0.743 with the blobs' own pooled within-class variance (0.9917): svi keeps 19 of 20
+# components in 60 iterations here, so its NMI is low whatever sigma^2; the bound sits below all three.
+MIN_NMI = {"mm": 0.95, "sga": 0.9, "sga-m": 0.95, "sga-f": 0.9, "svi": 0.7, "vbem": 0.8}
 
 
 @pytest.mark.parametrize("learner", DP_LEARNERS + ["vbem"])

@@ -8,8 +8,8 @@
   the engine (drawn with ``ctx.rng(0, 1)``), then, on that sample (the algorithm's input is a
   minibatch): MAP assignments to the seeds, and the MM update of means and sticks from the sample's
   statistics scaled by N / M (one Lloyd step of k-means with the prior's shrinkage).
-* **Defaults the estimator asks for**: ``a0 = N`` (Algorithm 1) and the fixed variance, the mean
-  per-dimension squared distance of sample rows to their nearest k-means++ seed.
+* **Defaults the estimator asks for**: ``a0 = N`` (Algorithm 1) and the fixed variance, by
+  split-coordinate nearest neighbours on a sample (:mod:`vbcore.sigma2`; it does not depend on K).
 """
 
 from __future__ import annotations
@@ -36,11 +36,14 @@ from vbcore.sga import (
     prune_order,
     scale_stats,
 )
+from vbcore.sigma2 import split_nn_variance
 from vbcore.stats import SuffStats
 
 #: rows of the k-means++ sample: max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * K), at most N
 INIT_MIN_ROWS = 5000
 INIT_ROWS_PER_CLUSTER = 10
+#: sample rows of the default sigma^2 (vbcore.sigma2: an n x n neighbour search over <= 1024 coordinates)
+SIGMA2_ROWS = 4000
 
 
 # ---- minibatches ------------------------------------------------------------------------------
@@ -100,22 +103,16 @@ def kmeanspp(sample: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndar
 
 
 def estimate_fixed_variance(sample: np.ndarray, n_components: int, random_state: Any) -> float:
-    """Default ``sigma^2``: mean per-dimension squared distance of the sample's rows to their nearest
-    of ``n_components`` k-means++ seeds (the seeds themselves excluded), on at most
-    ``max(5000, 5 K)`` rows with at most half as many seeds as rows."""
+    """Default ``sigma^2`` for ``x | z=k ~ N(mu_k, sigma^2 I)``, independent of K: split-coordinate
+    nearest neighbours (:func:`vbcore.sigma2.split_nn_variance`) on at most ``SIGMA2_ROWS`` distinct
+    sample rows. ``n_components`` is not used (kept for the estimator's hook signature)."""
+    del n_components  # the truncation is an upper bound; it must not set the scale (issue 6)
     seed = int(random_state) if isinstance(random_state, (int, np.integer)) else 0
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, 2)))
-    size = min(sample.shape[0], max(INIT_MIN_ROWS, 5 * int(n_components)))
+    size = min(sample.shape[0], SIGMA2_ROWS)
     x = sample[np.sort(rng.choice(sample.shape[0], size=size, replace=False))].astype(np.float32)
     x = x - x.mean(0, dtype=np.float64).astype(np.float32)
-    k = max(1, min(int(n_components), size // 2))
-    centres, idx = kmeanspp(x, k, int(rng.integers(2**31 - 1)))
-    c = centres.astype(np.float32)
-    sq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
-    d2 = sq[:, None] + np.einsum("ij,ij->i", c, c, dtype=np.float64)[None] - 2.0 * (x @ c.T)
-    nearest = np.maximum(d2.min(1), 0.0)
-    rest = np.setdiff1d(np.arange(size), idx)
-    var = float(nearest[rest].mean() / x.shape[1]) if rest.size else 0.0
+    var = split_nn_variance(np.unique(x, axis=0), rng)
     if not var > 0:
         var = float(np.mean(x.var(0, dtype=np.float64))) or 1.0
     return var
@@ -135,6 +132,7 @@ class DPPointLearner(Learner):
     the learner state for bitwise resume."""
 
     estimate_fixed_variance = staticmethod(estimate_fixed_variance)
+    sigma2_sample_rows = SIGMA2_ROWS  # rows the estimator gathers for estimate_fixed_variance
     default_weight_concentration = staticmethod(default_weight_concentration)
     default_covariance_type = "fixed"
     cache_squares = False  # minibatch kernels square only the rows they touch (Learner.cache_squares)
