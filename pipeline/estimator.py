@@ -479,7 +479,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         from pipeline.learners.dpm import draw_rows, gather_rows
 
         n = source.n_rows
-        size = getattr(learner_class(self.learner), "sigma2_sample_rows", max(10_000, 20 * int(self.n_components)))
+        size = getattr(learner_class(self.learner), "sigma2_sample_rows",
+                       max(10_000, 20 * int(self.n_components)))
         seq = np.random.SeedSequence(_seed_entropy(self.random_state), spawn_key=(0, 4))
         rng = np.random.default_rng(seq)
         rows = draw_rows(rng, n, int(size))
