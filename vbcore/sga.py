@@ -423,7 +423,8 @@ def sga_step(point: DPPoint, grad: Gradients, *, method: str, eta: float, sigma2
     """
     if method == "sga-f":
         s_mu = eta * grad.mu / np.maximum(grad.fisher_mu, grad.curv_mu[:, None])
-        s_v = eta * grad.v / np.maximum(grad.fisher_v, grad.curv_v)
+        den = np.maximum(grad.fisher_v, grad.curv_v)  # 0 only where g(v) is 0 too (a0 = 1, no rows after k)
+        s_v = eta * np.divide(grad.v, den, out=np.zeros_like(den), where=den > 0)
     elif method in ("sga", "sga-m"):
         s_mu = eta * sigma2 * grad.mu
         s_v = eta * grad.v
@@ -455,12 +456,27 @@ def mm_update(stats: SuffStats, prior: Prior, a0: float) -> DPPoint:
 
 # ---- section 4.5: pruning and re-ordering ----------------------------------------------------------
 def prune_order(sticks: np.ndarray, threshold: float) -> np.ndarray:
-    """Indices of the clusters kept (``E[v_k] >= threshold``), by descending ``E[v_k]`` (stable).
-    At least one cluster (the largest stick) is always kept."""
+    """Indices of the clusters kept (``E[v_k] >= threshold``), by descending mixture weight
+    ``pi_k = v_k prod_{l<k} (1 - v_l)`` (stable). At least one cluster (the largest stick) is always
+    kept. Use :func:`reorder` to move a point to this order: its sticks must be re-derived."""
     keep = np.flatnonzero(sticks >= threshold)
     if keep.size == 0:
         keep = np.array([int(np.argmax(sticks))])
-    return keep[np.argsort(-sticks[keep], kind="stable")]
+    weights = log_stick_weights(sticks)[keep]
+    return keep[np.argsort(-weights, kind="stable")]
+
+
+def reorder(point: DPPoint, order: np.ndarray) -> DPPoint:
+    """The clusters ``order`` of ``point`` (kept and permuted) with the same mixture weights.
+
+    A stick is a fraction of what the earlier sticks leave, so permuting the sticks themselves would
+    change every weight (with ``a0 = 1`` MM's last stick is 1; moved first it would take all the
+    weight). The new sticks are ``v'_j = pi'_j / (1 - sum_{i<j} pi'_i)`` of the permuted weights
+    ``pi' = pi[order]``; the weight of dropped clusters stays with the remainder of the stick."""
+    pi = np.exp(log_stick_weights(point.sticks))[order]
+    left = 1.0 - np.concatenate(([0.0], np.cumsum(pi)[:-1]))
+    sticks = np.clip(pi / np.maximum(left, STICK_EPS), STICK_EPS, 1.0 - STICK_EPS)
+    return DPPoint(point.means[order], sticks)
 
 
 def default_threshold(n_total: int) -> float:
@@ -558,6 +574,7 @@ __all__ = [
     "mm_update",
     "point_posterior",
     "prune_order",
+    "reorder",
     "scale_stats",
     "sga_step",
     "take_stats",

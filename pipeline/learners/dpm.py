@@ -34,6 +34,7 @@ from vbcore.sga import (
     mm_update,
     point_posterior,
     prune_order,
+    reorder,
     scale_stats,
 )
 from vbcore.sigma2 import split_nn_variance
@@ -205,7 +206,7 @@ class DPPointLearner(Learner):
     # -- state
     def _set(self, point: DPPoint, counts: np.ndarray) -> None:
         order = prune_order(point.sticks, self.threshold)
-        self.point = point.take(order)
+        self.point = reorder(point, order)
         self.counts = np.asarray(counts, dtype=np.float64)[order]
         self._reorder(order)
 

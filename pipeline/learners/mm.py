@@ -2,11 +2,14 @@
 
 Each iteration is one pass over all rows: MAP assignments (seed 003 eq. 19) under the current
 point, then the MAP of every factor from their statistics (:func:`vbcore.sga.mm_update`), then
-pruning of the clusters left without rows and re-ordering by descending ``E[v_k]`` (section 4.5).
+pruning of the clusters left without rows and re-ordering by descending count, the MM update
+made in that order (section 4.5).
 Both steps maximise ``ln p(x, z, mu, v)``, so :func:`vbcore.sga.map_bound` never decreases.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from pipeline.learners import register
 from pipeline.learners.dpm import DPPointLearner
@@ -27,10 +30,12 @@ class MM(DPPointLearner):
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.point is not None, "start() first"
         stats = self.hard_pass(self.point)
-        new = mm_update(stats, self.ctx.prior, self.a0)
-        order = prune_order(new.sticks, self.threshold)
-        self.point, self.counts = new.take(order), stats.nk[order]
+        keep = prune_order(mm_update(stats, self.ctx.prior, self.a0).sticks, self.threshold)
+        # re-order by descending count, then the MM update in that order (section 4.5): the sticks
+        # are the MAP of the new order, and the stick part of the bound is largest for it
+        order = keep[np.argsort(-stats.nk[keep], kind="stable")]
         kept = take_stats(stats, order)
+        self.point, self.counts = mm_update(kept, self.ctx.prior, self.a0), kept.nk
         #: ln p(x, z, mu, v) at the point (seed 003 eqs. 23-26), for monitoring
         self.map_bound = map_bound(kept, self.point, self.ctx.prior, self.sigma2, self.a0).total
         self.post = self.posterior()

@@ -67,13 +67,19 @@ class SVI(DPPointLearner):
         return {}
 
     def _prune(self, post: Posterior) -> Posterior:
-        a, b = post.weight_concentration
+        a, _ = post.weight_concentration
         keep = np.flatnonzero(a - 1.0 >= self.min_count)
         if keep.size == 0:
             keep = np.array([int(np.argmax(a))])
-        order = keep[np.argsort(-(a / (a + b))[keep], kind="stable")]
-        return Posterior("fixed", "dirichlet_process", post.weight_concentration[:, order],
-                         post.mean_precision[order], post.means[order], None, post.covariances[order])
+        order = keep[np.argsort(-a[keep], kind="stable")]  # by descending expected count
+        # q(v_k) = Beta(1 + N_k, alpha0 + N_{>k}) with the running counts N_k = a_k - 1: the second
+        # parameter is re-derived for the new order (permuting b with a would change every weight;
+        # in an unchanged order it equals the running average SVI keeps, both blend with one rho_t)
+        counts = a[order] - 1.0
+        tail = np.concatenate((np.cumsum(counts[::-1])[-2::-1], [0.0]))
+        wc = np.vstack((a[order], self.ctx.prior.weight_concentration + tail))
+        return Posterior("fixed", "dirichlet_process", wc, post.mean_precision[order], post.means[order],
+                         None, post.covariances[order])
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.vb is not None, "start() first"
