@@ -136,6 +136,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
             for learner in LEARNERS:
                 res = _fit(store, learner, trunc, mb, sigma2, rows, seed + r, iterations)
                 per.append(res)
+                print(f"seed003 {name} run {r} {learner}: NMI {res['nmi']:.3f}, K {res['k_effective']}, "
+                      f"{res['wall_s']:.1f} s", flush=True)
             mm_cpu = next(p["cpu_s"] for p in per if p["learner"] == "mm")
             for p in per:
                 p["cpu_factor_mm"] = p["cpu_s"] / mm_cpu
@@ -160,6 +162,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
     t2 = [head, sep]
     t3 = ["| dataset | " + " | ".join(LEARNERS) + " |", "|" + "---|" * (1 + len(LEARNERS))]
     t1 = ["| dataset | " + " | ".join(LEARNERS) + " |", "|" + "---|" * (1 + len(LEARNERS))]
+    t4 = ["| dataset | " + " | ".join(LEARNERS) + " |", "|" + "---|" * (1 + len(LEARNERS))]
     for name, (classes, _rows, trunc, _mb) in sets.items():
         t2.append(f"| {name} | {classes} | {trunc} | " + " | ".join(
             f"{_mean(by(name, lr), 'k_effective'):.1f}" for lr in LEARNERS) + " |")
@@ -168,6 +171,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
             + " |")
         t1.append(f"| {name} | " + " | ".join(
             f"{_mean(by(name, lr), 'cpu_factor_mm'):.2f}" for lr in LEARNERS) + " |")
+        t4.append(f"| {name} | " + " | ".join(
+            f"{_mean(by(name, lr), 'wall_s'):.1f}" for lr in LEARNERS) + " |")
     fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 4), squeeze=False)
     for ax, name in zip(axes[0], sets, strict=True):
         rows_n = sets[name][1]
@@ -207,6 +212,10 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
         "Process CPU seconds of the whole fit (initialisation included), measured in the same run.",
         "",
         *t1,
+        "",
+        "## Wall seconds per fit (same runs; 2-core machine, one fit at a time)",
+        "",
+        *t4,
         "",
         "ELBO curves: `elbo_curves.png` (Figs. 3-4); every number: `results.csv`, `curves.json`.",
     ]
