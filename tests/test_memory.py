@@ -20,3 +20,23 @@ def test_peak_memory_far_below_n_k_d(ct):
     # allowed: a few copies of the data and of the (N x K) float64 responsibilities
     assert peak < 4 * data + 3 * n * k * 8 + 16 * 2**20, peak
     assert peak < nkd_float32 / 4
+
+
+def test_hard_assignment_learners_keep_no_square_cache():
+    """sga-f squares only its minibatch rows (Learner.cache_squares = False): the prepared chunks
+    take about the data's size, not 3x (the [x*x, x] cache of the diagonal families)."""
+    import tracemalloc
+
+    import sklearn.cluster  # noqa: F401  (import-time allocations are not the fit's)
+
+    n, d = 200_000, 64
+    X = np.random.default_rng(0).random((n, d), dtype=np.float32)  # 51 MB
+    model = VBMixture(20, covariance_type="fixed", max_iter=3, tol=0.0, chunk_rows=8192, random_state=0,
+                      learner="sga-f", learner_options={"minibatch": 1000})
+    tracemalloc.start()
+    try:
+        model.fit(X)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * X.nbytes, peak  # with the cache the chunks alone take 3 x X.nbytes

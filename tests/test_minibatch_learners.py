@@ -14,6 +14,7 @@ from vbcore.kernels import prepare_chunk
 from vbcore.priors import Prior
 from vbcore.sga import (
     DPPoint,
+    HardStats,
     Velocity,
     gradients,
     hard_kernel,
@@ -105,6 +106,36 @@ def test_hard_statistics_merge_across_blocks_and_chunks(problem):
         assert np.array_equal(other.nk, whole.nk)
         assert other.mean == pytest.approx(whole.mean, rel=1e-12, abs=1e-12)
         assert other.scatter == pytest.approx(whole.scatter, rel=1e-10, abs=1e-10)
+
+
+def test_sparse_hard_statistics_combine_like_dense_sums(problem):
+    """Per-chunk results hold only the clusters with rows; combining minibatch parts once (in chunk
+    order) gives the bits of merging them one after another, and the dense float64 sums."""
+    x, point, prior = problem
+    shift = x[0].astype(np.float64)
+    params = map_params(point, prior.fixed_variance, shift)
+    chunk = prepare_chunk(x, shift, "fixed", squares=False)
+    assert chunk.feats is None and chunk.is_diagonal
+    rng = np.random.default_rng(5)
+    rows = [np.sort(rng.choice(x.shape[0], size=m, replace=False)) for m in (3, 17, 1, 40)]
+    parts = [hard_kernel(chunk, r, params) for r in rows]
+    for p, r in zip(parts, rows, strict=True):
+        assert np.array_equal(p.idx, np.flatnonzero(p.nk)) and p.s1.shape == (p.idx.size, x.shape[1])
+        assert p.nk.sum() == len(r)
+    one = HardStats.combine(parts)
+    folded = parts[0]
+    for p in parts[1:]:
+        folded = folded.merge(p)
+    for a, b in ((one.s1, folded.s1), (one.s2, folded.s2), (one.nk, folded.nk), (one.idx, folded.idx)):
+        assert np.array_equal(a, b)
+    # the dense reference: float64 sums of the rows by label
+    lab = np.concatenate([map_labels(prepare_chunk(x[r], shift, "fixed"), params) for r in rows])
+    xs = np.concatenate([x[r] for r in rows]).astype(np.float64) - shift
+    dense1 = np.zeros((point.n_components, x.shape[1]))
+    np.add.at(dense1, lab, xs)
+    assert one.to_stats().mean * one.nk[:, None] == pytest.approx(dense1, rel=1e-5, abs=1e-5)
+    with pytest.raises(ValueError, match="no chunks"):
+        HardStats.combine([])
 
 
 def test_gradients_match_finite_differences(problem):

@@ -32,7 +32,7 @@ from scipy.stats import chi2
 #: at most this many coordinates choose the neighbour (the rest measure the distance)
 SELECT_MAX_DIMS = 1024
 #: row block of the neighbour search (block x n distances at a time)
-BLOCK_ROWS = 1024
+BLOCK_ROWS = 256
 
 
 def nearest_neighbours(x: np.ndarray, block: int = BLOCK_ROWS) -> np.ndarray:
