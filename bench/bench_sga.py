@@ -70,8 +70,8 @@ def main() -> None:
     from vbcore.metrics import acc, nmi
 
     blas = [f"{i['internal_api']} {i.get('version')} ({i['num_threads']} threads)" for i in threadpool_info()]
-    print(f"BLAS: {', '.join(blas)}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}, "
-          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')}; {os.cpu_count()} CPUs", flush=True)
+    env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    print(f"BLAS: {', '.join(blas)}; {env}; {os.cpu_count()} CPUs", flush=True)
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="vbcluster-bench-")
     os.makedirs(workdir, exist_ok=True)
