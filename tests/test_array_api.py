@@ -198,3 +198,23 @@ def test_vbem_loop_on_strict_chunks_matches_numpy(xps, data, ct, dtype):
     np.testing.assert_allclose(elbo_xp, elbo_np, rtol=tol)
     _close(post_xp.means, post_np.means, tol, "means")
     _close(post_xp.covariances, post_np.covariances, 100 * tol, "covariances")
+
+
+# ---- the hard-assignment kernel of the DP learners (seed 003) -------------------------------------
+@pytest.mark.parametrize("rows", [None, np.array([0, 3, 4, 9, 17, 40])])
+def test_hard_kernel_on_standard_arrays_matches_numpy(xps, rows):
+    """MAP assignments and hard statistics through the standard namespace (the CuPy route: one-hot
+    GEMMs, float64 accumulators on the device) give the NumPy kernel's counts and sums."""
+    from vbcore.sga import DPPoint, hard_kernel, map_params
+
+    rng = np.random.default_rng(4)
+    X = np.concatenate([rng.normal(c, 0.3, size=(30, 5)) for c in (-2.0, 0.0, 3.0)]).astype(np.float32)
+    shift = X[0].astype(np.float64)
+    point = DPPoint(np.array([[-2.0] * 5, [0.0] * 5, [3.0] * 5, [9.0] * 5]), np.array([0.3, 0.4, 0.5, 0.5]))
+    params = map_params(point, 0.09, shift, np.float32)
+    ref = hard_kernel(prepare_chunk(X, shift, "fixed", squares=False), rows, params)
+    got = hard_kernel(prepare_chunk(xps.asarray(X), shift, "fixed", squares=False), rows, params)
+    assert np.array_equal(got.nk, ref.nk) and np.array_equal(got.idx, ref.idx)
+    assert 3 not in got.idx  # the far cluster owns no row
+    np.testing.assert_allclose(got.s1, ref.s1, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(got.s2, ref.s2, rtol=1e-6, atol=1e-5)
