@@ -486,6 +486,28 @@ def test_bad_options_and_settings_are_clear_errors(blobs):
         _fit("mm", X, learner_options={"prune_threshold": 2.0})
 
 
+@pytest.mark.parametrize("learner", ["svi", "sga-f"])
+def test_minibatch_elbo_estimates_the_exact_bound_without_bias(learner):
+    """elbo='minibatch' reports, at iteration t, the estimate for the distribution entering t (its
+    minibatch is new to it); elbo='full' the exact bound after t: same trajectory, so the two series
+    agree one iteration apart on average. Estimating the distribution after the step on the rows it
+    was just fitted to read high (measured here: svi +0.68, sga-f +0.45 nats per row, 6-9 standard
+    errors; now +-0.12, within 1.5)."""
+    rng = np.random.default_rng(0)
+    d = 64
+    means = rng.normal(size=(6, d))
+    X = np.vstack([m + rng.normal(size=(500, d)) for m in means]).astype(np.float32)
+    X = X[rng.permutation(len(X))]
+    series = {}
+    for mode in ("minibatch", "full"):
+        m = VBMixture(12, covariance_type="fixed", max_iter=40, tol=0.0, random_state=0, learner=learner,
+                      chunk_rows=1000, learner_options={"minibatch": 100, "elbo": mode}).fit(X)
+        series[mode] = np.asarray(m.lower_bounds_) / len(X)
+    est, exact = series["minibatch"][1:], series["full"][:-1]
+    se = est.std() / np.sqrt(est.size)
+    assert abs(est.mean() - exact.mean()) < 3 * se + 0.05, (est.mean(), exact.mean(), se)
+
+
 def test_elbo_full_is_the_exact_bound_of_the_result(blobs):
     """With elbo='full' the reported bound is exactly elbo_terms of the final posterior."""
     from vbcore.kernels import prepare_chunk as prep

@@ -91,7 +91,8 @@ class SVI(DPPointLearner):
         rho = step_size(iteration, float(self.opts["tau"]), float(self.opts["kappa"]))
         new = svi_update(self.vb, res.stats, self.ctx.prior, n, rho)
         if self.opts["elbo"] == "minibatch":
-            terms = elbo_terms(scale_stats(res.stats, n / m), new, self.ctx.prior)
+            # unbiased: the posterior entering the step has not seen this minibatch (pipeline.learners.sga)
+            terms = elbo_terms(scale_stats(res.stats, n / m), self.vb, self.ctx.prior)
             self.vb = self._prune(new)
         else:
             self.vb = self._prune(new)
