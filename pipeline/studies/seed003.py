@@ -98,14 +98,33 @@ def _fit(store: str, learner: str, k: int, minibatch: int, sigma2: float, n: int
             "kept_per_iteration": sizes, "n_iter": int(model.n_iter_)}
 
 
+def _reuse(previous: dict[str, list[dict[str, Any]]], name: str, repeat: int, learner: str, sigma2: float,
+           seed: int) -> dict[str, Any]:
+    """The fit of an earlier run (``refit``): it must be of the same data set, seed and sigma^2."""
+    from vbcore.errors import ConfigError
+
+    found = [p for p in previous.get(name, []) if p["repeat"] == repeat and p["learner"] == learner]
+    if not found:
+        raise ConfigError(f"seed003: fits.json has no {learner} fit of {name} run {repeat}; refit it too")
+    p = dict(found[0])
+    if p.get("seed") != seed or not np.isclose(p.get("sigma2", np.nan), sigma2, rtol=1e-12, atol=0.0):
+        raise ConfigError(f"seed003: the earlier {learner} fit of {name} run {repeat} used seed "
+                          f"{p.get('seed')} and sigma^2 {p.get('sigma2')}, this run {seed} and {sigma2}")
+    return p
+
+
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return float(np.mean([r[key] for r in rows]))
 
 
-def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | None = None) -> Path:
+def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | None = None,
+        refit: list[str] | None = None) -> Path:
     """Run the study into ``out/seed003`` and return that folder (see the module docstring).
 
-    ``datasets`` restricts the full study to some of :data:`DATASETS` (for example without SUN397)."""
+    ``datasets`` restricts the full study to some of :data:`DATASETS` (for example without SUN397).
+    ``refit`` fits only those learners again and takes every other fit from the folder's
+    ``fits.json`` (written by every run; same data sets, seed and ``sigma^2`` required), for example
+    after a change that touches some learners only."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,6 +144,16 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
         sets = {k: v for k, v in sets.items() if k in datasets}
     dim = QUICK_DIM if quick else DIM
     iterations = 10 if quick else ITERATIONS
+    previous: dict[str, list[dict[str, Any]]] = {}
+    if refit is not None:
+        from vbcore.errors import ConfigError
+
+        if not set(refit) <= set(LEARNERS):
+            raise ConfigError(f"seed003: refit names unknown learners {sorted(set(refit) - set(LEARNERS))}; "
+                              f"known: {list(LEARNERS)}")
+        if not (folder / "fits.json").exists():
+            raise ConfigError(f"seed003: refit needs the fits of an earlier run in {folder / 'fits.json'}")
+        previous = json.loads((folder / "fits.json").read_text())
     results: dict[str, list[dict[str, Any]]] = {}
     csv_rows = []
     for name, (classes, rows, trunc, mb) in sets.items():
@@ -134,6 +163,9 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
         for r in range(repeats):
             per = []
             for learner in LEARNERS:
+                if refit is not None and learner not in refit:
+                    per.append(_reuse(previous, name, r, learner, sigma2, seed + r))
+                    continue
                 res = _fit(store, learner, trunc, mb, sigma2, rows, seed + r, iterations)
                 per.append(res)
                 print(f"seed003 {name} run {r} {learner}: NMI {res['nmi']:.3f}, K {res['k_effective']}, "
@@ -142,6 +174,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
             for p in per:
                 p["cpu_factor_mm"] = p["cpu_s"] / mm_cpu
                 p["repeat"] = r
+                p["seed"] = seed + r
+                p["sigma2"] = sigma2
                 scalars = {k: v for k, v in p.items() if k not in ("elbo", "kept_per_iteration")}
                 csv_rows.append({"dataset": name, "classes": classes, "rows": rows, "truncation": trunc,
                                  "minibatch": mb, "sigma2": sigma2, **scalars, "elbo_final": p["elbo"][-1]})
@@ -150,6 +184,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
         w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
         w.writeheader()
         w.writerows(csv_rows)
+    (folder / "fits.json").write_text(json.dumps(results))
     (folder / "curves.json").write_text(json.dumps(
         {n: [{"learner": p["learner"], "repeat": p["repeat"], "elbo": p["elbo"],
               "kept": p["kept_per_iteration"]} for p in ps] for n, ps in results.items()}))
@@ -193,7 +228,10 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
         f"{'1 run' if quick else '3 runs (SUN397: 1)'} per data set; D = {dim}.",
         "Data: `vbcluster ingest synthetic` stores sized like seed 003 Table 1 (train + test rows). "
         "Model: fixed isotropic variance (one sigma^2 per data set), a0 = N, k-means++ seeds.",
-        "Stochastic learners' ELBO values are minibatch estimates; mm and vbem are exact.",
+        "Stochastic learners' ELBO values are unbiased minibatch estimates for the distribution "
+        "entering each iteration; mm and vbem are exact.",
+        *([f"Fitted in this run: {', '.join(refit)}; the other learners' fits are those of the earlier run "
+           "in fits.json (same data, seeds and sigma^2)."] if refit is not None else []),
         "",
         "## Estimated number of clusters (the shape of seed 003 Table 2)",
         "",
