@@ -148,8 +148,9 @@ def save_figure(fig: Any, path: Path) -> Path:
 
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
-    """Run with one BLAS thread: the studies' problems are tiny (N <= 6,600, D <= 5), where BLAS
-    threads only add overhead and make timings on a shared machine noisier."""
+    """Run with one BLAS thread: most studies' problems are tiny (N <= 6,600, D <= 5), where BLAS
+    threads only add overhead and make timings on a shared machine noisier; seed003's are not, and
+    its learners are compared at this one equal thread count."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):

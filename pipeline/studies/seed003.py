@@ -251,7 +251,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
         "",
         *t1,
         "",
-        "## Wall seconds per fit (same runs; 2-core machine, one fit at a time)",
+        "## Wall seconds per fit (same runs, one fit at a time, one BLAS thread as in every study)",
         "",
         *t4,
         "",
