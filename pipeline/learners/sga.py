@@ -71,7 +71,7 @@ class _SGA(DPPointLearner):
         return post
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
-        assert self.point is not None, "start() first"
+        assert self.point is not None and self.post is not None, "start() first"
         n = self.ctx.n_rows
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
         stats = self.hard_pass(self.point, handles, rows)
