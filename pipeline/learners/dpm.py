@@ -3,7 +3,8 @@
 * **Minibatches**: iteration t draws ``minibatch`` distinct rows uniformly from all N rows with
   ``ctx.rng(t)`` (so a resumed run draws the same rows), groups them by chunk, and sends each chunk
   only its own row positions (``per_chunk``): the rows are gathered and processed next to the data,
-  on the workers; only K x D statistics come back.
+  on the workers; only the sums of the clusters those rows fall in come back, combined once on the
+  driver in chunk order (:meth:`vbcore.sga.HardStats.combine`).
 * **Initialisation** (Algorithm 1, step 3.iii): k-means++ seeds on a sample of rows gathered through
   the engine (drawn with ``ctx.rng(0, 1)``), then, on that sample (the algorithm's input is a
   minibatch): MAP assignments to the seeds, and the MM update of means and sticks from the sample's
