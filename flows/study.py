@@ -7,27 +7,19 @@ prefect-dask's ``DaskTaskRunner``; without one they run in threads of this proce
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import importlib.util
-import pkgutil
-from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
+from pipeline.studies import known_studies
+from pipeline.studies import run_study as _run_study
 from vbcore.errors import ConfigError
 
 
 def available_studies() -> list[str]:
-    """The studies of ``pipeline.studies`` (empty when the package does not exist)."""
-    try:
-        pkg = importlib.import_module("pipeline.studies")
-    except ModuleNotFoundError:
-        return []
-    if callable(getattr(pkg, "known_studies", None)):  # the package's own list (helpers left out)
-        return list(pkg.known_studies())
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    """The studies of ``pipeline.studies``."""
+    return known_studies()
 
 
 def check_study(name: str) -> None:
@@ -46,14 +38,8 @@ def check_study(name: str) -> None:
 
 @task(name="study", cache_policy=NONE)
 def run_study(name: str, out: str, quick: bool = False, seed: int = 0) -> str:
-    """``pipeline.studies.<name>.run(Path(out), quick=quick, seed=seed)``; returns its output dir."""
-    module = importlib.import_module(f"pipeline.studies.{name}")
-    if not callable(getattr(module, "run", None)):
-        raise ConfigError(f"pipeline.studies.{name} has no run(out, *, quick, seed) function")
-    pkg = importlib.import_module("pipeline.studies")
-    one_thread = getattr(pkg, "one_blas_thread", None)  # the studies' own reproducibility setting
-    with one_thread() if callable(one_thread) else contextlib.nullcontext():
-        path = module.run(Path(out), quick=quick, seed=seed)
+    """:func:`pipeline.studies.run_study` (one BLAS thread, as every study); returns its output dir."""
+    path = _run_study(name, out, quick=quick, seed=seed)
     get_run_logger().info("study %s wrote %s", name, path)
     return str(path)
 
