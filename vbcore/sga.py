@@ -135,17 +135,11 @@ class HardStats:
 
     def merge(self, other: HardStats) -> HardStats:
         a, b = self, other
-        if a.idx.size == b.idx.size and np.array_equal(a.idx, b.idx):
-            idx, s1, s2 = a.idx, np.add(a.s1, b.s1, dtype=np.float64), np.add(a.s2, b.s2, dtype=np.float64)
-        else:
-            idx = np.union1d(a.idx, b.idx)
-            pa, pb = np.searchsorted(idx, a.idx), np.searchsorted(idx, b.idx)
-            s1 = np.zeros((idx.size, a.s1.shape[1]))
-            s2 = np.zeros_like(s1)
-            s1[pa], s2[pa] = a.s1, a.s2
-            s1[pb] += b.s1  # positions are distinct: the same sums as a dense add
-            s2[pb] += b.s2
-        return HardStats(a.nk + b.nk, idx, s1, s2, a.n_rows + b.n_rows, a.shift)
+        if not (a.idx.size == b.idx.size and np.array_equal(a.idx, b.idx)):
+            return HardStats.combine([a, b])
+        # the same clusters (full passes): plain adds, the same sums as combine's
+        s1, s2 = np.add(a.s1, b.s1, dtype=np.float64), np.add(a.s2, b.s2, dtype=np.float64)
+        return HardStats(a.nk + b.nk, a.idx, s1, s2, a.n_rows + b.n_rows, a.shift)
 
     @staticmethod
     def combine(parts: list[HardStats]) -> HardStats:
@@ -448,10 +442,15 @@ def mm_update(stats: SuffStats, prior: Prior, a0: float) -> DPPoint:
     nk = stats.nk
     lam0 = prior.mean_precision
     means = (lam0 * prior.mean[None, :] + nk[:, None] * stats.raw_mean()) / (lam0 + nk)[:, None]
+    return DPPoint(means, mm_sticks(nk, a0))
+
+
+def mm_sticks(nk: np.ndarray, a0: float) -> np.ndarray:
+    """The sticks of :func:`mm_update` alone (K values, no K x D work)."""
     tail = np.concatenate((np.cumsum(nk[::-1])[-2::-1], [0.0]))
     denom = np.maximum(nk + tail + a0 - 1.0, nk)
     sticks = np.where(denom > 0, nk / np.where(denom > 0, denom, 1.0), 0.0)
-    return DPPoint(means, np.clip(sticks, 0.0, 1.0 - STICK_EPS))
+    return np.clip(sticks, 0.0, 1.0 - STICK_EPS)
 
 
 # ---- section 4.5: pruning and re-ordering ----------------------------------------------------------
@@ -571,6 +570,7 @@ __all__ = [
     "map_labels",
     "map_params",
     "minibatch_objective",
+    "mm_sticks",
     "mm_update",
     "point_posterior",
     "prune_order",

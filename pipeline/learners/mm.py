@@ -15,7 +15,7 @@ from pipeline.learners import register
 from pipeline.learners.dpm import DPPointLearner
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.posterior import Posterior
-from vbcore.sga import map_bound, mm_update, prune_order, take_stats
+from vbcore.sga import map_bound, mm_sticks, mm_update, prune_order, take_stats
 
 
 @register("mm")
@@ -30,7 +30,7 @@ class MM(DPPointLearner):
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.point is not None, "start() first"
         stats = self.hard_pass(self.point)
-        keep = prune_order(mm_update(stats, self.ctx.prior, self.a0).sticks, self.threshold)
+        keep = prune_order(mm_sticks(stats.nk, self.a0), self.threshold)
         # re-order by descending count, then the MM update in that order (section 4.5): the sticks
         # are the MAP of the new order, and the stick part of the bound is largest for it
         order = keep[np.argsort(-stats.nk[keep], kind="stable")]
