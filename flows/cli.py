@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from pipeline.cli import _fail, _options, app, console
+from pipeline.cli import app, console, fail, key_values, spec_help
 
 __all__ = ["app"]
 
@@ -18,17 +18,16 @@ def deploy(
     cron: str | None = typer.Option(None, help="A cron schedule, e.g. '0 2 * * *' (02:00 every day)."),
     interval: float | None = typer.Option(None, help="Or: run every this many seconds."),
     name: str = typer.Option("vbcluster-refresh", help="The deployment's name."),
-    learner: str = typer.Option("vbem", help="The learner (see `vbcluster learners`)."),
+    learner: str | None = typer.Option(None, help=spec_help("learner")),
     learner_option: list[str] = typer.Option([], "--learner-option", "-o",
                                              help="Learner option KEY=VALUE (repeatable)."),
-    components: int = typer.Option(50, "--components", "-k", help="K (the DP truncation level)."),
-    covariance: str = typer.Option("diag", help="full | diag | spherical | fixed."),
-    weights: str = typer.Option("dp", help="dp | dirichlet."),
-    max_iter: int = typer.Option(200, help="Maximum iterations per refresh."),
-    tol: float = typer.Option(1e-4, help="Convergence threshold on the ELBO change per row."),
-    seed: int = typer.Option(0, help="Random seed."),
-    cluster: str | None = typer.Option(None, help="A cluster config (cluster_config/*.yaml) or "
-                                       "scheduler address for the fits."),
+    components: int | None = typer.Option(None, "--components", "-k", help=spec_help("components")),
+    covariance: str | None = typer.Option(None, help=spec_help("covariance")),
+    weights: str | None = typer.Option(None, help="dp | dirichlet [default: dp]."),
+    max_iter: int | None = typer.Option(None, help=spec_help("max_iter")),
+    tol: float | None = typer.Option(None, help=spec_help("tol")),
+    seed: int | None = typer.Option(None, help=spec_help("seed")),
+    cluster: str | None = typer.Option(None, help=spec_help("cluster")),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the inputs, register nothing."),
 ) -> None:
     """Refresh the clustering of STORE on a schedule: register a Prefect deployment on the server of
@@ -40,11 +39,11 @@ def deploy(
 
     try:
         info = run_deploy(store, out, cron=cron, interval=interval, name=name, dry_run=dry_run,
-                          learner=learner, learner_options=_options(learner_option) or None,
+                          learner=learner, learner_options=key_values(learner_option) or None,
                           components=components, covariance=covariance, weights=weights,
                           max_iter=max_iter, tol=tol, seed=seed, cluster=cluster)
     except VBClusterError as exc:
-        _fail(exc)
+        fail(exc)
         return
     if dry_run:
         when = info.get("cron") or f"every {info['interval'].total_seconds():g} s"

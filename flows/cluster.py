@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
 from flows.runtime import EngineSpec, dask_cluster
+from pipeline.spec import FitSpec
 
 ITERATION_LOG = "iterations.jsonl"
 
@@ -31,18 +32,18 @@ def check_store(store: str) -> dict[str, Any]:
 
 
 @task(name="fit", cache_policy=NONE)
-def fit(run_dir: str, spec: dict[str, Any], engine: EngineSpec, warm_from: str | None = None,
+def fit(run_dir: str, spec: FitSpec, engine: EngineSpec, warm_from: str | None = None,
         quiet: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit into ``run_dir`` with checkpoints (resumes from them when the directory has some)."""
     from pipeline.fitting import fit_run
     from pipeline.progress import FitProgress
 
     logger = get_run_logger()
-    logger.info("fit %s -> %s (learner %s, K=%s%s)", spec["store"], run_dir, spec["learner"],
-                spec["components"], f", warm start from {warm_from}" if warm_from else "")
+    logger.info("fit %s -> %s (learner %s, K=%s%s)", spec.store, run_dir, spec.learner,
+                spec.components, f", warm start from {warm_from}" if warm_from else "")
     eng = engine.open()
     try:
-        with FitProgress(spec["max_iter"], f"{spec['learner']} {Path(run_dir).name}",
+        with FitProgress(spec.max_iter, f"{spec.learner} {Path(run_dir).name}",
                          log_path=Path(run_dir) / ITERATION_LOG, quiet=quiet) as progress:
             result = fit_run(run_dir, spec, engine=eng, warm_from=warm_from, callback=progress,
                              extra=extra)
@@ -79,22 +80,23 @@ def report(run_dirs: list[str], out: str | None = None) -> str:
 def cluster_flow(
     store: str,
     run_dir: str,
-    learner: str = "vbem",
-    components: int = 50,
-    covariance: str = "diag",
-    weights: str = "dp",
-    max_iter: int = 200,
-    tol: float = 1e-4,
-    seed: int = 0,
-    init: str = "kmeans",
+    learner: str | None = None,
+    components: int | None = None,
+    covariance: str | None = None,
+    weights: str | None = None,
+    max_iter: int | None = None,
+    tol: float | None = None,
+    seed: int | None = None,
+    init: str | None = None,
     learner_options: dict[str, Any] | None = None,
     cluster: str | None = None,
-    checkpoint_every: int = 5,
+    checkpoint_every: int | None = None,
     warm_start_from: str | None = None,
     assign_labels: bool = True,
     write_report: bool = True,
     quiet: bool = False,
     extra: dict[str, Any] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fit a store into a run directory, write the assignments and the report.
 
@@ -104,10 +106,11 @@ def cluster_flow(
         The feature store.
     run_dir : str
         The run directory (result.json, posterior.npz, checkpoints/, iterations.jsonl, report/).
-    learner, components, covariance, weights, max_iter, tol, seed, init, learner_options
-        As ``vbcluster fit``.
-    cluster : str, optional
-        A cluster config (``cluster_config/*.yaml``) or scheduler address; default in-process.
+    learner, components, covariance, weights, max_iter, tol, seed, init, learner_options, cluster,
+    checkpoint_every
+        Fit settings (:class:`pipeline.spec.FitSpec`; None: its default, as ``vbcluster fit``).
+    settings : dict, optional
+        Any other fit setting of :class:`pipeline.spec.FitSpec` by name.
     warm_start_from : str, optional
         A finished run directory whose posterior starts the fit.
     assign_labels, write_report : bool
@@ -118,14 +121,15 @@ def cluster_flow(
     dict
         The run's result.json, plus ``run_dir``, ``assignments`` and ``report`` paths.
     """
-    from pipeline.fitting import make_spec
+    from pipeline.fitting import check_fit, make_spec
 
     spec = make_spec(store, learner=learner, components=components, covariance=covariance,
                      weights=weights, max_iter=max_iter, tol=tol, seed=seed, init=init,
                      cluster=cluster, checkpoint_every=checkpoint_every,
-                     learner_options=learner_options or None)
+                     learner_options=learner_options or None, **(settings or {}))
+    check_fit(run_dir, spec, warm_start_from)  # every setting checked before any task runs
     check_store(store)
-    with dask_cluster(cluster, quiet=quiet) as engine:
+    with dask_cluster(spec.cluster, quiet=quiet) as engine:
         result = fit(run_dir, spec, engine, warm_start_from, quiet, extra)
         if assign_labels:
             result["assignments"] = assign(run_dir, engine)

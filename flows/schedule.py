@@ -65,13 +65,13 @@ def _run_key() -> str:
 def refresh_flow(
     store: str,
     out: str,
-    learner: str = "vbem",
-    components: int = 50,
-    covariance: str = "diag",
-    weights: str = "dp",
-    max_iter: int = 200,
-    tol: float = 1e-4,
-    seed: int = 0,
+    learner: str | None = None,
+    components: int | None = None,
+    covariance: str | None = None,
+    weights: str | None = None,
+    max_iter: int | None = None,
+    tol: float | None = None,
+    seed: int | None = None,
     learner_options: dict[str, Any] | None = None,
     cluster: str | None = None,
     quiet: bool = True,
@@ -94,20 +94,22 @@ def refresh_flow(
         return {"action": "skip", "reason": p["reason"], "latest": p["previous"]}
     warm = p["previous"] if p["action"] == "warm" else None
     spec = make_spec(store, learner=learner, components=components, covariance=covariance,
-                     weights=weights, seed=seed, learner_options=learner_options)
+                     weights=weights, max_iter=max_iter, tol=tol, seed=seed, cluster=cluster,
+                     learner_options=learner_options or None)
     if warm is not None and (problem := warm_start_problem(warm, spec)):
         logger.info("cold start instead of a warm start from %s: %s", warm, problem)
         warm = None
         p["action"], p["reason"] = "cold", problem
-    run_dir = unfinished_version(out, p["fingerprint"], spec)  # a refresh that died mid-fit: resume it
+    # a refresh that died mid-fit: resume it
+    run_dir = unfinished_version(out, p["fingerprint"], spec.to_dict())
     if run_dir is not None:
         logger.info("resuming the unfinished refresh in %s", run_dir)
     else:
         run_dir = claim_version(out, _run_key())
-    result = cluster_flow(store, str(run_dir), learner=learner, components=components,
-                          covariance=covariance, weights=weights, max_iter=max_iter, tol=tol, seed=seed,
-                          learner_options=learner_options, cluster=cluster, warm_start_from=warm,
-                          quiet=quiet, extra={"refresh": p})
+    result = cluster_flow(store, str(run_dir), learner=spec.learner, components=spec.components,
+                          covariance=spec.covariance, weights=spec.weights, max_iter=spec.max_iter,
+                          tol=spec.tol, seed=spec.seed, learner_options=spec.learner_options or None,
+                          cluster=spec.cluster, warm_start_from=warm, quiet=quiet, extra={"refresh": p})
     publish_version(out, str(run_dir))
     logger.info("published %s (%s start, %d rows, %d iterations, %d clusters)", run_dir.name,
                 p["action"], result["n_rows"], result["n_iter"], result["n_effective"])
@@ -140,7 +142,6 @@ def check_schedule(cron: str | None, interval: float | None) -> dict[str, Any]:
 def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[str, Any]:
     """Check the store (it must exist) and the settings; the refresh flow's parameters."""
     from pipeline.fitting import make_spec
-    from pipeline.learners import learner_class
     from pipeline.sources import StoreSource
 
     src = StoreSource(store)  # a missing or invalid store: a clear StoreError, nothing changed
@@ -153,8 +154,7 @@ def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[
 
         load_cluster_config(cluster)  # a missing or invalid config: a clear ConfigError
         settings["cluster"] = str(Path(cluster).resolve())  # scheduled runs may start elsewhere
-    spec = make_spec(store, **{k: v for k, v in settings.items() if k not in ("quiet",)})
-    learner_class(spec["learner"]).parse_options(spec.get("learner_options") or {})
+    make_spec(store, **{k: v for k, v in settings.items() if k not in ("quiet",)})  # the refresh's spec
     if out_path.exists() and not out_path.is_dir():
         raise ConfigError(f"--out {out_path} exists and is not a directory")
     del src

@@ -58,7 +58,7 @@ def demo(
     console.print("clusters found = components that own at least one row (argmax of q(z)).")
 
 
-def _options(pairs: list[str]) -> dict[str, str]:
+def key_values(pairs: list[str]) -> dict[str, str]:
     out = {}
     for p in pairs:
         if "=" not in p:
@@ -68,7 +68,7 @@ def _options(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def _fail(exc: Exception) -> None:
+def fail(exc: Exception) -> None:
     console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
     raise typer.Exit(code=2)
 
@@ -95,7 +95,7 @@ def ingest(
     from pipeline.ingest import ingest as run_ingest
     from vbcore.errors import VBClusterError
 
-    opts: dict[str, Any] = dict(_options(option))
+    opts: dict[str, Any] = dict(key_values(option))
     for k, v in (("rows", rows), ("dim", dim), ("classes", classes), ("seed", seed)):
         if v is not None:
             opts[k] = v
@@ -110,7 +110,7 @@ def ingest(
                                 overwrite=overwrite, drop_nonfinite=drop_nonfinite,
                                 progress=lambda n: bar.advance(t, n), **opts)
     except (VBClusterError, FileNotFoundError) as exc:
-        _fail(exc)
+        fail(exc)
         return
     console.print(f"{report.path}: wrote {report.rows_written} rows x {report.n_features} features "
                   f"from {report.source} ({report.rows_dropped} dropped) in {report.elapsed_s:.1f}s; "
@@ -129,7 +129,10 @@ def _engine(cluster: str | None):  # type: ignore[no-untyped-def]
     return engine
 
 
-RUN_SPEC = "run.json"
+def spec_help(name: str) -> str:
+    from pipeline.spec import setting_help
+
+    return setting_help(name)
 
 
 @app.command()
@@ -137,37 +140,45 @@ def fit(
     store: str = typer.Argument(..., help="The feature store to cluster."),
     run_dir: str = typer.Option(..., "--run-dir", help="Where result.json, posterior.npz and "
                                 "checkpoints/ go."),
-    learner: str = typer.Option("vbem", help="The learner: vbem, or another of `vbcluster learners`."),
+    learner: str | None = typer.Option(None, help=spec_help("learner")),
     learner_option: list[str] = typer.Option([], "--learner-option", "-o",
-                                             help="Learner option KEY=VALUE (repeatable)."),
-    components: int = typer.Option(50, "--components", "-k", help="K (the DP truncation level)."),
-    covariance: str | None = typer.Option(None, help="full | diag | spherical | fixed; default: the "
-                                          "learner's (fixed for mm, sga*, svi; diag otherwise)."),
-    weights: str = typer.Option("dp", help="dp (truncated Dirichlet process) | dirichlet."),
-    max_iter: int = typer.Option(200, help="Maximum iterations."),
-    tol: float = typer.Option(1e-4, help="Convergence threshold on the ELBO change per row."),
-    seed: int = typer.Option(0, help="Random seed."),
-    init: str = typer.Option("kmeans", help="kmeans | k-means++ | random | random_from_data."),
-    cluster: str | None = typer.Option(None, help="A cluster config (cluster_config/*.yaml) or "
-                                       "scheduler address; default: in-process."),
-    chunk_rows: int = typer.Option(65536, help="Rows per chunk for in-memory arrays."),
-    checkpoint_every: int = typer.Option(10, help="Iterations between checkpoints."),
-    checkpoint_seconds: float | None = typer.Option(None, help="Also checkpoint after this many seconds."),
-    keep: int = typer.Option(3, help="Checkpoints kept."),
+                                             help="Learner option KEY=VALUE (repeatable; `vbcluster "
+                                             "learners` lists them)."),
+    components: int | None = typer.Option(None, "--components", "-k", help=spec_help("components")),
+    covariance: str | None = typer.Option(None, help=spec_help("covariance")),
+    weights: str | None = typer.Option(None, help="dp (truncated Dirichlet process) | dirichlet (finite) "
+                                       "[default: dp]."),
+    max_iter: int | None = typer.Option(None, help=spec_help("max_iter")),
+    tol: float | None = typer.Option(None, help=spec_help("tol")),
+    seed: int | None = typer.Option(None, help=spec_help("seed")),
+    init: str | None = typer.Option(None, help=spec_help("init")),
+    n_init: int | None = typer.Option(None, help=spec_help("n_init")),
+    fixed_variance: float | None = typer.Option(None, help=spec_help("fixed_variance")),
+    cluster: str | None = typer.Option(None, help=spec_help("cluster")),
+    chunk_rows: int | None = typer.Option(None, help=spec_help("chunk_rows")),
+    checkpoint_every: int | None = typer.Option(None, help=spec_help("checkpoint_every")),
+    checkpoint_seconds: float | None = typer.Option(None, help=spec_help("checkpoint_seconds")),
+    keep: int | None = typer.Option(None, help=spec_help("keep")),
+    restart: bool = typer.Option(False, "--restart", help="Start over in a run directory that holds "
+                                 "another run (its checkpoints and results are removed)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ) -> None:
     """Fit a VB mixture to a store; write DIR/result.json and DIR/posterior.npz, with checkpoints in
-    DIR/checkpoints (a killed fit continues with `vbcluster resume DIR`)."""
-    if covariance is None:  # the learner's own default (issue 6: the seed 003 learners need 'fixed')
-        from pipeline.learners import LEARNERS
+    DIR/checkpoints (a killed fit continues with `vbcluster resume DIR`). Every setting is checked
+    before anything is read or written; a directory holding another run is refused unless --restart."""
+    from pipeline.fitting import make_spec
+    from vbcore.errors import VBClusterError
 
-        covariance = getattr(LEARNERS.get(learner), "default_covariance_type", "diag")
-    spec = {"store": store, "learner": learner, "components": components, "covariance": covariance,
-            "weights": weights, "max_iter": max_iter, "tol": tol, "seed": seed, "init": init,
-            "cluster": cluster, "chunk_rows": chunk_rows, "checkpoint_every": checkpoint_every,
-            "checkpoint_seconds": checkpoint_seconds, "keep": keep,
-            "learner_options": _options(learner_option)}
-    _run(run_dir, spec, quiet, fresh=True)
+    try:
+        spec = make_spec(store, learner=learner, components=components, covariance=covariance,
+                         weights=weights, max_iter=max_iter, tol=tol, seed=seed, init=init, n_init=n_init,
+                         fixed_variance=fixed_variance, cluster=cluster, chunk_rows=chunk_rows,
+                         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
+                         keep=keep, learner_options=key_values(learner_option))
+    except VBClusterError as exc:
+        fail(exc)
+        return
+    _run(run_dir, spec, quiet, restart=restart)
 
 
 @app.command()
@@ -192,78 +203,55 @@ def resume(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ) -> None:
     """Continue a fit from its newest valid checkpoint (bit for bit where an uninterrupted fit ends)."""
-    import json
-    from pathlib import Path
+    from dataclasses import replace
 
-    path = Path(run_dir) / RUN_SPEC
-    if not path.is_file():
-        _fail(FileNotFoundError(f"{run_dir}: no {RUN_SPEC} (not a run directory of `vbcluster fit`)"))
-        return
-    spec = json.loads(path.read_text())
-    if cluster is not None:
-        spec["cluster"] = cluster
-    _run(run_dir, spec, quiet, fresh=False)
-
-
-def _run(run_dir: str, spec: dict[str, Any], quiet: bool, fresh: bool) -> None:
-    import json
-    from pathlib import Path
-
-    from pipeline.checkpoint import CheckpointError, RunLock, RunLockedError
-    from pipeline.estimator import VBMixture
-    from pipeline.runs import save_run, write_atomic
+    from pipeline.fitting import read_spec
     from vbcore.errors import VBClusterError
 
-    wt = {"dp": "dirichlet_process", "dirichlet": "dirichlet_distribution"}.get(spec["weights"],
-                                                                              spec["weights"])
-    t0 = time.perf_counter()
     try:
-        from pipeline.sources import StoreSource
-
-        StoreSource(spec["store"])  # a missing or bad store fails before anything is written
-        from pipeline.learners import learner_class  # and so do a bad learner or its options
-
-        learner_class(spec["learner"]).parse_options(spec.get("learner_options") or {})
-        with RunLock(run_dir) as lock:
-            if lock.taken_over:
-                console.print(f"took over a stale lock of pid {lock.taken_over.get('pid')} on "
-                              f"{lock.taken_over.get('host')}", soft_wrap=True)
-            if fresh:
-                write_atomic(Path(run_dir) / RUN_SPEC, lambda f: f.write(json.dumps(spec, indent=1).encode()))
-            engine = _engine(spec["cluster"])
-            try:
-                model = VBMixture(
-                    spec["components"], covariance_type=spec["covariance"],
-                    weight_concentration_prior_type=wt, max_iter=spec["max_iter"], tol=spec["tol"],
-                    random_state=spec["seed"], init_params=spec["init"], learner=spec["learner"],
-                    learner_options=spec.get("learner_options") or None,
-                    chunk_rows=spec["chunk_rows"], engine=engine, verbose=0,
-                    checkpoint_dir=str(Path(run_dir) / "checkpoints"),
-                    checkpoint_every=spec["checkpoint_every"],
-                    checkpoint_seconds=spec["checkpoint_seconds"], checkpoint_keep=spec["keep"],
-                )
-                from pipeline.progress import FitProgress
-
-                with FitProgress(spec["max_iter"], f"{spec['learner']} {Path(run_dir).name}", quiet=quiet,
-                                 log_path=Path(run_dir) / "iterations.jsonl", console=console) as progress:
-                    model.fit(spec["store"], callback=progress)
-                if getattr(model, "resumed_from_", None):
-                    console.print(f"resumed from {model.resumed_from_}", soft_wrap=True)
-                for name, reason in getattr(model, "skipped_checkpoints_", []):
-                    console.print(f"skipped checkpoint {name}: {reason}", soft_wrap=True)
-                result = save_run(run_dir, model, spec["store"],
-                                  extra={"seconds": time.perf_counter() - t0}, engine=engine)
-            finally:
-                engine.close()
-    except (VBClusterError, RunLockedError, CheckpointError, OSError) as exc:
-        _fail(exc)
+        spec = read_spec(run_dir)
+    except VBClusterError as exc:
+        fail(exc)
         return
-    table = Table(title=f"vbcluster fit {spec['store']}")
+    if cluster is not None:
+        spec = replace(spec, cluster=cluster)
+    _run(run_dir, spec, quiet, resume=True)
+
+
+def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bool = False) -> None:
+    from pathlib import Path
+
+    from pipeline.checkpoint import CheckpointError, RunLockedError
+    from pipeline.fitting import check_fit, fit_run
+    from pipeline.progress import FitProgress
+    from vbcore.errors import VBClusterError
+
+    try:
+        state = check_fit(run_dir, spec, restart=restart)  # nothing is written before this passes
+        if state == "continue" and not resume:
+            console.print(f"{run_dir} holds this run: continuing it (--restart starts over)", soft_wrap=True)
+        engine = _engine(spec.cluster)
+        try:
+            with FitProgress(spec.max_iter, f"{spec.learner} {Path(run_dir).name}", quiet=quiet,
+                             log_path=Path(run_dir) / "iterations.jsonl", console=console) as progress:
+                result = fit_run(run_dir, spec, engine=engine, callback=progress, restart=restart)
+        finally:
+            engine.close()
+    except (VBClusterError, RunLockedError, CheckpointError, OSError) as exc:
+        fail(exc)
+        return
+    if result.get("resumed_from"):
+        console.print(f"resumed from {result['resumed_from']}", soft_wrap=True)
+    if result.get("took_over_lock_of"):
+        taken = result["took_over_lock_of"]
+        console.print(f"took over a stale lock of pid {taken.get('pid')} on {taken.get('host')}",
+                      soft_wrap=True)
+    table = Table(title=f"vbcluster fit {spec.store}")
     for col in ("learner", "iterations", "converged", "K", "effective K", "ELBO", "NMI", "ACC", "seconds"):
         table.add_column(col, justify="right")
     m = result.get("metrics", {})
-    table.add_row(spec["learner"], str(result["n_iter"]), str(result["converged"]),
-                  str(spec["components"]), str(result["n_effective"]), f"{result['elbo']:.6g}",
+    table.add_row(spec.learner, str(result["n_iter"]), str(result["converged"]),
+                  str(spec.components), str(result["n_effective"]), f"{result['elbo']:.6g}",
                   f"{m['nmi']:.3f}" if m else "-", f"{m['acc']:.3f}" if m else "-",
                   f"{result['seconds']:.1f}")
     console.print(table)
@@ -283,7 +271,7 @@ def assign(
     try:
         target = assign_store(run_dir, store=store, name=name)
     except VBClusterError as exc:
-        _fail(exc)
+        fail(exc)
         return
     console.print(f"wrote {target} (arrays labels, probability)")
 
@@ -303,7 +291,7 @@ def study(
     try:
         folder = run_study(name, out, quick=quick, seed=seed)
     except VBClusterError as exc:
-        _fail(exc)
+        fail(exc)
         return
     console.print(f"study {name}: wrote {folder}/README.md and its tables and plots "
                   f"in {time.perf_counter() - t0:.1f}s", soft_wrap=True)
@@ -324,7 +312,7 @@ def report(
     try:
         path = write_report(run_dirs, out, sample=sample)
     except VBClusterError as exc:
-        _fail(exc)
+        fail(exc)
         return
     console.print(f"wrote {path} (and its PNGs beside it)")
 

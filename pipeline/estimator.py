@@ -1,124 +1,73 @@
-"""``VBMixture``: a scikit-learn compatible estimator over vbcore's VB EM.
+"""``VBMixture``: the scikit-learn face of vbcluster.
 
 Parameters mean what they mean in scikit-learn's ``BayesianGaussianMixture``; the additions are
-``learner``, ``fixed_variance`` and ``chunk_rows``. The fitted attributes carry scikit-learn's names,
-plus ``lower_bounds_`` (the exact ELBO after every iteration) and ``elbo_terms_``.
+``learner``, ``learner_options``, ``fixed_variance``, the engine and checkpoint settings. The
+settings are a :class:`pipeline.spec.FitSpec` (validated there before any data is read); the loop,
+checkpoints and resume are :mod:`pipeline.fit_driver`'s, the preparation, prior and initialisation
+:mod:`pipeline.fit_setup`'s. The fitted attributes carry scikit-learn's names, plus
+``lower_bounds_`` (the exact ELBO after every iteration) and ``elbo_terms_``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
-from scipy import sparse
 from scipy.linalg import solve_triangular
 from scipy.special import gammaln, logsumexp
 from sklearn.base import BaseEstimator, DensityMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pipeline.checkpoint import Checkpointer, RunLock, config_hash
-from pipeline.engine import PERSIST_MODES, make_engine, split_rows
-from pipeline.learners import LEARNERS, FitContext, learner_class, make_learner
-from pipeline.learners.vbem import vbem_pass
-from pipeline.sources import ArraySource, DaskArraySource, StoreSource, is_dask_array, is_store_path
-from vbcore.elbo import ElboTerms, elbo_terms
-from vbcore.errors import ConfigError, InputError, InputTypeError
-from vbcore.kernels import (
-    Chunk,
-    array_namespace,
-    chunk_statistics,
-    estep_params,
-    prepare_chunk,
-    responsibilities,
-    to_numpy,
-)
-from vbcore.mstep import m_step
+from pipeline.checkpoint import RunLock
+from pipeline.engine import make_engine, split_rows
+from pipeline.fit_driver import FitOutcome, n_effective, run_fit
+from pipeline.fit_setup import open_source
+from pipeline.sources import is_store_path
+from pipeline.spec import FitSpec
+from vbcore.elbo import ElboTerms
+from vbcore.errors import ConfigError, InputError
+from vbcore.kernels import estep_params, prepare_chunk, responsibilities
 from vbcore.posterior import Posterior
-from vbcore.priors import COVARIANCE_TYPES, WEIGHT_TYPES, Prior, default_prior
-from vbcore.stats import SuffStats
+from vbcore.priors import Prior
+from vbcore.validation import check_array_2d
 
-INIT_PARAMS = ("kmeans", "k-means++", "random", "random_from_data")
-
-
-def check_array_2d(X: Any, name: str = "X") -> np.ndarray:
-    """Validate data: dense, 2-D, numeric, at least one row and column, all finite.
-
-    float32 stays float32; other numeric dtypes (and object arrays of numbers) become float64.
-    Messages keep scikit-learn's wording where it has one, so its tooling recognises them.
-    """
-    if sparse.issparse(X):
-        raise InputError(
-            f"{name} is a scipy sparse matrix; sparse input is not supported: pass X.toarray() "
-            "(feature stores hold dense features)"
-        )
-    try:
-        arr = np.asarray(X)
-    except Exception as exc:  # pragma: no cover - exotic inputs
-        raise InputError(f"{name} cannot be converted to an array: {exc}") from None
-    if arr.dtype.kind == "c":
-        raise InputError(f"Complex data not supported: {name} has dtype {arr.dtype}")
-    if arr.dtype.kind == "O":
-        try:
-            arr = arr.astype(np.float64)
-        except (TypeError, ValueError) as exc:
-            raise InputTypeError(
-                f"{name} must be numeric; its dtype object holds a non-number: {exc}"
-            ) from None
-    if arr.dtype.kind not in "biuf":
-        raise InputError(f"{name} must be numeric, got dtype {arr.dtype}")
-    if arr.ndim != 2:
-        raise InputError(
-            f"{name} must be 2-D (n_samples, n_features), got {arr.ndim}-D of shape {arr.shape}. "
-            "Reshape your data: X.reshape(-1, 1) for a single feature, X.reshape(1, -1) for one row"
-        )
-    if arr.shape[0] < 1:
-        raise InputError(
-            f"{name} has n_samples=0: found array with 0 sample(s) (shape={arr.shape}) while a "
-            "minimum of 1 is required."
-        )
-    if arr.shape[1] < 1:
-        raise InputError(
-            f"{name} has n_features=0: found array with 0 feature(s) (shape={arr.shape}) while a "
-            "minimum of 1 is required."
-        )
-    arr = np.ascontiguousarray(arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        row, col = np.argwhere(~finite)[0]
-        raise InputError(
-            f"{name} contains non-finite values (NaN or inf); the first is at row {row}, "
-            f"column {col}: {arr[row, col].item()}"
-        )
-    return arr
+__all__ = ["VBMixture", "check_array_2d", "posterior_predictive_logpdf"]
 
 
 class VBMixture(DensityMixin, BaseEstimator):
     """Variational Bayesian Gaussian mixture with the exact ELBO.
 
+    The settings are those of :class:`pipeline.spec.FitSpec` under scikit-learn's names; they are
+    resolved and validated there before any data is read.
+
     Parameters
     ----------
     n_components : int, default=1
         Number of components ``K`` (the truncation level for the Dirichlet process).
-    covariance_type : {'full', 'diag', 'spherical', 'fixed'}, default='full'
-        'fixed' is a known isotropic variance ``fixed_variance`` with a Gaussian prior on the means.
+    covariance_type : {'full', 'tied', 'diag', 'spherical', 'fixed'} or None, default=None
+        None is scikit-learn's 'full' for the learners that fit it, and the learner's own otherwise
+        ('fixed' for mm, sga, sga-m, sga-f, svi). 'fixed' is a known isotropic variance
+        ``fixed_variance`` with a Gaussian prior on the means.
     tol : float, default=1e-3
         Convergence threshold on the change of the ELBO *per sample* between iterations.
     reg_covar : float, default=1e-6
         Added to the diagonal of each component's sample covariance (scikit-learn's meaning).
     max_iter : int, default=100
+    n_init : int, default=1
+        Restarts (each from its own seed derived from ``random_state``); the fit with the best ELBO
+        is kept.
     init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, default='kmeans'
     weight_concentration_prior_type : {'dirichlet_process', 'dirichlet_distribution'}
     weight_concentration_prior, mean_precision_prior, mean_prior, degrees_of_freedom_prior,
     covariance_prior : priors, as in scikit-learn; None takes the data-dependent defaults.
     fixed_variance : float, optional
-        ``sigma^2`` for covariance_type='fixed'; default: the mean per-dimension within-cluster
-        variance of k-means with ``n_components`` clusters on (a sample of) X.
+        ``sigma^2`` for covariance_type='fixed'; default: the learner's estimate (split-coordinate
+        nearest neighbours for mm, sga*, svi), else the mean per-dimension within-cluster variance
+        of k-means with ``n_components`` clusters on (a sample of) X.
     learner : str, default='vbem'
         A registered learner (``pipeline.learners.LEARNERS``): 'vbem', and the others listed in
         docs/algorithms.md. ``set_params(learner=..., warm_start=True)`` switches learners and
@@ -146,16 +95,19 @@ class VBMixture(DensityMixin, BaseEstimator):
     warm_start : bool, default=False
         Start the next ``fit`` from the current posterior.
     verbose : int, default=0
+        1 prints each restart and its end; 2 also every ``verbose_interval`` iterations.
+    verbose_interval : int, default=10
     """
 
     def __init__(
         self,
         n_components: int = 1,
         *,
-        covariance_type: str = "full",
+        covariance_type: str | None = None,
         tol: float = 1e-3,
         reg_covar: float = 1e-6,
         max_iter: int = 100,
+        n_init: int = 1,
         init_params: str = "kmeans",
         weight_concentration_prior_type: str = "dirichlet_process",
         weight_concentration_prior: float | None = None,
@@ -176,12 +128,14 @@ class VBMixture(DensityMixin, BaseEstimator):
         random_state: Any = None,
         warm_start: bool = False,
         verbose: int = 0,
+        verbose_interval: int = 10,
     ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
         self.reg_covar = reg_covar
         self.max_iter = max_iter
+        self.n_init = n_init
         self.init_params = init_params
         self.weight_concentration_prior_type = weight_concentration_prior_type
         self.weight_concentration_prior = weight_concentration_prior
@@ -202,57 +156,23 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.random_state = random_state
         self.warm_start = warm_start
         self.verbose = verbose
+        self.verbose_interval = verbose_interval
 
-    # ---- validation ---------------------------------------------------------------------------
-    @staticmethod
-    def _integer(name: str, value: Any, minimum: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ConfigError(f"{name} must be an integer >= {minimum}, got {_show(value)}")
-        return int(value)
-
-    @staticmethod
-    def _number(name: str, value: Any) -> float:
-        try:
-            out = float(value)
-        except (TypeError, ValueError):
-            out = float("nan")
-        if isinstance(value, bool) or not np.isfinite(out) or out < 0:
-            raise ConfigError(f"{name} must be a finite number >= 0, got {_show(value)}")
-        return out
-
-    def _check_settings(self) -> None:
-        self._integer("n_components", self.n_components, 1)
-        if self.covariance_type not in COVARIANCE_TYPES:
-            raise ConfigError(
-                f"covariance_type must be one of {COVARIANCE_TYPES}, got {self.covariance_type!r}"
-            )
-        if self.weight_concentration_prior_type not in WEIGHT_TYPES:
-            raise ConfigError(
-                "weight_concentration_prior_type must be one of "
-                f"{WEIGHT_TYPES}, got {self.weight_concentration_prior_type!r}"
-            )
-        if not isinstance(self.learner, str) or self.learner not in LEARNERS:
-            raise ConfigError(f"learner must be one of {tuple(LEARNERS)}, got {self.learner!r}")
+    # ---- settings -----------------------------------------------------------------------------
+    def spec(self, store: str | None = None) -> FitSpec:
+        """The resolved, validated fit specification of these parameters (reads no data)."""
         if self.learner_options is not None and not isinstance(self.learner_options, dict):
-            raise ConfigError(f"learner_options must be a dict, got {_show(self.learner_options)}")
-        learner_class(self.learner).parse_options(self.learner_options or {})
-        if self.init_params not in INIT_PARAMS:
-            raise ConfigError(f"init_params must be one of {INIT_PARAMS}, got {self.init_params!r}")
-        self._integer("max_iter", self.max_iter, 0)
-        self._number("tol", self.tol)
-        self._number("reg_covar", self.reg_covar)
-        self._integer("chunk_rows", self.chunk_rows, 1)
-        self._integer("checkpoint_every", self.checkpoint_every, 1)
-        self._integer("checkpoint_keep", self.checkpoint_keep, 1)
-        if self.checkpoint_seconds is not None:
-            self._number("checkpoint_seconds", self.checkpoint_seconds)
-        if self.persist not in PERSIST_MODES:
-            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {self.persist!r}")
+            raise ConfigError(f"learner_options must be a dict, got {self.learner_options!r}")
+        for name in ("verbose", "verbose_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
+        return FitSpec.from_estimator(self.get_params(), store).resolved("estimator")
 
     # ---- fitting ------------------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None, resp_init: Any = None, *,
             callback: Callable[[dict[str, Any]], None] | None = None) -> VBMixture:
-        """Fit with the chosen learner.
+        """Fit with the chosen learner (``n_init`` restarts; the best ELBO is kept).
 
         Parameters
         ----------
@@ -273,181 +193,72 @@ class VBMixture(DensityMixin, BaseEstimator):
         self._fit(X, resp_init, None)
         return self.predict(X)
 
-    def _source(self, X: Any) -> Any:
-        """Wrap X as a row source: NumPy-like array, dask array, or feature-store path."""
-        if is_store_path(X):
-            return StoreSource(str(getattr(X, "path", X)))
-        if is_dask_array(X):
-            return DaskArraySource(X)
-        return ArraySource(check_array_2d(X), int(self.chunk_rows))
-
     def _fit(self, X: Any, resp_init: Any, callback: Callable[[dict[str, Any]], None] | None) -> None:
-        self._check_settings()
-        if resp_init is not None and self.warm_start and hasattr(self, "posterior_"):
-            raise ConfigError("pass either resp_init or warm_start=True with a fitted model, not both")
-        source = self._source(X)
-        n, d = source.n_rows, source.n_features
-        ct = self.covariance_type
+        spec = self.spec()
         warm = self.warm_start and hasattr(self, "posterior_")
+        if resp_init is not None and warm:
+            raise ConfigError("pass either resp_init or warm_start=True with a fitted model, not both")
+        if not is_store_path(X):
+            self._check_names(X, reset=not warm)
+        source = open_source(X, int(spec.chunk_rows))
         if warm:
-            self._check_warm_start(d)
+            self._check_warm_start(spec, source.n_features)
         lock = RunLock(self.checkpoint_dir).acquire() if self.checkpoint_dir is not None else None
         try:
-            engine = make_engine(self.engine, self.persist)
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
-        handles: list[Any] = []
-        try:
-            # One preparation for the whole fit: rows shifted by the first row (any point near the
-            # data keeps float32 GEMMs accurate), [x*x, x] cached for the diagonal families unless
-            # the learner says it does not use it (Learner.cache_squares).
-            shift = np.asarray(source.load(0)[0], dtype=np.float64)
-            squares = ct != "full" and bool(getattr(learner_class(self.learner), "cache_squares", True))
-            handles = engine.prepare(source, prepare_chunk, shift, ct, squares,
-                                     expansion=3.0 if squares else 1.0)
-            if not isinstance(source, ArraySource):  # arrays were checked by check_array_2d
-                engine.map(_check_kernel, handles, source.describe(),
-                           per_chunk=[s.start for s in source.chunk_slices()])
-            moments = engine.map_reduce(_moments_kernel, handles)
-            fixed_variance = self.fixed_variance
-            if ct == "fixed" and fixed_variance is None:
-                # a learner may bring its own (cheaper) estimate (issue 6: seed 003 learners)
-                estimate = getattr(learner_class(self.learner), "estimate_fixed_variance", None)
-                fixed_variance = (
-                    estimate(self._gathered_rows(engine, handles, source), int(self.n_components),
-                             self.random_state) if estimate is not None
-                    else self._default_fixed_variance(self._sample_rows(source)))
-            prior = self._prior_from_moments(moments, d, fixed_variance)
-            ckpt = None if self.checkpoint_dir is None else Checkpointer(self.checkpoint_dir,
-                                                                         int(self.checkpoint_keep))
-            identity = self._run_identity(source) if ckpt is not None else {}
-            loaded = self._load_checkpoint(ckpt, identity) if ckpt is not None else None
-            ctx = FitContext(engine=engine, handles=handles, source=source, prior=prior, shift=shift,
-                             reg_covar=float(self.reg_covar), n_rows=n, n_features=d,
-                             covariance_type=ct, weight_type=self.weight_concentration_prior_type,
-                             seed=_seed_entropy(self.random_state),
-                             chunk_starts=[sl.start for sl in source.chunk_slices()])
-            learner = make_learner(self.learner, ctx, self.learner_options)
-            history: list[float] = []
-            terms: ElboTerms | None = None
-            converged = False
-            n_iter = 0
+            engine = make_engine(self.engine, spec.persist)
             try:
-                if loaded is not None:
-                    post = _posterior_from_state(loaded.state, ct, self.weight_concentration_prior_type)
-                    history = [float(v) for v in loaded.manifest["elbo_history"]]
-                    n_iter = int(loaded.manifest["iteration"])
-                    converged = bool(loaded.manifest["converged"])
-                    terms = (ElboTerms(**loaded.manifest["elbo_terms"]) if loaded.manifest["elbo_terms"]
-                             else None)
-                    learner.load_state(post, {k[len(_LEARNER_KEY):]: v for k, v in loaded.state.items()
-                                              if k.startswith(_LEARNER_KEY)})
-                else:
-                    initialise = getattr(learner, "initialise", None)  # a learner's own init
-                    if warm:
-                        post = self.posterior_
-                    elif initialise is not None and resp_init is None:
-                        post = initialise()
-                    else:
-                        post = m_step(self._initial_stats(source, engine, handles, resp_init), prior,
-                                      self.reg_covar)
-                    learner.start(post)
-                t0 = last_ckpt = t_iter = time.perf_counter()
-                while not converged and n_iter < int(self.max_iter):
-                    n_iter += 1
-                    post, terms = learner.step(n_iter)
-                    history.append(terms.total)
-                    converged = learner.converged(history, float(self.tol))
-                    now = time.perf_counter()
-                    if self.verbose:
-                        print(f"iter {n_iter:4d}  ELBO {terms.total:.6e}  per sample {terms.total / n:.6f}  "
-                              f"K {post.n_components}  ({now - t0:.2f}s)")
-                    if callback is not None:
-                        callback({"iteration": n_iter, "elbo": terms.total,
-                                  "n_effective": _n_effective(post, prior),
-                                  "n_components": post.n_components, "seconds": now - t_iter,
-                                  "passes": learner.passes, "learner": self.learner})
-                    t_iter = now
-                    due = (n_iter % int(self.checkpoint_every) == 0 or converged
-                           or n_iter == int(self.max_iter))
-                    if self.checkpoint_seconds is not None:
-                        due = due or now - last_ckpt >= float(self.checkpoint_seconds)
-                    if ckpt is not None and due:
-                        state = _posterior_state(post)
-                        state.update({_LEARNER_KEY + k: v for k, v in learner.state().items()})
-                        ckpt.save(n_iter, state, dict(
-                            identity, converged=converged, elbo_history=history, elbo_terms=asdict(terms)))
-                        last_ckpt = time.perf_counter()
-                if terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
-                    terms = elbo_terms(vbem_pass(ctx, post).stats, post, prior)
-                self.n_passes_ = learner.passes
+                best = self._restarts(spec, source, engine, warm, resp_init, callback)
             finally:
-                learner.close()
+                if engine is not self.engine:
+                    engine.close()
         finally:
-            engine.release(handles)
-            if engine is not self.engine:
-                engine.close()
             if lock is not None:
                 lock.release()
-        self.prior_ = prior
-        self._set_fitted(post, terms, history, converged, n_iter, n, d)
+        self.n_features_in_ = source.n_features
+        self.set_fitted(best.post, best.prior, best.terms, best.history, best.converged, best.n_iter)
+        self.n_passes_ = best.passes
+        self.resumed_from_ = best.resumed_from
+        self.skipped_checkpoints_ = best.skipped
+        if not best.converged and int(spec.max_iter) > 0:
+            warnings.warn(
+                "Best performing initialization did not converge. Try different init parameters, "
+                "or increase max_iter, tol, or check for degenerate data.", ConvergenceWarning, stacklevel=3)
 
-    #: settings that do not change the trajectory of a fit (a resumed run may change them)
-    _RESUMABLE = frozenset({"verbose", "engine", "persist", "max_iter", "tol", "warm_start",
-                            "checkpoint_dir", "checkpoint_every", "checkpoint_seconds",
-                            "checkpoint_keep"})
+    def _restarts(self, spec: FitSpec, source: Any, engine: Any, warm: bool, resp_init: Any,
+                  callback: Callable[[dict[str, Any]], None] | None) -> FitOutcome:
+        """``n_init`` fits (one when warm-starting); the one with the highest ELBO."""
+        n_init = 1 if warm else int(spec.n_init)
+        seeds = _restart_seeds(self.random_state, n_init)
+        log = print if self.verbose >= 2 else None
+        best: FitOutcome | None = None
+        for i, seed in enumerate(seeds):
+            if self.verbose:
+                print(f"Initialization {i}")
+            ckpt = self.checkpoint_dir
+            if ckpt is not None and n_init > 1:
+                ckpt = f"{ckpt}/restart-{i}"
+            out = run_fit(spec, source, engine, random_state=seed, checkpoint_dir=ckpt,
+                          warm=self.posterior_ if warm else None,
+                          previous_bound=getattr(self, "lower_bound_", None) if warm else None,
+                          resp_init=resp_init,
+                          callback=callback, log=log, log_every=int(self.verbose_interval))
+            if self.verbose:
+                state = "converged" if out.converged else "did not converge"
+                print(f"Initialization {state} after {out.n_iter} iterations; ELBO {out.terms.total:.6e}")
+            if best is None or out.terms.total > best.terms.total:
+                best = out
+        assert best is not None
+        return best
 
-    def _run_identity(self, source: Any) -> dict[str, Any]:
-        """What a checkpoint must match: learner, settings, data fingerprint, seed."""
-        settings = {k: _jsonable(v) for k, v in self.get_params().items() if k not in self._RESUMABLE}
-        seed = self.random_state if isinstance(self.random_state, (int, np.integer)) else None
-        return {
-            "learner": self.learner,
-            "settings": settings,
-            "config_hash": config_hash(settings),
-            "store_fingerprint": source_fingerprint(source),
-            "rng": {"entropy": None if seed is None else int(seed),
-                    "derivation": "numpy SeedSequence(entropy, spawn_key=(iteration,))"},
-        }
-
-    def _load_checkpoint(self, ckpt: Checkpointer, identity: dict[str, Any]) -> Any:
-        loaded = ckpt.load_latest()
-        if loaded is None:
-            return None
-        m = loaded.manifest
-        if m.get("store_fingerprint") != identity["store_fingerprint"]:
-            raise ConfigError(
-                f"{loaded.path}: the data changed since this checkpoint was written (fingerprint "
-                f"{str(m.get('store_fingerprint'))[:12]}... vs {identity['store_fingerprint'][:12]}...); "
-                "use another checkpoint_dir to start a new run"
-            )
-        if m.get("config_hash") != identity["config_hash"] or m.get("learner") != identity["learner"]:
-            old, new = m.get("settings", {}), identity["settings"]
-            diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
-                    if old.get(k) != new.get(k)]
-            raise ConfigError(
-                f"{loaded.path}: the settings differ from the checkpoint's ({'; '.join(diff) or 'learner'}); "
-                "use the same settings to resume, or another checkpoint_dir to start a new run"
-            )
-        for path, reason in loaded.skipped:
-            warnings.warn(f"skipped checkpoint {path.name}: {reason}; resuming from {loaded.path.name}",
-                          stacklevel=3)
-        self.resumed_from_ = str(loaded.path)
-        self.skipped_checkpoints_ = [(str(p), r) for p, r in loaded.skipped]
-        return loaded
-
-    def _check_warm_start(self, d: int) -> None:
+    def _check_warm_start(self, spec: FitSpec, d: int) -> None:
         post = self.posterior_
         changed = [
             f"{name} {old!r} -> {new!r}"
             for name, old, new in (
                 ("n_features", post.n_features, d),
-                ("covariance_type", post.covariance_type, self.covariance_type),
-                ("n_components", post.n_components, int(self.n_components)),
-                ("weight_concentration_prior_type", post.weight_type,
-                 self.weight_concentration_prior_type),
+                ("covariance_type", post.covariance_type, spec.covariance),
+                ("n_components", self.prior_.n_components, int(spec.components)),
+                ("weight_concentration_prior_type", post.weight_type, spec.weights),
             )
             if old != new
         ]
@@ -457,124 +268,12 @@ class VBMixture(DensityMixin, BaseEstimator):
                 + "; ".join(changed) + "); set warm_start=False to start over"
             )
 
-    def _sample_rows(self, source: Any) -> np.ndarray:
-        """Whole chunks picked at random (seeded) until ``max(10000, 20 K)`` rows: k-means input."""
-        rng = check_random_state(self.random_state)
-        target = max(10_000, 20 * int(self.n_components))
-        slices = source.chunk_slices()
-        if source.n_rows <= target:
-            return np.concatenate([source.load(i) for i in range(len(slices))])
-        picked, total = [], 0
-        for i in rng.permutation(len(slices)):
-            picked.append(int(i))
-            total += slices[i].stop - slices[i].start
-            if total >= target:
-                break
-        return np.concatenate([source.load(i) for i in sorted(picked)])
-
-    def _gathered_rows(self, engine: Any, handles: list[Any], source: Any) -> np.ndarray:
-        """Rows drawn uniformly (seeded) and gathered through the engine from the prepared chunks
-        (shifted rows): the sample a learner's own ``sigma^2`` estimate reads (its
-        ``sigma2_sample_rows``, else ``max(10000, 20 K)``)."""
-        from pipeline.learners.dpm import draw_rows, gather_rows
-
-        n = source.n_rows
-        size = getattr(learner_class(self.learner), "sigma2_sample_rows",
-                       max(10_000, 20 * int(self.n_components)))
-        seq = np.random.SeedSequence(_seed_entropy(self.random_state), spawn_key=(0, 4))
-        rng = np.random.default_rng(seq)
-        rows = draw_rows(rng, n, int(size))
-        bounds = np.asarray([*(sl.start for sl in source.chunk_slices()), n], dtype=np.int64)
-        return gather_rows(engine, handles, bounds, rows)
-
-    def _initial_stats(self, source: Any, engine: Any, handles: list[Any], resp_init: Any) -> SuffStats:
-        n, k = source.n_rows, int(self.n_components)
-        slices = source.chunk_slices()
-        if resp_init is not None:
-            r = self._check_resp_init(resp_init, n, k)
-            return engine.map_reduce(_resp_stats_kernel, handles, per_chunk=[r[s] for s in slices])
-        rng = check_random_state(self.random_state)
-        if self.init_params == "random":
-            seeds = np.random.SeedSequence(int(rng.randint(2**31 - 1))).spawn(len(slices))
-            return engine.map_reduce(_random_stats_kernel, handles, k, per_chunk=seeds)
-        sample = self._sample_rows(source).astype(np.float64)
-        m = min(k, sample.shape[0])
-        if self.init_params == "kmeans":
-            from sklearn.cluster import KMeans
-
-            centres = KMeans(n_clusters=m, n_init=1, random_state=rng).fit(sample).cluster_centers_
-        elif self.init_params == "k-means++":
-            from sklearn.cluster import kmeans_plusplus
-
-            centres, _ = kmeans_plusplus(sample, m, random_state=rng)
-        else:  # random_from_data
-            centres = sample[rng.choice(sample.shape[0], size=m, replace=False)]
-        return engine.map_reduce(_nearest_stats_kernel, handles, np.asarray(centres, dtype=np.float64), k)
-
-    @staticmethod
-    def _check_resp_init(resp_init: Any, n: int, k: int) -> np.ndarray:
-        r = np.asarray(resp_init, dtype=np.float64)
-        if r.shape != (n, k):
-            raise InputError(
-                f"resp_init must have shape (n_samples, n_components) = ({n}, {k}), got {r.shape}"
-            )
-        if not np.all(np.isfinite(r)) or np.any(r < 0):
-            row = int(np.argwhere(~np.isfinite(r) | (r < 0))[0][0])
-            raise InputError(f"resp_init must be finite and >= 0; row {row} is not")
-        sums = r.sum(1)
-        if not np.allclose(sums, 1.0, rtol=0, atol=1e-6):
-            row = int(np.flatnonzero(~np.isclose(sums, 1.0, rtol=0, atol=1e-6))[0])
-            raise InputError(f"resp_init rows must sum to 1; row {row} sums to {sums[row].item()}")
-        return r
-
-    def _default_fixed_variance(self, X: np.ndarray) -> float:
-        """Mean per-dimension within-cluster variance of k-means with K clusters on (a sample of
-        at most 20,000 rows of) X: the scale of one cluster, not of the whole data set."""
-        from sklearn.cluster import KMeans
-
-        rng = check_random_state(self.random_state)
-        n, d = X.shape
-        rows = np.sort(rng.choice(n, size=20_000, replace=False)) if n > 20_000 else np.arange(n)
-        sample = X[rows].astype(np.float64)
-        k = min(int(self.n_components), len(np.unique(sample, axis=0)))
-        km = KMeans(n_clusters=k, n_init=1, random_state=rng).fit(sample)
-        var = km.inertia_ / (len(sample) * d)
-        if not var > 0:
-            var = float(np.mean(sample.var(0))) or 1.0
-        return float(var)
-
-    def _prior_from_moments(self, moments: SuffStats, d: int, fixed_variance: float | None) -> Prior:
-        n = max(moments.n_rows - 1, 1)
-        mean = moments.raw_mean()[0]
-        cov = moments.scatter[0] / n
-        mean_prior = None if self.mean_prior is None else _float_array("mean_prior", self.mean_prior)
-        if mean_prior is not None and mean_prior.shape != (d,):
-            raise ConfigError(
-                f"mean_prior must have shape (n_features,) = ({d},), got {mean_prior.shape}"
-            )
-        weight_concentration = self.weight_concentration_prior
-        if weight_concentration is None:  # a learner's default, e.g. a0 = N (seed 003 Algorithm 1)
-            default_wc = getattr(learner_class(self.learner), "default_weight_concentration", None)
-            weight_concentration = None if default_wc is None else default_wc(moments.n_rows)
-        return default_prior(
-            covariance_type=self.covariance_type,
-            weight_type=self.weight_concentration_prior_type,
-            n_components=int(self.n_components),
-            data_mean=mean,
-            data_covariance=cov,
-            weight_concentration=weight_concentration,
-            mean_precision=self.mean_precision_prior,
-            mean=mean_prior,
-            degrees_of_freedom=self.degrees_of_freedom_prior,
-            covariance=None if self.covariance_prior is None
-            else _float_array("covariance_prior", self.covariance_prior),
-            fixed_variance=fixed_variance,
-        )
-
-    def _set_fitted(self, post: Posterior, terms: ElboTerms, history: list[float],
-                    converged: bool, n_iter: int, n: int, d: int) -> None:
+    def set_fitted(self, post: Posterior, prior: Prior, terms: ElboTerms, history: list[float],
+                   converged: bool, n_iter: int) -> None:
+        """Set the fitted attributes from a posterior and its prior (a fit, or a saved run)."""
         self.posterior_ = post
-        self.n_features_in_ = d
+        self.prior_ = prior
+        self.n_features_in_ = post.n_features
         self.converged_ = converged
         self.n_iter_ = n_iter
         self.lower_bound_ = terms.total
@@ -588,26 +287,34 @@ class VBMixture(DensityMixin, BaseEstimator):
         )
         wc = post.weight_concentration
         self.counts_ = (wc[0] - 1.0) if post.weight_type == "dirichlet_process" else (
-            wc - self.prior_.weight_concentration)
-        self.n_effective_ = int(np.sum(self.counts_ >= 1.0))
-        self.n_components_ = post.n_components  # components kept (DP learners prune, issue 6)
+            wc - prior.weight_concentration)
+        self.n_effective_ = n_effective(post, prior)
+        self.n_components_ = post.n_components  # components kept (DP learners prune)
         self.mean_precision_ = post.mean_precision
         self.means_ = post.means
         self.degrees_of_freedom_ = post.degrees_of_freedom
         self.covariances_ = post.covariances
         self.precisions_cholesky_ = post.precisions_cholesky
-        if post.covariance_type == "full":
-            self.precisions_ = np.einsum("kij,klj->kil", post.precisions_cholesky,
-                                         post.precisions_cholesky)
+        if post.covariance_type in ("full", "tied") and post.precisions_cholesky.ndim >= 2:
+            pc = post.precisions_cholesky
+            self.precisions_ = pc @ np.swapaxes(pc, -1, -2)
         else:
             self.precisions_ = post.precisions_cholesky**2
-        if self.verbose:
-            state = "converged" if converged else "did not converge"
-            print(f"VB EM {state} after {n_iter} iterations; ELBO {terms.total:.6e}")
+        # the prior, under scikit-learn's names
+        self.weight_concentration_prior_ = prior.weight_concentration
+        self.mean_precision_prior_ = prior.mean_precision
+        self.mean_prior_ = prior.mean
+        self.degrees_of_freedom_prior_ = prior.degrees_of_freedom
+        self.covariance_prior_ = prior.covariance if prior.covariance is not None else prior.fixed_variance
 
     # ---- prediction ---------------------------------------------------------------------------
+    def _check_names(self, X: Any, reset: bool) -> None:
+        """scikit-learn's column-name bookkeeping (``feature_names_in_``) for DataFrames."""
+        validate_data(self, X, reset=reset, skip_check_array=True, ensure_2d=False)
+
     def _check_X(self, X: Any) -> np.ndarray:
         check_is_fitted(self, "posterior_")
+        self._check_names(X, reset=False)
         X = check_array_2d(X)
         if X.shape[1] != self.n_features_in_:
             raise InputError(
@@ -617,7 +324,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         return X
 
     def predict_proba(self, X: Any) -> np.ndarray:
-        """Responsibilities of the VB E-step (seed 000 eq. 35), shape (n_samples, n_components)."""
+        """Responsibilities of the VB E-step (Kuusela et al. 2009, eq. 35), shape (n_samples,
+        n_components)."""
         X = self._check_X(X)
         shift = self.prior_.mean
         params = estep_params(self.posterior_, shift)
@@ -626,7 +334,7 @@ class VBMixture(DensityMixin, BaseEstimator):
             chunk = prepare_chunk(c, shift, self.posterior_.covariance_type)
             out.append(np.asarray(responsibilities(chunk, params), dtype=np.float64))
         resp = np.concatenate(out)
-        k = int(self.n_components)
+        k = int(self.prior_.n_components)
         if resp.shape[1] < k:  # pruned components have probability 0 (columns k >= n_components_)
             resp = np.concatenate((resp, np.zeros((resp.shape[0], k - resp.shape[1]))), axis=1)
         return resp
@@ -642,118 +350,66 @@ class VBMixture(DensityMixin, BaseEstimator):
     def score(self, X: Any, y: Any = None) -> float:
         return float(np.mean(self.score_samples(X)))
 
+    def sample(self, n_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Draw rows from the fitted mixture (weights ``weights_``, Gaussians with ``means_`` and
+        ``covariances_``), as scikit-learn's ``sample``; returns ``(X, y)``, sorted by component."""
+        check_is_fitted(self, "posterior_")
+        if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
+            raise ValueError(f"Invalid value for 'n_samples': {n_samples!r} . The sampling requires at "
+                             "least one sample.")
+        rng = check_random_state(self.random_state)
+        counts = rng.multinomial(int(n_samples), self.weights_)
+        ct, cov, d = self.posterior_.covariance_type, self.covariances_, self.n_features_in_
+        parts = []
+        for k, (mean, n) in enumerate(zip(self.means_, counts, strict=True)):
+            if ct == "full":
+                parts.append(rng.multivariate_normal(mean, cov[k], int(n)))
+            elif ct == "tied":
+                parts.append(rng.multivariate_normal(mean, cov, int(n)))
+            else:  # diag (D,) or spherical/fixed scalar per component
+                parts.append(mean + rng.standard_normal(size=(int(n), d)) * np.sqrt(cov[k]))
+        X = np.vstack(parts)
+        y = np.concatenate([np.full(n, k, dtype=int) for k, n in enumerate(counts)])
+        return X, y
 
-#: checkpoint keys of learner state (beyond the posterior) carry this prefix
-_LEARNER_KEY = "learner."
 
-
-def _seed_entropy(random_state: Any) -> int | None:
-    """The integer seed of a fit (None for unseeded fits and RandomState instances)."""
+def _restart_seeds(random_state: Any, n_init: int) -> list[Any]:
+    """The seed of each restart: the fit's own for the first (so ``n_init=1`` is one plain fit),
+    then seeds derived from it (``SeedSequence(seed, spawn_key=(restart,))``); a RandomState or
+    None draws them from one generator, as scikit-learn does."""
     if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
-        return int(random_state)
-    return None
+        base = int(random_state)
+        return [base] + [int(np.random.SeedSequence(base, spawn_key=(i,)).generate_state(1)[0])
+                         for i in range(1, n_init)]
+    if n_init == 1:
+        return [random_state]
+    rng = check_random_state(random_state)
+    return [int(rng.randint(np.iinfo(np.int32).max)) for _ in range(n_init)]
 
 
-def _n_effective(post: Posterior, prior: Prior) -> int:
-    """Components holding at least one sample's worth of responsibility."""
-    wc = post.weight_concentration
-    counts = (wc[0] - 1.0) if post.weight_type == "dirichlet_process" else wc - prior.weight_concentration
-    return int(np.sum(counts >= 1.0))
+def posterior_predictive_logpdf(X: np.ndarray, post: Posterior, prior: Prior) -> np.ndarray:
+    """``ln p(x | data)`` under the variational posterior: ``sum_k E[pi_k] St_k(x)``.
 
-
-def _posterior_state(post: Posterior) -> dict[str, np.ndarray]:
-    state = {"weight_concentration": post.weight_concentration, "mean_precision": post.mean_precision,
-             "means": post.means, "covariances": post.covariances}
-    if post.degrees_of_freedom is not None:
-        state["degrees_of_freedom"] = post.degrees_of_freedom
-    return state
-
-
-def _posterior_from_state(state: dict[str, np.ndarray], ct: str, wt: str) -> Posterior:
-    return Posterior(ct, wt, state["weight_concentration"], state["mean_precision"], state["means"],
-                     state.get("degrees_of_freedom"), state["covariances"])
-
-
-def source_fingerprint(source: Any) -> str:
-    """The store's fingerprint, or a sha256 of the rows (chunk by chunk) for arrays."""
-    if hasattr(source, "fingerprint"):
-        return str(source.fingerprint)
-    h = hashlib.sha256(f"{source.n_rows}x{source.n_features}:{np.dtype(source.dtype)}".encode())
-    for i in range(len(source.chunk_slices())):
-        h.update(np.ascontiguousarray(source.load(i)).tobytes())
-    return h.hexdigest()
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in sorted(v.items())}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    return repr(v)
-
-
-def _show(value: Any) -> str:
-    """A value for an error message: NumPy scalars as plain Python numbers."""
-    return repr(value.item() if isinstance(value, np.generic) else value)
-
-
-def _float_array(name: str, value: Any) -> np.ndarray:
-    try:
-        return np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be numeric, got {_show(value)}") from None
-
-
-# ---- kernels used by the estimator (module level so engines can ship them) --------------------
-def _moments_kernel(chunk: Chunk) -> SuffStats:
-    """Data mean and scatter (one component with r = 1)."""
-    return chunk_statistics(chunk, _on_device(chunk, np.ones((chunk.n_rows, 1))))
-
-
-def _check_kernel(chunk: Chunk, offset: int, where: str) -> None:
-    """Reject non-finite rows of sources that were not validated on the driver (stores, dask)."""
-    x = to_numpy(chunk.x)
-    finite = np.isfinite(x)
-    if not finite.all():
-        row, col = np.argwhere(~finite)[0]
-        raise InputError(
-            f"{where}: non-finite value at row {offset + int(row)}, column {int(col)}; "
-            "clean the data (vbcluster ingest rejects or drops such rows)"
-        )
-
-
-def _on_device(chunk: Chunk, host: np.ndarray) -> Any:
-    """Host responsibilities in the chunk's array namespace and dtype."""
-    return array_namespace(chunk.x).asarray(host.astype(chunk.x.dtype))
-
-
-def _resp_stats_kernel(chunk: Chunk, resp: np.ndarray) -> SuffStats:
-    return chunk_statistics(chunk, _on_device(chunk, resp))
-
-
-def _random_stats_kernel(chunk: Chunk, seed: np.random.SeedSequence, k: int) -> SuffStats:
-    """Uniform random responsibilities, from a per-chunk seed (the same on every engine)."""
-    r = np.random.default_rng(seed).uniform(size=(chunk.n_rows, k))
-    return chunk_statistics(chunk, _on_device(chunk, r / r.sum(1, keepdims=True)))
-
-
-def _nearest_stats_kernel(chunk: Chunk, centres: np.ndarray, k: int) -> SuffStats:
-    """Hard responsibilities: each row to its nearest centre (k-means style initialisation)."""
-    labels = np.argmin(_sq_dists(to_numpy(chunk.x), centres - chunk.shift), axis=1)
-    r = np.zeros((chunk.n_rows, k))
-    r[np.arange(chunk.n_rows), labels] = 1.0
-    return chunk_statistics(chunk, _on_device(chunk, r))
-
-
-def _sq_dists(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
-    x = X.astype(np.float64)
-    return (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)[None]
+    For the truncated DP the weights sum to less than one; the remaining mass belongs to the
+    components beyond the truncation, whose posterior is the prior, so it takes the prior predictive.
+    """
+    ct = post.covariance_type
+    w = post.expected_weights()
+    nu = post.degrees_of_freedom
+    cols = [np.log(w[k]) + _component_predictive(X, ct, post.means[k], post.mean_precision[k],
+                                                  None if nu is None else nu[k], post.covariances[k])
+            for k in range(post.n_components)]
+    rest = 1.0 - w.sum()
+    if post.weight_type == "dirichlet_process" and rest > 0:
+        if ct == "fixed":
+            cov0: Any = prior.fixed_variance
+            nu0 = None
+        else:
+            nu0 = prior.degrees_of_freedom
+            cov0 = np.asarray(prior.covariance) / nu0
+        cols.append(np.log(rest) + _component_predictive(X, ct, prior.mean, prior.mean_precision,
+                                                          nu0, cov0))
+    return logsumexp(np.stack(cols, axis=1), axis=1)
 
 
 def _student_t_logpdf(X: np.ndarray, loc: np.ndarray, chol_prec: np.ndarray, dof: float,
@@ -795,28 +451,3 @@ def _component_predictive(X: np.ndarray, ct: str, m: np.ndarray, beta: float, nu
     # spherical: one shared Gamma precision -> multivariate t with nu*D dof
     var_sph = float(cov) * scale
     return _student_t_logpdf(X, m, np.full(d, 1.0 / np.sqrt(var_sph)), nu * d, False)
-
-
-def posterior_predictive_logpdf(X: np.ndarray, post: Posterior, prior: Prior) -> np.ndarray:
-    """``ln p(x | data)`` under the variational posterior: ``sum_k E[pi_k] St_k(x)``.
-
-    For the truncated DP the weights sum to less than one; the remaining mass belongs to the
-    components beyond the truncation, whose posterior is the prior, so it takes the prior predictive.
-    """
-    ct = post.covariance_type
-    w = post.expected_weights()
-    nu = post.degrees_of_freedom
-    cols = [np.log(w[k]) + _component_predictive(X, ct, post.means[k], post.mean_precision[k],
-                                                  None if nu is None else nu[k], post.covariances[k])
-            for k in range(post.n_components)]
-    rest = 1.0 - w.sum()
-    if post.weight_type == "dirichlet_process" and rest > 0:
-        if ct == "fixed":
-            cov0: Any = prior.fixed_variance
-            nu0 = None
-        else:
-            nu0 = prior.degrees_of_freedom
-            cov0 = np.asarray(prior.covariance) / nu0
-        cols.append(np.log(rest) + _component_predictive(X, ct, prior.mean, prior.mean_precision,
-                                                          nu0, cov0))
-    return logsumexp(np.stack(cols, axis=1), axis=1)

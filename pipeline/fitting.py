@@ -1,76 +1,99 @@
-"""One fit into a run directory, as ``vbcluster fit`` does it, for callers other than the CLI (flows).
+"""One fit into a run directory, for ``vbcluster fit``/``resume`` and the flows.
 
-``fit_run(run_dir, spec)`` writes ``run.json`` (so ``vbcluster resume RUN_DIR`` works on the
-directory), takes the run lock, fits with checkpoints in ``RUN_DIR/checkpoints`` (resuming from the
-newest valid one when the directory already holds this run), and writes ``result.json`` and
-``posterior.npz``. ``warm_from`` starts from the posterior of a finished run directory instead of
-the initialisation (the prior is still the data-dependent default of the current store; see
+``fit_run(run_dir, spec)`` validates everything first -- the spec (:mod:`pipeline.spec`), the store,
+the warm start, what the run directory already holds -- and writes nothing until all of it passes.
+Then it writes ``run.json`` (so ``vbcluster resume RUN_DIR`` works on the directory), takes the run
+lock, fits with checkpoints in ``RUN_DIR/checkpoints`` (resuming from the newest valid one when the
+directory already holds this run), and writes ``result.json`` and ``posterior.npz``. A directory
+that holds another run is refused unless ``restart=True`` (``vbcluster fit --restart``), which
+starts over. ``warm_from`` starts from the posterior of a finished run directory instead of the
+initialisation (the prior is still the data-dependent default of the current store; see
 docs/operations.md, "Warm start").
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from sklearn.exceptions import ConvergenceWarning
 
 from pipeline.checkpoint import RunLock
 from pipeline.engine import make_engine
 from pipeline.estimator import VBMixture
 from pipeline.runs import load_model, read_result, save_run, write_atomic
 from pipeline.sources import StoreSource
-from vbcore.errors import ConfigError
+from pipeline.spec import FitSpec
+from vbcore.errors import ConfigError, InputError
 
 RUN_SPEC = "run.json"
-WEIGHTS = {"dp": "dirichlet_process", "dirichlet": "dirichlet_distribution"}
-
-#: the settings of ``vbcluster fit`` (the keys of run.json) and their defaults
-DEFAULT_SPEC: dict[str, Any] = {
-    "learner": "vbem", "components": 50, "covariance": "diag", "weights": "dp", "max_iter": 200,
-    "tol": 1e-4, "seed": 0, "init": "kmeans", "cluster": None, "chunk_rows": 65536,
-    "checkpoint_every": 10, "checkpoint_seconds": None, "keep": 3,
-}
+#: what a run directory may hold; ``restart`` removes these before a new fit
+RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "iterations.jsonl", "report")
 
 
-def make_spec(store: str, **settings: Any) -> dict[str, Any]:
-    """A complete run spec: the defaults of ``vbcluster fit`` updated by ``settings``."""
-    unknown = sorted(set(settings) - set(DEFAULT_SPEC) - {"learner_options"})
-    if unknown:
-        raise ConfigError(f"unknown fit settings {unknown}; known: {sorted(DEFAULT_SPEC)}")
-    spec = dict(DEFAULT_SPEC, store=store)
-    spec.update(settings)
-    if not spec.get("learner_options"):
-        spec.pop("learner_options", None)
-    return spec
+def make_spec(store: str | None, **settings: Any) -> FitSpec:
+    """A resolved, validated spec: the defaults of :class:`FitSpec` updated by ``settings``
+    (``None`` values mean "the default")."""
+    values = {k: v for k, v in settings.items() if v is not None}
+    return FitSpec.from_dict({"store": store, **values}).resolved("pipeline")
 
 
-def model_from_spec(spec: dict[str, Any], engine: Any, checkpoint_dir: str | None,
-                    verbose: int = 0) -> VBMixture:
-    """The estimator a run spec describes (``learner_options`` only where the estimator has them)."""
-    kw: dict[str, Any] = dict(
-        covariance_type=spec["covariance"],
-        weight_concentration_prior_type=WEIGHTS.get(spec["weights"], spec["weights"]),
-        max_iter=spec["max_iter"], tol=spec["tol"], random_state=spec["seed"],
-        init_params=spec["init"], learner=spec["learner"], chunk_rows=spec["chunk_rows"],
-        engine=engine, verbose=verbose, checkpoint_dir=checkpoint_dir,
-        checkpoint_every=spec["checkpoint_every"], checkpoint_seconds=spec["checkpoint_seconds"],
-        checkpoint_keep=spec["keep"],
-    )
-    if spec.get("learner_options"):
-        kw["learner_options"] = dict(spec["learner_options"])
-    return VBMixture(spec["components"], **kw)
+def read_spec(run_dir: str | Path) -> FitSpec:
+    """The resolved spec of a run directory's ``run.json`` (one-line errors naming the file)."""
+    path = Path(run_dir) / RUN_SPEC
+    if not path.is_file():
+        raise InputError(f"{run_dir}: no {RUN_SPEC} (not a run directory of `vbcluster fit`)")
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable ({exc}); the run's settings are lost: fit again "
+                         "into a new directory") from None
+    if not isinstance(values, dict):
+        raise InputError(f"{path}: not a JSON object of settings")
+    return FitSpec.from_dict(values, where=str(path)).resolved("pipeline")
 
 
-def warm_start_problem(previous: str | Path, spec: dict[str, Any]) -> str | None:
+def model_from_spec(spec: FitSpec, engine: Any, checkpoint_dir: str | None, verbose: int = 0) -> VBMixture:
+    """The estimator a resolved spec describes."""
+    return VBMixture(**spec.estimator_params(), engine=engine, verbose=verbose, checkpoint_dir=checkpoint_dir)
+
+
+def warm_start_problem(previous: str | Path, spec: FitSpec) -> str | None:
     """Why the posterior in ``previous`` cannot start a fit with ``spec`` (None when it can)."""
     prev = read_result(previous)["settings"]
-    want = {"n_components": spec["components"], "covariance_type": spec["covariance"],
-            "weight_concentration_prior_type": WEIGHTS.get(spec["weights"], spec["weights"])}
+    want = {"n_components": spec.components, "covariance_type": spec.covariance,
+            "weight_concentration_prior_type": spec.weights}
     diff = [f"{k} {prev.get(k)!r} -> {v!r}" for k, v in want.items() if prev.get(k) != v]
     return None if not diff else "the settings differ from the previous run's (" + "; ".join(diff) + ")"
+
+
+def run_dir_state(run_dir: str | Path, spec: FitSpec, restart: bool = False) -> str:
+    """What a fit with ``spec`` does in ``run_dir``: 'new', 'continue' (same run) or 'restart'.
+
+    Raises ConfigError, changing nothing, when the directory holds another run and ``restart`` is
+    not set."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} exists and is not a directory")
+    if not (run_dir / RUN_SPEC).is_file():
+        if run_dir.is_dir() and any((run_dir / name).exists() for name in RUN_FILES) and not restart:
+            raise ConfigError(f"{run_dir} holds run files but no {RUN_SPEC}; pass --restart to start over "
+                              "there, or choose another --run-dir")
+        return "new" if not restart else "restart"
+    if restart:
+        return "restart"
+    old = read_spec(run_dir)
+    diff = old.differences(spec)
+    if diff:
+        raise ConfigError(f"{run_dir} holds another run ({'; '.join(diff)}); `vbcluster resume {run_dir}` "
+                          "continues it, --restart starts over there, or choose another --run-dir")
+    return "continue"
 
 
 @contextmanager
@@ -85,18 +108,32 @@ def _engine(engine: Any) -> Iterator[Any]:
             eng.close()
 
 
-def fit_run(run_dir: str | Path, spec: dict[str, Any], *, engine: Any = "local",
+def check_fit(run_dir: str | Path, spec: FitSpec, warm_from: str | Path | None = None,
+              restart: bool = False) -> str:
+    """Every check of :func:`fit_run` that needs no lock and writes nothing; returns
+    :func:`run_dir_state`."""
+    if spec.store is None:
+        raise ConfigError("a run needs a store (the feature store to fit)")
+    StoreSource(spec.store)  # a missing or bad store fails before anything is written
+    if warm_from is not None:
+        problem = warm_start_problem(warm_from, spec)
+        if problem:
+            raise ConfigError(f"cannot warm-start from {warm_from}: {problem}")
+    return run_dir_state(run_dir, spec, restart)
+
+
+def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             warm_from: str | Path | None = None, callback: Callable[[dict[str, Any]], None] | None = None,
-            extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fit ``spec["store"]`` into ``run_dir`` with checkpoints; returns the written result.json.
+            extra: dict[str, Any] | None = None, restart: bool = False) -> dict[str, Any]:
+    """Fit ``spec.store`` into ``run_dir`` with checkpoints; returns the written result.json.
 
     Parameters
     ----------
     run_dir : path
         The run directory (created). A directory that already holds checkpoints of the same run
         resumes from the newest valid one (bit for bit the uninterrupted result).
-    spec : dict
-        The settings of ``vbcluster fit`` (see :func:`make_spec`).
+    spec : FitSpec
+        Resolved settings (:func:`make_spec`, :func:`read_spec`).
     engine : 'local', a scheduler address, a distributed.Client or a cluster config path
     warm_from : path, optional
         A finished run directory whose posterior starts this fit (``warm_start``).
@@ -104,28 +141,36 @@ def fit_run(run_dir: str | Path, spec: dict[str, Any], *, engine: Any = "local",
         ``callback(info)`` after every iteration (``VBMixture.fit``'s callback).
     extra : dict, optional
         More entries for result.json.
+    restart : bool
+        Start over in a directory that holds another run (its run files are removed first).
     """
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    StoreSource(spec["store"])  # a missing or bad store fails before anything is written
-    from pipeline.learners import learner_class  # and so do a bad learner or its options
-
-    learner_class(spec["learner"]).parse_options(spec.get("learner_options") or {})
+    state = check_fit(run_dir, spec, warm_from, restart)
+    assert spec.store is not None
     with RunLock(run_dir) as lock, _engine(engine) as eng:
-        write_atomic(run_dir / RUN_SPEC, lambda f: f.write(json.dumps(spec, indent=1).encode()))
+        if state == "restart":
+            for name in RUN_FILES:
+                path = run_dir / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        if state != "continue":
+            write_atomic(run_dir / RUN_SPEC, lambda f: f.write(json.dumps(spec.to_dict(), indent=1).encode()))
         model = model_from_spec(spec, eng, str(run_dir / "checkpoints"))
         info: dict[str, Any] = dict(extra or {})
         if lock.taken_over:
             info["took_over_lock_of"] = lock.taken_over
         if warm_from is not None:
-            problem = warm_start_problem(warm_from, spec)
-            if problem:
-                raise ConfigError(f"cannot warm-start from {warm_from}: {problem}")
-            model.posterior_ = load_model(warm_from).posterior_
+            previous = load_model(warm_from)
+            # the posterior and prior only: the previous bound belongs to other data, so convergence
+            # is judged within this fit
+            model.posterior_, model.prior_ = previous.posterior_, previous.prior_
             model.warm_start = True
             info["warm_start_from"] = str(Path(warm_from).resolve())
-        model.fit(spec["store"], callback=callback)
-        if getattr(model, "resumed_from_", None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # result.json records `converged`
+            model.fit(spec.store, callback=callback)
+        if model.resumed_from_:
             info["resumed_from"] = model.resumed_from_
         info["seconds"] = time.perf_counter() - t0
-        return save_run(run_dir, model, spec["store"], extra=info, engine=eng)
+        return save_run(run_dir, model, spec.store, extra=info, engine=eng)
+

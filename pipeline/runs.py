@@ -21,13 +21,14 @@ import numpy as np
 
 from pipeline.checkpoint import sha256_file
 from pipeline.engine import LocalEngine, make_engine
-from pipeline.estimator import VBMixture, _jsonable
+from pipeline.estimator import VBMixture
 from pipeline.sources import StoreSource
+from pipeline.spec import jsonable
 from pipeline.store import FeatureStore
 from vbcore.errors import InputError, StoreError
 from vbcore.kernels import Chunk, estep_params, prepare_chunk, responsibilities, to_numpy
 from vbcore.metrics import acc, ari, nmi
-from vbcore.posterior import Posterior
+from vbcore.posterior import posterior_arrays, posterior_from_arrays
 from vbcore.priors import Prior
 
 RESULT = "result.json"
@@ -75,7 +76,7 @@ def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[s
     src = StoreSource(store)
     result: dict[str, Any] = {
         "learner": model.learner,
-        "settings": {k: _jsonable(v) for k, v in model.get_params().items() if k != "engine"},
+        "settings": {k: jsonable(v) for k, v in model.get_params().items() if k != "engine"},
         "store": str(Path(store).resolve()) if "://" not in store else store,
         "store_fingerprint": src.fingerprint,
         "n_rows": src.n_rows,
@@ -125,13 +126,10 @@ def write_atomic(path: Path, write: Any) -> None:
 def _write_posterior(f: Any, model: VBMixture) -> None:
     post, prior = model.posterior_, model.prior_
     arrays: dict[str, Any] = {
+        **posterior_arrays(post, suffix="_"),
         "weights_": model.weights_,
-        "means_": model.means_,
-        "covariances_": model.covariances_,
         "precisions_": model.precisions_,
         "precisions_cholesky_": model.precisions_cholesky_,
-        "mean_precision_": model.mean_precision_,
-        "weight_concentration_": np.asarray(post.weight_concentration),
         "lower_bounds_": model.lower_bounds_,
         "counts_": model.counts_,
         "prior_mean": prior.mean,
@@ -141,11 +139,9 @@ def _write_posterior(f: Any, model: VBMixture) -> None:
             "mean_precision": prior.mean_precision, "degrees_of_freedom": prior.degrees_of_freedom,
             "fixed_variance": prior.fixed_variance, "n_iter": int(model.n_iter_),
             "converged": bool(model.converged_), "elbo_terms": model.elbo_terms_,
-            "settings": {k: _jsonable(v) for k, v in model.get_params().items() if k != "engine"},
+            "settings": {k: jsonable(v) for k, v in model.get_params().items() if k != "engine"},
         })),
     }
-    if post.degrees_of_freedom is not None:
-        arrays["degrees_of_freedom_"] = post.degrees_of_freedom
     if prior.covariance is not None:
         arrays["prior_covariance"] = prior.covariance
     np.savez(f, **arrays)
@@ -159,23 +155,21 @@ def load_model(run_dir: str | Path) -> VBMixture:
         raise InputError(f"{run_dir}: no {POSTERIOR} (not a finished vbcluster run directory)")
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))
-        dof = z["degrees_of_freedom_"] if "degrees_of_freedom_" in z else None
-        post = Posterior(meta["covariance_type"], meta["weight_type"], z["weight_concentration_"],
-                         z["mean_precision_"], z["means_"], dof, z["covariances_"])
+        post = posterior_from_arrays(z, meta["covariance_type"], meta["weight_type"], suffix="_")
         prior = Prior(meta["covariance_type"], meta["weight_type"], meta["n_components"],
                       meta["weight_concentration"], meta["mean_precision"], z["prior_mean"],
                       meta["degrees_of_freedom"],
                       z["prior_covariance"] if "prior_covariance" in z else None,
                       meta["fixed_variance"])
         history = z["lower_bounds_"]
-    model = VBMixture(**{k: v for k, v in meta["settings"].items() if k in VBMixture._get_param_names()})
-    model.prior_ = prior
+    params = VBMixture().get_params()
+    model = VBMixture(**{k: v for k, v in meta["settings"].items() if k in params})
     from vbcore.elbo import ElboTerms
 
     terms = meta["elbo_terms"]
-    model._set_fitted(post, ElboTerms(terms["log_likelihood"], terms["kl_assignments"],
-                                      terms["kl_weights"], terms["kl_components"]),
-                      list(history), meta["converged"], meta["n_iter"], 0, post.n_features)
+    model.set_fitted(post, prior, ElboTerms(terms["log_likelihood"], terms["kl_assignments"],
+                                            terms["kl_weights"], terms["kl_components"]),
+                     list(history), meta["converged"], meta["n_iter"])
     return model
 
 

@@ -56,7 +56,7 @@ def test_manifest_and_pruning(tmp_path, X):
     man = json.loads((tmp_path / "ckpt-00000012" / "manifest.json").read_text())
     assert man["iteration"] == 12 and man["learner"] == "vbem" and len(man["config_hash"]) == 64
     assert man["elbo_history"] == list(m.lower_bounds_)
-    assert man["rng"]["entropy"] == 0 and man["settings"]["n_components"] == 5
+    assert man["rng"]["entropy"] == 0 and man["settings"]["components"] == 5
     assert man["files"]["state.npz"] == sha256_file(tmp_path / "ckpt-00000012" / "state.npz")
     assert len(man["store_fingerprint"]) == 64
 
@@ -81,7 +81,7 @@ def test_all_checkpoints_bad_is_an_error(tmp_path, X):
 
 def test_resume_refuses_other_settings_or_data(tmp_path, X):
     VBMixture(max_iter=4, checkpoint_dir=str(tmp_path), checkpoint_every=2, **KW).fit(X)
-    with pytest.raises(ConfigError, match=r"settings differ from the checkpoint's \(n_components 5 -> 6\)"):
+    with pytest.raises(ConfigError, match=r"settings differ from the checkpoint's \(components 5 -> 6\)"):
         VBMixture(max_iter=8, checkpoint_dir=str(tmp_path), **dict(KW, n_components=6)).fit(X)
     with pytest.raises(ConfigError, match=r"the data changed since this checkpoint was written"):
         VBMixture(max_iter=8, checkpoint_dir=str(tmp_path), **KW).fit(X[:-1])

@@ -275,7 +275,9 @@ def test_ncg_builds_no_n_k_d_temporary(ct):
     # allowed: a few copies of the data, the per-chunk state (3 float32 N x K arrays) and a few
     # N x K float64 arrays (resp_init and its statistics)
     assert peak < 4 * X.nbytes + 3 * n * k * 4 + 3 * n * k * 8 + 16 * 2**20, peak
-    assert peak < nkd_float32 / 4
+    # a third of one N x K x D float32 array (the fit keeps ~0.7 MB more alive since the fit
+    # setup/driver split, 9.8 MB here against 9.1 MB before; an N x K x D temporary is 38-154 MB)
+    assert peak < nkd_float32 / 3
 
 
 def test_vbem_ps_skips_invalid_trial_posteriors():

@@ -9,6 +9,7 @@ Precisions are stored through ``covariances = E[Lambda_k]^-1`` as in scikit-lear
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.linalg import solve_triangular
@@ -148,3 +149,27 @@ def log_det_from_cholesky(prec_chol: np.ndarray, covariance_type: str, d: int) -
     if covariance_type == "diag":
         return 2.0 * np.log(prec_chol).sum(1)
     return 2.0 * d * np.log(prec_chol)
+
+
+# ---- the one posterior (de)serialiser (checkpoints and run directories) ----------------------------
+def posterior_arrays(post: Posterior, prefix: str = "", suffix: str = "") -> dict[str, np.ndarray]:
+    """The arrays that define ``post``, keyed ``prefix + field + suffix`` (checkpoints use the bare
+    field names, run directories the estimator's ``means_`` style); see :func:`posterior_from_arrays`."""
+    out = {"weight_concentration": np.asarray(post.weight_concentration),
+           "mean_precision": post.mean_precision, "means": post.means, "covariances": post.covariances}
+    if post.degrees_of_freedom is not None:
+        out["degrees_of_freedom"] = post.degrees_of_freedom
+    return {prefix + k + suffix: np.asarray(v) for k, v in out.items()}
+
+
+def posterior_from_arrays(arrays: dict[str, np.ndarray] | Any, covariance_type: str, weight_type: str,
+                          prefix: str = "", suffix: str = "") -> Posterior:
+    """The posterior written by :func:`posterior_arrays` (a dict or an open ``.npz``)."""
+    def key(name: str) -> str:
+        return prefix + name + suffix
+
+    dof = key("degrees_of_freedom")
+    return Posterior(covariance_type, weight_type, np.asarray(arrays[key("weight_concentration")]),
+                     np.asarray(arrays[key("mean_precision")]), np.asarray(arrays[key("means")]),
+                     np.asarray(arrays[dof]) if dof in arrays else None,
+                     np.asarray(arrays[key("covariances")]))

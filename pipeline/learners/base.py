@@ -19,7 +19,7 @@ import numpy as np
 from vbcore.elbo import ElboTerms
 from vbcore.errors import ConfigError
 from vbcore.posterior import Posterior
-from vbcore.priors import Prior
+from vbcore.priors import COVARIANCE_TYPES, WEIGHT_TYPES, Prior
 
 
 @dataclass
@@ -63,33 +63,48 @@ class FitContext:
 
 
 class Learner:
-    """Base class of the learners.
+    """Base class of the learners: every hook the fit setup and driver use is declared here with
+    its default, so a learner overrides only what it changes.
 
-    Subclasses set ``name`` and ``options`` (the allowed ``learner_options`` with their defaults)
-    and implement :meth:`start` and :meth:`step`; learners with state beyond the posterior (search
-    directions, momentum, per-chunk logits) also implement :meth:`state`, :meth:`load_state` and
-    :meth:`close`.
+    Subclasses set ``options`` (the allowed ``learner_options`` with their defaults, checked by
+    :meth:`check_options`) and implement :meth:`step`; learners with state beyond the posterior
+    (search directions, momentum, per-chunk logits) also implement :meth:`state`, :meth:`load_state`
+    and :meth:`close`. Engine passes are counted by the engine wrapper of the fit context
+    (``ctx.engine.passes``), not by the learners.
     """
 
     name: ClassVar[str] = ""
     #: allowed learner options and their defaults
     options: ClassVar[dict[str, Any]] = {}
+    #: covariance and weight types the learner can fit (the spec refuses others before any pass)
+    covariance_types: ClassVar[tuple[str, ...]] = COVARIANCE_TYPES
+    weight_types: ClassVar[tuple[str, ...]] = WEIGHT_TYPES
+    #: the covariance type used when none is given (None: the face's default, diag or full)
+    default_covariance: ClassVar[str | None] = None
     #: whether the chunks keep the ``[x*x, x]`` cache of the diagonal families (its E-steps use it;
     #: hard-assignment learners form ``x*x`` only for the rows they touch and save 2x the data's memory)
     cache_squares: ClassVar[bool] = True
+    #: rows gathered (uniformly, through the engine) for :meth:`estimate_fixed_variance`; None: the
+    #: default estimate (k-means on whole chunks picked at random)
+    sigma2_sample_rows: ClassVar[int | None] = None
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         self.ctx = ctx
         self.opts = self.parse_options(options or {})
-        #: engine passes issued so far (each map or map_reduce over the chunks counts one)
-        self.passes = 0
         self.post: Posterior | None = None
+
+    @property
+    def passes(self) -> int:
+        """Engine passes issued so far (each map or map_reduce over chunks counts one)."""
+        return int(getattr(self.ctx.engine, "passes", 0))
 
     @classmethod
     def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Defaults overridden by ``options``; unknown keys and wrong types are errors.
+        """Defaults overridden by ``options``, converted and checked (:meth:`check_options`);
+        unknown keys and wrong types are errors. Values keep the type of their default (strings from
+        the command line are converted by :func:`pipeline.spec.coerce`)."""
+        from pipeline.spec import coerce, kind_of
 
-        Values keep the type of their default (strings from the command line are converted)."""
         unknown = sorted(set(options) - set(cls.options))
         if unknown:
             known = ", ".join(sorted(cls.options)) or "none"
@@ -98,8 +113,41 @@ class Learner:
             )
         out = dict(cls.options)
         for key, value in options.items():
-            out[key] = _coerce(cls.name, key, value, cls.options[key])
+            where = f"learner option {key!r} of {cls.name!r}"
+            default = cls.options[key]
+            out[key] = None if value is None and default is None else coerce(kind_of(default), value, where)
+        cls.check_options(out)
         return out
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        """Ranges and relations of the learner's options (ConfigError naming the option)."""
+
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        """Refuse a resolved :class:`pipeline.spec.FitSpec` this learner cannot fit."""
+        if spec.covariance not in cls.covariance_types:
+            fits = " or ".join(map(repr, cls.covariance_types))
+            raise ConfigError(f"learner {cls.name!r} fits covariance {fits}, not {spec.covariance!r} "
+                              "(--covariance / covariance_type)")
+        if spec.weights not in cls.weight_types:
+            needs = " or ".join(map(repr, cls.weight_types))
+            raise ConfigError(f"learner {cls.name!r} needs weights {needs}, not {spec.weights!r} "
+                              "(--weights / weight_concentration_prior_type)")
+
+    @classmethod
+    def default_weight_concentration(cls, n_rows: int) -> float | None:
+        """The learner's default weight concentration for N rows (None: the prior's, 1/K)."""
+        return None
+
+    @classmethod
+    def estimate_fixed_variance(cls, sample: np.ndarray, n_components: int, seed: Any) -> float | None:
+        """``sigma^2`` of covariance 'fixed' from ``sample`` (None: the default k-means estimate)."""
+        return None
+
+    def initialise(self) -> Posterior | None:
+        """The learner's own initial posterior (None: the fit setup's initialisation)."""
+        return None
 
     # ---- the interface ------------------------------------------------------------------------
     def start(self, post: Posterior) -> None:
@@ -127,25 +175,3 @@ class Learner:
         """Release per-chunk state held by the engine."""
 
 
-def _coerce(learner: str, key: str, value: Any, default: Any) -> Any:
-    """Convert ``value`` to the type of ``default`` (bool, int, float or str)."""
-    where = f"learner option {key!r} of {learner!r}"
-    if isinstance(default, bool):
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        if isinstance(value, (bool, np.bool_)):
-            return bool(value)
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
-    if isinstance(default, (int, float)) and not isinstance(default, bool) or default is None:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be a number, got {value!r}") from None
-        if isinstance(value, bool) or not np.isfinite(number):
-            raise ConfigError(f"{where} must be a finite number, got {value!r}")
-        if isinstance(default, int) and not isinstance(default, bool):
-            if number != int(number):
-                raise ConfigError(f"{where} must be an integer, got {value!r}")
-            return int(number)
-        return number
-    return str(value)

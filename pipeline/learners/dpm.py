@@ -136,25 +136,14 @@ class DPPointLearner(Learner):
     estimate_fixed_variance = staticmethod(estimate_fixed_variance)
     sigma2_sample_rows = SIGMA2_ROWS  # rows the estimator gathers for estimate_fixed_variance
     default_weight_concentration = staticmethod(default_weight_concentration)
-    default_covariance_type = "fixed"
+    default_covariance = "fixed"
+    covariance_types = ("fixed",)  # a known isotropic variance (Lim & Jiang 2016, section 2)
+    weight_types = ("dirichlet_process",)
     cache_squares = False  # minibatch kernels square only the rows they touch (Learner.cache_squares)
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
-        if ctx.covariance_type != "fixed":
-            raise ConfigError(
-                f"learner {self.name!r} needs covariance_type='fixed' (a known isotropic variance, "
-                f"seed 003 section 2), got {ctx.covariance_type!r}"
-            )
-        if ctx.weight_type != "dirichlet_process":
-            raise ConfigError(
-                f"learner {self.name!r} needs weight_concentration_prior_type='dirichlet_process', "
-                f"got {ctx.weight_type!r}"
-            )
         thr = self.opts.get("prune_threshold")
-        if thr is not None and not 0 <= thr < 1:
-            raise ConfigError(f"learner option 'prune_threshold' of {self.name!r} must be in [0, 1), "
-                              f"got {thr!r}")
         self.threshold = default_threshold(ctx.n_rows) if thr is None else float(thr)
         assert ctx.prior.fixed_variance is not None
         self.sigma2 = float(ctx.prior.fixed_variance)
@@ -162,12 +151,18 @@ class DPPointLearner(Learner):
         self.point: DPPoint | None = None
         self.counts = np.zeros(0)
 
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        thr = opts.get("prune_threshold")
+        if thr is not None and not 0 <= thr < 1:
+            raise ConfigError(f"learner option 'prune_threshold' of {cls.name!r} must be in [0, 1), "
+                              f"got {thr!r}")
+
     # -- passes
     def hard_pass(self, point: DPPoint, handles: list[Any] | None = None,
                   rows: list[np.ndarray] | None = None) -> SuffStats:
         """MAP assignments (eq. 19) and hard statistics of all rows, or of a minibatch."""
         params = map_params(point, self.sigma2, self.ctx.shift, self.ctx.source.dtype)
-        self.passes += 1
         if rows is None:
             return self.ctx.engine.map_reduce(hard_kernel, self.ctx.handles, None, params).to_stats()
         # a minibatch touches a few hundred clusters per chunk: one combine on the driver, in chunk
@@ -182,7 +177,6 @@ class DPPointLearner(Learner):
         k = int(self.ctx.prior.n_components)
         size = min(self.ctx.n_rows, max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * k))
         sample = gather_sample(self.ctx, size, (0, 1))
-        self.passes += 1
         seed = int(self.ctx.rng(0, 3).integers(2**31 - 1))
         centres, _ = kmeanspp(sample, k, seed)
         seeds = DPPoint(centres + self.ctx.shift[None, :], np.full(centres.shape[0], 0.5))

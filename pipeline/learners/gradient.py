@@ -176,12 +176,15 @@ class GradientLearner(Learner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
-        check_convergence_options(self.name, self.opts)
-        if self.opts["line_search_evals"] < 1:
-            raise ConfigError(f"learner option 'line_search_evals' of {self.name!r} must be >= 1, "
-                              f"got {self.opts['line_search_evals']!r}")
         self.states: list[Any] = []
         self._reset_driver_state()
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        check_convergence_options(cls.name, opts)
+        if opts["line_search_evals"] < 1:
+            raise ConfigError(f"learner option 'line_search_evals' of {cls.name!r} must be >= 1, "
+                              f"got {opts['line_search_evals']!r}")
 
     def _reset_driver_state(self) -> None:
         k, d = self.ctx.prior.n_components, self.ctx.n_features
@@ -207,7 +210,6 @@ class GradientLearner(Learner):
         n = len(ctx.handles)
         self.states, stats = ctx.engine.map_keep(_init_kernel, ctx.handles, [None] * n,
                                                  estep_params(post, ctx.shift))
-        self.passes += 1
         self._reset_driver_state()
         self._set_point(stats, post.means)
 
@@ -229,7 +231,6 @@ class GradientLearner(Learner):
             self.states, self.sums = ctx.engine.map_keep(
                 logit_gradient_kernel, ctx.handles, self.states, estep_params(self.post, ctx.shift),
                 self.lam_acc, self.beta_acc, self.natural)
-            self.passes += 1
             self.have_grad = True
         sums = self.sums
         gm = mean_gradient(self.stats, self.post, prior)
@@ -259,7 +260,6 @@ class GradientLearner(Learner):
 
         def phi(lam: float) -> float:
             stats = ctx.engine.map_reduce(logit_trial_kernel, ctx.handles, lam, beta, per_chunk=self.states)
-            self.passes += 1
             cache[lam] = self._point(stats, means + lam * pm)
             return -cache[lam][2].total
 
@@ -320,7 +320,6 @@ class GradientLearner(Learner):
         self.states = ctx.engine.place_states(per_chunk, ctx.handles)
         if getattr(ctx.engine, "array_backend", "numpy") != "numpy":  # host arrays to the device
             self.states, _ = ctx.engine.map_keep(_device_kernel, ctx.handles, self.states)
-            self.passes += 1
         self._reset_driver_state()
         sc = dict(zip(_SCALARS, (float(v) for v in state["scalars"]), strict=True))
         self.stats = SuffStats(nk=state["stats_nk"], mean=state["stats_mean"], scatter=state["stats_scatter"],

@@ -70,14 +70,16 @@ class PatternSearchVBEM(Learner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
-        check_convergence_options(self.name, self.opts)
-        if self.opts["every"] < 1:
-            raise ConfigError(f"learner option 'every' of {self.name!r} must be >= 1, "
-                              f"got {self.opts['every']!r}")
-        if not 0 < self.opts["step"] <= self.opts["max_step"]:
-            raise ConfigError(f"learner options of {self.name!r} need 0 < step <= max_step, got "
-                              f"step={self.opts['step']!r}, max_step={self.opts['max_step']!r}")
         self._clear()
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        check_convergence_options(cls.name, opts)
+        if opts["every"] < 1:
+            raise ConfigError(f"learner option 'every' of {cls.name!r} must be >= 1, got {opts['every']!r}")
+        if not 0 < opts["step"] <= opts["max_step"]:
+            raise ConfigError(f"learner options of {cls.name!r} need 0 < step <= max_step, got "
+                              f"step={opts['step']!r}, max_step={opts['max_step']!r}")
 
     def _clear(self) -> None:
         self.prev: Posterior | None = None  # q(theta) before the last VB EM cycle
@@ -93,7 +95,6 @@ class PatternSearchVBEM(Learner):
 
     def _score(self, post: Posterior) -> tuple[SuffStats, float]:
         stats = vbem_pass(self.ctx, post).stats
-        self.passes += 1
         return stats, elbo_terms(stats, post, self.ctx.prior).total
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:

@@ -48,11 +48,15 @@ class _SGA(DPPointLearner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
-        check_range(self.name, "eta", self.opts["eta"], 1e-3, 1e-1)  # Algorithm 1, step 3.i
-        check_minibatch_options(self.name, self.opts)
-        if "alpha" in self.opts:
-            check_range(self.name, "alpha", self.opts["alpha"], 0.0, 1.0)
         self.velocity: Velocity | None = None
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        super().check_options(opts)
+        check_range(cls.name, "eta", opts["eta"], 1e-3, 1e-1)  # Algorithm 1, step 3.i
+        check_minibatch_options(cls.name, opts)
+        if "alpha" in opts:
+            check_range(cls.name, "alpha", opts["alpha"], 0.0, 1.0)
 
     def _reorder(self, order: np.ndarray) -> None:
         if self.velocity is not None:

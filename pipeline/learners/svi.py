@@ -36,13 +36,17 @@ class SVI(DPPointLearner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
-        check_range(self.name, "kappa", self.opts["kappa"], 0.5, 1.0, lo_open=True)
-        if self.opts["tau"] < 0:
-            raise ConfigError(f"learner option 'tau' of {self.name!r} must be >= 0, got {self.opts['tau']!r}")
-        check_minibatch_options(self.name, self.opts)
         self.vb: Posterior | None = None
         # half a row of expected count, as the point learners' 1/(2N) stick threshold
         self.min_count = 0.5 if self.opts["prune_threshold"] is None else self.threshold * ctx.n_rows
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        super().check_options(opts)
+        check_range(cls.name, "kappa", opts["kappa"], 0.5, 1.0, lo_open=True)
+        if opts["tau"] < 0:
+            raise ConfigError(f"learner option 'tau' of {cls.name!r} must be >= 0, got {opts['tau']!r}")
+        check_minibatch_options(cls.name, opts)
 
     def initialise(self) -> Posterior:
         super().initialise()  # k-means++ seeds and one full MAP pass
@@ -87,7 +91,6 @@ class SVI(DPPointLearner):
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
         params = estep_params(self.vb, self.ctx.shift)
         res = self.ctx.engine.map_reduce(minibatch_vbem_kernel, handles, params, per_chunk=rows)
-        self.passes += 1
         rho = step_size(iteration, float(self.opts["tau"]), float(self.opts["kappa"]))
         new = svi_update(self.vb, res.stats, self.ctx.prior, n, rho)
         if self.opts["elbo"] == "minibatch":
@@ -98,7 +101,6 @@ class SVI(DPPointLearner):
             self.vb = self._prune(new)
             full = self.ctx.engine.map_reduce(vbem_kernel, self.ctx.handles,
                                               estep_params(self.vb, self.ctx.shift))
-            self.passes += 1
             terms = elbo_terms(full.stats, self.vb, self.ctx.prior)
         self.post = self.vb
         return self.vb, terms

@@ -34,7 +34,6 @@ class VBEM(Learner):
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
         result = vbem_pass(self.ctx, self.post)
-        self.passes += 1
         stats = result.stats
         dp = self.ctx.weight_type == "dirichlet_process"
         if dp and self.opts["reorder"]:

@@ -1,0 +1,230 @@
+"""The fit driver: the loop of iterations, convergence, checkpoints and resume, for one restart.
+
+:func:`run_fit` takes a resolved :class:`~pipeline.spec.FitSpec`, a row source and an engine, runs
+the fit setup (:mod:`pipeline.fit_setup`), then the learner's iterations until convergence or
+``max_iter``, writing a checkpoint every ``checkpoint_every`` iterations (and the last one) when a
+checkpoint directory is given, and resuming from the newest valid checkpoint of the same run. The
+returned :class:`FitOutcome` holds everything the estimator exposes.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.checkpoint import Checkpointer, Loaded, config_hash
+from pipeline.fit_setup import initial_posterior, setup
+from pipeline.learners import FitContext, make_learner
+from pipeline.learners.vbem import vbem_pass
+from pipeline.spec import FitSpec
+from vbcore.elbo import ElboTerms, elbo_terms
+from vbcore.errors import ConfigError
+from vbcore.posterior import Posterior, posterior_arrays, posterior_from_arrays
+from vbcore.priors import Prior
+
+#: checkpoint keys of learner state (beyond the posterior) carry this prefix
+LEARNER_KEY = "learner."
+
+
+@dataclass
+class FitOutcome:
+    """What one fit (one restart) ends with."""
+
+    post: Posterior
+    prior: Prior
+    terms: ElboTerms
+    history: list[float]
+    converged: bool
+    n_iter: int
+    passes: int
+    resumed_from: str | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+class CountingEngine:
+    """An engine that counts the passes (map, map_reduce, map_keep) issued through it: the one
+    place where a fit's passes are counted."""
+
+    def __init__(self, engine: Any) -> None:
+        self.inner = engine
+        self.passes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def map(self, *args: Any, **kwargs: Any) -> Any:
+        self.passes += 1
+        return self.inner.map(*args, **kwargs)
+
+    def map_reduce(self, *args: Any, **kwargs: Any) -> Any:
+        self.passes += 1
+        return self.inner.map_reduce(*args, **kwargs)
+
+    def map_keep(self, *args: Any, **kwargs: Any) -> Any:
+        self.passes += 1
+        return self.inner.map_keep(*args, **kwargs)
+
+
+def n_effective(post: Posterior, prior: Prior) -> int:
+    """Components holding at least one sample's worth of responsibility."""
+    wc = post.weight_concentration
+    counts = (wc[0] - 1.0) if post.weight_type == "dirichlet_process" else wc - prior.weight_concentration
+    return int(np.sum(counts >= 1.0))
+
+
+def source_fingerprint(source: Any) -> str:
+    """The store's fingerprint, or a sha256 of the rows (chunk by chunk) for arrays."""
+    import hashlib
+
+    if hasattr(source, "fingerprint"):
+        return str(source.fingerprint)
+    h = hashlib.sha256(f"{source.n_rows}x{source.n_features}:{np.dtype(source.dtype)}".encode())
+    for i in range(len(source.chunk_slices())):
+        h.update(np.ascontiguousarray(source.load(i)).tobytes())
+    return h.hexdigest()
+
+
+def run_identity(spec: FitSpec, source: Any) -> dict[str, Any]:
+    """What a checkpoint must match: learner, identity settings, data fingerprint, seed."""
+    settings = spec.identity()
+    return {
+        "learner": spec.learner,
+        "settings": settings,
+        "config_hash": config_hash(settings),
+        "store_fingerprint": source_fingerprint(source),
+        "rng": {"entropy": spec.seed, "derivation": "numpy SeedSequence(entropy, spawn_key=(iteration,))"},
+    }
+
+
+def load_checkpoint(ckpt: Checkpointer, identity: dict[str, Any]) -> Loaded | None:
+    """The newest valid checkpoint of this run, or None; a checkpoint of other data or settings is
+    an error (nothing is overwritten)."""
+    loaded = ckpt.load_latest()
+    if loaded is None:
+        return None
+    m = loaded.manifest
+    if m.get("store_fingerprint") != identity["store_fingerprint"]:
+        raise ConfigError(
+            f"{loaded.path}: the data changed since this checkpoint was written (fingerprint "
+            f"{str(m.get('store_fingerprint'))[:12]}... vs {identity['store_fingerprint'][:12]}...); "
+            "start the new fit in another directory (or restart this one)"
+        )
+    if m.get("config_hash") != identity["config_hash"] or m.get("learner") != identity["learner"]:
+        old, new = m.get("settings", {}), identity["settings"]
+        diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+                if old.get(k) != new.get(k)]
+        raise ConfigError(
+            f"{loaded.path}: the settings differ from the checkpoint's ({'; '.join(diff) or 'learner'}); "
+            "use the same settings to resume, or start the new fit in another directory"
+        )
+    for path, reason in loaded.skipped:
+        warnings.warn(f"skipped checkpoint {path.name}: {reason}; resuming from {loaded.path.name}",
+                      stacklevel=3)
+    return loaded
+
+
+@dataclass
+class _Loop:
+    """The loop's bookkeeping (restored from a checkpoint on resume)."""
+
+    history: list[float] = field(default_factory=list)
+    terms: ElboTerms | None = None
+    converged: bool = False
+    n_iter: int = 0
+
+
+def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
+            checkpoint_dir: str | None = None, warm: Posterior | None = None,
+            previous_bound: float | None = None, resp_init: Any = None,
+            callback: Callable[[dict[str, Any]], None] | None = None,
+            log: Callable[[str], None] | None = None, log_every: int = 1) -> FitOutcome:
+    """One fit of ``source`` with the resolved ``spec`` on ``engine`` (see the module docstring).
+
+    ``warm`` starts from a posterior (warm start); ``previous_bound`` is the final ELBO of the
+    previous warm-started call, so convergence is judged across calls as scikit-learn does."""
+    ctx = setup(spec, source, CountingEngine(engine), random_state)
+    ctx.engine.passes = 0  # the setup's passes are not the learner's
+    try:
+        ckpt = None if checkpoint_dir is None else Checkpointer(checkpoint_dir, int(spec.keep))
+        identity = run_identity(spec, source) if ckpt is not None else {}
+        loaded = load_checkpoint(ckpt, identity) if ckpt is not None else None
+        learner = make_learner(spec.learner, ctx, spec.learner_options)
+        try:
+            loop, post = _begin(spec, ctx, learner, loaded, warm, resp_init, random_state)
+            post = _iterate(spec, ctx, learner, loop, post, ckpt, identity, previous_bound, callback,
+                            log, log_every)
+            if loop.terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
+                loop.terms = elbo_terms(vbem_pass(ctx, post).stats, post, ctx.prior)
+            passes = learner.passes
+        finally:
+            learner.close()
+    finally:
+        ctx.engine.release(ctx.handles)
+    return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
+                      None if loaded is None else str(loaded.path),
+                      [] if loaded is None else [(str(p), r) for p, r in loaded.skipped])
+
+
+def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,
+           resp_init: Any, random_state: Any) -> tuple[_Loop, Posterior]:
+    """The loop state and posterior to start from: a checkpoint, a warm start or an initialisation."""
+    loop = _Loop()
+    if loaded is not None:
+        m = loaded.manifest
+        post = posterior_from_arrays(loaded.state, ctx.covariance_type, ctx.weight_type)
+        loop = _Loop([float(v) for v in m["elbo_history"]],
+                     ElboTerms(**m["elbo_terms"]) if m["elbo_terms"] else None,
+                     bool(m["converged"]), int(m["iteration"]))
+        learner.load_state(post, {k[len(LEARNER_KEY):]: v for k, v in loaded.state.items()
+                                  if k.startswith(LEARNER_KEY)})
+        return loop, post
+    if warm is not None:
+        post = warm
+    else:
+        own = learner.initialise() if resp_init is None else None  # a learner's own initialisation
+        if own is None:
+            n0 = ctx.engine.passes
+            own = initial_posterior(spec, ctx, resp_init, random_state)
+            ctx.engine.passes = n0  # the setup's initialisation is not a learner pass
+        post = own
+    learner.start(post)
+    return loop, post
+
+
+def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Posterior,
+             ckpt: Checkpointer | None, identity: dict[str, Any], previous_bound: float | None,
+             callback: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None] | None,
+             log_every: int) -> Posterior:
+    """Iterations until convergence or ``max_iter``, with checkpoints."""
+    t0 = last_ckpt = t_iter = time.perf_counter()
+    before = [] if previous_bound is None else [float(previous_bound)]
+    while not loop.converged and loop.n_iter < int(spec.max_iter):
+        loop.n_iter += 1
+        post, loop.terms = learner.step(loop.n_iter)
+        loop.history.append(loop.terms.total)
+        loop.converged = learner.converged(before + loop.history, float(spec.tol))
+        now = time.perf_counter()
+        if log is not None and (loop.n_iter % max(int(log_every), 1) == 0 or loop.converged):
+            log(f"  Iteration {loop.n_iter}\t time lapse {now - t0:.5f}s\t ELBO {loop.terms.total:.6e} "
+                f"(per row {loop.terms.total / ctx.n_rows:.6f}), components {post.n_components}")
+        if callback is not None:
+            callback({"iteration": loop.n_iter, "elbo": loop.terms.total,
+                      "n_effective": n_effective(post, ctx.prior), "n_components": post.n_components,
+                      "seconds": now - t_iter, "passes": learner.passes, "learner": spec.learner})
+        t_iter = now
+        due = (loop.n_iter % int(spec.checkpoint_every) == 0 or loop.converged
+               or loop.n_iter == int(spec.max_iter))
+        if spec.checkpoint_seconds is not None:
+            due = due or now - last_ckpt >= float(spec.checkpoint_seconds)
+        if ckpt is not None and due:
+            state = posterior_arrays(post)
+            state.update({LEARNER_KEY + k: v for k, v in learner.state().items()})
+            ckpt.save(loop.n_iter, state, dict(identity, converged=loop.converged, elbo_history=loop.history,
+                                               elbo_terms=asdict(loop.terms)))
+            last_ckpt = time.perf_counter()
+    return post

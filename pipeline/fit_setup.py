@@ -1,0 +1,198 @@
+"""The fit setup: everything between a validated spec and the first iteration.
+
+:func:`setup` wraps the data as a row source, prepares its chunks on the engine (rows shifted by
+the first row, the ``[x*x, x]`` cache where the learner uses it), checks the rows of sources not
+validated on the driver, reduces the data moments, estimates ``sigma^2`` for covariance 'fixed'
+(the learner's own estimate or k-means), builds the prior, and returns a :class:`FitContext`.
+:func:`initial_posterior` gives the first posterior (given responsibilities, the learner's own
+initialisation, random responsibilities, or nearest centres of k-means / k-means++ / random rows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from pipeline.learners import FitContext, learner_class
+from pipeline.sources import ArraySource, DaskArraySource, StoreSource, is_dask_array, is_store_path
+from pipeline.spec import FitSpec
+from vbcore.errors import ConfigError, InputError
+from vbcore.init_kernels import (
+    check_kernel,
+    moments_kernel,
+    nearest_stats_kernel,
+    random_stats_kernel,
+    resp_stats_kernel,
+)
+from vbcore.kernels import prepare_chunk
+from vbcore.mstep import m_step
+from vbcore.posterior import Posterior
+from vbcore.priors import Prior, default_prior
+from vbcore.stats import SuffStats
+from vbcore.validation import check_array_2d
+
+
+def open_source(X: Any, chunk_rows: int) -> Any:
+    """``X`` as a row source: a feature-store path, a dask array, or an array-like (validated)."""
+    if is_store_path(X):
+        return StoreSource(str(getattr(X, "path", X)))
+    if is_dask_array(X):
+        return DaskArraySource(X)
+    return ArraySource(check_array_2d(X), int(chunk_rows))
+
+
+def seed_entropy(random_state: Any) -> int | None:
+    """The integer seed of a fit (None for unseeded fits and RandomState instances)."""
+    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
+        return int(random_state)
+    return None
+
+
+def setup(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> FitContext:
+    """Prepare the chunks, reduce the moments, build the prior: the context of the learner.
+
+    ``spec`` is resolved (:meth:`FitSpec.resolved`); ``random_state`` is the seed or RandomState
+    of the k-means and sampling draws. The caller releases ``ctx.handles`` on the engine."""
+    cls = learner_class(spec.learner)
+    ct = spec.covariance
+    assert ct is not None, "resolve the spec first"
+    shift = np.asarray(source.load(0)[0], dtype=np.float64)
+    squares = ct not in ("full", "tied") and cls.cache_squares
+    handles = engine.prepare(source, prepare_chunk, shift, ct, squares, expansion=3.0 if squares else 1.0)
+    try:
+        if not isinstance(source, ArraySource):  # arrays were checked by check_array_2d
+            engine.map(check_kernel, handles, source.describe(),
+                       per_chunk=[s.start for s in source.chunk_slices()])
+        moments = engine.map_reduce(moments_kernel, handles)
+        sigma2 = spec.fixed_variance
+        if ct == "fixed" and sigma2 is None:
+            sigma2 = _estimate_sigma2(spec, cls, engine, handles, source, random_state)
+        prior = build_prior(spec, moments, source.n_features, sigma2)
+    except BaseException:
+        engine.release(handles)
+        raise
+    return FitContext(engine=engine, handles=handles, source=source, prior=prior, shift=shift,
+                      reg_covar=float(spec.reg_covar), n_rows=source.n_rows,
+                      n_features=source.n_features, covariance_type=ct, weight_type=spec.weights,
+                      seed=seed_entropy(random_state),
+                      chunk_starts=[sl.start for sl in source.chunk_slices()])
+
+
+def _estimate_sigma2(spec: FitSpec, cls: Any, engine: Any, handles: list[Any], source: Any,
+                     random_state: Any) -> float:
+    """The learner's own ``sigma^2`` estimate on rows gathered through the engine, or the default:
+    the mean per-dimension within-cluster variance of k-means with K clusters."""
+    if cls.sigma2_sample_rows is not None:
+        from pipeline.learners.dpm import draw_rows, gather_rows
+
+        seq = np.random.SeedSequence(seed_entropy(random_state), spawn_key=(0, 4))
+        rows = draw_rows(np.random.default_rng(seq), source.n_rows, int(cls.sigma2_sample_rows))
+        bounds = np.asarray([*(sl.start for sl in source.chunk_slices()), source.n_rows], dtype=np.int64)
+        sample = gather_rows(engine, handles, bounds, rows)
+        value = cls.estimate_fixed_variance(sample, int(spec.components), random_state)
+        if value is not None:
+            return float(value)
+    return default_fixed_variance(sample_rows(source, int(spec.components), random_state),
+                                  int(spec.components), random_state)
+
+
+def default_fixed_variance(X: np.ndarray, k: int, random_state: Any) -> float:
+    """Mean per-dimension within-cluster variance of k-means with ``k`` clusters on (a sample of at
+    most 20,000 rows of) X: the scale of one cluster, not of the whole data set."""
+    from sklearn.cluster import KMeans
+
+    rng = check_random_state(random_state)
+    n, d = X.shape
+    rows = np.sort(rng.choice(n, size=20_000, replace=False)) if n > 20_000 else np.arange(n)
+    sample = X[rows].astype(np.float64)
+    k = min(k, len(np.unique(sample, axis=0)))
+    km = KMeans(n_clusters=k, n_init=1, random_state=rng).fit(sample)
+    var = km.inertia_ / (len(sample) * d)
+    if not var > 0:
+        var = float(np.mean(sample.var(0))) or 1.0
+    return float(var)
+
+
+def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float | None) -> Prior:
+    """The prior of the spec, with data-dependent defaults from the moments (scikit-learn's)."""
+    n = max(moments.n_rows - 1, 1)
+    mean_prior = None if spec.mean_prior is None else np.asarray(spec.mean_prior, dtype=np.float64)
+    if mean_prior is not None and mean_prior.shape != (d,):
+        raise ConfigError(f"mean_prior must have shape (n_features,) = ({d},), got {mean_prior.shape}")
+    wc = spec.weight_concentration_prior
+    if wc is None:  # a learner's default, e.g. a0 = N (Lim & Jiang 2016, Algorithm 1)
+        wc = learner_class(spec.learner).default_weight_concentration(moments.n_rows)
+    return default_prior(
+        covariance_type=spec.covariance, weight_type=spec.weights, n_components=int(spec.components),
+        data_mean=moments.raw_mean()[0], data_covariance=moments.scatter[0] / n,
+        weight_concentration=wc, mean_precision=spec.mean_precision_prior, mean=mean_prior,
+        degrees_of_freedom=spec.degrees_of_freedom_prior,
+        covariance=None if spec.covariance_prior is None
+        else np.asarray(spec.covariance_prior, dtype=np.float64),
+        fixed_variance=fixed_variance,
+    )
+
+
+def initial_posterior(spec: FitSpec, ctx: FitContext, resp_init: Any, random_state: Any) -> Posterior:
+    """The first posterior from ``resp_init`` or ``spec.init``: one M-step from the initial
+    responsibilities (given, random, or each row to its nearest centre)."""
+    return m_step(initial_stats(spec, ctx, resp_init, random_state), ctx.prior, ctx.reg_covar)
+
+
+def initial_stats(spec: FitSpec, ctx: FitContext, resp_init: Any, random_state: Any) -> SuffStats:
+    source, engine, handles = ctx.source, ctx.engine, ctx.handles
+    n, k = source.n_rows, int(spec.components)
+    slices = source.chunk_slices()
+    if resp_init is not None:
+        r = check_resp_init(resp_init, n, k)
+        return engine.map_reduce(resp_stats_kernel, handles, per_chunk=[r[s] for s in slices])
+    rng = check_random_state(random_state)
+    if spec.init == "random":
+        seeds = np.random.SeedSequence(int(rng.randint(2**31 - 1))).spawn(len(slices))
+        return engine.map_reduce(random_stats_kernel, handles, k, per_chunk=seeds)
+    sample = sample_rows(source, k, random_state).astype(np.float64)
+    m = min(k, sample.shape[0])
+    if spec.init == "kmeans":
+        from sklearn.cluster import KMeans
+
+        centres = KMeans(n_clusters=m, n_init=1, random_state=rng).fit(sample).cluster_centers_
+    elif spec.init == "k-means++":
+        from sklearn.cluster import kmeans_plusplus
+
+        centres, _ = kmeans_plusplus(sample, m, random_state=rng)
+    else:  # random_from_data
+        centres = sample[rng.choice(sample.shape[0], size=m, replace=False)]
+    return engine.map_reduce(nearest_stats_kernel, handles, np.asarray(centres, dtype=np.float64), k)
+
+
+def check_resp_init(resp_init: Any, n: int, k: int) -> np.ndarray:
+    """``resp_init`` checked: shape (n, k), finite, >= 0, rows summing to one."""
+    r = np.asarray(resp_init, dtype=np.float64)
+    if r.shape != (n, k):
+        raise InputError(f"resp_init must have shape (n_samples, n_components) = ({n}, {k}), got {r.shape}")
+    if not np.all(np.isfinite(r)) or np.any(r < 0):
+        row = int(np.argwhere(~np.isfinite(r) | (r < 0))[0][0])
+        raise InputError(f"resp_init must be finite and >= 0; row {row} is not")
+    sums = r.sum(1)
+    if not np.allclose(sums, 1.0, rtol=0, atol=1e-6):
+        row = int(np.flatnonzero(~np.isclose(sums, 1.0, rtol=0, atol=1e-6))[0])
+        raise InputError(f"resp_init rows must sum to 1; row {row} sums to {sums[row].item()}")
+    return r
+
+
+def sample_rows(source: Any, k: int, random_state: Any) -> np.ndarray:
+    """Whole chunks picked at random (seeded) until ``max(10000, 20 K)`` rows: k-means input."""
+    rng = check_random_state(random_state)
+    target = max(10_000, 20 * k)
+    slices = source.chunk_slices()
+    if source.n_rows <= target:
+        return np.concatenate([source.load(i) for i in range(len(slices))])
+    picked, total = [], 0
+    for i in rng.permutation(len(slices)):
+        picked.append(int(i))
+        total += slices[i].stop - slices[i].start
+        if total >= target:
+            break
+    return np.concatenate([source.load(i) for i in sorted(picked)])

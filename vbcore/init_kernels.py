@@ -1,0 +1,60 @@
+"""Chunk kernels of the fit setup: data moments, the finiteness check of sources not validated on
+the driver, and the statistics of the initialisations (given, uniform random or nearest-centre
+responsibilities). Module level, so engines can ship them to workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from vbcore.errors import InputError
+from vbcore.kernels import Chunk, array_namespace, chunk_statistics, to_numpy
+from vbcore.stats import SuffStats
+
+
+def moments_kernel(chunk: Chunk) -> SuffStats:
+    """Data mean and scatter (one component with r = 1)."""
+    return chunk_statistics(chunk, on_device(chunk, np.ones((chunk.n_rows, 1))))
+
+
+def check_kernel(chunk: Chunk, offset: int, where: str) -> None:
+    """Reject non-finite rows of sources that were not validated on the driver (stores, dask)."""
+    x = to_numpy(chunk.x)
+    finite = np.isfinite(x)
+    if not finite.all():
+        row, col = np.argwhere(~finite)[0]
+        raise InputError(
+            f"{where}: non-finite value at row {offset + int(row)}, column {int(col)}; "
+            "clean the data (vbcluster ingest rejects or drops such rows)"
+        )
+
+
+def on_device(chunk: Chunk, host: np.ndarray) -> Any:
+    """Host responsibilities in the chunk's array namespace and dtype."""
+    return array_namespace(chunk.x).asarray(host.astype(chunk.x.dtype))
+
+
+def resp_stats_kernel(chunk: Chunk, resp: np.ndarray) -> SuffStats:
+    """Statistics of given responsibilities, shape (n_rows, K)."""
+    return chunk_statistics(chunk, on_device(chunk, resp))
+
+
+def random_stats_kernel(chunk: Chunk, seed: np.random.SeedSequence, k: int) -> SuffStats:
+    """Uniform random responsibilities, from a per-chunk seed (the same on every engine)."""
+    r = np.random.default_rng(seed).uniform(size=(chunk.n_rows, k))
+    return chunk_statistics(chunk, on_device(chunk, r / r.sum(1, keepdims=True)))
+
+
+def nearest_stats_kernel(chunk: Chunk, centres: np.ndarray, k: int) -> SuffStats:
+    """Hard responsibilities: each row to its nearest centre (k-means style initialisation)."""
+    labels = np.argmin(sq_dists(to_numpy(chunk.x), centres - chunk.shift), axis=1)
+    r = np.zeros((chunk.n_rows, k))
+    r[np.arange(chunk.n_rows), labels] = 1.0
+    return chunk_statistics(chunk, on_device(chunk, r))
+
+
+def sq_dists(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """Squared Euclidean distances, shape (n_rows, n_centres), in float64."""
+    x = X.astype(np.float64)
+    return (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)[None]
