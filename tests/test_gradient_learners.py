@@ -116,7 +116,7 @@ def test_vbem_ps_is_monotone_and_uses_pattern_steps(X, ct, wt):
 
     class Spy(PatternSearchVBEM):
         def close(self):
-            seen.update(accepted=self.accepted, tried=self.tried)
+            seen.update(accepted=self.s.accepted, tried=self.s.tried)
 
     LEARNERS["vbem-ps-spy-test"] = Spy
     try:
@@ -163,7 +163,7 @@ def test_reported_elbo_is_vbcore_elbo_of_the_learners_own_q(X):
             if iteration == 7:  # apply the accepted step to the logits now (the next pass would)
                 states, _ = self.ctx.engine.map_keep(
                     logit_gradient_kernel, self.ctx.handles, self.states, estep_params(post, self.ctx.shift),
-                    self.lam_acc, self.beta_acc, self.natural)
+                    self.s.lam_acc, self.s.beta_acc, self.natural)
                 grabbed.update(states=states, ctx=self.ctx, post=post, terms=terms)
             return post, terms
 

@@ -27,13 +27,14 @@ gradient and last direction stay on the workers (``engine.map_keep``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from pipeline.learners import register
 from pipeline.learners.base import FitContext, Learner
+from pipeline.learners.state import LearnerState
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.gradients import (
@@ -121,9 +122,24 @@ def quadratic_line_search(phi: Any, cost0: float, slope0: float, trial: float,
 
 
 # ---- state kept for checkpoints ---------------------------------------------------------------------
-_STATS_FIELDS = ("nk", "mean", "scatter")
-_SCALARS = ("sum_rlogr", "lam_acc", "beta_acc", "hg_prev", "lam_prev", "slope_prev", "stalled", "have_grad",
-            "reset", "gg", "gh", "g_hprev", "g_pprev")
+@dataclass
+class GradientState(LearnerState):
+    """The driver's state of gd/cg/ng/ncg (checkpointed as a whole; the per-chunk logits, gradient
+    and direction live with their chunks and are gathered separately)."""
+
+    stats: SuffStats | None  # q(Z) summarised at the current point
+    terms: ElboTerms | None
+    hm_prev: np.ndarray  # the means' part of h and p at the previous iteration, (K, D)
+    pm_prev: np.ndarray
+    lam_acc: float = 0.0  # the accepted step not yet applied to the per-chunk logits
+    beta_acc: float = 0.0
+    hg_prev: float = 0.0  # h.g at the previous point (eq. 18's denominator)
+    lam_prev: float = 0.0  # previous accepted step and slope (initial trial step, N&W eq. 3.59)
+    slope_prev: float = 0.0
+    stalled: bool = False  # a line search along -h found no decrease: nothing left to gain
+    have_grad: bool = False  # the per-chunk h is that of the current point (skip the gradient pass)
+    reset: bool = True  # next direction is -h
+    sums: GradSums = field(default_factory=lambda: GradSums(0.0, 0.0, 0.0, 0.0))
 
 
 def _to_host(x: Any) -> np.ndarray:
@@ -188,19 +204,7 @@ class GradientLearner(Learner):
 
     def _reset_driver_state(self) -> None:
         k, d = self.ctx.prior.n_components, self.ctx.n_features
-        self.stats: SuffStats | None = None
-        self.terms: ElboTerms | None = None
-        self.hm_prev = np.zeros((k, d))  # the means' part of h and p at the previous iteration
-        self.pm_prev = np.zeros((k, d))
-        self.lam_acc = 0.0  # the accepted step not yet applied to the per-chunk logits
-        self.beta_acc = 0.0
-        self.hg_prev = 0.0  # h.g at the previous point (eq. 18's denominator)
-        self.lam_prev = 0.0  # previous accepted step and slope (initial trial step, N&W eq. 3.59)
-        self.slope_prev = 0.0
-        self.stalled = False  # a line search along -h found no decrease: nothing left to gain
-        self.have_grad = False  # the per-chunk h is that of the current point (skip the gradient pass)
-        self.reset = True  # next direction is -h
-        self.sums = GradSums(0.0, 0.0, 0.0, 0.0)
+        self.s = GradientState(None, None, np.zeros((k, d)), np.zeros((k, d)))
 
     # ---- the interface ---------------------------------------------------------------------------
     def start(self, post: Posterior) -> None:
@@ -219,43 +223,43 @@ class GradientLearner(Learner):
         return stats, post, elbo_terms(stats, post, self.ctx.prior)
 
     def _set_point(self, stats: SuffStats, means: np.ndarray) -> None:
-        self.stats, self.post, self.terms = self._point(stats, means)
+        self.s.stats, self.post, self.s.terms = self._point(stats, means)
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
-        assert self.post is not None and self.stats is not None and self.terms is not None, "start() first"
+        assert self.post is not None and self.s.stats is not None and self.s.terms is not None, "start first"
         ctx, prior = self.ctx, self.ctx.prior
-        if self.stalled:
-            return self.post, self.terms
-        if not self.have_grad:
+        if self.s.stalled:
+            return self.post, self.s.terms
+        if not self.s.have_grad:
             # gradient pass: apply the accepted step (eq. 53), then eqs. 48-51 at the new point
-            self.states, self.sums = ctx.engine.map_keep(
+            self.states, self.s.sums = ctx.engine.map_keep(
                 logit_gradient_kernel, ctx.handles, self.states, estep_params(self.post, ctx.shift),
-                self.lam_acc, self.beta_acc, self.natural)
-            self.have_grad = True
-        sums = self.sums
-        gm = mean_gradient(self.stats, self.post, prior)
-        hm = mean_natural_gradient(self.stats, self.post, prior) if self.natural else gm
+                self.s.lam_acc, self.s.beta_acc, self.natural)
+            self.s.have_grad = True
+        sums = self.s.sums
+        gm = mean_gradient(self.s.stats, self.post, prior)
+        hm = mean_natural_gradient(self.s.stats, self.post, prior) if self.natural else gm
         gh = sums.gh + float(np.sum(gm * hm))  # squared Riemannian norm for natural (eq. 17)
         if not gh > 0:  # zero gradient: a stationary point
-            self.stalled = True
-            return self.post, self.terms
+            self.s.stalled = True
+            return self.post, self.s.terms
         beta = 0.0
-        if self.conjugate and not self.reset and self.hg_prev > 0:
+        if self.conjugate and not self.s.reset and self.s.hg_prev > 0:
             # Polak-Ribiere with Riemannian inner products (eq. 18): (h_t - h_{t-1}).g_t / h_{t-1}.g_{t-1}
-            g_hprev = sums.g_hprev + float(np.sum(gm * self.hm_prev))
-            beta = max((gh - g_hprev) / self.hg_prev, 0.0)  # reset on negative beta
+            g_hprev = sums.g_hprev + float(np.sum(gm * self.s.hm_prev))
+            beta = max((gh - g_hprev) / self.s.hg_prev, 0.0)  # reset on negative beta
         slope = -gh
         if beta > 0:
-            slope = -gh + beta * (sums.g_pprev + float(np.sum(gm * self.pm_prev)))
+            slope = -gh + beta * (sums.g_pprev + float(np.sum(gm * self.s.pm_prev)))
             if not slope < 0:  # not a descent direction: reset
                 beta, slope = 0.0, -gh
-        pm = -hm + beta * self.pm_prev if beta > 0 else -hm
-        if self.reset or self.lam_prev == 0.0:
+        pm = -hm + beta * self.s.pm_prev if beta > 0 else -hm
+        if self.s.reset or self.s.lam_prev == 0.0:
             trial = 1.0 if self.natural else 1.0 / np.sqrt(sums.gg + float(np.sum(gm * gm)))
         else:  # Nocedal & Wright eq. 3.59: the previous step's first-order change
-            trial = min(self.lam_prev * self.slope_prev / slope, 10.0 * self.lam_prev)
+            trial = min(self.s.lam_prev * self.s.slope_prev / slope, 10.0 * self.s.lam_prev)
         means = self.post.means
-        cost0 = -self.terms.total
+        cost0 = -self.s.terms.total
         cache: dict[float, tuple[SuffStats, Posterior, ElboTerms]] = {}
 
         def phi(lam: float) -> float:
@@ -264,24 +268,24 @@ class GradientLearner(Learner):
             return -cache[lam][2].total
 
         ls = quadratic_line_search(phi, cost0, slope, float(trial), int(self.opts["line_search_evals"]))
-        self.hg_prev = gh
-        self.hm_prev = hm
+        self.s.hg_prev = gh
+        self.s.hm_prev = hm
         if ls.step > 0:
-            self.stats, self.post, self.terms = cache[ls.step]
-            self.lam_acc, self.beta_acc = ls.step, beta
-            self.lam_prev, self.slope_prev = ls.step, slope
-            self.pm_prev = pm
-            self.have_grad = False
-            self.reset = False
+            self.s.stats, self.post, self.s.terms = cache[ls.step]
+            self.s.lam_acc, self.s.beta_acc = ls.step, beta
+            self.s.lam_prev, self.s.slope_prev = ls.step, slope
+            self.s.pm_prev = pm
+            self.s.have_grad = False
+            self.s.reset = False
         else:  # no decrease: the per-chunk state is unchanged; retry along -h, or stop if that was it
-            self.stalled = beta == 0.0
-            self.lam_acc = 0.0
-            self.lam_prev = 0.0
-            self.reset = True
-        return self.post, self.terms
+            self.s.stalled = beta == 0.0
+            self.s.lam_acc = 0.0
+            self.s.lam_prev = 0.0
+            self.s.reset = True
+        return self.post, self.s.terms
 
     def converged(self, history: list[float], tol: float) -> bool:
-        if self.stalled:
+        if self.s.stalled:
             return True
         if self.opts["convergence"] == "seed000":
             return seed000_converged(history, float(self.opts["eps"]), self.ctx.n_rows)
@@ -290,22 +294,13 @@ class GradientLearner(Learner):
     # ---- checkpoints ---------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
         """Per-chunk logits, gradient and direction gathered in row order, plus the driver's state."""
-        assert self.stats is not None
+        assert self.s.stats is not None
         parts = self.ctx.engine.fetch_states(self.states, _host_state)
-        out: dict[str, np.ndarray] = {}
+        out = self.s.to_arrays(prefix="driver.")
         for name in ("log_r", "h", "p"):
-            arrays = [getattr(s, name) for s in parts]
+            arrays = [getattr(part, name) for part in parts]
             if all(a is not None for a in arrays):
                 out[f"chunk_{name}"] = np.concatenate(arrays)
-        for name in _STATS_FIELDS:
-            out[f"stats_{name}"] = getattr(self.stats, name)
-        out["hm_prev"], out["pm_prev"] = self.hm_prev, self.pm_prev
-        s = self.sums
-        scalars = dict(sum_rlogr=self.stats.sum_rlogr, lam_acc=self.lam_acc, beta_acc=self.beta_acc,
-                       hg_prev=self.hg_prev, lam_prev=self.lam_prev, slope_prev=self.slope_prev,
-                       stalled=float(self.stalled), have_grad=float(self.have_grad), reset=float(self.reset),
-                       gg=s.gg, gh=s.gh, g_hprev=s.g_hprev, g_pprev=s.g_pprev)
-        out["scalars"] = np.array([scalars[k] for k in _SCALARS], dtype=np.float64)
         return out
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
@@ -320,17 +315,8 @@ class GradientLearner(Learner):
         self.states = ctx.engine.place_states(per_chunk, ctx.handles)
         if getattr(ctx.engine, "array_backend", "numpy") != "numpy":  # host arrays to the device
             self.states, _ = ctx.engine.map_keep(_device_kernel, ctx.handles, self.states)
-        self._reset_driver_state()
-        sc = dict(zip(_SCALARS, (float(v) for v in state["scalars"]), strict=True))
-        self.stats = SuffStats(nk=state["stats_nk"], mean=state["stats_mean"], scatter=state["stats_scatter"],
-                               sum_rlogr=sc["sum_rlogr"], n_rows=ctx.n_rows, shift=ctx.shift)
+        self.s = GradientState.from_arrays(state, ctx.covariance_type, ctx.weight_type, prefix="driver.")
         self.post = post
-        self.terms = elbo_terms(self.stats, post, ctx.prior)
-        self.hm_prev, self.pm_prev = state["hm_prev"], state["pm_prev"]
-        self.lam_acc, self.beta_acc, self.hg_prev = sc["lam_acc"], sc["beta_acc"], sc["hg_prev"]
-        self.lam_prev, self.slope_prev = sc["lam_prev"], sc["slope_prev"]
-        self.stalled, self.have_grad, self.reset = (bool(sc[k]) for k in ("stalled", "have_grad", "reset"))
-        self.sums = GradSums(sc["gg"], sc["gh"], sc["g_hprev"], sc["g_pprev"])
 
     def close(self) -> None:
         if self.states:

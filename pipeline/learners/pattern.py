@@ -10,6 +10,7 @@ that point's E-step, so the reported ELBO never decreases (docs/algorithms.md ha
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from pipeline.learners import register
 from pipeline.learners.base import FitContext, Learner
 from pipeline.learners.gradient import check_convergence_options, seed000_converged
+from pipeline.learners.state import LearnerState
 from pipeline.learners.vbem import vbem_pass
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError, NumericalError
@@ -56,6 +58,18 @@ def _valid(post: Posterior) -> bool:
     return ok
 
 
+@dataclass
+class PatternState(LearnerState):
+    """Pattern search's state beyond the posterior (checkpointed as a whole)."""
+
+    prev: Posterior | None = None  # q(theta) before the last VB EM cycle
+    l_prev: float = 0.0  # L(prev): the ELBO of prev with its own E-step
+    cycles: int = 0  # iterations since start
+    lam: float = 1.0  # the next trial step (the last accepted one)
+    accepted: int = 0  # pattern steps accepted / tried (diagnostics)
+    tried: int = 0
+
+
 @register("vbem-ps")
 class PatternSearchVBEM(Learner):
     """VB EM with a pattern-search line search every ``every`` iterations."""
@@ -82,12 +96,7 @@ class PatternSearchVBEM(Learner):
                               f"step={opts['step']!r}, max_step={opts['max_step']!r}")
 
     def _clear(self) -> None:
-        self.prev: Posterior | None = None  # q(theta) before the last VB EM cycle
-        self.l_prev = 0.0  # L(prev): the ELBO of prev with its own E-step
-        self.cycles = 0  # iterations since start
-        self.lam = float(self.opts["step"])
-        self.accepted = 0  # pattern steps accepted / tried (diagnostics)
-        self.tried = 0
+        self.s = PatternState(lam=float(self.opts["step"]))
 
     def start(self, post: Posterior) -> None:
         super().start(post)
@@ -103,27 +112,27 @@ class PatternSearchVBEM(Learner):
         cur = self.post
         stats, l_cur = self._score(cur)  # the ordinary VB EM E-step
         base, l_base = cur, l_cur
-        self.cycles += 1
-        if self.prev is not None and self.cycles % int(self.opts["every"]) == 0:
-            self.tried += 1
-            lam1 = self.lam
+        self.s.cycles += 1
+        if self.s.prev is not None and self.s.cycles % int(self.opts["every"]) == 0:
+            self.s.tried += 1
+            lam1 = self.s.lam
             best = (l_cur, 0.0, stats, cur)
-            line = PatternLine(self.prev, cur)
+            line = PatternLine(self.s.prev, cur)
             trial1 = self._trial(line, lam1)
             if trial1 is not None:
                 best = max(best, (trial1[1], lam1, trial1[0], trial1[2]), key=lambda t: t[0])
-                lam2 = parabola_peak(lam1, self.l_prev, l_cur, trial1[1], float(self.opts["max_step"]))
+                lam2 = parabola_peak(lam1, self.s.l_prev, l_cur, trial1[1], float(self.opts["max_step"]))
             else:
                 lam2 = 0.25 * lam1
             trial2 = self._trial(line, lam2)
             if trial2 is not None:
                 best = max(best, (trial2[1], lam2, trial2[0], trial2[2]), key=lambda t: t[0])
             if best[1] > 0 and best[0] > l_cur:  # accept only an improvement of L
-                l_base, self.lam, stats, base = best[0], best[1], best[2], best[3]
-                self.accepted += 1
+                l_base, self.s.lam, stats, base = best[0], best[1], best[2], best[3]
+                self.s.accepted += 1
             else:
-                self.lam = float(self.opts["step"])
-        self.prev, self.l_prev = base, l_base
+                self.s.lam = float(self.opts["step"])
+        self.s.prev, self.s.l_prev = base, l_base
         self.post = m_step(stats, ctx.prior, ctx.reg_covar)
         return self.post, elbo_terms(stats, self.post, ctx.prior)
 
@@ -151,23 +160,9 @@ class PatternSearchVBEM(Learner):
         return super().converged(history, tol)
 
     def state(self) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {
-            "scalars": np.array([self.l_prev, self.cycles, self.lam, self.accepted, self.tried,
-                                 float(self.prev is not None)])}
-        if self.prev is not None:
-            for f in _POST_FIELDS:
-                if getattr(self.prev, f) is not None:
-                    out[f"prev_{f}"] = getattr(self.prev, f)
-        return out
+        return self.s.to_arrays()
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         self.start(post)
-        if "scalars" not in state:
-            return
-        l_prev, cycles, lam, accepted, tried, has_prev = (float(v) for v in state["scalars"])
-        self.l_prev, self.cycles, self.lam = l_prev, int(cycles), lam
-        self.accepted, self.tried = int(accepted), int(tried)
-        if has_prev:
-            self.prev = Posterior(post.covariance_type, post.weight_type, state["prev_weight_concentration"],
-                                  state["prev_mean_precision"], state["prev_means"],
-                                  state.get("prev_degrees_of_freedom"), state["prev_covariances"])
+        if "lam" in state:  # else a checkpoint of another learner: start afresh from post
+            self.s = PatternState.from_arrays(state, post.covariance_type, post.weight_type)
