@@ -16,8 +16,6 @@ from typing import Any
 
 import numpy as np
 from scipy import sparse
-from scipy.linalg import solve_triangular
-from scipy.special import gammaln, logsumexp
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
@@ -40,6 +38,7 @@ from vbcore.kernels import (
 )
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
+from vbcore.predictive import posterior_predictive_logpdf
 from vbcore.priors import COVARIANCE_TYPES, WEIGHT_TYPES, Prior, default_prior
 from vbcore.stats import SuffStats
 
@@ -105,7 +104,8 @@ class VBMixture(DensityMixin, BaseEstimator):
     ----------
     n_components : int, default=1
         Number of components ``K`` (the truncation level for the Dirichlet process).
-    covariance_type : {'full', 'diag', 'spherical', 'fixed'}, default='full'
+    covariance_type : {'full', 'tied', 'diag', 'spherical', 'fixed'}, default='full'
+        'tied' (learners 'vbem' and 'vbem-ps') shares one precision posterior among the components;
         'fixed' is a known isotropic variance ``fixed_variance`` with a Gaussian prior on the means.
     tol : float, default=1e-3
         Convergence threshold on the change of the ELBO *per sample* between iterations.
@@ -235,7 +235,8 @@ class VBMixture(DensityMixin, BaseEstimator):
             raise ConfigError(f"learner must be one of {tuple(LEARNERS)}, got {self.learner!r}")
         if self.learner_options is not None and not isinstance(self.learner_options, dict):
             raise ConfigError(f"learner_options must be a dict, got {_show(self.learner_options)}")
-        learner_class(self.learner).parse_options(self.learner_options or {})
+        learner_class(self.learner).parse_options(self.learner_options or {},
+                                                   covariance_type=self.covariance_type)
         if self.init_params not in INIT_PARAMS:
             raise ConfigError(f"init_params must be one of {INIT_PARAMS}, got {self.init_params!r}")
         self._integer("max_iter", self.max_iter, 0)
@@ -596,11 +597,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.degrees_of_freedom_ = post.degrees_of_freedom
         self.covariances_ = post.covariances
         self.precisions_cholesky_ = post.precisions_cholesky
-        if post.covariance_type == "full":
-            self.precisions_ = np.einsum("kij,klj->kil", post.precisions_cholesky,
-                                         post.precisions_cholesky)
-        else:
-            self.precisions_ = post.precisions_cholesky**2
+        self.precisions_ = post.precisions()  # E[Lambda] in scikit-learn's layout (tied: (D, D))
         if self.verbose:
             state = "converged" if converged else "did not converge"
             print(f"VB EM {state} after {n_iter} iterations; ELBO {terms.total:.6e}")
@@ -754,69 +751,3 @@ def _nearest_stats_kernel(chunk: Chunk, centres: np.ndarray, k: int) -> SuffStat
 def _sq_dists(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
     x = X.astype(np.float64)
     return (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)[None]
-
-
-def _student_t_logpdf(X: np.ndarray, loc: np.ndarray, chol_prec: np.ndarray, dof: float,
-                      full: bool) -> np.ndarray:
-    """Multivariate t log density with precision ``U U^T`` (full) or diag ``U**2``."""
-    d = X.shape[1]
-    if full:
-        y = (X - loc) @ chol_prec
-        log_det = 2.0 * np.log(np.diag(chol_prec)).sum()
-    else:
-        y = (X - loc) * chol_prec
-        log_det = 2.0 * np.log(chol_prec).sum()
-    maha = np.sum(y * y, axis=1)
-    return (gammaln(0.5 * (dof + d)) - gammaln(0.5 * dof) - 0.5 * d * np.log(dof * np.pi)
-            + 0.5 * log_det - 0.5 * (dof + d) * np.log1p(maha / dof))
-
-
-def _component_predictive(X: np.ndarray, ct: str, m: np.ndarray, beta: float, nu: float | None,
-                          cov: Any) -> np.ndarray:
-    """Posterior predictive log density of one component (Bishop eq. 10.81 and its Gamma analogues)."""
-    d = X.shape[1]
-    scale = (1.0 + beta) / beta
-    if ct == "fixed":
-        var = cov * scale
-        return -0.5 * d * np.log(2 * np.pi * var) - 0.5 * np.sum((X - m) ** 2, axis=1) / var
-    assert nu is not None
-    if ct == "full":
-        dof = nu + 1.0 - d
-        # precision L = dof * beta / (1 + beta) * W, W = (nu cov)^-1
-        sigma = np.asarray(cov) * nu * scale / dof
-        chol = np.linalg.cholesky(sigma)
-        u = solve_triangular(chol, np.eye(d), lower=True).T
-        return _student_t_logpdf(X, m, u, dof, True)
-    if ct == "diag":  # independent 1-D t's with nu dof, scale^2 = cov (1+beta)/beta
-        s2 = np.asarray(cov) * scale
-        z = (X - m) ** 2 / s2
-        return np.sum(gammaln(0.5 * (nu + 1)) - gammaln(0.5 * nu) - 0.5 * np.log(nu * np.pi * s2)
-                      - 0.5 * (nu + 1) * np.log1p(z / nu), axis=1)
-    # spherical: one shared Gamma precision -> multivariate t with nu*D dof
-    var_sph = float(cov) * scale
-    return _student_t_logpdf(X, m, np.full(d, 1.0 / np.sqrt(var_sph)), nu * d, False)
-
-
-def posterior_predictive_logpdf(X: np.ndarray, post: Posterior, prior: Prior) -> np.ndarray:
-    """``ln p(x | data)`` under the variational posterior: ``sum_k E[pi_k] St_k(x)``.
-
-    For the truncated DP the weights sum to less than one; the remaining mass belongs to the
-    components beyond the truncation, whose posterior is the prior, so it takes the prior predictive.
-    """
-    ct = post.covariance_type
-    w = post.expected_weights()
-    nu = post.degrees_of_freedom
-    cols = [np.log(w[k]) + _component_predictive(X, ct, post.means[k], post.mean_precision[k],
-                                                  None if nu is None else nu[k], post.covariances[k])
-            for k in range(post.n_components)]
-    rest = 1.0 - w.sum()
-    if post.weight_type == "dirichlet_process" and rest > 0:
-        if ct == "fixed":
-            cov0: Any = prior.fixed_variance
-            nu0 = None
-        else:
-            nu0 = prior.degrees_of_freedom
-            cov0 = np.asarray(prior.covariance) / nu0
-        cols.append(np.log(rest) + _component_predictive(X, ct, prior.mean, prior.mean_precision,
-                                                          nu0, cov0))
-    return logsumexp(np.stack(cols, axis=1), axis=1)

@@ -19,7 +19,7 @@ import numpy as np
 from vbcore.elbo import ElboTerms
 from vbcore.errors import ConfigError
 from vbcore.posterior import Posterior
-from vbcore.priors import Prior
+from vbcore.priors import COVARIANCE_TYPES, Prior
 
 
 @dataclass
@@ -77,19 +77,25 @@ class Learner:
     #: whether the chunks keep the ``[x*x, x]`` cache of the diagonal families (its E-steps use it;
     #: hard-assignment learners form ``x*x`` only for the rows they touch and save 2x the data's memory)
     cache_squares: ClassVar[bool] = True
+    #: the covariance types the learner's updates are written for; others are refused at validation
+    covariance_types: ClassVar[tuple[str, ...]] = COVARIANCE_TYPES
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         self.ctx = ctx
-        self.opts = self.parse_options(options or {})
+        self.opts = self.parse_options(options or {}, covariance_type=ctx.covariance_type)
         #: engine passes issued so far (each map or map_reduce over the chunks counts one)
         self.passes = 0
         self.post: Posterior | None = None
 
     @classmethod
-    def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+    def parse_options(cls, options: Mapping[str, Any], covariance_type: str | None = None) -> dict[str, Any]:
         """Defaults overridden by ``options``; unknown keys and wrong types are errors.
 
-        Values keep the type of their default (strings from the command line are converted)."""
+        Values keep the type of their default (strings from the command line are converted). With
+        ``covariance_type``, also refuse a type the learner does not support
+        (:meth:`check_covariance_type`)."""
+        if covariance_type is not None:
+            cls.check_covariance_type(covariance_type)
         unknown = sorted(set(options) - set(cls.options))
         if unknown:
             known = ", ".join(sorted(cls.options)) or "none"
@@ -100,6 +106,15 @@ class Learner:
         for key, value in options.items():
             out[key] = _coerce(cls.name, key, value, cls.options[key])
         return out
+
+    @classmethod
+    def check_covariance_type(cls, covariance_type: str) -> None:
+        """Raise :class:`ConfigError` when ``covariance_type`` is not in :attr:`covariance_types`."""
+        if covariance_type in cls.covariance_types:
+            return
+        allowed = cls.covariance_types
+        need = repr(allowed[0]) if len(allowed) == 1 else f"one of {allowed}"
+        raise ConfigError(f"learner {cls.name!r} needs covariance_type={need}, got {covariance_type!r}")
 
     # ---- the interface ------------------------------------------------------------------------
     def start(self, post: Posterior) -> None:

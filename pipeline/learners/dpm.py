@@ -137,6 +137,7 @@ class DPPointLearner(Learner):
     sigma2_sample_rows = SIGMA2_ROWS  # rows the estimator gathers for estimate_fixed_variance
     default_weight_concentration = staticmethod(default_weight_concentration)
     default_covariance_type = "fixed"
+    covariance_types = ("fixed",)  # a known isotropic variance (Lim & Jiang 2016, section 2)
     cache_squares = False  # minibatch kernels square only the rows they touch (Learner.cache_squares)
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
