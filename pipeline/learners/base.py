@@ -113,8 +113,8 @@ class Learner:
         if covariance_type in cls.covariance_types:
             return
         allowed = cls.covariance_types
-        need = repr(allowed[0]) if len(allowed) == 1 else f"one of {allowed}"
-        raise ConfigError(f"learner {cls.name!r} needs covariance_type={need}, got {covariance_type!r}")
+        need = f"={allowed[0]!r}" if len(allowed) == 1 else f" in {allowed}"
+        raise ConfigError(f"learner {cls.name!r} needs covariance_type{need}, got {covariance_type!r}")
 
     # ---- the interface ------------------------------------------------------------------------
     def start(self, post: Posterior) -> None:
