@@ -80,8 +80,8 @@ class Posterior:
         return ev * np.concatenate(([1.0], np.cumprod(1.0 - ev[:-1])))
 
     def expected_log_det_precision(self) -> np.ndarray:
-        """``E[ln |Lambda_k|]``, shape (K,) (seed 000 eq. 33 for 'full' and 'tied', where all K are
-        equal; Gamma moments for the others)."""
+        """``E[ln |Lambda_k|]``, shape (K,) (Kuusela et al. 2009, eq. 33, for 'full' and 'tied',
+        where all K are equal; Gamma moments for the others)."""
         d = self.n_features
         if self.covariance_type == "fixed":
             return -d * np.log(self.covariances)
