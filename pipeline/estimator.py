@@ -15,8 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from scipy.linalg import solve_triangular
-from scipy.special import gammaln, logsumexp
 from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
@@ -32,6 +30,7 @@ from vbcore.elbo import ElboTerms
 from vbcore.errors import ConfigError, InputError
 from vbcore.kernels import estep_params, prepare_chunk, responsibilities
 from vbcore.posterior import Posterior
+from vbcore.predictive import posterior_predictive_logpdf
 from vbcore.priors import Prior
 from vbcore.validation import check_array_2d
 
@@ -292,14 +291,11 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.n_components_ = post.n_components  # components kept (DP learners prune)
         self.mean_precision_ = post.mean_precision
         self.means_ = post.means
-        self.degrees_of_freedom_ = post.degrees_of_freedom
+        nu = post.degrees_of_freedom
+        self.degrees_of_freedom_ = float(nu) if nu is not None and np.ndim(nu) == 0 else nu  # tied: one
         self.covariances_ = post.covariances
         self.precisions_cholesky_ = post.precisions_cholesky
-        if post.covariance_type in ("full", "tied") and post.precisions_cholesky.ndim >= 2:
-            pc = post.precisions_cholesky
-            self.precisions_ = pc @ np.swapaxes(pc, -1, -2)
-        else:
-            self.precisions_ = post.precisions_cholesky**2
+        self.precisions_ = post.precisions()
         # the prior, under scikit-learn's names
         self.weight_concentration_prior_ = prior.weight_concentration
         self.mean_precision_prior_ = prior.mean_precision
@@ -385,69 +381,3 @@ def _restart_seeds(random_state: Any, n_init: int) -> list[Any]:
         return [random_state]
     rng = check_random_state(random_state)
     return [int(rng.randint(np.iinfo(np.int32).max)) for _ in range(n_init)]
-
-
-def posterior_predictive_logpdf(X: np.ndarray, post: Posterior, prior: Prior) -> np.ndarray:
-    """``ln p(x | data)`` under the variational posterior: ``sum_k E[pi_k] St_k(x)``.
-
-    For the truncated DP the weights sum to less than one; the remaining mass belongs to the
-    components beyond the truncation, whose posterior is the prior, so it takes the prior predictive.
-    """
-    ct = post.covariance_type
-    w = post.expected_weights()
-    nu = post.degrees_of_freedom
-    cols = [np.log(w[k]) + _component_predictive(X, ct, post.means[k], post.mean_precision[k],
-                                                  None if nu is None else nu[k], post.covariances[k])
-            for k in range(post.n_components)]
-    rest = 1.0 - w.sum()
-    if post.weight_type == "dirichlet_process" and rest > 0:
-        if ct == "fixed":
-            cov0: Any = prior.fixed_variance
-            nu0 = None
-        else:
-            nu0 = prior.degrees_of_freedom
-            cov0 = np.asarray(prior.covariance) / nu0
-        cols.append(np.log(rest) + _component_predictive(X, ct, prior.mean, prior.mean_precision,
-                                                          nu0, cov0))
-    return logsumexp(np.stack(cols, axis=1), axis=1)
-
-
-def _student_t_logpdf(X: np.ndarray, loc: np.ndarray, chol_prec: np.ndarray, dof: float,
-                      full: bool) -> np.ndarray:
-    """Multivariate t log density with precision ``U U^T`` (full) or diag ``U**2``."""
-    d = X.shape[1]
-    if full:
-        y = (X - loc) @ chol_prec
-        log_det = 2.0 * np.log(np.diag(chol_prec)).sum()
-    else:
-        y = (X - loc) * chol_prec
-        log_det = 2.0 * np.log(chol_prec).sum()
-    maha = np.sum(y * y, axis=1)
-    return (gammaln(0.5 * (dof + d)) - gammaln(0.5 * dof) - 0.5 * d * np.log(dof * np.pi)
-            + 0.5 * log_det - 0.5 * (dof + d) * np.log1p(maha / dof))
-
-
-def _component_predictive(X: np.ndarray, ct: str, m: np.ndarray, beta: float, nu: float | None,
-                          cov: Any) -> np.ndarray:
-    """Posterior predictive log density of one component (Bishop eq. 10.81 and its Gamma analogues)."""
-    d = X.shape[1]
-    scale = (1.0 + beta) / beta
-    if ct == "fixed":
-        var = cov * scale
-        return -0.5 * d * np.log(2 * np.pi * var) - 0.5 * np.sum((X - m) ** 2, axis=1) / var
-    assert nu is not None
-    if ct == "full":
-        dof = nu + 1.0 - d
-        # precision L = dof * beta / (1 + beta) * W, W = (nu cov)^-1
-        sigma = np.asarray(cov) * nu * scale / dof
-        chol = np.linalg.cholesky(sigma)
-        u = solve_triangular(chol, np.eye(d), lower=True).T
-        return _student_t_logpdf(X, m, u, dof, True)
-    if ct == "diag":  # independent 1-D t's with nu dof, scale^2 = cov (1+beta)/beta
-        s2 = np.asarray(cov) * scale
-        z = (X - m) ** 2 / s2
-        return np.sum(gammaln(0.5 * (nu + 1)) - gammaln(0.5 * nu) - 0.5 * np.log(nu * np.pi * s2)
-                      - 0.5 * (nu + 1) * np.log1p(z / nu), axis=1)
-    # spherical: one shared Gamma precision -> multivariate t with nu*D dof
-    var_sph = float(cov) * scale
-    return _student_t_logpdf(X, m, np.full(d, 1.0 / np.sqrt(var_sph)), nu * d, False)

@@ -119,7 +119,6 @@ def test_unfitted_model_raises_not_fitted(iris, method):
         (dict(n_components=2.5), r"n_components.*got 2\.5"),
         (dict(n_components=True), r"n_components.*got True"),
         (dict(n_components="3"), r"n_components"),
-        (dict(covariance_type="tied"), r"covariance_type.*'tied'"),
         (dict(covariance_type="banana"), r"covariance_type.*'banana'"),
         (dict(weight_concentration_prior_type="x"), r"weight_concentration_prior_type.*'x'"),
         (dict(learner="nope"), r"learner.*'nope'"),

@@ -7,6 +7,11 @@
 * ``kl_weights = KL(q(pi) || p(pi))`` (eq. 44), or ``sum_k KL(q(v_k) || Beta(1, alpha0))`` for the DP;
 * ``kl_components = sum_k KL(q(mu_k, Lambda_k) || p(mu_k, Lambda_k))`` (eq. 45).
 
+For 'tied' the K precisions keep their own Wishart priors and share one variational factor
+``q(Lambda_k) = q(Lambda)`` (the model whose exact coordinate ascent is scikit-learn's tied update):
+the likelihood needs only the pooled scatter ``sum_k N_k S_k``, and ``kl_components`` holds K equal
+Wishart KLs (docs/algorithms.md has the derivation).
+
 Because every constant is kept, bounds compare across K, component families, learners and libraries,
 and for one component with Dirichlet weights the ELBO equals the exact log evidence.
 The ELBO is evaluated from the statistics of q(Z) and the posterior q(theta) that the M-step built
@@ -85,6 +90,9 @@ def kl_wishart(nu: np.ndarray, cov: np.ndarray, nu0: float, cov0: np.ndarray,
 
 def _quad(post: Posterior, v: np.ndarray) -> np.ndarray:
     """``v_k^T E[Lambda_k] v_k`` for (K, D) vectors."""
+    if post.covariance_type == "tied":
+        y = v @ post.precisions_cholesky
+        return np.sum(y * y, axis=1)
     if post.covariance_type == "full":
         y = np.einsum("kd,kde->ke", v, post.precisions_cholesky)
         return np.sum(y * y, axis=1)
@@ -94,7 +102,11 @@ def _quad(post: Posterior, v: np.ndarray) -> np.ndarray:
 
 
 def _trace_scatter(post: Posterior, scatter: np.ndarray) -> np.ndarray:
-    """``Tr(E[Lambda_k] N_k S_k)``."""
+    """``Tr(E[Lambda_k] N_k S_k)``; for 'tied' the one value ``Tr(E[Lambda] sum_k N_k S_k)`` (shape (1,))
+    from a pooled (1, D, D) or per-component (K, D, D) scatter."""
+    if post.covariance_type == "tied":
+        pooled = scatter[0] if scatter.shape[0] == 1 else scatter.sum(0)
+        return np.array([np.sum(post.precisions() * pooled)])
     if post.covariance_type == "full":
         prec = np.einsum("kij,klj->kil", post.precisions_cholesky, post.precisions_cholesky)
         return np.einsum("kij,kji->k", prec, scatter)
@@ -114,9 +126,14 @@ def elbo_terms(stats: SuffStats, post: Posterior, prior: Prior) -> ElboTerms:
     # eq. 46: 1/2 sum_k N_k {E ln|Lambda| - D/beta - Tr(E[Lambda] S)
     #                         - (xbar-m)^T E[Lambda] (xbar-m) - D ln 2pi}
     xbar_minus_m = stats.mean - (post.means - stats.shift)
-    log_lik = 0.5 * np.sum(nk * (e_log_det - d / beta - d * LOG_2PI)) - 0.5 * np.sum(
-        _trace_scatter(post, stats.scatter) + nk * _quad(post, xbar_minus_m)
-    )
+    if post.covariance_type == "tied":  # one trace term, sum_k of the per-component ones
+        log_lik = 0.5 * np.sum(nk * (e_log_det - d / beta - d * LOG_2PI)) - 0.5 * (
+            _trace_scatter(post, stats.scatter)[0] + np.sum(nk * _quad(post, xbar_minus_m))
+        )
+    else:
+        log_lik = 0.5 * np.sum(nk * (e_log_det - d / beta - d * LOG_2PI)) - 0.5 * np.sum(
+            _trace_scatter(post, stats.scatter) + nk * _quad(post, xbar_minus_m)
+        )
 
     # eq. 43
     kl_z = stats.sum_rlogr - float(np.sum(nk * e_log_pi))
@@ -136,6 +153,12 @@ def elbo_terms(stats: SuffStats, post: Posterior, prior: Prior) -> ElboTerms:
     ct = post.covariance_type
     if ct == "fixed":
         kl_prec = np.zeros_like(nk)
+    elif ct == "tied":  # K copies of one Wishart KL (one per component's precision, all with q(Lambda))
+        assert post.degrees_of_freedom is not None and prior.covariance is not None
+        log_det_prec = np.atleast_1d(2.0 * np.log(np.diagonal(post.precisions_cholesky)).sum())
+        one = kl_wishart(np.atleast_1d(post.degrees_of_freedom), post.covariances[None],
+                         prior.degrees_of_freedom, np.asarray(prior.covariance), log_det_prec, e_log_det[:1])
+        kl_prec = np.full(nk.shape, one[0])
     elif ct == "full":
         assert post.degrees_of_freedom is not None and prior.covariance is not None
         log_det_prec = 2.0 * np.log(np.diagonal(post.precisions_cholesky, axis1=1, axis2=2)).sum(1)

@@ -7,7 +7,11 @@ sums across rows are returned as float64 NumPy arrays. No N x K x D array is eve
 * diagonal families: ``(x-m)^T P (x-m) = [x*x, x] @ [p; -2 p m]^T + m^T P m`` -- one
   (n x 2D) @ (2D x K) GEMM; statistics ``R^T @ [x*x, x]`` -- one (K x n) @ (n x 2D) GEMM;
 * full: per component one (n x D) @ (D x D) GEMM with the precision Cholesky factor, and one
-  (D x n) @ (n x D) GEMM for its centred scatter.
+  (D x n) @ (n x D) GEMM for its centred scatter;
+* tied (one shared ``E[Lambda] = U U^T``): ``y = x U`` once, then
+  ``(x-m_k)^T E[Lambda] (x-m_k) = |y|^2 - 2 y . (U^T m_k) + |U^T m_k|^2`` -- one (n x D) @ (D x D) and
+  one (n x D) @ (D x K) GEMM; statistics ``R^T @ x`` (K x n) @ (n x D) and the pooled scatter from
+  ``x^T diag(sum_k r_nk) x`` (D x n) @ (n x D), minus ``sum_k N_k xbar_k xbar_k^T``.
 
 A :class:`Chunk` caches the shifted rows and ``[x*x, x]`` so that repeated passes over persisted data
 do not recompute them.
@@ -23,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vbcore.posterior import LOG_2PI, Posterior
+from vbcore.priors import WISHART_TYPES
 from vbcore.stats import SuffStats
 
 Array = Any
@@ -93,12 +98,15 @@ class Chunk:
         The float64 offset that was subtracted.
     diagonal : bool or None
         Prepared for a diagonal family ('diag', 'spherical', 'fixed'); None: whether ``feats`` is set.
+    pooled : bool
+        Prepared for 'tied': :func:`chunk_statistics` returns the pooled within-component scatter.
     """
 
     x: Array
     feats: Array | None
     shift: np.ndarray
     diagonal: bool | None = None
+    pooled: bool = False
 
     @property
     def n_rows(self) -> int:
@@ -121,13 +129,14 @@ def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bo
     """Subtract ``shift`` (float64, cast to the data dtype) and, for the diagonal families, cache
     ``[x*x, x]`` (2x the chunk's memory; it saves one elementwise pass and one GEMM per iteration).
     ``squares`` overrides that choice (the hard-assignment learners form ``x*x`` only for the rows
-    they touch, so they skip the cache)."""
+    they touch, so they skip the cache). 'full' and 'tied' never cache it."""
     xp = array_namespace(x)
     xs = x - xp.asarray(shift, dtype=x.dtype)
-    cache = covariance_type != "full" if squares is None else bool(squares)
+    diagonal = covariance_type not in WISHART_TYPES
+    cache = diagonal and (squares is None or bool(squares))
     feats = xp.concat((xs * xs, xs), axis=1) if cache else None
     return Chunk(x=xs, feats=feats, shift=np.asarray(shift, dtype=np.float64),
-                 diagonal=covariance_type != "full")
+                 diagonal=diagonal, pooled=covariance_type == "tied")
 
 
 @dataclass(frozen=True)
@@ -136,14 +145,16 @@ class EStepParams:
 
     ``log rho_nk = const_k - 1/2 (x_n - m_k)^T E[Lambda_k] (x_n - m_k)`` (eq. 36), with
     ``const_k = E ln pi_k + 1/2 E ln|Lambda_k| - D/2 ln 2 pi - D/(2 beta_k)``; for the diagonal
-    families ``weights`` (2D x K) and ``const`` already fold in the quadratic form's GEMM.
+    families ``weights`` (2D x K) and ``const`` already fold in the quadratic form's GEMM; for 'tied'
+    ``weights`` is ``U^T (m_k - shift)`` as columns (D x K), ``prec_chol`` the shared ``U`` (D x D), and
+    ``const`` holds ``-1/2 |U^T (m_k - shift)|^2``.
     """
 
     covariance_type: str
     const: np.ndarray  # (K,)
-    weights: np.ndarray | None  # (2D, K) diagonal families
+    weights: np.ndarray | None  # (2D, K) diagonal families, (D, K) tied
     means: np.ndarray | None  # (K, D) shifted means, full
-    prec_chol: np.ndarray | None  # (K, D, D), full
+    prec_chol: np.ndarray | None  # (K, D, D) full, (D, D) tied
 
 
 def estep_params(post: Posterior, shift: np.ndarray) -> EStepParams:
@@ -158,6 +169,10 @@ def estep_params(post: Posterior, shift: np.ndarray) -> EStepParams:
     m = post.means - shift[None, :]
     if post.covariance_type == "full":
         return EStepParams("full", const, None, m, post.precisions_cholesky)
+    if post.covariance_type == "tied":
+        u = post.precisions_cholesky
+        mu = m @ u  # (K, D): rows U^T (m_k - shift)
+        return EStepParams("tied", const - 0.5 * np.sum(mu * mu, axis=1), mu.T.copy(), None, u)
     p = post.precision_diagonal()  # (K, D)
     weights = np.concatenate((-0.5 * p, p * m), axis=1).T  # (2D, K)
     const = const - 0.5 * np.sum(p * m * m, axis=1)
@@ -170,6 +185,8 @@ def log_rho(chunk: Chunk, params: EStepParams) -> Array:
     xp = array_namespace(x)
     dt = x.dtype
     const = xp.asarray(params.const, dtype=dt)
+    if params.covariance_type == "tied":
+        return _tied_log_rho(x, params)
     if params.covariance_type != "full":
         assert params.weights is not None
         return chunk.features(0, chunk.n_rows) @ xp.asarray(params.weights, dtype=dt) + const
@@ -181,6 +198,16 @@ def log_rho(chunk: Chunk, params: EStepParams) -> Array:
         y = x @ u - xp.asarray(params.means[j] @ params.prec_chol[j], dtype=dt)
         cols.append(xp.sum(y * y, axis=1))
     return const - 0.5 * xp.stack(cols, axis=1)
+
+
+def _tied_log_rho(x: Array, params: EStepParams) -> Array:
+    """``ln rho`` of rows ``x`` for 'tied': ``const_k - |y|^2/2 + y . mu_k`` with ``y = x U``."""
+    xp = array_namespace(x)
+    dt = x.dtype
+    assert params.weights is not None and params.prec_chol is not None
+    y = x @ xp.asarray(params.prec_chol, dtype=dt)
+    half_sq = xp.reshape(0.5 * xp.sum(y * y, axis=1), (-1, 1))
+    return y @ xp.asarray(params.weights, dtype=dt) + xp.asarray(params.const, dtype=dt) - half_sq
 
 
 def normalise(log_r: Array) -> tuple[Array, Array, Array]:
@@ -232,6 +259,12 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
                 g[:, :d] += to_numpy(rt @ (xb * xb))
                 g[:, d:] += to_numpy(rt @ xb)
         return _diag_stats(nk, g, sum_rlogr, chunk)
+    if chunk.pooled:
+        sums = _PooledSums(nk.shape[0], d)
+        n = chunk.n_rows
+        for i in range(0, n, BLOCK_ROWS):
+            sums.add(chunk.x[i : min(i + BLOCK_ROWS, n), :], resp[i : min(i + BLOCK_ROWS, n), :])
+        return sums.stats(sum_rlogr, chunk)
     # full: means first, then the exactly centred scatter per component (two passes, D x D GEMMs)
     mean = to_numpy(xp.matrix_transpose(resp) @ x) / safe[:, None]
     mean[nk <= 0] = 0.0
@@ -257,6 +290,35 @@ def _diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, chunk: Chunk) -
                      shift=chunk.shift)
 
 
+class _PooledSums:
+    """Float64 running sums of the 'tied' statistics over blocks of a chunk: ``N_k``,
+    ``sum_n r_nk x_n`` (K x D) and ``sum_n (sum_k r_nk) x_n x_n^T`` (D x D), rows relative to the shift."""
+
+    def __init__(self, k: int, d: int) -> None:
+        self.nk = np.zeros(k)
+        self.sx = np.zeros((k, d))
+        self.xx = np.zeros((d, d))
+
+    def add(self, xb: Array, resp: Array) -> None:
+        xp = array_namespace(xb)
+        self.nk += to_numpy(xp.sum(resp, axis=0, dtype=xp.float64))
+        self.sx += to_numpy(xp.matrix_transpose(resp) @ xb)
+        w = xp.reshape(xp.sum(resp, axis=1), (-1, 1))  # 1 for responsibilities; exact for any weights
+        self.xx += to_numpy(xp.matrix_transpose(xb * w) @ xb)
+
+    def stats(self, sum_rlogr: float, chunk: Chunk) -> SuffStats:
+        """Means and the pooled scatter ``sum_k N_k S_k = sum_n w_n x_n x_n^T - sum_k N_k xbar_k xbar_k^T``,
+        stored with a leading axis of length 1 (shape (1, D, D): one pooled group)."""
+        nk = self.nk
+        safe = np.where(nk > 0, nk, 1.0)
+        mean = self.sx / safe[:, None]
+        mean[nk <= 0] = 0.0
+        pooled = self.xx - (nk[:, None] * mean).T @ mean
+        pooled = 0.5 * (pooled + pooled.T)
+        return SuffStats(nk=nk, mean=mean, scatter=pooled[None], sum_rlogr=sum_rlogr,
+                         n_rows=chunk.n_rows, shift=chunk.shift, pooled=True)
+
+
 @dataclass(frozen=True)
 class KernelResult:
     """What one VB EM pass returns per chunk: statistics and ``sum_n ln sum_k rho_nk``."""
@@ -271,6 +333,8 @@ class KernelResult:
 def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     """One VB EM chunk pass: E-step (eqs. 35-36) then statistics (eqs. 30-32)."""
     xp = array_namespace(chunk.x)
+    if params.covariance_type == "tied":
+        return _tied_kernel(chunk, params)
     if params.covariance_type == "full":
         resp, log_norm, rlogr = normalise(log_rho(chunk, params))
         total = float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
@@ -293,6 +357,22 @@ def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
         total += float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
         sum_rlogr += float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
     return KernelResult(_diag_stats(nk, g, sum_rlogr, chunk), total)
+
+
+def _tied_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
+    """The 'tied' VB EM chunk pass, block by block (see BLOCK_ROWS): E-step GEMMs, softmax, and the
+    statistics GEMMs of the same block while it is in cache."""
+    xp = array_namespace(chunk.x)
+    sums = _PooledSums(params.const.shape[0], chunk.x.shape[1])
+    total = sum_rlogr = 0.0
+    n = chunk.n_rows
+    for i in range(0, n, BLOCK_ROWS):
+        xb = chunk.x[i : min(i + BLOCK_ROWS, n), :]
+        resp, log_norm, rlogr = normalise(_tied_log_rho(xb, params))
+        sums.add(xb, resp)
+        total += float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
+        sum_rlogr += float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
+    return KernelResult(sums.stats(sum_rlogr, chunk), total)
 
 
 def responsibilities(chunk: Chunk, params: EStepParams) -> Array:

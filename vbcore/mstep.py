@@ -23,12 +23,33 @@ def weight_posterior(nk: np.ndarray, prior: Prior) -> np.ndarray:
     return np.vstack((1.0 + nk, alpha0 + tail))
 
 
+def _tied_wishart(stats: SuffStats, prior: Prior, reg_covar: float, shrink: np.ndarray,
+                  diff: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The shared ``q(Lambda) = W(W, nu)`` of 'tied': the normalised geometric mean of the K
+    per-component optima of eq. 41 (scikit-learn's ``_estimate_wishart_tied``; docs/algorithms.md)::
+
+        nu     = nu0 + N / K
+        W^-1   = W0^-1 + (1/K) sum_k [N_k S_k + beta0 N_k / beta_k (xbar_k - m0)(xbar_k - m0)^T]
+
+    Returns ``nu`` (0-d) and ``covariances = W^-1 / nu`` (D, D). ``stats.scatter`` may be pooled
+    (1, D, D) or per component (K, D, D).
+    """
+    nk = stats.nk
+    k, d = nk.shape[0], prior.n_features
+    pooled = stats.scatter[0] if stats.pooled else stats.scatter.sum(0)
+    between = (shrink[:, None] * diff).T @ diff  # sum_k beta0 N_k / beta_k d_k d_k^T, one GEMM
+    winv = np.asarray(prior.covariance) + (pooled + between + reg_covar * nk.sum() * np.eye(d)) / k
+    winv = 0.5 * (winv + winv.T)
+    nu = np.asarray(prior.degrees_of_freedom + nk.sum() / k, dtype=np.float64)
+    return nu, winv / nu
+
+
 def m_step(stats: SuffStats, prior: Prior, reg_covar: float = 0.0) -> Posterior:
     """Optimal q(pi, mu, Lambda) given q(Z) summarised by ``stats``.
 
-    ``reg_covar`` adds ``N_k * reg_covar`` to the diagonal of the scatter, exactly as scikit-learn
-    does; it makes the update a slightly regularised one, so the ELBO is guaranteed monotone only
-    for ``reg_covar = 0``.
+    ``reg_covar`` adds ``N_k * reg_covar`` to the diagonal of the scatter (``N * reg_covar`` to the
+    pooled scatter of 'tied'), exactly as scikit-learn does; it makes the update a slightly
+    regularised one, so the ELBO is guaranteed monotone only for ``reg_covar = 0``.
 
     Parameters
     ----------
@@ -63,6 +84,8 @@ def m_step(stats: SuffStats, prior: Prior, reg_covar: float = 0.0) -> Posterior:
             )
             winv = 0.5 * (winv + winv.transpose(0, 2, 1))
             covariances = winv / nu[:, None, None]
+        elif ct == "tied":
+            nu, covariances = _tied_wishart(stats, prior, reg_covar, shrink, diff)
         elif ct == "diag":
             rate2 = cov0[None] + stats.scatter + reg_covar * nk[:, None] + shrink[:, None] * diff**2
             covariances = rate2 / nu[:, None]

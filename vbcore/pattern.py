@@ -8,7 +8,8 @@ The line search runs in coordinates ``xi`` in which every point of the line is a
 * degrees of freedom: ``ln(nu_k - D + 1)`` for the Wishart (``nu_k > D - 1``), ``ln nu_k`` for the
   Gamma families;
 * ``E[Lambda_k]^-1``: the log-Cholesky factor (its lower triangle with the log of its diagonal) for
-  'full', the log variances for 'diag' and 'spherical'; 'fixed' has none.
+  'full' (of the one shared matrix for 'tied', whose ``nu`` is one number), the log variances for
+  'diag' and 'spherical'; 'fixed' has none.
 
 ``extrapolate(old, new, lam)`` is the posterior at ``xi(new) + lam (xi(new) - xi(old))``:
 ``lam = 0`` gives ``new`` and ``lam = -1`` gives ``old`` (up to rounding).
@@ -29,9 +30,10 @@ def _to_xi(post: Posterior) -> dict[str, np.ndarray]:
         return xi
     nu = post.degrees_of_freedom
     assert nu is not None
-    xi["nu"] = np.log(nu - d + 1.0) if ct == "full" else np.log(nu)
-    if ct == "full":
-        chol = np.linalg.cholesky(post.covariances)
+    wishart = ct in ("full", "tied")
+    xi["nu"] = np.log(nu - d + 1.0) if wishart else np.log(nu)
+    if wishart:
+        chol = np.linalg.cholesky(post.covariances.reshape(-1, d, d))
         k = chol.shape[0]
         idx = np.arange(d)
         chol[:, idx, idx] = np.log(chol[:, idx, idx])
@@ -47,15 +49,18 @@ def _from_xi(xi: dict[str, np.ndarray], like: Posterior) -> Posterior:
     nu = None
     covariances = like.covariances
     if ct != "fixed":
-        nu = np.exp(xi["nu"]) + d - 1.0 if ct == "full" else np.exp(xi["nu"])
-        if ct == "full":
-            k = like.n_components
+        wishart = ct in ("full", "tied")
+        nu = np.exp(xi["nu"]) + d - 1.0 if wishart else np.exp(xi["nu"])
+        if wishart:
+            k = xi["cov"].shape[0]  # K, or 1 for the shared matrix of 'tied'
             chol = np.zeros((k, d, d))
             rows, cols = np.tril_indices(d)
             chol[:, rows, cols] = xi["cov"]
             idx = np.arange(d)
             chol[:, idx, idx] = np.exp(chol[:, idx, idx])
             covariances = chol @ chol.transpose(0, 2, 1)
+            if ct == "tied":
+                covariances = covariances[0]
         else:
             covariances = np.exp(xi["cov"])
     return Posterior(ct, like.weight_type, np.exp(xi["wc"]), np.exp(xi["beta"]), xi["m"], nu, covariances)

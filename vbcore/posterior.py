@@ -1,7 +1,9 @@
 """The variational posterior q(pi) q(mu, Lambda) and the expectations the E-step and ELBO need.
 
 Precisions are stored through ``covariances = E[Lambda_k]^-1`` as in scikit-learn: for 'full'
-``covariances[k] = W_k^-1 / nu_k`` (seed 000 eq. 41 divided by eq. 39). For 'diag' the posterior is
+``covariances[k] = W_k^-1 / nu_k`` (seed 000 eq. 41 divided by eq. 39); for 'tied' one shared
+``q(Lambda) = W(W, nu)`` with ``covariances = W^-1 / nu`` of shape (D, D), ``nu`` a 0-d array and
+``precisions_cholesky`` (D, D), scikit-learn's layout. For 'diag' the posterior is
 ``lambda_kd ~ Gamma(nu_k/2, nu_k covariances[k, d]/2)``, for 'spherical'
 ``lambda_k ~ Gamma(nu_k D/2, nu_k D covariances[k]/2)``; for 'fixed' ``covariances[k] = sigma^2``.
 """
@@ -33,10 +35,12 @@ class Posterior:
         ``beta_k`` (eq. 38).
     means : array of shape (n_components, n_features)
         ``m_k`` (eq. 40).
-    degrees_of_freedom : array of shape (n_components,) or None
-        ``nu_k`` (eq. 39); None for 'fixed'.
-    covariances : array of shape (K, D, D), (K, D) or (K,)
-        ``E[Lambda_k]^-1``.
+    degrees_of_freedom : array of shape (n_components,), () or None
+        ``nu_k`` (eq. 39); 0-d (one ``nu``) for 'tied'; None for 'fixed'.
+    covariances : array of shape (K, D, D), (D, D), (K, D) or (K,)
+        ``E[Lambda_k]^-1`` (full, diag, spherical, fixed), ``E[Lambda]^-1`` (tied).
+    precisions_cholesky : array of the shape of ``covariances``
+        ``U`` with ``E[Lambda] = U U^T`` (full, tied), ``E[Lambda]^(1/2)`` (the others).
     """
 
     covariance_type: str
@@ -77,18 +81,21 @@ class Posterior:
         return ev * np.concatenate(([1.0], np.cumprod(1.0 - ev[:-1])))
 
     def expected_log_det_precision(self) -> np.ndarray:
-        """``E[ln |Lambda_k|]`` (seed 000 eq. 33 for 'full'; Gamma moments for the others)."""
+        """``E[ln |Lambda_k|]``, shape (K,) (Kuusela et al. 2009, eq. 33, for 'full' and 'tied',
+        where all K are equal; Gamma moments for the others)."""
         d = self.n_features
         if self.covariance_type == "fixed":
             return -d * np.log(self.covariances)
         nu = self.degrees_of_freedom
         assert nu is not None
         log_det_prec = log_det_from_cholesky(self.precisions_cholesky, self.covariance_type, d)
-        if self.covariance_type == "full":
+        if self.covariance_type in ("full", "tied"):
             # E ln|Lambda| = sum_i psi((nu+1-i)/2) + D ln 2 + ln|W|, with W = (nu * cov)^-1
             i = np.arange(1, d + 1)
-            psi = digamma(0.5 * (nu[:, None] + 1 - i[None, :])).sum(1)
-            return psi + d * np.log(2.0) - d * np.log(nu) + log_det_prec
+            nu_k = np.atleast_1d(nu)
+            psi = digamma(0.5 * (nu_k[:, None] + 1 - i[None, :])).sum(1)
+            value = psi + d * np.log(2.0) - d * np.log(nu_k) + log_det_prec
+            return np.broadcast_to(value, (self.n_components,)).copy()
         if self.covariance_type == "diag":
             # sum_d psi(nu/2) - ln(nu sigma_d^2 / 2)
             return d * (digamma(0.5 * nu) + np.log(2.0) - np.log(nu)) + log_det_prec
@@ -104,6 +111,16 @@ class Posterior:
             return np.repeat((1.0 / self.covariances)[:, None], d, axis=1)
         raise ValueError("precision_diagonal is defined for the diagonal families only")
 
+    def precisions(self) -> np.ndarray:
+        """``E[Lambda_k]`` in scikit-learn's ``precisions_`` layout: (K, D, D) full, (D, D) tied,
+        (K, D) diag, (K,) spherical and fixed."""
+        u = self.precisions_cholesky
+        if self.covariance_type == "full":
+            return np.einsum("kij,klj->kil", u, u)
+        if self.covariance_type == "tied":
+            return u @ u.T
+        return u**2
+
 
 def expected_log_weights(weight_concentration: np.ndarray, weight_type: str) -> np.ndarray:
     if weight_type == "dirichlet_distribution":
@@ -117,6 +134,15 @@ def expected_log_weights(weight_concentration: np.ndarray, weight_type: str) -> 
 
 def precision_cholesky(covariances: np.ndarray, covariance_type: str) -> np.ndarray:
     """Cholesky factors ``U`` of ``E[Lambda]`` with ``E[Lambda] = U U^T`` (scikit-learn's layout)."""
+    if covariance_type == "tied":
+        try:
+            chol = np.linalg.cholesky(covariances)
+        except np.linalg.LinAlgError:
+            raise NumericalError(
+                "the shared (tied) covariance is not positive definite; increase reg_covar or "
+                "covariance_prior, or scale the data"
+            ) from None
+        return solve_triangular(chol, np.eye(covariances.shape[0]), lower=True).T
     if covariance_type == "full":
         k, d, _ = covariances.shape
         out = np.empty_like(covariances)
@@ -143,7 +169,9 @@ def precision_cholesky(covariances: np.ndarray, covariance_type: str) -> np.ndar
 
 
 def log_det_from_cholesky(prec_chol: np.ndarray, covariance_type: str, d: int) -> np.ndarray:
-    """``ln |E[Lambda_k]|`` from the Cholesky factors."""
+    """``ln |E[Lambda_k]|`` from the Cholesky factors (a scalar for 'tied')."""
+    if covariance_type == "tied":
+        return 2.0 * np.log(np.diagonal(prec_chol)).sum()
     if covariance_type == "full":
         return 2.0 * np.log(np.diagonal(prec_chol, axis1=1, axis2=2)).sum(1)
     if covariance_type == "diag":

@@ -7,6 +7,8 @@ Parameter names follow scikit-learn's ``BayesianGaussianMixture`` (Bishop ch. 10
 * means: ``mu_k | Lambda_k ~ N(m0, (beta0 Lambda_k)^-1)``;
 * precisions, by ``covariance_type``:
   ``full``      ``Lambda_k ~ Wishart(W0, nu0)`` with ``W0^-1 = covariance_prior`` (D x D);
+  ``tied``      as 'full', with one variational factor ``q(Lambda)`` shared by all components
+                (scikit-learn's 'tied'; docs/algorithms.md derives its updates and ELBO);
   ``diag``      ``lambda_kd ~ Gamma(shape nu0/2, rate s0_d/2)``, ``s0 = covariance_prior`` (D,);
   ``spherical`` ``Lambda_k = lambda_k I``, ``lambda_k ~ Gamma(shape nu0 D/2, rate D s0/2)``, ``s0`` scalar;
   ``fixed``     ``Lambda_k = I / fixed_variance`` known (seed 001 sec. 4, seed 003 sec. 2).
@@ -23,7 +25,9 @@ import numpy as np
 
 from vbcore.errors import ConfigError
 
-COVARIANCE_TYPES = ("full", "diag", "spherical", "fixed")
+COVARIANCE_TYPES = ("full", "tied", "diag", "spherical", "fixed")
+#: the families with a D x D Wishart precision
+WISHART_TYPES = ("full", "tied")
 WEIGHT_TYPES = ("dirichlet_distribution", "dirichlet_process")
 
 
@@ -44,7 +48,7 @@ class Prior:
 
     Attributes
     ----------
-    covariance_type : {'full', 'diag', 'spherical', 'fixed'}
+    covariance_type : {'full', 'tied', 'diag', 'spherical', 'fixed'}
     weight_type : {'dirichlet_distribution', 'dirichlet_process'}
     n_components : int
         ``K``, the number of components (the truncation level for the DP).
@@ -57,7 +61,7 @@ class Prior:
     degrees_of_freedom : float
         ``nu0`` (unused for 'fixed').
     covariance : array of shape (D, D), (D,), () or None
-        ``W0^-1`` (full), ``s0`` per dimension (diag), ``s0`` (spherical); None for 'fixed'.
+        ``W0^-1`` (full, tied), ``s0`` per dimension (diag), ``s0`` (spherical); None for 'fixed'.
     fixed_variance : float or None
         ``sigma^2`` of the 'fixed' family.
     """
@@ -111,10 +115,11 @@ def validate_prior(p: Prior) -> None:
         raise ConfigError(
             f"degrees_of_freedom_prior must be a number, got {p.degrees_of_freedom!r}"
         ) from None
-    if p.covariance_type == "full":
+    if p.covariance_type in WISHART_TYPES:
         if not np.isfinite(nu0) or nu0 <= d - 1:
             raise ConfigError(
-                f"degrees_of_freedom_prior must be > n_features - 1 = {d - 1} for 'full', got {nu0}"
+                f"degrees_of_freedom_prior must be > n_features - 1 = {d - 1} for "
+                f"{p.covariance_type!r}, got {nu0}"
             )
     else:
         _positive("degrees_of_freedom_prior", nu0)
@@ -122,7 +127,7 @@ def validate_prior(p: Prior) -> None:
     if cov is None:
         raise ConfigError(f"covariance_prior is required for covariance_type={p.covariance_type!r}")
     cov = np.asarray(cov, dtype=float)
-    expected = {"full": (d, d), "diag": (d,), "spherical": ()}[p.covariance_type]
+    expected = {"full": (d, d), "tied": (d, d), "diag": (d,), "spherical": ()}[p.covariance_type]
     if cov.shape != expected:
         raise ConfigError(
             f"covariance_prior must have shape {expected} for covariance_type="
@@ -130,7 +135,7 @@ def validate_prior(p: Prior) -> None:
         )
     if not np.all(np.isfinite(cov)):
         raise ConfigError("covariance_prior contains non-finite values")
-    if p.covariance_type == "full":
+    if p.covariance_type in WISHART_TYPES:
         if not np.allclose(cov, cov.T, rtol=1e-10, atol=0):
             raise ConfigError("covariance_prior must be symmetric")
         try:
@@ -161,7 +166,7 @@ def default_prior(
     """Fill unset hyper-parameters with scikit-learn's data-dependent defaults.
 
     ``alpha0 = 1/K``, ``beta0 = 1``, ``m0`` = data mean, ``nu0 = D``; ``covariance_prior`` = data
-    covariance (full), per-dimension variance (diag) or their mean (spherical). Where the data has a
+    covariance (full, tied), per-dimension variance (diag) or their mean (spherical). Where the data has a
     constant dimension the default would be singular, so variances are floored at ``1e-6`` times the
     mean variance (documented in docs/decisions.md). ``fixed_variance`` defaults to the mean
     per-dimension variance of the data.
@@ -170,7 +175,7 @@ def default_prior(
     ----------
     data_mean : array of shape (n_features,)
     data_covariance : array of shape (n_features, n_features) or (n_features,)
-        Full covariance, or only the per-dimension variances (enough for all but 'full').
+        Full covariance, or only the per-dimension variances (enough for all but 'full' and 'tied').
     """
     data_mean = np.asarray(data_mean, dtype=float)
     data_cov = np.asarray(data_covariance, dtype=float)
@@ -179,15 +184,15 @@ def default_prior(
     floor = 1e-6 * mean_var if mean_var > 0 else 1e-6
     d = data_mean.shape[0]
     if covariance is None and covariance_type != "fixed":
-        if covariance_type == "full":
+        if covariance_type in WISHART_TYPES:
             if data_cov.ndim != 2:
-                raise ConfigError("a full covariance prior needs the full data covariance")
+                raise ConfigError(f"a {covariance_type!r} covariance prior needs the full data covariance")
             covariance = data_cov + np.diag(np.maximum(floor - var, 0.0))
             try:
                 np.linalg.cholesky(covariance)
             except np.linalg.LinAlgError:
                 raise ConfigError(
-                    f"the covariance of the data (the default covariance_prior for 'full') is "
+                    f"the covariance of the data (the default covariance_prior for {covariance_type!r}) is "
                     f"singular: too few rows for {d} features, or collinear features; pass "
                     "covariance_prior, or use covariance_type='diag'"
                 ) from None

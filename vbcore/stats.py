@@ -2,10 +2,12 @@
 
 A chunk of rows with responsibilities ``r`` summarises to ``N_k = sum_n r_nk`` (eq. 30), the weighted
 mean ``xbar_k`` (eq. 31) and the centred scatter ``N_k S_k = sum_n r_nk (x_n - xbar_k)(x_n - xbar_k)^T``
-(eq. 32; only its diagonal for the diagonal families), plus ``sum_n sum_k r_nk ln r_nk`` for the
-entropy of q(Z). Two summaries merge exactly with the pairwise formula of Chan, Golub and LeVeque,
-which stays accurate where raw moments ``sum r x x^T`` would cancel. Means are stored relative to a
-``shift`` (the same for every chunk of a fit, usually the prior mean) to keep float32 GEMMs accurate.
+(eq. 32; only its diagonal for the diagonal families; for 'tied' only the pooled within-component
+scatter ``sum_k N_k S_k``, one D x D matrix, which is all its M-step and ELBO read), plus
+``sum_n sum_k r_nk ln r_nk`` for the entropy of q(Z). Two summaries merge exactly with the pairwise
+formula of Chan, Golub and LeVeque, which stays accurate where raw moments ``sum r x x^T`` would
+cancel. Means are stored relative to a ``shift`` (the same for every chunk of a fit, usually the prior
+mean) to keep float32 GEMMs accurate.
 All arrays are float64 NumPy arrays.
 """
 
@@ -26,14 +28,18 @@ class SuffStats:
         ``N_k``, summed responsibilities.
     mean : array of shape (n_components, n_features)
         Weighted mean of ``x - shift``; zero where ``N_k == 0``.
-    scatter : array of shape (n_components, n_features, n_features) or (n_components, n_features)
-        Centred scatter ``N_k S_k`` (full) or its diagonal (diag, spherical, fixed).
+    scatter : array of shape (n_components, n_features, n_features), (n_components, n_features)
+        or (n_features, n_features)
+        Centred scatter ``N_k S_k`` (full), its diagonal (diag, spherical, fixed), or the pooled
+        ``sum_k N_k S_k`` (tied, ``pooled=True``).
     sum_rlogr : float
         ``sum_nk r_nk ln r_nk`` (minus the entropy of q(Z)).
     n_rows : int
         Number of rows summarised.
     shift : array of shape (n_features,)
         The offset subtracted from the rows before summarising.
+    pooled : bool
+        ``scatter`` is the pooled within-component scatter (tied).
     """
 
     nk: np.ndarray
@@ -42,6 +48,7 @@ class SuffStats:
     sum_rlogr: float
     n_rows: int
     shift: np.ndarray
+    pooled: bool = False
 
     @property
     def n_components(self) -> int:
@@ -57,7 +64,8 @@ class SuffStats:
         The result does not depend on which side holds which rows beyond floating-point rounding;
         engines merge in a fixed (chunk) order so that results are bitwise reproducible.
         """
-        if self.nk.shape != other.nk.shape or self.scatter.shape != other.scatter.shape:
+        if (self.nk.shape != other.nk.shape or self.scatter.shape != other.scatter.shape
+                or self.pooled != other.pooled):
             raise ValueError(
                 f"cannot merge statistics of shapes {self.scatter.shape} and {other.scatter.shape}"
             )
@@ -69,7 +77,10 @@ class SuffStats:
         delta = other.mean - self.mean
         mean = self.mean + delta * (nb / safe)[:, None]
         weight = na * nb / safe
-        if self.full:
+        if self.pooled:  # sum_k w_k delta_k delta_k^T as one (D x K) @ (K x D) product
+            correction = (weight[:, None] * delta).T @ delta
+            correction = 0.5 * (correction + correction.T)
+        elif self.full:
             correction = weight[:, None, None] * delta[:, :, None] * delta[:, None, :]
         else:
             correction = weight[:, None] * delta * delta
@@ -80,10 +91,19 @@ class SuffStats:
             sum_rlogr=self.sum_rlogr + other.sum_rlogr,
             n_rows=self.n_rows + other.n_rows,
             shift=self.shift,
+            pooled=self.pooled,
         )
 
     def __add__(self, other: SuffStats) -> SuffStats:
         return self.merge(other)
+
+    def take(self, order: np.ndarray) -> SuffStats:
+        """Statistics of the components ``order`` (an index array): re-ordering, or dropping
+        components that hold no rows (a pooled scatter stays as it is)."""
+        scatter = self.scatter if self.pooled else self.scatter[order]
+        return SuffStats(nk=self.nk[order], mean=self.mean[order], scatter=scatter,
+                         sum_rlogr=self.sum_rlogr, n_rows=self.n_rows, shift=self.shift,
+                         pooled=self.pooled)
 
     def raw_mean(self) -> np.ndarray:
         """Weighted means in the data's own coordinates (``mean + shift``)."""

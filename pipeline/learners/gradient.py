@@ -184,6 +184,8 @@ class GradientLearner(Learner):
 
     natural = False
     conjugate = False
+    #: no 'tied': the gradients (vbcore/gradients.py) are written for per-component precisions
+    covariance_types = ("full", "diag", "spherical", "fixed")
     options = {
         "convergence": "tol",  # 'tol': |dELBO|/N < tol (the estimator's); 'seed000': see below
         "eps": 1e-8,  # seed000 rule: C_{k-1} - C_k < eps N on two consecutive iterations

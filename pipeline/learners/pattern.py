@@ -54,7 +54,8 @@ def _valid(post: Posterior) -> bool:
     ok = bool(np.all(post.weight_concentration > 0) and np.all(post.mean_precision > 0))
     nu = post.degrees_of_freedom
     if nu is not None:
-        ok = ok and bool(np.all(nu > (post.n_features - 1 if post.covariance_type == "full" else 0)))
+        wishart = post.covariance_type in ("full", "tied")
+        ok = ok and bool(np.all(nu > (post.n_features - 1 if wishart else 0)))
     return ok
 
 

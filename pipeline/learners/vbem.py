@@ -10,7 +10,6 @@ from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.kernels import KernelResult, estep_params, vbem_kernel
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
-from vbcore.sga import take_stats
 
 
 def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
@@ -37,10 +36,12 @@ class VBEM(Learner):
         stats = result.stats
         dp = self.ctx.weight_type == "dirichlet_process"
         if dp and self.opts["reorder"]:
-            stats = take_stats(stats, np.argsort(-stats.nk, kind="stable"))
+            stats = stats.take(np.argsort(-stats.nk, kind="stable"))
         self.post = m_step(stats, self.ctx.prior, self.ctx.reg_covar)
         terms = elbo_terms(stats, self.post, self.ctx.prior)
-        if dp:
+        # 'tied' keeps all K: its shared q(Lambda) depends on K (nu = nu0 + N/K), so dropping one
+        # component would change every other's posterior (docs/algorithms.md)
+        if dp and self.ctx.covariance_type != "tied":
             self.post = prune_components(self.post, stats.nk >= float(self.opts["prune_below"]))
         return self.post, terms
 
