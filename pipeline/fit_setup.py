@@ -124,6 +124,7 @@ def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float
     wc = spec.weight_concentration_prior
     if wc is None:  # a learner's default, e.g. a0 = N (Lim & Jiang 2016, Algorithm 1)
         wc = learner_class(spec.learner).default_weight_concentration(moments.n_rows)
+    assert spec.covariance is not None, "resolve the spec first"
     return default_prior(
         covariance_type=spec.covariance, weight_type=spec.weights, n_components=int(spec.components),
         data_mean=moments.raw_mean()[0], data_covariance=moments.scatter[0] / n,

@@ -211,7 +211,7 @@ def defaults(face: str = "pipeline") -> dict[str, Any]:
     """Every setting's default for ``face`` (the estimator keeps scikit-learn's where it has one)."""
     out: dict[str, Any] = {}
     for f in fields(FitSpec):
-        value = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        value = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
         if face == "estimator" and f.metadata["sklearn"] is not _SAME:
             value = f.metadata["sklearn"]
         out[f.name] = value

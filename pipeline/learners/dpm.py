@@ -133,9 +133,15 @@ class DPPointLearner(Learner):
     estimator's predictions, checkpoints and ELBO work as for VB EM; the exact sticks are kept in
     the learner state for bitwise resume."""
 
-    estimate_fixed_variance = staticmethod(estimate_fixed_variance)
+    @classmethod
+    def estimate_fixed_variance(cls, sample: np.ndarray, n_components: int, seed: Any) -> float | None:
+        return estimate_fixed_variance(sample, n_components, seed)
+
     sigma2_sample_rows = SIGMA2_ROWS  # rows the estimator gathers for estimate_fixed_variance
-    default_weight_concentration = staticmethod(default_weight_concentration)
+    @classmethod
+    def default_weight_concentration(cls, n_rows: int) -> float | None:
+        return default_weight_concentration(n_rows)
+
     default_covariance = "fixed"
     covariance_types = ("fixed",)  # a known isotropic variance (Lim & Jiang 2016, section 2)
     weight_types = ("dirichlet_process",)
