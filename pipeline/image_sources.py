@@ -131,8 +131,8 @@ def _tars(pattern: str, labels: str | None) -> ImageSet:
     if labels is not None:
         missing = [ids[i] for i, lab in enumerate(labs) if lab is None]
         if missing:
-            what = "a KEY.cls member" if labels == "cls" else "a class directory"
-            raise InputError(f"{missing[0]}: labels={labels!r} but the image has no {what} "
+            what = "has no KEY.cls member" if labels == "cls" else "is not inside a class directory"
+            raise InputError(f"{missing[0]}: labels={labels!r} but the image {what} "
                              f"({len(missing)} such images)")
     return ImageSet("tar", ids, sizes, mtimes, locs, [str(lab) for lab in labs] if labels else None)
 
