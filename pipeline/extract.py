@@ -233,7 +233,7 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
     params = dict(ext.params)
     if classes is not None:
         params["classes"] = classes
-    todo, changed = list(range(len(images))), []
+    todo, changed = list(range(len(images))), list[str]()
     if append:
         store = FeatureStore.open(out, "r")
         codes = _check_append(store, ext, params, images, codes, classes, labels)
@@ -369,7 +369,8 @@ def _run_shards(work: Path, shards: list[list[int]], images: ImageSet, st: _Sett
     if resumed:
         log.info("resuming: %d of %d shards already extracted in %s", resumed, len(shards), work)
         if progress is not None:
-            progress(sum(len(s) for i, s in enumerate(shards) if i not in set(todo)))
+            left = set(todo)
+            progress(sum(len(s) for i, s in enumerate(shards) if i not in left))
     t0, count = time.perf_counter(), [0]
 
     def done(i: int, res: dict[str, Any]) -> None:
@@ -434,7 +435,8 @@ def _run_on_cluster(st: _Settings, todo: list[int], args: Callable[[int], tuple[
 
 def _skipped_positions(work: Path, shards: list[list[int]]) -> list[int]:
     """Positions (in the list of images extracted) of the images skipped as unreadable."""
-    out, start = [], 0
+    out: list[int] = []
+    start = 0
     for i, shard in enumerate(shards):
         with np.load(_shard_file(work, i)) as z:
             out.extend(int(start + p) for p in z["skipped"])
