@@ -74,7 +74,13 @@ _CACHE: dict[str, FeatureExtractor] = {}
 
 
 def _recipe_key(recipe: Any) -> str | None:
-    return json.dumps(recipe, sort_keys=True, default=str) if isinstance(recipe, list) else None
+    """The cache key of a ``[name, options]`` recipe: the options plus the size and mtime of the model
+    or weights file, so a replaced file is loaded again. None for an extractor object."""
+    if not isinstance(recipe, list):
+        return None
+    files = [recipe[1].get(k) for k in ("model", "weights") if recipe[1].get(k)]
+    stats = [(os.stat(f).st_size, os.stat(f).st_mtime_ns) if os.path.isfile(f) else None for f in files]
+    return json.dumps([recipe, stats], sort_keys=True, default=str)
 
 
 def cached_extractor(recipe: Any) -> FeatureExtractor:
@@ -106,12 +112,18 @@ def _worker_threads() -> int:
         return 0
 
 
+def canonical(params: dict[str, Any]) -> str:
+    """Extractor parameters as canonical JSON, without the store's class list."""
+    return json.dumps({k: v for k, v in params.items() if k != "classes"}, sort_keys=True, default=str)
+
+
 # ---- one shard ----------------------------------------------------------------------------------
 def run_shard(recipe: Any, locs: list[str], batch_images: int, skip_unreadable: bool) -> dict[str, Any]:
     """Extract the images at ``locs`` in batches of ``batch_images``.
 
     Returns ``{'X': (n_ok, n_features) float32, 'ok': positions of the rows in locs (int64),
-    'skipped': positions skipped, 'errors': their messages}``.
+    'skipped': positions skipped, 'errors': their messages, 'params': the extractor's parameters as
+    canonical JSON}`` (the driver checks that every worker ran the same model).
     """
     ext = cached_extractor(recipe)
     rows, ok, skipped, errors = [], [], [], []
@@ -137,7 +149,7 @@ def run_shard(recipe: Any, locs: list[str], batch_images: int, skip_unreadable: 
         ok.extend(pos)
     X = np.concatenate(rows) if rows else np.empty((0, ext.n_features), np.float32)
     return {"X": X, "ok": np.array(ok, np.int64), "skipped": np.array(skipped, np.int64),
-            "errors": np.array(errors, dtype=str)}
+            "errors": np.array(errors, dtype=str), "params": np.array(canonical(ext.params))}
 
 
 def _shown(loc: str) -> str:
@@ -227,7 +239,10 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
     if ids is not None:
         raise ConfigError("an image source's ids are the images' relative paths; leave ids unset")
     images = list_images(source, labels)
-    ext = cached_extractor(st.recipe)
+    probe = st.recipe
+    if st.cluster is not None and isinstance(probe, list) and probe[1].get("device") == "cuda":
+        probe = [probe[0], {**probe[1], "device": "auto"}]  # the driver may have no GPU; the workers must
+    ext = cached_extractor(probe)
     codes, classes = (label_codes(images.labels, images.kind != "list" and labels != "cls")
                       if images.labels is not None else (None, None))
     params = dict(ext.params)
@@ -247,7 +262,7 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
     work = out.parent / f"{out.name}.extract-{key[:16]}"
     shards = [todo[s:s + st.shard_images] for s in range(0, len(todo), st.shard_images)]
     try:
-        resumed, rate, workers = _run_shards(work, shards, images, st, progress)
+        resumed, rate, workers = _run_shards(work, shards, images, st, canonical(ext.params), progress)
         skipped = [images.ids[todo[i]] for i in _skipped_positions(work, shards)]
         blocks = _blocks(work, shards, images, codes)
         lab = codes is not None
@@ -294,8 +309,6 @@ def _report(out: Path, source: str, ext: FeatureExtractor, images: ImageSet, wri
 
 
 # ---- appends: what is new -----------------------------------------------------------------------
-def _canon(params: dict[str, Any]) -> str:
-    return json.dumps({k: v for k, v in params.items() if k != "classes"}, sort_keys=True, default=str)
 
 
 def _check_append(store: FeatureStore, ext: FeatureExtractor, params: dict[str, Any], images: ImageSet,
@@ -304,9 +317,10 @@ def _check_append(store: FeatureStore, ext: FeatureExtractor, params: dict[str, 
     """Refuse an append that would mix extractors or label schemes; labels coded as the store's."""
     a = store.attrs
     old = dict(a.get("extractor_params") or {})
-    if a.get("extractor") != ext.name or _canon(old) != _canon(params):
-        raise StoreError(f"{store.path} was extracted with {a.get('extractor')!r} {_canon(old)}; this append "
-                         f"would use {ext.name!r} {_canon(params)}: append with the same extractor settings")
+    if a.get("extractor") != ext.name or canonical(old) != canonical(params):
+        raise StoreError(f"{store.path} was extracted with {a.get('extractor')!r} {canonical(old)}; this "
+                         f"append would use {ext.name!r} {canonical(params)}: append with the same "
+                         "extractor settings")
     if store.n_features != ext.n_features or not store.has_ids:
         raise StoreError(f"{store.path}: not an image store of {ext.n_features} features with ids")
     if store.has_labels != (codes is not None):
@@ -360,9 +374,10 @@ def _save_shard(work: Path, i: int, res: dict[str, Any]) -> None:
     os.replace(tmp, _shard_file(work, i))
 
 
-def _run_shards(work: Path, shards: list[list[int]], images: ImageSet, st: _Settings,
+def _run_shards(work: Path, shards: list[list[int]], images: ImageSet, st: _Settings, want: str,
                 progress: Callable[[int], None] | None) -> tuple[int, float, int]:
-    """Run the shards not yet in ``work``; returns (shards resumed, images/s, workers)."""
+    """Run the shards not yet in ``work``; returns (shards resumed, images/s, workers). ``want``: the
+    extractor's canonical parameters, which every shard must report."""
     work.mkdir(parents=True, exist_ok=True)
     todo = [i for i in range(len(shards)) if not _shard_file(work, i).is_file()]
     resumed = len(shards) - len(todo)
@@ -374,6 +389,9 @@ def _run_shards(work: Path, shards: list[list[int]], images: ImageSet, st: _Sett
     t0, count = time.perf_counter(), [0]
 
     def done(i: int, res: dict[str, Any]) -> None:
+        if str(res["params"]) != want:
+            raise ConfigError(f"shard {i} ran the extractor with {res['params']}, not {want}: did the model "
+                              "file change, or differ between machines?")
         _save_shard(work, i, res)
         count[0] += len(shards[i])
         if progress is not None:

@@ -366,7 +366,7 @@ class OnnxExtractor:
         return size
 
     def _run(self, pixels: np.ndarray) -> np.ndarray:
-        x = pixels.astype(np.float32) / np.float32(255.0)
+        x: np.ndarray = pixels.astype(np.float32) / np.float32(255.0)
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         if self.layout == "nchw":
             x = x.transpose(0, 3, 1, 2)

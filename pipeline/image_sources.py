@@ -101,7 +101,11 @@ def _tars(pattern: str, labels: str | None) -> ImageSet:
     paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
     if not paths:
         raise InputError(f"{pattern}: no tar files match")
-    ids, sizes, mtimes, locs, labs = [], [], [], [], []
+    ids: list[str] = []
+    sizes: list[int] = []
+    mtimes: list[int] = []
+    locs: list[str] = []
+    labs: list[str | None] = []
     for path in paths:
         if not Path(path).is_file():
             raise InputError(f"{path}: no such tar file")
@@ -149,7 +153,11 @@ def _listfile(path: Path, labels: str | None) -> ImageSet:
                           f"got {labels!r}")
     if not path.is_file():
         raise InputError(f"{path}: no such image list file")
-    ids, sizes, mtimes, locs, labs = [], [], [], [], []
+    ids: list[str] = []
+    sizes: list[int] = []
+    mtimes: list[int] = []
+    locs: list[str] = []
+    labs: list[str] = []
     for lineno, raw in enumerate(path.read_text().splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):

@@ -285,3 +285,17 @@ def test_image_list_with_labels(tmp_path):
     with pytest.raises(InputError, match=r"ints\.lst, line 1: labels='list' but imgs/im00001\.png has no"):
         (tmp_path / "ints.lst").write_text("imgs/im00001.png\n")
         ingest(str(tmp_path / "ints.lst"), tmp_path / "b", extractor=SlowMean(), labels="list")
+
+
+def test_a_replaced_model_file_is_loaded_again(tmp_path):
+    from pipeline.extract import cached_extractor
+
+    path = tmp_path / "m.onnx"
+    write_tiny_cnn(path, seed=1)
+    recipe = ["onnx", {"model": str(path), "output": "feat"}]
+    first = cached_extractor(recipe)
+    assert cached_extractor(recipe) is first  # built once per process
+    write_tiny_cnn(path, seed=2)
+    os.utime(path, ns=(10**18, 10**18))
+    second = cached_extractor(recipe)
+    assert second is not first and second.params["model_sha256"] != first.params["model_sha256"]
