@@ -95,15 +95,18 @@ def make_images(root: Path, n: int, seed: int = 0, classes: int = 0, size: tuple
 
 
 class SlowMean:
-    """A plug-in extractor that sleeps ``delay`` seconds per batch: mean R, G, B per image."""
+    """A plug-in extractor, mean R, G, B per image, that sleeps ``delay`` seconds per batch and, with
+    ``stall_after=n``, hangs (for an hour) on every batch after the first ``n``: a process running it
+    is then surely still alive, part way through, when a test kills it."""
 
     name = "slow-mean"
     n_features = 3
 
-    def __init__(self, delay: float = 0.0) -> None:
-        self.delay = delay
+    def __init__(self, delay: float = 0.0, stall_after: int | None = None) -> None:
+        self.delay, self.stall_after, self.calls = delay, stall_after, 0
         self.params = {"what": "mean rgb"}
 
     def __call__(self, images: list[np.ndarray]) -> np.ndarray:
-        time.sleep(self.delay)
+        self.calls += 1
+        time.sleep(3600 if self.stall_after is not None and self.calls > self.stall_after else self.delay)
         return np.array([im.reshape(-1, 3).mean(axis=0) for im in images], dtype=np.float32)

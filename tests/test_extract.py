@@ -182,12 +182,13 @@ import sys
 sys.path.insert(0, {tests!r})
 from _extract_helpers import SlowMean
 from pipeline.ingest import ingest
-ingest({src!r}, {out!r}, extractor=SlowMean(0.1), batch_images=2, shard_images=4, chunk_rows=6,
-       labels="folders")
+ingest({src!r}, {out!r}, extractor=SlowMean(0.05, stall_after=7), batch_images=2, shard_images=4,
+       chunk_rows=6, labels="folders")
 """
 
 
-def test_sigkill_then_resume_gives_the_same_store(tmp_path, kill_after=3):
+def test_sigkill_then_resume_gives_the_same_store(tmp_path):
+    """The killed run finishes shards 0-2 (6 batches), starts shard 3 and hangs: SIGKILL lands there."""
     import signal
     import subprocess
     import sys
@@ -203,16 +204,16 @@ def test_sigkill_then_resume_gives_the_same_store(tmp_path, kill_after=3):
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if len(list(tmp_path.glob("s.extract-*/shard-*.npz"))) >= kill_after:
+            if len(list(tmp_path.glob("s.extract-*/shard-*.npz"))) >= 3:  # shard 3 can never finish
                 break
-            time.sleep(0.005)
+            time.sleep(0.01)
         assert proc.poll() is None, "the extraction ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait()
     done = len(list(tmp_path.glob("s.extract-*/shard-*.npz")))
-    assert kill_after <= done < 10 and not out.exists()
+    assert done == 3 and not out.exists()
     opts = dict(extractor=SlowMean(), batch_images=2, shard_images=4, chunk_rows=6, labels="folders")
     rep = ingest(str(src), out, **opts)
     assert rep.shards == 10 and rep.shards_resumed == done and rep.rows_written == 40
