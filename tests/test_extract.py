@@ -50,6 +50,10 @@ def test_onnx_extractor_matches_numpy_forward_pass(tiny):
     np.testing.assert_array_equal(again(images), out)
     np.testing.assert_array_equal(OnnxExtractor(path, "feat", threads=2)(images), out)
     np.testing.assert_array_equal(feat(images[:3]), out[:3])
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():  # 'auto' falls back to the CPU
+        np.testing.assert_array_equal(OnnxExtractor(path, "feat", device="auto")(images), out)
 
 
 def test_onnx_extractor_resizes_and_normalises(tiny):
