@@ -71,6 +71,7 @@ class ExtractReport(IngestReport):
 
 # ---- the per-process extractor cache (one model load per worker) --------------------------------
 _CACHE: dict[str, FeatureExtractor] = {}
+CACHE_SIZE = 4
 
 
 def _recipe_key(recipe: Any) -> str | None:
@@ -94,6 +95,8 @@ def cached_extractor(recipe: Any) -> FeatureExtractor:
         name, opts = recipe[0], dict(recipe[1])
         if name == "onnx" and "threads" not in opts:
             opts["threads"] = _worker_threads()
+        while len(_CACHE) >= CACHE_SIZE:  # a long-lived worker keeps the few most recent models
+            _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = make_extractor(name, **opts)
     return _CACHE[key]
 
