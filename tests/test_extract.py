@@ -264,6 +264,13 @@ def test_tar_shards_are_streamed_in_archive_order(tiny, tmp_path):
     with pytest.raises(InputError, match=r"train-000\.tar/im00000\.png: labels='folders' but the image is "
                                          r"not inside a class directory \(7 such images\)"):
         ingest(str(tmp_path / "train-000.tar"), tmp_path / "b", labels="folders", **opts)
+    _tar(tmp_path / "classes.tar", [(f"{c}/{n}", (tmp_path / "imgs" / n).read_bytes())
+                                     for c, n in (("dog", names[0]), ("cat", names[1]), ("dog", names[2]))])
+    ingest(str(tmp_path / "classes.tar"), tmp_path / "c", labels="folders", **opts)
+    c = _store(tmp_path / "c")
+    np.testing.assert_array_equal(c[1], [1, 0, 1])
+    assert c[4]["extractor_params"]["classes"] == ["cat", "dog"]
+    np.testing.assert_allclose(c[0], t[0][:3], rtol=1e-6, atol=1e-6)  # other batches: to rounding
     with pytest.raises(InputError, match=r"nothing-\*\.tar: no tar files match"):
         ingest(str(tmp_path / "nothing-*.tar"), tmp_path / "b", **opts)
 
