@@ -44,6 +44,7 @@ bench: venv
 	$(VPY) bench/bench_checkpoint.py --workdir bench/out
 	$(VPY) bench/bench_ncg.py --workdir bench/out
 	$(VPY) bench/bench_sga.py --workdir bench/out --vbem-iter 5
+	$(VPY) bench/bench_extract.py --workdir bench/out --images 64
 
 # One VB EM iteration against scikit-learn and the GEMM share (about 1 minute).
 bench-quick: venv

@@ -28,7 +28,7 @@ def _appends(out: str) -> int:
 def ingest_source(source: str, out: str, appends_before: int, append: bool, overwrite: bool,
                   settings: dict[str, Any], quiet: bool = False) -> dict[str, Any]:
     """Stream one source into the store (create/overwrite or append)."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     from pipeline.ingest import ingest
     from pipeline.store import FeatureStore
@@ -40,7 +40,8 @@ def ingest_source(source: str, out: str, appends_before: int, append: bool, over
             logger.info("%s was already appended to %s by an earlier attempt", source, out)
             return {"source": source, "rows_written": int(rec["rows"]), "already_done": True}
     with Progress(SpinnerColumn(), TextColumn("[bold]ingest {task.description}"),
-                  TextColumn("{task.completed:,} rows"), TimeElapsedColumn(), disable=quiet) as bar:
+                  TextColumn("{task.completed:,} rows"), TaskProgressColumn(show_speed=True),
+                  TimeElapsedColumn(), disable=quiet) as bar:
         t = bar.add_task(str(source), total=None)
         report = ingest(source, out, append=append, overwrite=overwrite,
                         progress=lambda n: bar.advance(t, n), **settings)

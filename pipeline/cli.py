@@ -99,11 +99,12 @@ def ingest(
     for k, v in (("rows", rows), ("dim", dim), ("classes", classes), ("seed", seed)):
         if v is not None:
             opts[k] = v
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     try:
         with Progress(SpinnerColumn(), TextColumn("[bold]ingest {task.description}"),
-                      TextColumn("{task.completed:,} rows"), TimeElapsedColumn(), console=console,
+                      TextColumn("{task.completed:,} rows"), TaskProgressColumn(show_speed=True),
+                      TimeElapsedColumn(), console=console,
                       disable=quiet) as bar:
             t = bar.add_task(source, total=None)
             report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,

@@ -9,6 +9,10 @@ Built in:
 
 - :class:`ColorHogExtractor` -- classical and deterministic (scikit-image): a per-channel colour
   histogram plus a HOG descriptor of the grey image, both after resizing to a fixed size;
+- :class:`OnnxExtractor` -- any network exported to ONNX (a local ``.onnx`` file, never downloaded),
+  run with ONNX Runtime: the activations of a named output or intermediate tensor, after resizing and
+  mean/std normalisation; batched; CPU by default, CUDA when asked for and available. ``onnxruntime``
+  (and ``onnx``, to read intermediate tensors) come with the ``onnx`` extra;
 - :class:`TorchExtractor` -- a torchvision network's activations at a named layer, with weights from
   a local file (never downloaded). torch and torchvision are imported only when it is built; they are
   not vbcluster dependencies.
@@ -191,18 +195,214 @@ class TorchExtractor:
         return self._forward(batch).astype(np.float32)
 
 
+def _import_onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise ConfigError(
+            f"OnnxExtractor needs onnxruntime, which is not installed ({exc}); install it with "
+            "`pip install 'vbcluster[onnx]'` (or `pip install onnxruntime onnx`)"
+        ) from None
+    return onnxruntime
+
+
+def _triple(label: str, value: Any) -> tuple[float, float, float]:
+    """Three per-channel floats from a sequence, a number or a comma-separated string."""
+    items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+    try:
+        vals = [float(items)] * 3 if isinstance(items, int | float) else [float(v) for v in items]
+    except (TypeError, ValueError):
+        raise ConfigError(f"OnnxExtractor: {label} must be 3 numbers (R, G, B), got {value!r}") from None
+    if len(vals) != 3 or not all(np.isfinite(vals)):
+        raise ConfigError(f"OnnxExtractor: {label} must be 3 finite numbers (R, G, B), got {value!r}")
+    return vals[0], vals[1], vals[2]
+
+
+def resize_rgb(image: np.ndarray, size: tuple[int, int], mode: str = "stretch") -> np.ndarray:
+    """``image`` (RGB uint8, (h, w, 3)) resized to ``size`` = (height, width) with Pillow's bilinear
+    filter: ``'stretch'`` resizes to the size directly; ``'crop'`` scales the shorter side to the larger
+    of the two target sides and cuts the centre out. Returns uint8 (height, width, 3)."""
+    from PIL import Image
+
+    h, w = size
+    im = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8))
+    if mode == "crop":
+        side = max(h, w)
+        scale = side / min(im.width, im.height)
+        sw, sh = max(w, round(im.width * scale)), max(h, round(im.height * scale))
+        im = im.resize((sw, sh), Image.Resampling.BILINEAR)
+        left, top = (sw - w) // 2, (sh - h) // 2
+        return np.asarray(im.crop((left, top, left + w, top + h)))
+    return np.asarray(im.resize((w, h), Image.Resampling.BILINEAR))
+
+
+class OnnxExtractor:
+    """Activations of an ONNX network (a local ``.onnx`` file) at ``output``, run with ONNX Runtime.
+
+    Each image is resized to ``input_size`` (``resize='stretch'``, or ``'crop'``: shorter side scaled
+    to fit, centre cut out) with Pillow's bilinear filter, scaled to [0, 1], normalised per channel
+    with ``(x - mean) / std`` (ImageNet's by default) and fed in float32 as one batch of shape
+    (n, 3, H, W) (``layout='nchw'``) or (n, H, W, 3) (``'nhwc'``). The tensor named ``output`` (a graph
+    output, or any intermediate tensor, e.g. VGG16's fc7 or ResNet's pooled features; default: the
+    only graph output) is flattened to (n, n_features) float32.
+
+    ``input_size`` defaults to the model's static input shape. ``device='cpu'`` (default) runs on the
+    CPU execution provider, ``'cuda'`` on the CUDA one (an error when onnxruntime-gpu or the GPU is
+    missing), ``'auto'`` on CUDA when available. ``threads`` caps ONNX Runtime's intra-op threads (0:
+    its default, one per core). The session is created on first use and not pickled, so the
+    extractor can be sent to Dask workers, each of which loads the model once.
+    """
+
+    name = "onnx"
+
+    def __init__(self, model_path: str | Path, output: str | None = None, *,
+                 input_size: int | tuple[int, int] | None = None, mean: Any = _MEAN, std: Any = _STD,
+                 layout: str = "nchw", resize: str = "stretch", device: str = "cpu",
+                 threads: int = 0) -> None:
+        _import_onnxruntime()
+        self.model_path = Path(model_path)
+        if not self.model_path.is_file():
+            raise ConfigError(f"OnnxExtractor: model file {self.model_path} does not exist (models are "
+                              "never downloaded: export one to ONNX first, see docs/ingest.md)")
+        for label, v, ok in (("layout", layout, ("nchw", "nhwc")), ("resize", resize, ("stretch", "crop")),
+                             ("device", device, ("cpu", "cuda", "auto"))):
+            if v not in ok:
+                raise ConfigError(f"OnnxExtractor: {label} must be one of {ok}, got {v!r}")
+        if int(threads) < 0:
+            raise ConfigError(f"OnnxExtractor: threads must be >= 0, got {threads}")
+        self.mean, self.std = _triple("mean", mean), _triple("std", std)
+        if min(self.std) <= 0:
+            raise ConfigError(f"OnnxExtractor: std must be positive, got {self.std}")
+        self.layout, self.resize, self.device, self.threads = layout, resize, device, int(threads)
+        raw = self.model_path.read_bytes()
+        self.sha256 = hashlib.sha256(raw).hexdigest()
+        self._session: Any = None
+        self._model_bytes: bytes | None = None
+        self.output = output
+        sess = self._get_session(raw)
+        self.input_name = sess.get_inputs()[0].name
+        self.input_size = self._input_size(sess.get_inputs()[0].shape, input_size)
+        self.n_features = int(self._run(np.zeros((1, *self.input_size, 3), dtype=np.uint8)).shape[1])
+        self.params = {"model": self.model_path.name, "model_sha256": self.sha256, "output": self.output,
+                       "input_size": list(self.input_size), "mean": list(self.mean), "std": list(self.std),
+                       "layout": layout, "resize": resize, "n_features": self.n_features}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_session"] = state["_model_bytes"] = None  # rebuilt from the file where unpickled
+        return state
+
+    def _expose(self, raw: bytes) -> bytes:
+        """The model with ``self.output`` made a graph output when it is an intermediate tensor."""
+        try:
+            import onnx
+        except ImportError:
+            raise ConfigError(f"OnnxExtractor: reading the intermediate tensor {self.output!r} needs the "
+                              "onnx package: pip install 'vbcluster[onnx]'") from None
+        model = onnx.load_from_string(raw)
+        produced = [o for node in model.graph.node for o in node.output]
+        if self.output not in produced:
+            outs = [o.name for o in model.graph.output]
+            raise ConfigError(f"OnnxExtractor: {self.model_path.name} has no tensor {self.output!r}; graph "
+                              f"outputs {outs}, node outputs include {produced[-20:]}")
+        model.graph.output.append(onnx.ValueInfoProto(name=self.output))
+        return bytes(model.SerializeToString())
+
+    def _get_session(self, raw: bytes | None = None) -> Any:
+        if self._session is not None:
+            return self._session
+        ort = _import_onnxruntime()
+        raw = self.model_path.read_bytes() if raw is None else raw
+        if hashlib.sha256(raw).hexdigest() != self.sha256:
+            raise ConfigError(f"OnnxExtractor: {self.model_path} changed since the extractor was made "
+                              f"(sha256 {self.sha256[:12]}...); every image must see the same model")
+        avail = ort.get_available_providers()
+        if self.device == "cuda" and "CUDAExecutionProvider" not in avail:
+            raise ConfigError(f"OnnxExtractor: device='cuda' but onnxruntime offers only {avail}; install "
+                              "onnxruntime-gpu on the GPU workers, or use device='auto' or 'cpu'")
+        cuda = self.device != "cpu" and "CUDAExecutionProvider" in avail
+        providers = (["CUDAExecutionProvider"] if cuda else []) + ["CPUExecutionProvider"]
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.use_deterministic_compute = True
+        opts.log_severity_level = 3
+        try:
+            sess = ort.InferenceSession(raw, sess_options=opts, providers=providers)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types for bad models
+            raise ConfigError(f"OnnxExtractor: onnxruntime cannot load {self.model_path} "
+                              f"({type(exc).__name__}: {exc})") from None
+        outs = [o.name for o in sess.get_outputs()]
+        if self.output is None:
+            if len(outs) != 1:
+                raise ConfigError(f"OnnxExtractor: {self.model_path.name} has outputs {outs}; name one "
+                                  "with output=NAME")
+            self.output = outs[0]
+        elif self.output not in outs:
+            sess = ort.InferenceSession(self._expose(raw), sess_options=opts, providers=providers)
+        if len(sess.get_inputs()) != 1:
+            raise ConfigError(f"OnnxExtractor: {self.model_path.name} takes inputs "
+                              f"{[i.name for i in sess.get_inputs()]}; only one-input models are supported")
+        self._session = sess
+        return sess
+
+    def _input_size(self, shape: list[Any], input_size: int | tuple[int, int] | None) -> tuple[int, int]:
+        if len(shape) != 4:
+            raise ConfigError(f"OnnxExtractor: the model input has shape {shape}; expected 4-D images")
+        ch, hw = (shape[1], shape[2:4]) if self.layout == "nchw" else (shape[3], shape[1:3])
+        if isinstance(ch, int) and ch != 3:
+            raise ConfigError(f"OnnxExtractor: the model input {shape} has {ch} channels in layout "
+                              f"{self.layout!r}; expected 3 (RGB). Is layout right?")
+        static = tuple(int(d) for d in hw) if all(isinstance(d, int) and d > 0 for d in hw) else None
+        if input_size is None:
+            if static is None:
+                raise ConfigError(f"OnnxExtractor: the model input {shape} has no fixed size; pass "
+                                  "input_size=N or (H, W)")
+            return static[0], static[1]
+        size = (int(input_size), int(input_size)) if isinstance(input_size, int | np.integer | str) \
+            else (int(input_size[0]), int(input_size[1]))
+        if min(size) < 1 or (static is not None and size != static):
+            raise ConfigError(f"OnnxExtractor: input_size {size} does not fit the model input {shape}")
+        return size
+
+    def _run(self, pixels: np.ndarray) -> np.ndarray:
+        x: np.ndarray = pixels.astype(np.float32) / np.float32(255.0)
+        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        if self.layout == "nchw":
+            x = x.transpose(0, 3, 1, 2)
+        sess = self._get_session()
+        (out,) = sess.run([self.output], {self.input_name: np.ascontiguousarray(x)})
+        out = np.asarray(out)
+        if out.ndim < 1 or out.shape[0] != pixels.shape[0]:
+            raise ConfigError(f"OnnxExtractor: output {self.output!r} has shape {out.shape} for a batch of "
+                              f"{pixels.shape[0]}; choose a tensor with the batch as its first axis")
+        return out.reshape(out.shape[0], -1).astype(np.float32)
+
+    def __call__(self, images: list[np.ndarray]) -> np.ndarray:
+        if not images:
+            return np.empty((0, self.n_features), dtype=np.float32)
+        pixels = np.stack([resize_rgb(im, self.input_size, self.resize) for im in images])
+        return self._run(pixels)
+
+
 def make_extractor(spec: Any, **options: Any) -> FeatureExtractor:
     """An extractor from ``spec``: an object satisfying :class:`FeatureExtractor`, ``'color-hog'``
-    (options ``size``, ``bins``, ...) or ``'torch'`` (options ``weights``, ``arch``, ``layer``,
-    ``input_size``, ``device``)."""
+    (options ``size``, ``bins``, ...), ``'onnx'`` (options ``model``, ``output``, ``input_size``,
+    ``mean``, ``std``, ``layout``, ``resize``, ``device``, ``threads``) or ``'torch'`` (options
+    ``weights``, ``arch``, ``layer``, ``input_size``, ``device``)."""
     if spec is None or spec in ("color-hog", "colorhog"):
         return ColorHogExtractor(**options)
+    if spec == "onnx":
+        if "model" not in options:
+            raise ConfigError("the onnx extractor needs model=PATH (a local .onnx file)")
+        return OnnxExtractor(options.pop("model"), **options)
     if spec == "torch":
         if "weights" not in options:
             raise ConfigError("the torch extractor needs weights=PATH (a local state_dict file)")
         return TorchExtractor(options.pop("weights"), **options)
     if isinstance(spec, str):
-        raise ConfigError(f"unknown extractor {spec!r}; use 'color-hog', 'torch' or pass an extractor object")
+        raise ConfigError(f"unknown extractor {spec!r}; use 'color-hog', 'onnx', 'torch' or pass an "
+                          "extractor object")
     missing = [a for a in ("name", "params", "n_features") if not hasattr(spec, a)]
     if missing or not callable(spec):
         raise ConfigError(f"{spec!r} is not a feature extractor: it needs name, params, n_features and "

@@ -118,6 +118,15 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
     -------
     IngestReport
     """
+    # ---- image sources (folders, tar shards, image lists): sharded extraction in pipeline/extract.py --
+    from pipeline.extract import ingest_images, is_image_source
+
+    if is_image_source(str(source)):
+        return ingest_images(str(source), out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
+                             drop_nonfinite=drop_nonfinite, overwrite=overwrite,
+                             compression_level=compression_level, batch_chunks=batch_chunks,
+                             progress=progress, **options)
+    # ---- end of image sources -------------------------------------------------------------------
     t0 = time.perf_counter()
     out = Path(out)
     chunk_rows = _as_int("chunk_rows", chunk_rows, minimum=1)
