@@ -55,7 +55,8 @@ def test_estimator_defaults_are_the_specs_scikit_learn_defaults():
     est = defaults("estimator")
     mapped = {f.metadata["estimator"]: f.name for f in fields(FitSpec) if f.metadata["estimator"]}
     for param, name in mapped.items():
-        assert sig[param].default == est[name] or (sig[param].default is None and est[name] in (None, {})), param
+        default = sig[param].default
+        assert default == est[name] or (default is None and est[name] in (None, {})), param
     # scikit-learn's own defaults where BayesianGaussianMixture has the parameter
     from sklearn.mixture import BayesianGaussianMixture
 
@@ -173,7 +174,8 @@ def test_refused_resume_and_deploy_change_no_file(store, good_run, tmp_path):
 
 
 def test_same_settings_continue_and_restart_starts_over(store, good_run, tmp_path):
-    res = CliRunner().invoke(app, ["fit", store, "--run-dir", str(good_run), "-k", "4", "--max-iter", "5", "-q"])
+    res = CliRunner().invoke(app, ["fit", store, "--run-dir", str(good_run), "-k", "4", "--max-iter", "5",
+                                   "-q"])
     assert res.exit_code == 0 and "continuing it" in res.output, res.output
     run = tmp_path / "r"
     assert CliRunner().invoke(app, ["fit", store, "--run-dir", str(run), "-k", "4", "--max-iter", "3",
