@@ -158,7 +158,7 @@ def fit(
 ) -> None:
     """Fit a VB mixture to a store; write DIR/result.json and DIR/posterior.npz, with checkpoints in
     DIR/checkpoints (a killed fit continues with `vbcluster resume DIR`)."""
-    if covariance is None:  # the learner's own default (issue 6: the seed 003 learners need 'fixed')
+    if covariance is None:  # the learner's own default (issue 6: the Lim & Jiang 2024 learners need 'fixed')
         from pipeline.learners import LEARNERS
 
         covariance = getattr(LEARNERS.get(learner), "default_covariance_type", "diag")
@@ -290,12 +290,13 @@ def assign(
 
 @app.command()
 def study(
-    name: str = typer.Argument(..., help="The study: seed000, seed001 or seed003."),
+    name: str = typer.Argument(..., help="seed000 (Kuusela et al. 2009), seed001 (Watanabe & "
+                              "Watanabe 2005) or seed003 (Lim & Jiang 2024)."),
     out: str = typer.Option(..., "--out", help="Results folder; the study writes OUT/NAME/."),
     quick: bool = typer.Option(False, "--quick", help="A small version (seconds), as the tests run it."),
     seed: int = typer.Option(0, help="Random seed of the study."),
 ) -> None:
-    """Reproduce a seed paper's experiments: Markdown + CSV tables and PNG plots in OUT/NAME/."""
+    """Rerun a paper's experiments (docs/references.md): Markdown + CSV tables and PNG plots in OUT/NAME/."""
     from pipeline.studies import run_study
     from vbcore.errors import VBClusterError
 

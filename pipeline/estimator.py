@@ -313,7 +313,7 @@ class VBMixture(DensityMixin, BaseEstimator):
             moments = engine.map_reduce(_moments_kernel, handles)
             fixed_variance = self.fixed_variance
             if ct == "fixed" and fixed_variance is None:
-                # a learner may bring its own (cheaper) estimate (issue 6: seed 003 learners)
+                # a learner may bring its own (cheaper) estimate (issue 6: Lim & Jiang 2024 learners)
                 estimate = getattr(learner_class(self.learner), "estimate_fixed_variance", None)
                 fixed_variance = (
                     estimate(self._gathered_rows(engine, handles, source), int(self.n_components),
@@ -553,7 +553,7 @@ class VBMixture(DensityMixin, BaseEstimator):
                 f"mean_prior must have shape (n_features,) = ({d},), got {mean_prior.shape}"
             )
         weight_concentration = self.weight_concentration_prior
-        if weight_concentration is None:  # a learner's default, e.g. a0 = N (seed 003 Algorithm 1)
+        if weight_concentration is None:  # a learner's default, e.g. a0 = N (Lim & Jiang 2024 Algorithm 1)
             default_wc = getattr(learner_class(self.learner), "default_weight_concentration", None)
             weight_concentration = None if default_wc is None else default_wc(moments.n_rows)
         return default_prior(
@@ -617,7 +617,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         return X
 
     def predict_proba(self, X: Any) -> np.ndarray:
-        """Responsibilities of the VB E-step (seed 000 eq. 35), shape (n_samples, n_components)."""
+        """Responsibilities of the VB E-step (Kuusela et al. 2009 eq. 35), shape (n_samples, n_components)."""
         X = self._check_X(X)
         shift = self.prior_.mean
         params = estep_params(self.posterior_, shift)
@@ -773,7 +773,7 @@ def _student_t_logpdf(X: np.ndarray, loc: np.ndarray, chol_prec: np.ndarray, dof
 
 def _component_predictive(X: np.ndarray, ct: str, m: np.ndarray, beta: float, nu: float | None,
                           cov: Any) -> np.ndarray:
-    """Posterior predictive log density of one component (Bishop eq. 10.81 and its Gamma analogues)."""
+    """Posterior predictive log density of one component (Bishop 2006 eq. 10.81 and its Gamma analogues)."""
     d = X.shape[1]
     scale = (1.0 + beta) / beta
     if ct == "fixed":

@@ -1,7 +1,7 @@
 """``vbcluster report``: one self-contained HTML file (PNGs embedded as base64, and written beside it).
 
 For every run directory: a summary table, sorted cluster sizes (expected rows per component, like
-seed 003's E[v] bar plot), a contingency heat map against the store's labels when it has them, a
+the E[v] bar plot of Lim & Jiang 2024), a contingency heat map against the store's labels when it has them, a
 2-D PCA scatter of a sample of rows coloured by cluster, and for ``image:`` stores the segmentation.
 One ELBO-per-iteration plot holds every run given (learners compared on one plot). Plots are drawn
 with matplotlib's Agg backend (no display needed).

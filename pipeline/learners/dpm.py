@@ -1,4 +1,4 @@
-"""Shared machinery of the DP-mixture point learners (MM, SGA, SGA+M, SGA+F) and SVI (seed 003).
+"""Shared machinery of the DP-mixture point learners (MM, SGA, SGA+M, SGA+F) and SVI (Lim & Jiang 2024).
 
 * **Minibatches**: iteration t draws ``minibatch`` distinct rows uniformly from all N rows with
   ``ctx.rng(t)`` (so a resumed run draws the same rows), groups them by chunk, and sends each chunk
@@ -121,7 +121,7 @@ def estimate_fixed_variance(sample: np.ndarray, n_components: int, random_state:
 
 
 def default_weight_concentration(n_rows: int) -> float:
-    """``a0 = N`` (seed 003 Algorithm 1, step 3.i)."""
+    """``a0 = N`` (Lim & Jiang 2024 Algorithm 1, step 3.i)."""
     return float(n_rows)
 
 
@@ -144,7 +144,7 @@ class DPPointLearner(Learner):
         if ctx.covariance_type != "fixed":
             raise ConfigError(
                 f"learner {self.name!r} needs covariance_type='fixed' (a known isotropic variance, "
-                f"seed 003 section 2), got {ctx.covariance_type!r}"
+                f"Lim & Jiang 2024 section 2), got {ctx.covariance_type!r}"
             )
         if ctx.weight_type != "dirichlet_process":
             raise ConfigError(

@@ -1,4 +1,4 @@
-"""SVI for the DP mixture (Hoffman et al. 2013; seed 003 ref. [8], the baseline of Table 3).
+"""SVI for the DP mixture (Hoffman et al. 2013; the baseline of Lim & Jiang 2024 Table 3).
 
 Each iteration: the VB E-step on a minibatch drawn with ``ctx.rng(iteration)`` (next to the data),
 then the natural-gradient step of the global parameters towards the posterior of the N/M-scaled
