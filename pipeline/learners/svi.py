@@ -30,7 +30,7 @@ from vbcore.svi import minibatch_vbem_kernel, step_size, svi_update
 
 @register("svi")
 class SVI(DPPointLearner):
-    """Stochastic variational inference: natural-gradient steps from minibatch statistics (ref. [8])."""
+    """Stochastic variational inference: natural-gradient steps from minibatches (Hoffman et al. 2013)."""
 
     options = {"minibatch": 4000, "tau": 1.0, "kappa": 0.7, "prune_threshold": None, "elbo": "minibatch"}
 
