@@ -274,18 +274,33 @@ def _run(run_dir: str, spec: dict[str, Any], quiet: bool, fresh: bool) -> None:
 def assign(
     run_dir: str = typer.Argument(..., help="A run directory written by `vbcluster fit`."),
     store: str | None = typer.Option(None, help="The store (default: the one the run was fitted on)."),
-    name: str | None = typer.Option(None, help="Name of the assignment group (default: the run's name)."),
+    name: str | None = typer.Option(None, help="zarr: name of the assignment group (default: the "
+                                    "run's name)."),
+    fmt: str = typer.Option("zarr", "--format", "-f", metavar="zarr|parquet|csv",
+                            help="zarr: a group STORE/assignments/NAME next to the features; parquet or "
+                                 "csv: a table file with columns row, id (if the store has ids), label, "
+                                 "probability."),
+    out: str | None = typer.Option(None, "--out", help="parquet/csv: the file to write (default: "
+                                   "RUN_DIR/assignments.parquet or .csv)."),
 ) -> None:
-    """Write each row's cluster and its probability next to the store (atomically)."""
+    """Write each row's cluster and its probability (atomically): next to the store, or as a table file."""
     from pipeline.runs import assign_store
     from vbcore.errors import VBClusterError
 
+    kind = fmt.lower()
+    if kind != "zarr" and name is not None:
+        _fail(ValueError(f"--name names the Zarr group; with --format {kind} choose the file with --out"))
+        return
+    if kind == "zarr" and out is not None:
+        _fail(ValueError("--out is for --format parquet or csv; --format zarr writes STORE/assignments/NAME"))
+        return
     try:
-        target = assign_store(run_dir, store=store, name=name)
+        target = assign_store(run_dir, store=store, name=name, format=fmt, out=out)
     except VBClusterError as exc:
         _fail(exc)
         return
-    console.print(f"wrote {target} (arrays labels, probability)")
+    what = "arrays labels, probability" if kind == "zarr" else f"one row per store row, {kind}"
+    console.print(f"wrote {target} ({what})", soft_wrap=True)
 
 
 @app.command()
