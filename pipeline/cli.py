@@ -327,8 +327,8 @@ def study(
 
 @app.command()
 def report(
-    run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: compared on "
-                                         "one ELBO plot)."),
+    run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: one ELBO "
+                                         "plot per group whose bounds compare)."),
     out: str | None = typer.Option(None, "--out", help="The report directory (default: "
                                    "FIRST_RUN_DIR/report)."),
     sample: int = typer.Option(3000, help="Rows drawn for the PCA scatter."),
