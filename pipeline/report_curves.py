@@ -66,7 +66,8 @@ def run_prior(run_dir: Path) -> dict[str, Any]:
 def model_label(r: dict[str, Any], prior: dict[str, Any]) -> str:
     """A short description of the model, e.g. 'diag, DP, alpha0 = 0.0125'."""
     s = r.get("settings") or {}
-    text = f"{s.get('covariance_type', '?')}, {WEIGHTS.get(s.get('weight_concentration_prior_type'), '?')}"
+    weights = WEIGHTS.get(str(s.get("weight_concentration_prior_type")), "?")
+    text = f"{s.get('covariance_type', '?')}, {weights}"
     if prior.get("weight_concentration") is not None:
         text += f", alpha0 = {float(prior['weight_concentration']):.4g}"
     if s.get("covariance_type") == "fixed" and prior.get("fixed_variance") is not None:
