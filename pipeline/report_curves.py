@@ -109,14 +109,22 @@ def _logged_passes(run_dir: Path, n_iter: int) -> np.ndarray | None:
     return np.array([by_iter[i] for i in range(1, n_iter + 1)])
 
 
+def minibatch_step(r: dict[str, Any]) -> float | None:
+    """Data passes per iteration of a minibatch learner (``minibatch / N``, plus 1 with
+    ``elbo='full'``); None for the full-pass learners."""
+    if not is_minibatch(r):
+        return None
+    opts = learner_options(r)
+    per_step = min(float(opts["minibatch"]), float(r["n_rows"])) / float(r["n_rows"])
+    return per_step + (1.0 if opts.get("elbo") == "full" else 0.0)
+
+
 def data_passes(run_dir: Path, r: dict[str, Any]) -> tuple[np.ndarray, str]:
     """x values (data passes after each iteration of the ELBO history) and how they were obtained."""
     n = len(r.get("elbo_history") or [r["elbo"]])
     it = np.arange(1, n + 1, dtype=np.float64)
-    if is_minibatch(r):
-        opts = learner_options(r)
-        per_step = min(float(opts["minibatch"]), float(r["n_rows"])) / float(r["n_rows"])
-        per_step += 1.0 if opts.get("elbo") == "full" else 0.0
+    per_step = minibatch_step(r)
+    if per_step is not None:
         return it * per_step, f"{per_step:.3g} passes per minibatch step"
     logged = _logged_passes(run_dir, n)
     if logged is not None:
@@ -166,6 +174,12 @@ def _elbo_panel(dirs: list[Path], results: list[dict[str, Any]], names: list[str
     lo, hi = min(lows), max(highs)
     if hi > lo:  # the first iterations can sit far below the end: show the last 90% of the rise
         ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+    steps = {minibatch_step(r) for r in results}
+    if len(steps) == 1 and (step := steps.pop()) is not None:  # minibatch runs: steps on the top axis
+        scale = 1.0 / step
+        top = ax.secondary_xaxis("top", functions=(lambda x: np.multiply(x, scale),
+                                                   lambda s: np.multiply(s, step)))
+        top.set_xlabel("minibatch steps", fontsize=9)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("data passes" + (f" ({next(iter(how))})" if len(how) == 1 else ""), fontsize=9)
     ax.set_ylabel("ELBO per row (nats)")

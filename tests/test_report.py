@@ -20,7 +20,7 @@ from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.ingest import ingest
 from pipeline.report import EMPTY_COLOUR, USED_COLOUR, sizes_plot, sizes_title, write_report
-from pipeline.report_curves import bound_kind, comparable_groups, data_passes
+from pipeline.report_curves import bound_kind, comparable_groups, data_passes, minibatch_step
 from pipeline.runs import assign_store, read_result, save_run
 from vbcore.errors import InputError
 
@@ -134,7 +134,8 @@ def test_x_axis_in_data_passes(tmp_path):
     # a minibatch step reads minibatch / N of the data (plus a full pass for the exact bound)
     sga = dict(vbem, learner="sga-f", settings={"learner_options": {"minibatch": 250}})
     assert list(data_passes(tmp_path, sga)[0]) == [0.25, 0.5, 0.75]
-    assert bound_kind(sga) == "minibatch estimate"
+    assert bound_kind(sga) == "minibatch estimate" and minibatch_step(sga) == 0.25
+    assert minibatch_step(vbem) is None and minibatch_step(ncg) is None
     full = dict(sga, settings={"learner_options": {"minibatch": 250, "elbo": "full"}})
     assert list(data_passes(tmp_path, full)[0]) == [1.25, 2.5, 3.75] and bound_kind(full) == "exact"
 
