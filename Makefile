@@ -12,9 +12,9 @@ TEST_ENV := PREFECT_SERVER_ANALYTICS_ENABLED=false \
             PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 \
             MPLBACKEND=Agg
 
-LINT_PATHS := $(wildcard vbcore pipeline flows tests bench)
+LINT_PATHS := $(wildcard vbcore pipeline flows tests bench scripts)
 
-.PHONY: venv test demo bench bench-quick lint clean
+.PHONY: venv test demo bench bench-quick lint docs clean
 
 venv: $(STAMP)
 
@@ -50,10 +50,16 @@ bench: venv
 bench-quick: venv
 	$(VPY) bench/bench_vbem.py
 
+# The API reference, generated from the docstrings by pdoc into docs/api/ (open docs/api/index.html).
+# tests/test_docs.py runs the same build, so `make test` fails when a page is missing or pdoc warns.
+docs: venv
+	@tmp=$$(mktemp -d); PREFECT_HOME=$$tmp MPLBACKEND=Agg $(VPY) scripts/build_api_docs.py --out docs/api; \
+	rc=$$?; rm -rf "$$tmp"; exit $$rc
+
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis \
+	rm -rf $(VENV) build dist docs/api *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis \
 	       bench/out
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

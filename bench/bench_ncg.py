@@ -3,8 +3,8 @@
 1. per iteration: engine passes and seconds of ``ncg`` vs ``vbem`` on a 1,000,000-row feature store
    (D = 16, K = 16, float32, ``diag`` and ``full``, in-process LocalEngine, the process's BLAS
    threads), median over the iterations after the first two;
-2. time to converge on the seed 000 cluster data (sec. V-A: 5 spherical Gaussians at (0,0) and
-   (+-R, +-R), std 0.1, N = 1000) for small R: ``vbem``, ``vbem-ps`` and ``ncg`` from the same seed 000
+2. time to converge on the Kuusela et al. 2009 cluster data (sec. V-A: 5 spherical Gaussians at (0,0) and
+   (+-R, +-R), std 0.1, N = 1000) for small R: ``vbem``, ``vbem-ps`` and ``ncg`` from the same paper's
    initialisations (K = 8, means ~ N(0, 0.16 I), alpha_k = 1, beta_k = 10, nu_k = D, W_k = 4/D I), the
    priors of sec. V, and the sec. V stopping rule (``C_{k-1} - C_k < 1e-8 N`` on two consecutive
    iterations); per initialisation the ratio to VB EM's time and passes, and their medians.
@@ -76,7 +76,7 @@ def cluster_data(r: float, seed: int, n: int = 1000) -> np.ndarray:
 
 
 def seed000_posterior(k: int, d: int, seed: int):
-    """Seed 000 sec. V initialisation: m_k ~ N(0, 0.16 I), alpha_k = 1, beta_k = 10, nu_k = D,
+    """Kuusela et al. 2009 sec. V initialisation: m_k ~ N(0, 0.16 I), alpha_k = 1, beta_k = 10, nu_k = D,
     W_k = 4/D I (so E[Lambda_k]^-1 = (nu_k W_k)^-1 = I / 4)."""
     from vbcore.posterior import Posterior
 
@@ -87,7 +87,7 @@ def seed000_posterior(k: int, d: int, seed: int):
 
 
 def _vbem_seed000():
-    """VB EM with the seed 000 stopping rule (the registered 'vbem' stops on |dELBO|/N < tol)."""
+    """VB EM with the Kuusela et al. 2009 stopping rule (the registered 'vbem' stops on |dELBO|/N < tol)."""
     from pipeline.learners import LEARNERS
     from pipeline.learners.gradient import seed000_converged
     from pipeline.learners.vbem import VBEM
@@ -106,7 +106,7 @@ def converge_times(inits: int, radii: tuple[float, ...] = (0.15, 0.2, 0.3)) -> N
     vbem = _vbem_seed000()
     learners = {"vbem": (vbem, None), "vbem-ps": ("vbem-ps", {"convergence": "seed000"}),
                 "ncg": ("ncg", {"convergence": "seed000"})}
-    print(f"2. time to converge on seed 000 cluster data (N = 1000, K = 8, {inits} initialisations per R, "
+    print(f"2. time to converge on Kuusela et al. 2009 cluster data (N = 1000, K = 8, {inits} inits per R, "
           "medians; eps = 1e-8 N twice)")
     for r in radii:
         X = cluster_data(r, seed=0)

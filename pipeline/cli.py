@@ -263,28 +263,44 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
 def assign(
     run_dir: str = typer.Argument(..., help="A run directory written by `vbcluster fit`."),
     store: str | None = typer.Option(None, help="The store (default: the one the run was fitted on)."),
-    name: str | None = typer.Option(None, help="Name of the assignment group (default: the run's name)."),
+    name: str | None = typer.Option(None, help="zarr: name of the assignment group (default: the "
+                                    "run's name)."),
+    fmt: str = typer.Option("zarr", "--format", "-f", metavar="zarr|parquet|csv",
+                            help="zarr: a group STORE/assignments/NAME next to the features; parquet or "
+                                 "csv: a table file with columns row, id (if the store has ids), label, "
+                                 "probability."),
+    out: str | None = typer.Option(None, "--out", help="parquet/csv: the file to write (default: "
+                                   "RUN_DIR/assignments.parquet or .csv)."),
 ) -> None:
-    """Write each row's cluster and its probability next to the store (atomically)."""
+    """Write each row's cluster and its probability (atomically): next to the store, or as a table file."""
     from pipeline.runs import assign_store
     from vbcore.errors import VBClusterError
 
+    kind = fmt.lower()
+    if kind != "zarr" and name is not None:
+        fail(ValueError(f"--name names the Zarr group; with --format {kind} choose the file with --out"))
+        return
+    if kind == "zarr" and out is not None:
+        fail(ValueError("--out is for --format parquet or csv; --format zarr writes STORE/assignments/NAME"))
+        return
     try:
-        target = assign_store(run_dir, store=store, name=name)
+        target = assign_store(run_dir, store=store, name=name, format=fmt, out=out)
     except VBClusterError as exc:
         fail(exc)
         return
-    console.print(f"wrote {target} (arrays labels, probability)")
+    what = "arrays labels, probability" if kind == "zarr" else f"one row per store row, {kind}"
+    console.print(f"wrote {target} ({what})", soft_wrap=True)
 
 
 @app.command()
 def study(
-    name: str = typer.Argument(..., help="The study: seed000, seed001 or seed003."),
+    name: str = typer.Argument(..., help="seed000 (Kuusela et al. 2009), seed001 (Watanabe & "
+                              "Watanabe 2005) or seed003 (Lim & Jiang 2024)."),
     out: str = typer.Option(..., "--out", help="Results folder; the study writes OUT/NAME/."),
     quick: bool = typer.Option(False, "--quick", help="A small version (seconds), as the tests run it."),
     seed: int = typer.Option(0, help="Random seed of the study."),
 ) -> None:
-    """Reproduce a seed paper's experiments: Markdown + CSV tables and PNG plots in OUT/NAME/."""
+    """Rerun a paper's experiments (docs/references.md): Markdown + CSV tables and PNG plots in OUT/NAME/."""
     from pipeline.studies import run_study
     from vbcore.errors import VBClusterError
 
@@ -300,8 +316,8 @@ def study(
 
 @app.command()
 def report(
-    run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: compared on "
-                                         "one ELBO plot)."),
+    run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: one ELBO "
+                                         "plot per group whose bounds compare)."),
     out: str | None = typer.Option(None, "--out", help="The report directory (default: "
                                    "FIRST_RUN_DIR/report)."),
     sample: int = typer.Option(3000, help="Rows drawn for the PCA scatter."),

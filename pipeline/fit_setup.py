@@ -122,7 +122,7 @@ def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float
     if mean_prior is not None and mean_prior.shape != (d,):
         raise ConfigError(f"mean_prior must have shape (n_features,) = ({d},), got {mean_prior.shape}")
     wc = spec.weight_concentration_prior
-    if wc is None:  # a learner's default, e.g. a0 = N (Lim & Jiang 2016, Algorithm 1)
+    if wc is None:  # a learner's default, e.g. a0 = N (Lim & Jiang 2024, Algorithm 1)
         wc = learner_class(spec.learner).default_weight_concentration(moments.n_rows)
     assert spec.covariance is not None, "resolve the spec first"
     return default_prior(

@@ -1,10 +1,12 @@
 """``vbcluster report``: one self-contained HTML file (PNGs embedded as base64, and written beside it).
 
-For every run directory: a summary table, sorted cluster sizes (expected rows per component, like
-seed 003's E[v] bar plot), a contingency heat map against the store's labels when it has them, a
-2-D PCA scatter of a sample of rows coloured by cluster, and for ``image:`` stores the segmentation.
-One ELBO-per-iteration plot holds every run given (learners compared on one plot). Plots are drawn
-with matplotlib's Agg backend (no display needed).
+A summary table (learner, model, kind of bound, iterations, data passes, K, effective K, clusters
+used, ELBO per row, metrics); the ELBO per row against data passes, one panel per group of runs whose
+bounds compare (same store, model and kind of bound: :mod:`pipeline.report_curves`), side by side;
+for every run the sorted cluster sizes (expected rows per component, like the E[v] bar plot of
+Lim & Jiang 2024), a contingency heat map against the store's labels when it has them, a 2-D PCA
+scatter of a sample of rows coloured by cluster, and for ``image:`` stores the segmentation. Plots
+are drawn with matplotlib's Agg backend; the page reads at 600 px and on a phone (the table scrolls).
 
 Everything is written into a temporary directory that is renamed into place when complete; a run
 directory without results is refused before anything is written.
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.report_curves import bound_kind, data_passes, elbo_figures, model_label, run_prior
 from pipeline.runs import ASSIGNMENTS, POSTERIOR, RESULT, assign_rows, load_model, publish_dir, read_result
 from vbcore.errors import InputError
 from vbcore.metrics import acc, nmi
@@ -32,6 +35,8 @@ REPORT_DIR = "report"
 REPORT_HTML = "report.html"
 SAMPLE_ROWS = 3000
 MAX_HEATMAP = 60  # rows / columns of the contingency table drawn (largest classes / clusters)
+USED_COLOUR = "#1f77b4"  # clusters with at least one expected row
+EMPTY_COLOUR = "#ff7f0e"  # kept components with less than one expected row (hatched)
 
 
 def _check_run(run_dir: Path) -> dict[str, Any]:
@@ -68,11 +73,13 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         sections = []
-        figures: list[tuple[str, str]] = [("elbo.png", "ELBO per iteration")]
-        _elbo_plot(dirs, results, tmp / "elbo.png")
+        panels = elbo_figures(dirs, results, [_name(d, r) for d, r in zip(dirs, results, strict=True)], tmp)
+        figures = [(name, caption) for name, caption, _ in panels]
         for i, (d, r) in enumerate(zip(dirs, results, strict=True)):
             sections.append(_run_section(i, d, r, tmp, sample, seed))
-        page = _html(dirs, results, figures, sections, tmp)
+        panel = {i: (name[5:-4] or "-") if len(panels) > 1 else "-" for name, _, members in panels
+                 for i in members}
+        page = _html(dirs, results, figures, sections, tmp, panel)
         (tmp / REPORT_HTML).write_text(page, encoding="utf-8")
         publish_dir(tmp, target)
     except BaseException:
@@ -86,55 +93,34 @@ def _name(d: Path, r: dict[str, Any]) -> str:
     return f"{d.resolve().name} ({r.get('learner', '?')})"
 
 
-def _elbo_plot(dirs: list[Path], results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    same_store = len({r.get("store_fingerprint") for r in results}) == 1
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    best = max(max(r["elbo_history"] or [r["elbo"]]) for r in results)
-    for d, r in zip(dirs, results, strict=True):
-        h = np.asarray(r["elbo_history"] or [r["elbo"]], dtype=np.float64)
-        scale = 1.0 if same_store else float(r["n_rows"])
-        it = np.arange(1, len(h) + 1)
-        ax1.plot(it, h / scale, marker="." if len(h) < 60 else None, label=_name(d, r))
-        top = best if same_store else float(h.max())
-        gap = np.maximum((top - h) / scale, 1e-12)
-        ax2.semilogy(it, gap, label=_name(d, r))
-    ax1.set_xlabel("iteration")
-    ax1.set_ylabel("ELBO" if same_store else "ELBO per row")
-    ax1.set_title("ELBO after each iteration")
-    # the first iterations can sit orders of magnitude below the end: show the last 90% of the rise
-    lo = min(np.quantile(np.asarray(r["elbo_history"] or [r["elbo"]]), 0.1) for r in results)
-    hi = max(max(r["elbo_history"] or [r["elbo"]]) for r in results)
-    if same_store and hi > lo:
-        ax1.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
-    ax2.set_xlabel("iteration")
-    ax2.set_ylabel("best ELBO - ELBO" + ("" if same_store else " (per row, own best)"))
-    ax2.set_title("distance to the best ELBO (log scale)")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def sizes_title(r: dict[str, Any]) -> str:
+    """'U of K = 80 components used, P pruned during the fit': K is the truncation asked for."""
+    counts = np.asarray(r["counts"], dtype=np.float64)
+    k = int(r.get("n_components") or len(counts))  # pruned components have no count in result.json
+    pruned = f", {k - len(counts)} pruned during the fit" if k > len(counts) else ""
+    return f"{int(np.sum(counts >= 1.0))} of K = {k} components used{pruned}"
 
 
-def _sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
+def sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
+    """Expected rows per kept component, sorted, log scale; empty ones (< 1 row) in their own colour."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     counts = np.sort(np.asarray(r["counts"], dtype=np.float64))[::-1]
-    k = len(counts)
-    fig, ax = plt.subplots(figsize=(max(6.0, min(14.0, 0.12 * k + 4)), 3.8))
+    kept = len(counts)
+    fig, ax = plt.subplots(figsize=(max(6.0, min(14.0, 0.12 * kept + 4)), 3.8))
     alive = counts >= 1.0
-    ax.bar(np.arange(1, k + 1)[alive], counts[alive], color="tab:blue", label="clusters with >= 1 row")
-    ax.bar(np.arange(1, k + 1)[~alive], np.maximum(counts[~alive], 1e-3), color="tab:gray",
-           label="empty (< 1 expected row)")
+    x = np.arange(1, kept + 1)
+    ax.bar(x[alive], counts[alive], color=USED_COLOUR, label="used: >= 1 expected row")
+    if (~alive).any():  # drawn at their value, in a colour no used cluster has, with a hatch
+        ax.bar(x[~alive], np.maximum(counts[~alive], 1e-3), color=EMPTY_COLOUR, hatch="//",
+               edgecolor="#a0522d", label="empty: < 1 expected row")
+    ax.axhline(1.0, color="#555", lw=0.8, ls="--")
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("cluster (sorted by size)")
+    ax.set_xlabel("component (sorted by size)")
     ax.set_ylabel("expected rows (log scale)")
-    ax.set_title(f"{title}: cluster sizes, {int(alive.sum())} of {k} components used")
+    ax.set_title(f"{title}: {sizes_title(r)}", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
@@ -244,7 +230,7 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
     title = d.resolve().name
     figs: list[tuple[str, str]] = []
     notes: list[str] = []
-    _sizes_plot(r, title, tmp / f"run{i}-sizes.png")
+    sizes_plot(r, title, tmp / f"run{i}-sizes.png")
     figs.append((f"run{i}-sizes.png", "Cluster sizes (expected rows per component, sorted)"))
     try:
         src = StoreSource(r["store"])
@@ -309,32 +295,55 @@ def _fmt(v: Any, spec: str = "") -> str:
     return html.escape(format(v, spec) if spec else str(v))
 
 
+CSS = (
+    "body{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em;line-height:1.4}"
+    ".scroll{overflow-x:auto;-webkit-overflow-scrolling:touch;max-width:100%}"
+    "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:3px 8px;"
+    "text-align:right;white-space:nowrap}th{background:#f3f3f3}td.l,th.l{text-align:left}"
+    "img{max-width:100%;height:auto}figure{margin:1em 0}figcaption{color:#555;font-size:90%}"
+    "h2{font-size:1.2em;overflow-wrap:anywhere}p{overflow-wrap:anywhere}"
+    ".panels{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,480px),1fr));gap:0 1em}"
+    "@media (max-width:700px){body{padding:0 .5em;font-size:15px}table{font-size:80%}h1{font-size:1.4em}}"
+)
+COLUMNS = ("run", "learner", "model", "bound", "ELBO panel", "iterations", "data passes", "K",
+           "effective K", "clusters used", "ELBO per row", "NMI", "ACC", "ARI", "seconds", "warm start from")
+
+
+def _row(d: Path, r: dict[str, Any], panel: str) -> str:
+    m = r.get("metrics") or {}
+    passes, _ = data_passes(d, r)
+    elbo = float(r["elbo"]) / float(r["n_rows"]) if r.get("n_rows") else None
+    cells = (d.resolve().name, r.get("learner"), model_label(r, run_prior(d)), bound_kind(r), panel,
+             r.get("n_iter"),
+             _fmt(float(passes[-1]), ".3g"), r.get("n_components"), r.get("n_effective"),
+             m.get("clusters_used"), _fmt(elbo, ".6g"), _fmt(m.get("nmi"), ".3f"), _fmt(m.get("acc"), ".3f"),
+             _fmt(m.get("ari"), ".3f"), _fmt(r.get("seconds"), ".1f"),
+             Path(r["warm_start_from"]).name if r.get("warm_start_from") else None)
+    left = {0, 1, 2, 3}
+    return "<tr>" + "".join(f"<td{' class=l' if j in left else ''}>{_fmt(c)}</td>"
+                            for j, c in enumerate(cells)) + "</tr>"
+
+
 def _html(dirs: list[Path], results: list[dict[str, Any]], figures: list[tuple[str, str]],
-          sections: list[dict[str, Any]], tmp: Path) -> str:
-    cols = ("run", "learner", "rows", "K", "clusters", "iterations", "converged", "ELBO", "NMI", "ACC",
-            "ARI", "seconds", "warm start from")
-    head = "".join(f"<th>{c}</th>" for c in cols)
-    body = []
-    for d, r in zip(dirs, results, strict=True):
-        m = r.get("metrics") or {}
-        cells = (d.resolve().name, r.get("learner"), r.get("n_rows"), r.get("n_components"),
-                 r.get("n_effective"), r.get("n_iter"), r.get("converged"), _fmt(r.get("elbo"), ".8g"),
-                 _fmt(m.get("nmi"), ".3f") if m else "-", _fmt(m.get("acc"), ".3f") if m else "-",
-                 _fmt(m.get("ari"), ".3f") if m else "-", _fmt(r.get("seconds"), ".1f"),
-                 Path(r["warm_start_from"]).name if r.get("warm_start_from") else "-")
-        body.append("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in cells) + "</tr>")
+          sections: list[dict[str, Any]], tmp: Path, panel: dict[int, str]) -> str:
+    head = "".join(f"<th{' class=l' if j < 4 else ''}>{c}</th>" for j, c in enumerate(COLUMNS))
+    body = [_row(d, r, panel[i]) for i, (d, r) in enumerate(zip(dirs, results, strict=True))]
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>vbcluster report</title><style>",
-        "body{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}",
-        "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:3px 8px;"
-        "text-align:right}img{max-width:100%}figure{margin:1em 0}figcaption{color:#555;font-size:90%}",
-        "</style></head><body>",
-        f"<h1>vbcluster report</h1><p>written {html.escape(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}; "
-        "ELBO = the exact evidence lower bound after each iteration; clusters = components with at "
-        "least one expected row.</p>",
-        f"<table><tr>{head}</tr>{''.join(body)}</table>",
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>vbcluster report</title><style>{CSS}</style></head><body>",
+        f"<h1>vbcluster report</h1><p>written {html.escape(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}. "
+        "ELBO per row: the evidence lower bound divided by the store's rows, in nats; bounds compare "
+        "only within one ELBO panel (same store, model and kind of bound). K: the truncation asked "
+        "for; effective K: components with at least one expected row; clusters used: distinct hard "
+        "labels (argmax of q(z)). Data passes: rows read divided by the store's rows.</p>",
+        f"<div class='scroll'><table><tr>{head}</tr>{''.join(body)}</table></div>",
     ]
-    parts += [_img(tmp, n, c) for n, c in figures]
+    if len(figures) > 1:
+        parts.append("<p>The runs bound different models or use different kinds of bound, so their ELBOs "
+                     "are drawn in separate panels, one per group that compares (the table's ELBO panel)."
+                     "</p>")
+    parts += ["<div class='panels'>", *(_img(tmp, n, c) for n, c in figures), "</div>"]
     for s in sections:
         r = s["result"]
         parts.append(f"<h2>{html.escape(_name(s['dir'], r))}</h2><p>store {html.escape(str(r['store']))}, "

@@ -25,7 +25,7 @@ from pipeline.estimator import VBMixture
 from pipeline.sources import StoreSource
 from pipeline.spec import jsonable
 from pipeline.store import FeatureStore
-from vbcore.errors import InputError, StoreError
+from vbcore.errors import ConfigError, InputError, StoreError
 from vbcore.kernels import Chunk, estep_params, prepare_chunk, responsibilities, to_numpy
 from vbcore.metrics import acc, ari, nmi
 from vbcore.posterior import posterior_arrays, posterior_from_arrays
@@ -181,17 +181,28 @@ def read_result(run_dir: str | Path) -> dict[str, Any]:
 
 
 def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | None = None,
-                 engine: Any = None) -> Path:
-    """Write the run's MAP labels and their probability next to the store's features, atomically:
-    a Zarr group ``STORE/assignments/NAME`` with arrays ``labels`` (int32) and ``probability``
-    (float32), written under a temporary name and renamed into place. Refuses a store whose content
-    changed since the fit (fingerprint)."""
-    import zarr
+                 engine: Any = None, format: str = "zarr", out: str | Path | None = None) -> Path:
+    """Write the run's MAP labels and their probability for every row of the store, atomically.
 
+    ``format='zarr'`` (default): a Zarr group ``STORE/assignments/NAME`` next to the features, with
+    arrays ``labels`` (int32) and ``probability`` (float32). ``format='parquet'`` or ``'csv'``: a
+    table file (default ``RUN_DIR/assignments.parquet`` / ``.csv``, or ``out``) with the columns
+    ``row``, ``id`` (when the store has row ids), ``label``, ``probability``, one row per store row
+    (:mod:`pipeline.assign_formats`). Everything is written under a temporary name and renamed into
+    place. Refuses a store whose content changed since the fit (fingerprint). Returns the path written.
+    """
+    from pipeline import assign_formats
+
+    fmt = assign_formats.check_format(format)
+    if fmt == "zarr" and out is not None:
+        raise ConfigError("out is for the parquet and csv formats; the zarr format writes "
+                          "STORE/assignments/NAME (choose NAME with name)")
+    if fmt != "zarr" and name is not None:
+        raise ConfigError(f"name is the Zarr group of the zarr format; for {fmt} choose the file with out")
     result = read_result(run_dir)
     model = load_model(run_dir)
     store = store or result["store"]
-    if "://" in store:
+    if "://" in store and fmt == "zarr":
         raise StoreError(f"{store}: assignments are written next to local stores only")
     src = StoreSource(store)
     if src.fingerprint != result["store_fingerprint"]:
@@ -201,6 +212,17 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
         )
     eng = make_engine(engine) if engine is not None else None
     labels, prob = assign_rows(model, src, eng)
+    attrs = {"run_dir": str(Path(run_dir).resolve()), "store_fingerprint": src.fingerprint,
+             "n_effective": int(model.n_effective_), "posterior_sha256": result.get("posterior_sha256")}
+    if fmt != "zarr":
+        path = Path(out) if out is not None else assign_formats.default_path(run_dir, fmt)
+        if not path.parent.is_dir():
+            raise InputError(f"{path.parent}: no such directory (for the {fmt} assignments {path.name})")
+        tbl = assign_formats.table(labels, prob, FeatureStore.open(store).read_ids())
+        write_atomic(path, assign_formats.writer(tbl, fmt, {k: str(v) for k, v in attrs.items()}))
+        return path
+    import zarr
+
     name = name or Path(run_dir).resolve().name
     target = Path(store) / ASSIGNMENTS / name
     if not (Path(store) / ASSIGNMENTS / "zarr.json").exists():
@@ -211,9 +233,7 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
         chunks = (FeatureStore.open(store).chunk_rows,)
         g.create_array("labels", data=labels, chunks=chunks)
         g.create_array("probability", data=prob, chunks=chunks)
-        g.attrs.update({"run_dir": str(Path(run_dir).resolve()), "store_fingerprint": src.fingerprint,
-                        "n_effective": int(model.n_effective_),
-                        "posterior_sha256": result.get("posterior_sha256")})
+        g.attrs.update(attrs)
         publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,21 +1,26 @@
-"""`vbcluster report`: one self-contained HTML file with its PNGs; several runs on one ELBO plot; the
-segmentation of an image store; a run directory without results refused with nothing written."""
+"""`vbcluster report`: one self-contained HTML file with its PNGs; runs of one model and kind of bound on
+one ELBO plot, others side by side; the x axis in data passes; "used of K" with K the truncation asked
+for; empty clusters in their own colour; a layout for narrow screens; the segmentation of an image
+store; a run directory without results refused with nothing written."""
 
 from __future__ import annotations
 
 import base64
+import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgb
 from PIL import Image
 from typer.testing import CliRunner
 
 from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.ingest import ingest
-from pipeline.report import write_report
+from pipeline.report import EMPTY_COLOUR, USED_COLOUR, sizes_plot, sizes_title, write_report
+from pipeline.report_curves import bound_kind, comparable_groups, data_passes, minibatch_step
 from pipeline.runs import assign_store, read_result, save_run
 from vbcore.errors import InputError
 
@@ -35,7 +40,8 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     store = str(tmp / "digits.zarr")
     ingest("digits", store, chunk_rows=500)
-    return store, _fit(store, tmp / "diag"), _fit(store, tmp / "spherical", covariance_type="spherical")
+    return (store, _fit(store, tmp / "diag"), _fit(store, tmp / "spherical", covariance_type="spherical"),
+            _fit(store, tmp / "diag-seed1", random_state=1))
 
 
 def _pngs(html: str) -> list[bytes]:
@@ -43,7 +49,7 @@ def _pngs(html: str) -> list[bytes]:
 
 
 def test_one_run_report_is_self_contained(runs):
-    store, run, _ = runs
+    store, run, *_ = runs
     path = write_report([run])
     assert path == run / "report" / "report.html"
     html = path.read_text()
@@ -61,16 +67,87 @@ def test_one_run_report_is_self_contained(runs):
     assert "<script" not in html and "src=\"http" not in html  # nothing fetched from elsewhere
 
 
-def test_several_runs_share_the_elbo_plot(runs, tmp_path):
-    _, a, b = runs
-    path = write_report([a, b], tmp_path / "cmp")
+def test_runs_of_one_model_share_the_elbo_plot_others_side_by_side(runs, tmp_path):
+    _, diag, spherical, diag1 = runs
+    path = write_report([diag, diag1], tmp_path / "same")
     html = path.read_text()
     assert len(_pngs(html)) == 1 + 2 * 3  # one ELBO plot for both; sizes, contingency, PCA per run
-    assert "diag (vbem)" in html and "spherical (vbem)" in html
+    assert (tmp_path / "same" / "elbo.png").is_file() and "panel A" not in html
+    # diag and spherical are two models: two ELBO panels, the table says which run is in which
+    path = write_report([diag, spherical, diag1], tmp_path / "cmp")
+    html = path.read_text()
+    assert sorted(p.name for p in path.parent.glob("elbo*.png")) == ["elbo-A.png", "elbo-B.png"]
+    assert len(_pngs(html)) == 2 + 3 * 3
+    rows = re.findall(r"<tr>(.*?)</tr>", html)[1:]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows]
+    assert [c[2].split(",")[0] for c in cells] == ["diag", "spherical", "diag"]  # model column
+    assert [c[3] for c in cells] == ["exact"] * 3  # bound kind
+    assert [c[4] for c in cells] == ["A", "B", "A"]  # ELBO panel
+    assert "panel A: diag (vbem), diag-seed1 (vbem)" in html and "panel B: spherical (vbem)" in html
+    assert "distance to the best" not in html  # no plot of a gap that is 0 at its own best point
     # a second report into the same place replaces it whole
-    write_report([a], tmp_path / "cmp")
+    write_report([diag], tmp_path / "cmp")
     assert len(_pngs((tmp_path / "cmp" / "report.html").read_text())) == 4
     assert not list(tmp_path.glob(".cmp.*"))
+
+
+def test_the_page_reads_on_a_narrow_screen(runs, tmp_path):
+    _, diag, spherical, _ = runs
+    html = write_report([diag, spherical], tmp_path / "r").read_text()
+    assert "<meta name='viewport' content='width=device-width, initial-scale=1'>" in html
+    assert "<div class='scroll'><table>" in html and ".scroll{overflow-x:auto" in html  # the table scrolls
+    assert "img{max-width:100%;height:auto}" in html and "@media (max-width:700px)" in html
+    assert "<div class='panels'>" in html  # ELBO panels side by side when wide, stacked when narrow
+
+
+def test_used_of_k_counts_against_the_truncation_asked_for():
+    r = {"counts": [300.0, 12.0, 1.0, 0.4, 0.0], "n_components": 80}
+    assert sizes_title(r) == "3 of K = 80 components used, 75 pruned during the fit"
+    assert sizes_title({"counts": [5.0, 2.0], "n_components": 2}) == "2 of K = 2 components used"
+
+
+def test_empty_clusters_have_their_own_colour(tmp_path):
+    def colours(counts):
+        sizes_plot({"counts": counts, "n_components": 10}, "t", tmp_path / "s.png")
+        rgb = np.asarray(Image.open(tmp_path / "s.png").convert("RGB")).reshape(-1, 3)
+        return {tuple(int(round(c * 255)) for c in to_rgb(x)) for x in (USED_COLOUR, EMPTY_COLOUR)} & \
+            {tuple(v) for v in np.unique(rgb, axis=0)}
+
+    used, empty = (tuple(int(round(c * 255)) for c in to_rgb(x)) for x in (USED_COLOUR, EMPTY_COLOUR))
+    assert colours([50.0, 20.0, 3.0, 0.5, 0.01]) == {used, empty}
+    assert colours([50.0, 20.0, 3.0]) == {used}
+
+
+def test_x_axis_in_data_passes(tmp_path):
+    vbem = {"learner": "vbem", "elbo_history": [-3.0, -2.0, -1.0], "elbo": -1.0, "n_rows": 1000,
+            "settings": {}}
+    x, how = data_passes(tmp_path, vbem)
+    assert list(x) == [1, 2, 3] and how == "one pass per iteration"
+    ncg = dict(vbem, learner="ncg")
+    assert "passes per iteration unknown" in data_passes(tmp_path, ncg)[1]
+    # iterations.jsonl: cumulative engine passes; a resumed run repeats iterations (the last one counts)
+    lines = [{"iteration": 1, "passes": 3}, {"iteration": 2, "passes": 6}, {"iteration": 2, "passes": 5},
+             {"iteration": 3, "passes": 8}]
+    (tmp_path / "iterations.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    x, how = data_passes(tmp_path, ncg)
+    assert list(x) == [3, 5, 8] and "iterations.jsonl" in how
+    # a minibatch step reads minibatch / N of the data (plus a full pass for the exact bound)
+    sga = dict(vbem, learner="sga-f", settings={"learner_options": {"minibatch": 250}})
+    assert list(data_passes(tmp_path, sga)[0]) == [0.25, 0.5, 0.75]
+    assert bound_kind(sga) == "minibatch estimate" and minibatch_step(sga) == 0.25
+    assert minibatch_step(vbem) is None and minibatch_step(ncg) is None
+    full = dict(sga, settings={"learner_options": {"minibatch": 250, "elbo": "full"}})
+    assert list(data_passes(tmp_path, full)[0]) == [1.25, 2.5, 3.75] and bound_kind(full) == "exact"
+
+
+def test_groups_split_by_data_model_prior_and_bound():
+    base = {"store_fingerprint": "f1", "learner": "vbem", "settings": {"covariance_type": "diag"}}
+    prior = {"weight_concentration": 0.1, "fixed_variance": None}
+    runs_ = [base, dict(base, learner="ncg"), dict(base, store_fingerprint="f2"),
+             dict(base, settings={"covariance_type": "full"}), base,
+             dict(base, learner="svi", settings={"covariance_type": "diag"}), base]
+    priors = [prior, prior, prior, prior, dict(prior, weight_concentration=0.2), prior, prior]
+    assert comparable_groups(runs_, priors) == [[0, 1, 6], [2], [3], [4], [5]]
 
 
 def test_image_store_report_has_the_segmentation(tmp_path):
@@ -86,7 +163,7 @@ def test_image_store_report_has_the_segmentation(tmp_path):
 
 
 def test_a_run_without_results_is_refused_and_nothing_is_written(runs, tmp_path):
-    _, good, _ = runs
+    _, good, *_ = runs
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(InputError, match=r"empty: no result\.json or posterior\.npz: not a finished "
@@ -99,7 +176,7 @@ def test_a_run_without_results_is_refused_and_nothing_is_written(runs, tmp_path)
 
 
 def test_cli_report(runs, tmp_path):
-    _, a, b = runs
+    _, a, b, _ = runs
     res = runner.invoke(app, ["report", str(a), str(b), "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r" / "report.html").is_file() and "wrote" in res.output

@@ -1,7 +1,7 @@
 """vbcore: the math of vbcluster (priors, posteriors, chunk kernels, M-step, exact ELBO).
 
 Imports numpy and scipy only. Chunk kernels take their array namespace from their inputs, so they run
-on NumPy or CuPy arrays. Equation numbers in docstrings refer to the seed papers (see docs/algorithms.md).
+on NumPy or CuPy arrays. Equation numbers in docstrings refer to the papers in docs/references.md.
 """
 
 from vbcore.elbo import ElboTerms, elbo_terms

@@ -1,4 +1,4 @@
-"""The exact evidence lower bound, with every constant, as named terms (seed 000 eqs. 42-46).
+"""The exact evidence lower bound, with every constant, as named terms (Kuusela et al. 2009 eqs. 42-46).
 
 ``ELBO = log_likelihood - kl_assignments - kl_weights - kl_components`` where
 
@@ -75,7 +75,7 @@ def kl_wishart(nu: np.ndarray, cov: np.ndarray, nu0: float, cov0: np.ndarray,
                log_det_prec: np.ndarray, e_log_det: np.ndarray) -> np.ndarray:
     """KL(W(W_k, nu_k) || W(W0, nu0)) per component, with ``W_k = (nu_k cov_k)^-1``, ``W0^-1 = cov0``.
 
-    ``ln B(W, nu) = -nu/2 ln|W| - nu D/2 ln 2 - ln Gamma_D(nu/2)`` (Bishop B.79); the KL is
+    ``ln B(W, nu) = -nu/2 ln|W| - nu D/2 ln 2 - ln Gamma_D(nu/2)`` (Bishop 2006 B.79); the KL is
     ``ln B(W,nu) - ln B(W0,nu0) + (nu-nu0)/2 E ln|Lambda| - nu D/2 + nu/2 Tr(W0^-1 W)``.
     """
     d = cov0.shape[0]

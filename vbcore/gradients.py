@@ -1,6 +1,6 @@
-"""Gradients of the exact ELBO in the softmax logits and the means (seed 000 sec. IV-C, eqs. 47-53).
+"""Gradients of the exact ELBO in the softmax logits and the means (Kuusela et al. 2009 eqs. 47-53).
 
-The gradient learners (GD, CG, NG, NCG) optimise the cost ``C = -ELBO`` (seed 000 eq. 42) over
+The gradient learners (GD, CG, NG, NCG) optimise the cost ``C = -ELBO`` (Kuusela et al. 2009 eq. 42) over
 
 * the softmax logits ``gamma_nk`` of the responsibilities, ``r_nk = exp(gamma_nk) / sum_l exp(gamma_nl)``
   (eq. 47), with ``gamma_nK`` held fixed (K-1 free coordinates per sample), and
@@ -128,7 +128,7 @@ def _mean_residual(stats: SuffStats, post: Posterior, prior: Prior) -> np.ndarra
 
 
 def mean_gradient(stats: SuffStats, post: Posterior, prior: Prior) -> np.ndarray:
-    """``dC/dm_k = nu_k W_k (N_k (m_k - xbar_k) + beta0 (m_k - m0))`` (seed 000 eq. 48), shape (K, D).
+    """``dC/dm_k = nu_k W_k (N_k (m_k - xbar_k) + beta0 (m_k - m0))`` (Kuusela et al. 2009 eq. 48), (K, D).
 
     ``C = -ELBO``; ``post`` must be :func:`conditional_update` of ``stats`` (or eq. 41: ``W_k`` does
     not depend on ``m_k`` in either, so this is the exact partial derivative in both cases).
@@ -150,7 +150,7 @@ def mean_metric(post: Posterior) -> np.ndarray:
 def mean_natural_gradient(stats: SuffStats, post: Posterior, prior: Prior) -> np.ndarray:
     """``A_k^-1 dC/dm_k = (N_k (m_k - xbar_k) + beta0 (m_k - m0)) / beta_k``, shape (K, D).
 
-    A natural-gradient step of length 1 from any ``m`` lands on eq. 40 (seed 000 sec. IV-C).
+    A natural-gradient step of length 1 from any ``m`` lands on eq. 40 (Kuusela et al. 2009 sec. IV-C).
     """
     return _mean_residual(stats, post, prior) / post.mean_precision[:, None]
 
@@ -196,7 +196,7 @@ def logit_gradient(log_r: Array, log_rho_: Array, natural: bool) -> tuple[Array,
 
 
 def direction(h: Array, p_prev: Array | None, beta: float) -> Array:
-    """The search direction ``p = -h + beta p_prev`` (seed 000 eqs. 8, 16; seed 002 eq. 20)."""
+    """``p = -h + beta p_prev`` (Kuusela et al. 2009 eqs. 8, 16; Honkela et al. 2007 eq. 20)."""
     if p_prev is None or beta == 0.0:
         return -h
     return beta * p_prev - h

@@ -1,4 +1,4 @@
-"""Chunk kernels: the VB E-step (seed 000 eqs. 35-36) and the statistics of eqs. 30-32, as GEMMs.
+"""Chunk kernels: the VB E-step (Kuusela et al. 2009 eqs. 35-36) and the statistics of eqs. 30-32, as GEMMs.
 
 Everything that reads data lives here. Kernels take their array namespace from the data (NumPy or
 CuPy) and use only array-API functions on it. Data of dtype float32 is multiplied with float32 GEMMs;
@@ -158,7 +158,7 @@ class EStepParams:
 
 
 def estep_params(post: Posterior, shift: np.ndarray) -> EStepParams:
-    """Fold the posterior into the small arrays the E-step GEMMs use (seed 000 eqs. 33, 34, 36)."""
+    """Fold the posterior into the small arrays the E-step GEMMs use (Kuusela et al. 2009 eqs. 33-36)."""
     d = post.n_features
     const = (
         post.expected_log_weights()

@@ -1,4 +1,4 @@
-"""The VB M-step: q(pi) q(mu, Lambda) from sufficient statistics (seed 000 eqs. 37-41).
+"""The VB M-step: q(pi) q(mu, Lambda) from sufficient statistics (Kuusela et al. 2009 eqs. 37-41).
 
 A pure function of (statistics, prior): it returns a new :class:`Posterior` and touches no data, so
 the driver runs it on the reduced statistics of all chunks.

@@ -1,4 +1,4 @@
-"""Pattern search for VB EM (seed 000 sec. II-A; Honkela, Valpola & Karhunen 2003): moves of q(theta)
+"""Pattern search for VB EM (Kuusela et al. 2009 sec. II-A; Honkela et al. 2003): moves of q(theta)
 along the change of its parameters over the last VB EM cycle.
 
 The line search runs in coordinates ``xi`` in which every point of the line is a valid posterior:

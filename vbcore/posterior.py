@@ -1,7 +1,7 @@
 """The variational posterior q(pi) q(mu, Lambda) and the expectations the E-step and ELBO need.
 
 Precisions are stored through ``covariances = E[Lambda_k]^-1`` as in scikit-learn: for 'full'
-``covariances[k] = W_k^-1 / nu_k`` (seed 000 eq. 41 divided by eq. 39); for 'tied' one shared
+``covariances[k] = W_k^-1 / nu_k`` (Kuusela et al. 2009 eq. 41 divided by eq. 39); for 'tied' one shared
 ``q(Lambda) = W(W, nu)`` with ``covariances = W^-1 / nu`` of shape (D, D), ``nu`` a 0-d array and
 ``precisions_cholesky`` (D, D), scikit-learn's layout. For 'diag' the posterior is
 ``lambda_kd ~ Gamma(nu_k/2, nu_k covariances[k, d]/2)``, for 'spherical'
@@ -30,7 +30,7 @@ class Posterior:
     ----------
     covariance_type, weight_type : str
     weight_concentration : array of shape (n_components,) or (2, n_components)
-        ``alpha_k`` (seed 000 eq. 37) or the Beta parameters ``(a_k, b_k)`` of the sticks.
+        ``alpha_k`` (Kuusela et al. 2009 eq. 37) or the Beta parameters ``(a_k, b_k)`` of the sticks.
     mean_precision : array of shape (n_components,)
         ``beta_k`` (eq. 38).
     means : array of shape (n_components, n_features)
@@ -68,7 +68,7 @@ class Posterior:
 
     # ---- expectations -------------------------------------------------------------------------
     def expected_log_weights(self) -> np.ndarray:
-        """``E[ln pi_k]`` (seed 000 eq. 34; Blei & Jordan 2006 for the truncated DP)."""
+        """``E[ln pi_k]`` (Kuusela et al. 2009 eq. 34; Blei & Jordan 2006 for the truncated DP)."""
         return expected_log_weights(self.weight_concentration, self.weight_type)
 
     def expected_weights(self) -> np.ndarray:

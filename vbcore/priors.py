@@ -1,6 +1,6 @@
 """Priors of the Bayesian Gaussian mixture and their validation.
 
-Parameter names follow scikit-learn's ``BayesianGaussianMixture`` (Bishop ch. 10.2, seed 000 sec. II):
+Parameter names follow scikit-learn's ``BayesianGaussianMixture`` (Bishop 2006 ch. 10.2, Kuusela et al. 2009):
 
 * weights: ``dirichlet_distribution`` -- ``pi ~ Dir(alpha0, ..., alpha0)``; ``dirichlet_process`` --
   truncated stick-breaking ``v_k ~ Beta(1, alpha0)``, ``pi_k = v_k prod_{l<k} (1 - v_l)``;
@@ -11,7 +11,7 @@ Parameter names follow scikit-learn's ``BayesianGaussianMixture`` (Bishop ch. 10
                 (scikit-learn's 'tied'; docs/algorithms.md derives its updates and ELBO);
   ``diag``      ``lambda_kd ~ Gamma(shape nu0/2, rate s0_d/2)``, ``s0 = covariance_prior`` (D,);
   ``spherical`` ``Lambda_k = lambda_k I``, ``lambda_k ~ Gamma(shape nu0 D/2, rate D s0/2)``, ``s0`` scalar;
-  ``fixed``     ``Lambda_k = I / fixed_variance`` known (seed 001 sec. 4, seed 003 sec. 2).
+  ``fixed``     ``Lambda_k = I / fixed_variance`` known (Watanabe & Watanabe 2005; Lim & Jiang 2024).
 
 With these parametrisations the M-step of every family reduces to scikit-learn's update formulas,
 while the E-step and the ELBO are the exact ones of the stated model (see docs/decisions.md).

@@ -1,8 +1,8 @@
 """Point-estimate learners of the truncated Dirichlet-process mixture with a known isotropic variance
-(seed 003 sections 2-4): MAP assignments, minibatch gradients, SGA / SGA+M / SGA+F steps, the MM
+(Lim & Jiang 2024 sections 2-4): MAP assignments, minibatch gradients, SGA / SGA+M / SGA+F steps, the MM
 update, pruning and the bound.
 
-Model (seed 003 eq. 1, with ``lambda0`` = our ``mean_precision`` beta0)::
+Model (Lim & Jiang 2024 eq. 1, with ``lambda0`` = our ``mean_precision`` beta0)::
 
     x_n | z_n = k ~ N(mu_k, sigma^2 I),   mu_k ~ N(m0, sigma^2 / lambda0 I),
     v_k ~ Beta(1, a0),                     pi_k = v_k prod_{l<k} (1 - v_l).
@@ -14,7 +14,7 @@ reads data is one chunk kernel, :func:`hard_kernel`: the MAP assignment of eq. 1
 statistics alone follow the minibatch gradients (eqs. 14, 16, 18), their empirical Fisher (eq. 11),
 the curvatures (eqs. 20, 21), the MM update and the bound (eqs. 22-29). No N x K x D array exists.
 
-Choices where seed 003 is ambiguous (docs/algorithms.md, "SGA learners", has the reasoning):
+Choices where Lim & Jiang 2024 is ambiguous (docs/algorithms.md, "SGA learners", has the reasoning):
 
 * the averaged gradient (eq. 14) is the gradient of ``J = (1/N) ln p(x, z, mu, v)`` estimated from a
   minibatch of M rows: data terms averaged over the minibatch, prior terms (eqs. 16, 18) divided by
@@ -435,7 +435,7 @@ def sga_step(point: DPPoint, grad: Gradients, *, method: str, eta: float, sigma2
     return new, vel
 
 
-# ---- MM (seed 003 ref. [28], seed 004): MAP of every factor from all rows --------------------------
+# ---- MM (Lim & Wang 2018, He n.d.): MAP of every factor from all rows --------------------------
 def mm_update(stats: SuffStats, prior: Prior, a0: float) -> DPPoint:
     """``mu_k = (lambda0 m0 + n_k xbar_k) / (lambda0 + n_k)``; ``v_k`` = mode of
     ``Beta(1 + n_k, a0 + n_{>k})`` = ``n_k / (n_k + n_{>k} + a0 - 1)``."""
@@ -486,7 +486,7 @@ def default_threshold(n_total: int) -> float:
 # ---- eqs. 22-29: the bounds --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MapBound:
-    """``ln p(x, z, mu, v)`` at the point estimates, by the terms of seed 003 eqs. 23-26, with all
+    """``ln p(x, z, mu, v)`` at the point estimates, by the terms of Lim & Jiang 2024 eqs. 23-26, with all
     constants (the paper drops them and the ``1/sigma^2``). The entropy of a one-hot q(z) (eq. 27)
     is 0."""
 

@@ -1,4 +1,4 @@
-"""Additive sufficient statistics of a mixture, in centred form (seed 000 eqs. 30-32).
+"""Additive sufficient statistics of a mixture, in centred form (Kuusela et al. 2009 eqs. 30-32).
 
 A chunk of rows with responsibilities ``r`` summarises to ``N_k = sum_n r_nk`` (eq. 30), the weighted
 mean ``xbar_k`` (eq. 31) and the centred scatter ``N_k S_k = sum_n r_nk (x_n - xbar_k)(x_n - xbar_k)^T``

@@ -1,7 +1,7 @@
-"""Stochastic variational inference (Hoffman et al. 2013, seed 003 ref. [8]) for the truncated DP
-mixture with a known isotropic variance: the baseline of seed 003 Table 3.
+"""Stochastic variational inference (Hoffman et al. 2013) for the truncated DP
+mixture with a known isotropic variance: the baseline of Lim & Jiang 2024 Table 3.
 
-The local step is the VB E-step on a minibatch (seed 000 eq. 35, :func:`vbcore.kernels.vbem_kernel`).
+The local step: the VB E-step on a minibatch (Kuusela et al. 2009 eq. 35, :func:`vbcore.kernels.vbem_kernel`).
 The global step moves the natural parameters of q(v) and q(mu) towards the "intermediate" posterior
 ``lambda_hat`` that the minibatch statistics would give if the whole data set looked like the
 minibatch (statistics scaled by N/M): ``lambda <- (1 - rho_t) lambda + rho_t lambda_hat`` with
@@ -42,7 +42,7 @@ def svi_update(post: Posterior, minibatch: SuffStats, prior: Prior, n_total: int
 
 
 def minibatch_vbem_kernel(chunk, rows, params):  # type: ignore[no-untyped-def]
-    """The VB E-step and statistics (seed 000 eqs. 30-36) of some rows of a chunk (a minibatch).
+    """The VB E-step and statistics (Kuusela et al. 2009 eqs. 30-36) of some rows of a chunk (a minibatch).
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Shared machinery of the DP-mixture point learners (MM, SGA, SGA+M, SGA+F) and SVI (seed 003).
+"""Shared machinery of the DP-mixture point learners (MM, SGA, SGA+M, SGA+F) and SVI (Lim & Jiang 2024).
 
 * **Minibatches**: iteration t draws ``minibatch`` distinct rows uniformly from all N rows with
   ``ctx.rng(t)`` (so a resumed run draws the same rows), groups them by chunk, and sends each chunk
@@ -121,7 +121,7 @@ def estimate_fixed_variance(sample: np.ndarray, n_components: int, random_state:
 
 
 def default_weight_concentration(n_rows: int) -> float:
-    """``a0 = N`` (seed 003 Algorithm 1, step 3.i)."""
+    """``a0 = N`` (Lim & Jiang 2024 Algorithm 1, step 3.i)."""
     return float(n_rows)
 
 
@@ -143,7 +143,7 @@ class DPPointLearner(Learner):
         return default_weight_concentration(n_rows)
 
     default_covariance = "fixed"
-    covariance_types = ("fixed",)  # a known isotropic variance (Lim & Jiang 2016, section 2)
+    covariance_types = ("fixed",)  # a known isotropic variance (Lim & Jiang 2024, section 2)
     weight_types = ("dirichlet_process",)
     cache_squares = False  # minibatch kernels square only the rows they touch (Learner.cache_squares)
 

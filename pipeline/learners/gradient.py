@@ -1,4 +1,4 @@
-"""Gradient learners on the VB EM model: GD, CG, NG and NCG (seed 000 secs. III, IV-C; seed 002 sec. 3).
+"""Gradient learners on the VB EM model: GD, CG, NG, NCG (Kuusela et al. 2009; Honkela et al. 2007).
 
 The cost ``C = -ELBO`` is minimised over the softmax logits of the responsibilities (eq. 47, K-1 free
 per sample) and the means ``m_k``; every other parameter takes its VB update given those
@@ -55,7 +55,7 @@ CONVERGENCE_RULES = ("tol", "seed000")
 
 
 def seed000_converged(history: list[float], eps: float, n_rows: int) -> bool:
-    """Seed 000 sec. V: ``C_{k-1} - C_k < eps N`` on two consecutive iterations (``C = -ELBO``)."""
+    """Kuusela et al. 2009 sec. V: ``C_{k-1} - C_k < eps N`` on two iterations in a row (``C = -ELBO``)."""
     if len(history) < 3:
         return False
     return all(history[-i] - history[-i - 1] < eps * n_rows for i in (1, 2))
@@ -328,26 +328,26 @@ class GradientLearner(Learner):
 
 @register("gd")
 class GD(GradientLearner):
-    """Gradient descent along ``-g`` (seed 000 sec. III-A)."""
+    """Gradient descent along ``-g`` (Kuusela et al. 2009 sec. III-A)."""
 
 
 @register("cg")
 class CG(GradientLearner):
-    """Polak-Ribiere conjugate gradient (seed 000 sec. III-B, eqs. 8-9)."""
+    """Polak-Ribiere conjugate gradient (Kuusela et al. 2009 sec. III-B, eqs. 8-9)."""
 
     conjugate = True
 
 
 @register("ng")
 class NG(GradientLearner):
-    """Natural gradient descent with the block-diagonal Fisher metric (seed 000 sec. III-C)."""
+    """Natural gradient descent with the block-diagonal Fisher metric (Kuusela et al. 2009 sec. III-C)."""
 
     natural = True
 
 
 @register("ncg")
 class NCG(GradientLearner):
-    """Natural conjugate gradient (seed 000 sec. III-D, eqs. 16-18; seed 002 sec. 3.2.2)."""
+    """Natural conjugate gradient (Kuusela et al. 2009 eqs. 16-18; Honkela et al. 2007 sec. 3.2.2)."""
 
     natural = True
     conjugate = True

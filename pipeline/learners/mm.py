@@ -1,6 +1,6 @@
-"""MM: the batch hard-assignment MAP learner of the DP mixture (seed 003 ref. [28], seed 004).
+"""MM: the batch hard-assignment MAP learner of the DP mixture (Lim & Wang 2018, He n.d.).
 
-Each iteration is one pass over all rows: MAP assignments (seed 003 eq. 19) under the current
+Each iteration is one pass over all rows: MAP assignments (Lim & Jiang 2024 eq. 19) under the current
 point, then the MAP of every factor from their statistics (:func:`vbcore.sga.mm_update`), then
 pruning of the clusters left without rows and re-ordering by descending count, the MM update
 made in that order (section 4.5).
@@ -20,7 +20,7 @@ from vbcore.sga import map_bound, mm_sticks, mm_update, prune_order, take_stats
 
 @register("mm")
 class MM(DPPointLearner):
-    """Batch hard-assignment MAP learner (seed 003 ref. [28], seed 004).
+    """Batch hard-assignment MAP learner (Lim & Wang 2018, He n.d.).
 
     The reported ELBO is that of (the assignments of this iteration's pass, the distribution around
     the updated point), exact."""
@@ -36,7 +36,7 @@ class MM(DPPointLearner):
         order = keep[np.argsort(-stats.nk[keep], kind="stable")]
         kept = take_stats(stats, order)
         self.point, self.counts = mm_update(kept, self.ctx.prior, self.a0), kept.nk
-        #: ln p(x, z, mu, v) at the point (seed 003 eqs. 23-26), for monitoring
+        #: ln p(x, z, mu, v) at the point (Lim & Jiang 2024 eqs. 23-26), for monitoring
         self.map_bound = map_bound(kept, self.point, self.ctx.prior, self.sigma2, self.a0).total
         self.post = self.posterior()
         return self.post, elbo_terms(kept, self.post, self.ctx.prior)

@@ -1,4 +1,4 @@
-"""VB EM accelerated by pattern search (seed 000 sec. II-A; Honkela, Valpola & Karhunen 2003).
+"""VB EM accelerated by pattern search (Kuusela et al. 2009 sec. II-A; Honkela et al. 2003).
 
 Plain VB EM cycles, and every ``every``-th iteration a line search along the change of q(theta) over
 the last cycle (in the coordinates of :mod:`vbcore.pattern`). Each point ``theta`` on the line is

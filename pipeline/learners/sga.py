@@ -1,4 +1,4 @@
-"""SGA, SGA+M and SGA+F for the DP mixture (seed 003 sections 3-4, Algorithm 1).
+"""SGA, SGA+M and SGA+F for the DP mixture (Lim & Jiang 2024 sections 3-4, Algorithm 1).
 
 Each iteration draws a minibatch (``ctx.rng(iteration)``), computes its MAP assignments and hard
 statistics next to the data (one pass over the chunks that hold its rows), and updates the means and
@@ -111,14 +111,14 @@ class _SGA(DPPointLearner):
 
 @register("sga")
 class SGA(_SGA):
-    """Constant step size (seed 003 section 3.1)."""
+    """Constant step size (Lim & Jiang 2024 section 3.1)."""
 
     method = "sga"
 
 
 @register("sga-m")
 class SGAMomentum(_SGA):
-    """Momentum (seed 003 section 3.2, eq. 8)."""
+    """Momentum (Lim & Jiang 2024 section 3.2, eq. 8)."""
 
     method = "sga-m"
     options = {**_SGA.options, "alpha": 0.9}
@@ -126,6 +126,6 @@ class SGAMomentum(_SGA):
 
 @register("sga-f")
 class SGAFisher(_SGA):
-    """Empirical-Fisher adaptive step size (seed 003 section 3.3, eqs. 9-11)."""
+    """Empirical-Fisher adaptive step size (Lim & Jiang 2024 section 3.3, eqs. 9-11)."""
 
     method = "sga-f"

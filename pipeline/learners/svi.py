@@ -1,4 +1,4 @@
-"""SVI for the DP mixture (Hoffman et al. 2013; seed 003 ref. [8], the baseline of Table 3).
+"""SVI for the DP mixture (Hoffman et al. 2013; the baseline of Lim & Jiang 2024 Table 3).
 
 Each iteration: the VB E-step on a minibatch drawn with ``ctx.rng(iteration)`` (next to the data),
 then the natural-gradient step of the global parameters towards the posterior of the N/M-scaled
@@ -30,7 +30,7 @@ from vbcore.svi import minibatch_vbem_kernel, step_size, svi_update
 
 @register("svi")
 class SVI(DPPointLearner):
-    """Stochastic variational inference: natural-gradient steps from minibatch statistics (ref. [8])."""
+    """Stochastic variational inference: natural-gradient steps from minibatches (Hoffman et al. 2013)."""
 
     options = {"minibatch": 4000, "tau": 1.0, "kappa": 0.7, "prune_threshold": None, "elbo": "minibatch"}
 

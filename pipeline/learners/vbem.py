@@ -1,4 +1,4 @@
-"""VB EM (seed 000 eqs. 35-41): one E-step pass over the chunks, then the M-step on the driver."""
+"""VB EM (Kuusela et al. 2009 eqs. 35-41): one E-step pass over the chunks, then the M-step on the driver."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ class VBEM(Learner):
     """Variational Bayesian EM: q(Z) from the current q(theta), then q(theta) from q(Z).
 
     The ELBO reported after iteration t is that of (q(Z) from the E-step, q(theta) from the M-step
-    that followed), which never decreases for ``reg_covar = 0`` (Bishop 10.2)."""
+    that followed), which never decreases for ``reg_covar = 0`` (Bishop 2006 sec. 10.2)."""
 
     #: DP pruning (issue 6): components whose expected count N_k falls under ``prune_below`` rows are
     #: dropped after the M-step (the bound moves by about N_k nats); ``reorder`` sorts the sticks by
-    #: descending N_k before the M-step (which never lowers the bound, seed 003 section 4.5; off by
+    #: descending N_k before the M-step (which never lowers the bound, Lim & Jiang 2024 section 4.5; off by
     #: default, so the trajectory stays scikit-learn's)
     options = {"prune_below": 1e-6, "reorder": False}
 

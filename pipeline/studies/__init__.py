@@ -1,4 +1,4 @@
-"""Studies that reproduce the experiments of the seed papers: ``vbcluster study NAME --out DIR``.
+"""Studies that rerun the papers' experiments (docs/references.md): ``vbcluster study NAME --out DIR``.
 
 Each study is a module ``pipeline.studies.<name>`` with
 
@@ -149,7 +149,7 @@ def save_figure(fig: Any, path: Path) -> Path:
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
     """Run with one BLAS thread: most studies' problems are tiny (N <= 6,600, D <= 5), where BLAS
-    threads only add overhead and make timings on a shared machine noisier; seed003's are not, and
+    threads only add overhead and make timings on a shared machine noisier; the seed003 study's are not, and
     its learners are compared at this one equal thread count."""
     from threadpoolctl import threadpool_limits
 

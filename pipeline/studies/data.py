@@ -1,11 +1,11 @@
-"""Data sets of the seed papers' experiments.
+"""Data sets of the papers' experiments (Kuusela et al. 2009; Watanabe & Watanabe 2005).
 
-* :func:`cluster_data` -- seed 000 sec. V-A, Fig. 3(a): five spherical Gaussians with equal weights
+* :func:`cluster_data` -- Kuusela et al. 2009 sec. V-A, Fig. 3(a): five spherical Gaussians, equal weights
   centred at (0, 0) and (+-R, +-R).
-* :func:`spiral_data` -- seed 000 sec. V-A, Fig. 3(b): a noisy three-dimensional helix.
-* :func:`image_data` -- seed 000 sec. V-B: one pixel = (r, g, b, x, y), scaled into the cube
+* :func:`spiral_data` -- Kuusela et al. 2009 sec. V-A, Fig. 3(b): a noisy three-dimensional helix.
+* :func:`image_data` -- Kuusela et al. 2009 sec. V-B: one pixel = (r, g, b, x, y), scaled into the cube
   [-1, 1]^5, from a photo bundled with scikit-learn (``flower.jpg``) shrunk to 100 x 66 pixels.
-* :func:`watanabe_data` -- seed 001 sec. 4, eq. 19: unit-variance Gaussians in the plane.
+* :func:`watanabe_data` -- Watanabe & Watanabe 2005 sec. 4, eq. 19: unit-variance Gaussians in the plane.
 
 The papers do not give every constant (component spread of the cluster data, helix shape); the
 values chosen here are documented in docs/studies.md.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-#: standard deviation of each cluster-data component (not stated in seed 000; see docs/studies.md)
+#: standard deviation of each cluster-data component (not stated in Kuusela et al. 2009; see docs/studies.md)
 CLUSTER_STD = 0.1
 
 
@@ -30,7 +30,7 @@ def cluster_centres(R: float) -> np.ndarray:
 
 def cluster_data(R: float, n: int = 1000, std: float = CLUSTER_STD,
                  seed: int | np.random.Generator | None = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Seed 000's cluster data: a mixture of 5 spherical Gaussians with weights 0.2 each.
+    """The cluster data of Kuusela et al. 2009: a mixture of 5 spherical Gaussians with weights 0.2 each.
 
     Parameters
     ----------
@@ -83,7 +83,7 @@ def load_photo(width: int = 100, height: int = 66, name: str = "flower.jpg") -> 
 
 def image_features(img: np.ndarray) -> np.ndarray:
     """Pixels as (r, g, b, x, y) rows (row-major pixel order), each coordinate min-max scaled to
-    [-1, 1] (seed 000 sec. V-B: inside the cube of side 2 centred at the origin).
+    [-1, 1] (Kuusela et al. 2009 sec. V-B: inside the cube of side 2 centred at the origin).
 
     Parameters
     ----------
@@ -107,7 +107,7 @@ def image_data(width: int = 100, height: int = 66) -> tuple[np.ndarray, np.ndarr
     return image_features(img), img
 
 
-#: seed 001 eq. 19: the true distribution 1/2 N((2, 2), I) + 1/2 N((-2, -2), I)
+#: Watanabe & Watanabe 2005 eq. 19: the true distribution 1/2 N((2, 2), I) + 1/2 N((-2, -2), I)
 WATANABE_MEANS = np.array([[2.0, 2.0], [-2.0, -2.0]])
 
 

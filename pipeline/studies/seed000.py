@@ -1,4 +1,4 @@
-"""Seed 000 (Kuusela, Raiko, Honkela, Karhunen), section V: VB EM, pattern search and gradient
+"""Kuusela et al. 2009 (docs/references.md), section V: VB EM, pattern search and gradient
 learners on cluster, spiral and image data.
 
 Model and priors exactly as sec. V: full-covariance Gaussian mixture with Dirichlet weights,
@@ -38,7 +38,7 @@ MAIN_LEARNERS = ("vbem", "vbem-ps", "ncg")
 
 
 def paper_prior(d: int) -> dict[str, Any]:
-    """VBMixture settings for the priors of seed 000 sec. V."""
+    """VBMixture settings for the priors of Kuusela et al. 2009 sec. V."""
     return dict(
         covariance_type="full", weight_concentration_prior_type="dirichlet_distribution",
         weight_concentration_prior=1.0, mean_precision_prior=1.0, mean_prior=np.zeros(d),
@@ -88,7 +88,7 @@ class Run:
 
 
 def learner_options(name: str, eps: float) -> dict[str, Any]:
-    """Seed 000's stopping rule (``C_{k-1} - C_k < eps N`` on two consecutive iterations) for the
+    """Kuusela et al. 2009's stop rule (``C_{k-1} - C_k < eps N`` on two consecutive iterations) for the
     learners that offer it (option ``convergence='seed000'``); {} for the others, which stop on the
     estimator's ``tol = eps`` rule (``|C_{k-1} - C_k| < eps N`` once)."""
     from pipeline.learners import LEARNERS
@@ -271,7 +271,7 @@ def _segmentation_plot(photo: np.ndarray, best: Run, second: Run | None, path: P
 def run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = None,
         r_values: tuple[float, ...] | None = None, parts: tuple[str, ...] = ("4a", "4d", "spiral", "image"),
         max_iter: int | None = None) -> Path:
-    """Run the seed 000 study into ``out/seed000`` with one BLAS thread (see :func:`_run`)."""
+    """Run the Kuusela et al. 2009 study into ``out/seed000`` with one BLAS thread (see :func:`_run`)."""
     with one_blas_thread():
         return _run(out, quick=quick, seed=seed, n_runs=n_runs, r_values=r_values, parts=parts,
                     max_iter=max_iter)
@@ -280,7 +280,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = N
 def _run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = None,
          r_values: tuple[float, ...] | None = None, parts: tuple[str, ...] = ("4a", "4d", "spiral", "image"),
          max_iter: int | None = None) -> Path:
-    """Run the seed 000 study into ``out/seed000`` (see the module docstring).
+    """Run the Kuusela et al. 2009 study into ``out/seed000`` (see the module docstring).
 
     Parameters
     ----------
@@ -301,15 +301,15 @@ def _run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = 
     n_cluster, n_4a, n_spiral = (150, 150, 200) if quick else (1000, 500, 1000)
     img_w, img_h = (24, 16) if quick else (100, 66)
     eps, eps_4a = 1e-8, 1e-7
-    rep = Report(folder, "Seed 000: VB EM, pattern search and (natural) conjugate gradient")
+    rep = Report(folder, "Kuusela et al. 2009: VB EM, pattern search and (natural) conjugate gradient")
     rep.text(
-        f"Priors and initialisation of seed 000 sec. V (alpha_0 = 1, beta_0 = 1, nu_0 = D, W_0 = 4/D I, "
-        f"m_0 = 0; K = 8, m_k ~ N(0, 0.16 I), beta_k = 10, nu_k = D, W_k = 4/D I). Cost C = -ELBO "
-        f"(exact, all constants). Convergence (column stop_rule): C_(k-1) - C_k < eps N on two consecutive "
-        f"iterations for the learners with option convergence='seed000', else |C_(k-1) - C_k| < eps N once "
-        f"(eps = {eps:g}; {eps_4a:g} for Fig. 4(a)), at most {iters} iterations. {runs_n} initialisations "
-        "per learner "
-        f"and setting; seed {seed}{' (quick)' if quick else ''}. Learners registered: "
+        f"Priors and initialisation of Kuusela et al. 2009 sec. V (alpha_0 = 1, beta_0 = 1, nu_0 = D, "
+        f"W_0 = 4/D I, m_0 = 0; K = 8, m_k ~ N(0, 0.16 I), beta_k = 10, nu_k = D, W_k = 4/D I). Cost "
+        f"C = -ELBO (exact, all constants). Convergence (column stop_rule): C_(k-1) - C_k < eps N on two "
+        f"consecutive iterations for the learners with option convergence='seed000', else "
+        f"|C_(k-1) - C_k| < eps N once (eps = {eps:g}; {eps_4a:g} for Fig. 4(a)), at most {iters} "
+        f"iterations. {runs_n} initialisations per learner and setting; seed "
+        f"{seed}{' (quick)' if quick else ''}. Learners registered: "
         f"{', '.join(available_learners())}. `seconds` = learning time (the sum of the iterations' wall "
         "times from the estimator's per-iteration callback, one BLAS thread, on a shared 2-core machine: "
         "compare ratios within one run); `wall_seconds` adds set-up and initialisation."

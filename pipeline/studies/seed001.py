@@ -1,4 +1,4 @@
-"""Seed 001 (Watanabe & Watanabe), section 4: the stochastic complexity of VB for Gaussian mixtures.
+"""Watanabe & Watanabe 2005 section 4: the stochastic complexity of VB for Gaussian mixtures.
 
 The true distribution is eq. 19, ``1/2 N((2,2), I) + 1/2 N((-2,-2), I)`` (K0 = 2, M = 2); the model
 is a mixture of K unit-variance Gaussians (``covariance_type='fixed'``, ``fixed_variance=1``) with a
@@ -38,7 +38,7 @@ MAX_ITER = 5000
 
 
 def lambda_bar(K: int, K0: int, phi0: float, m: int = M) -> float:
-    """The upper bound of the VB stochastic-complexity coefficient, seed 001 eq. 18."""
+    """The upper bound of the VB stochastic-complexity coefficient, Watanabe & Watanabe 2005 eq. 18."""
     if phi0 <= (m + 1) / 2:
         return (K - K0) * phi0 + (m * K0 + K0 - 1) / 2
     return (m * K + K - 1) / 2
@@ -47,7 +47,7 @@ def lambda_bar(K: int, K0: int, phi0: float, m: int = M) -> float:
 def initial_responsibilities(X: np.ndarray, K: int, init: int, true_means: np.ndarray,
                              rng: np.random.Generator) -> np.ndarray:
     """Responsibilities of the first E-step from point values (a_k, b_k) of the paper's two
-    initialisations: ``r_ik ∝ a_k c(x_i | b_k)`` (seed 001 sec. 4).
+    initialisations: ``r_ik ∝ a_k c(x_i | b_k)`` (Watanabe & Watanabe 2005 sec. 4).
 
     Returns
     -------
@@ -144,13 +144,13 @@ def make_draws(n_draws: int, n1: int, n2: int, seed: int,
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 0, n_draws: int | None = None) -> Path:
-    """Run the seed 001 study into ``out/seed001`` with one BLAS thread (see :func:`_run`)."""
+    """Run the Watanabe & Watanabe 2005 study into ``out/seed001`` with one BLAS thread (see :func:`_run`)."""
     with one_blas_thread():
         return _run(out, quick=quick, seed=seed, n_draws=n_draws)
 
 
 def _run(out: Path, *, quick: bool = False, seed: int = 0, n_draws: int | None = None) -> Path:
-    """Run the seed 001 study into ``out/seed001`` (see the module docstring).
+    """Run the Watanabe & Watanabe 2005 study into ``out/seed001`` (see the module docstring).
 
     ``quick``: 2 draws, K in (2, 3), phi_0 in (0.5, 2.0) at K = 3, n' = 2000 test points,
     tolerance 1e-6 instead of 1e-9.
@@ -172,7 +172,7 @@ def _run(out: Path, *, quick: bool = False, seed: int = 0, n_draws: int | None =
     draws = make_draws(draws_n, n1, n2, seed)
     X_test = watanabe_data(n_test, seed=np.random.default_rng(
         np.random.SeedSequence(seed, spawn_key=(10**6,))))
-    rep = Report(folder, "Seed 001: stochastic complexity of VB for Gaussian mixtures")
+    rep = Report(folder, "Watanabe & Watanabe 2005: stochastic complexity of VB for Gaussian mixtures")
     rep.text(
         f"True distribution eq. 19 (K0 = 2, M = 2); unit-variance components, xi_0 = 1, nu_0 = 0; "
         f"VB EM (`VBMixture(learner='vbem', covariance_type='fixed')`) until the ELBO changes by less "

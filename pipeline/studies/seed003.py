@@ -1,4 +1,4 @@
-"""Study ``seed003``: the shape of seed 003's Tables 2-3 and Figs. 1, 3-4 on synthetic stores.
+"""Study ``seed003``: the shape of Tables 2-3 and Figs. 1, 3-4 on synthetic stores.
 
 For data sets sized like the paper's (Table 1: Caltech10, Scene15, MIT67, SUN397; train + test rows,
 4096-dimensional, the paper's truncation levels and minibatch sizes of section 5.2), it fits the DP
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-#: name -> (classes, rows = train + test of seed 003 Table 1, truncation (Table 2), minibatch (sec. 5.2))
+#: name -> (classes, train + test rows of Lim & Jiang 2024 Table 1, truncation (Table 2), batch (sec. 5.2))
 DATASETS: dict[str, tuple[int, int, int, int]] = {
     "caltech10": (10, 300 + 2744, 50, 100),
     "scene15": (15, 750 + 3735, 50, 300),
@@ -39,12 +39,12 @@ QUICK: dict[str, tuple[int, int, int, int]] = {
     "scene15": (15, 900, 50, 300),
 }
 LEARNERS = ("mm", "sga", "sga-m", "sga-f", "svi", "vbem")
-ITERATIONS = 30  # seed 003 sec. 5.2: "30 iterations each"
+ITERATIONS = 30  # Lim & Jiang 2024 sec. 5.2: "30 iterations each"
 DIM, QUICK_DIM = 4096, 64
 
 
 def _nmi_max(y: np.ndarray, pred: np.ndarray) -> float:
-    """NMI as seed 003 defines it (sec. 5.1.2): MI / max(H(gt), H(mo))."""
+    """NMI as Lim & Jiang 2024 defines it (sec. 5.1.2): MI / max(H(gt), H(mo))."""
     from sklearn.metrics import normalized_mutual_info_score
 
     return float(normalized_mutual_info_score(y, pred, average_method="max"))
@@ -222,30 +222,30 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
     fig.savefig(folder / "elbo_curves.png", dpi=100)
     plt.close(fig)
     text = [
-        "# Seed 003 study (synthetic stand-ins; no VGG16 features)",
+        "# seed003 study: Lim & Jiang 2024 on synthetic stand-ins (no VGG16 features)",
         "",
         f"Mode: {'quick' if quick else 'full'}; seed {seed}; {iterations} iterations per learner; "
         f"{'1 run' if quick else '3 runs (SUN397: 1)'} per data set; D = {dim}.",
-        "Data: `vbcluster ingest synthetic` stores sized like seed 003 Table 1 (train + test rows). "
+        "Data: `vbcluster ingest synthetic` stores sized like Lim & Jiang 2024 Table 1 (train + test rows). "
         "Model: fixed isotropic variance (one sigma^2 per data set), a0 = N, k-means++ seeds.",
         "Stochastic learners' ELBO values are unbiased minibatch estimates for the distribution "
         "entering each iteration; mm and vbem are exact.",
         *([f"Fitted in this run: {', '.join(refit)}; the other learners' fits are those of the earlier run "
            "in fits.json (same data, seeds and sigma^2)."] if refit is not None else []),
         "",
-        "## Estimated number of clusters (the shape of seed 003 Table 2)",
+        "## Estimated number of clusters (the shape of Lim & Jiang 2024 Table 2)",
         "",
         "Components holding at least one row of expected count at the end.",
         "",
         *t2,
         "",
-        "## NMI <ACC %> (the shape of seed 003 Table 3 and Fig. 2)",
+        "## NMI <ACC %> (the shape of Lim & Jiang 2024 Table 3 and Fig. 2)",
         "",
-        "NMI normalised by max(H(gt), H(model)) as in seed 003 sec. 5.1.2; ACC with Hungarian matching.",
+        "NMI normalised by max(H(gt), H(model)) as in Lim & Jiang 2024 sec. 5.1.2; ACC: Hungarian matching.",
         "",
         *t3,
         "",
-        "## CPU time as a factor of MM (the shape of seed 003 Fig. 1)",
+        "## CPU time as a factor of MM (the shape of Lim & Jiang 2024 Fig. 1)",
         "",
         "Process CPU seconds of the whole fit (initialisation included), measured in the same run.",
         "",
