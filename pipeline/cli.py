@@ -222,22 +222,29 @@ def resume(
 def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bool = False) -> None:
     from pathlib import Path
 
-    from pipeline.checkpoint import CheckpointError, RunLockedError
+    from pipeline.checkpoint import Checkpointer, CheckpointError, RunLockedError
+    from pipeline.fit_driver import stop_on_signals
     from pipeline.fitting import check_fit, fit_run
     from pipeline.progress import FitProgress
-    from vbcore.errors import VBClusterError
+    from vbcore.errors import FitInterrupted, VBClusterError
 
     try:
         state = check_fit(run_dir, spec, restart=restart)  # nothing is written before this passes
         if state == "continue" and not resume:
             console.print(f"{run_dir} holds this run: continuing it (--restart starts over)", soft_wrap=True)
+        if resume and not Checkpointer(Path(run_dir) / "checkpoints").list():
+            console.print(f"{run_dir}: no checkpoint yet; the fit starts from the beginning", soft_wrap=True)
         engine = _engine(spec.cluster)
         try:
-            with FitProgress(spec.max_iter, f"{spec.learner} {Path(run_dir).name}", quiet=quiet,
-                             log_path=Path(run_dir) / "iterations.jsonl", console=console) as progress:
+            with stop_on_signals(), FitProgress(spec.max_iter, f"{spec.learner} {Path(run_dir).name}",
+                                                quiet=quiet, log_path=Path(run_dir) / "iterations.jsonl",
+                                                console=console) as progress:
                 result = fit_run(run_dir, spec, engine=engine, callback=progress, restart=restart)
         finally:
             engine.close()
+    except FitInterrupted as exc:
+        console.print(f"{exc}. Continue with:\n  vbcluster resume {run_dir}", soft_wrap=True)
+        raise typer.Exit(code=128 + exc.signum) from None
     except (VBClusterError, RunLockedError, CheckpointError, OSError) as exc:
         fail(exc)
         return
@@ -248,7 +255,8 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
         console.print(f"took over a stale lock of pid {taken.get('pid')} on {taken.get('host')}",
                       soft_wrap=True)
     table = Table(title=f"vbcluster fit {spec.store}")
-    for col in ("learner", "iterations", "converged", "K", "effective K", "ELBO", "NMI", "ACC", "seconds"):
+    for col in ("learner", "iterations", "converged", "K", "effective K", "ELBO (exact)", "NMI", "ACC",
+                "seconds"):
         table.add_column(col, justify="right")
     m = result.get("metrics", {})
     table.add_row(spec.learner, str(result["n_iter"]), str(result["converged"]),

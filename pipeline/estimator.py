@@ -216,6 +216,9 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.n_features_in_ = source.n_features
         self.set_fitted(best.post, best.prior, best.terms, best.history, best.converged, best.n_iter)
         self.n_passes_ = best.passes
+        #: what lower_bounds_ holds ('exact' or 'minibatch estimate'); lower_bound_ is always exact
+        self.bound_kind_ = best.bound_kind
+        self.wall_seconds_ = best.wall_seconds  # summed over the attempts a resume continued
         self.resumed_from_ = best.resumed_from
         self.skipped_checkpoints_ = best.skipped
         if not best.converged and int(spec.max_iter) > 0:

@@ -23,7 +23,7 @@ from pipeline.learners import FitContext, make_learner
 from pipeline.learners.vbem import vbem_pass
 from pipeline.spec import FitSpec
 from vbcore.elbo import ElboTerms, elbo_terms
-from vbcore.errors import ConfigError
+from vbcore.errors import ConfigError, FitInterrupted
 from vbcore.posterior import Posterior, posterior_arrays, posterior_from_arrays
 from vbcore.priors import Prior
 
@@ -44,6 +44,54 @@ class FitOutcome:
     passes: int
     resumed_from: str | None = None
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: what ``history`` holds: 'exact' or 'minibatch estimate' (``terms`` is always exact)
+    bound_kind: str = "exact"
+    #: wall seconds of the whole fit, summed over the attempts that a resume continued
+    wall_seconds: float = 0.0
+
+
+class StopRequest:
+    """A request to stop after the current iteration (set by a signal handler, see
+    :func:`stop_on_signals`): the driver writes a checkpoint and raises :class:`FitInterrupted`."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, frame: Any = None) -> None:
+        import signal
+
+        if self.signum is not None:  # a second signal: stop now
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.signum = signum
+
+
+#: the process's stop request (signal handlers set it; the driver reads it after every iteration)
+STOP = StopRequest()
+
+
+class stop_on_signals:
+    """``with stop_on_signals():`` SIGINT and SIGTERM finish the current iteration, write a
+    checkpoint and raise :class:`FitInterrupted` (a second signal stops at once). Main thread only."""
+
+    def __enter__(self) -> StopRequest:
+        import signal
+        import threading
+
+        STOP.signum = None
+        self.saved: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.saved[sig] = signal.signal(sig, STOP)
+        return STOP
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        STOP.signum = None
 
 
 class CountingEngine:
@@ -136,6 +184,11 @@ class _Loop:
     terms: ElboTerms | None = None
     converged: bool = False
     n_iter: int = 0
+    wall_before: float = 0.0  # wall seconds of earlier attempts (from the checkpoint)
+    started: float = field(default_factory=time.perf_counter)
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.started
 
 
 def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
@@ -147,6 +200,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
 
     ``warm`` starts from a posterior (warm start); ``previous_bound`` is the final ELBO of the
     previous warm-started call, so convergence is judged across calls as scikit-learn does."""
+    t_start = time.perf_counter()
     ctx = setup(spec, source, CountingEngine(engine), random_state)
     ctx.engine.passes = 0  # the setup's passes are not the learner's
     try:
@@ -156,18 +210,28 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
         learner = make_learner(spec.learner, ctx, spec.learner_options)
         try:
             loop, post = _begin(spec, ctx, learner, loaded, warm, resp_init, random_state)
+            loop.started = t_start
+            if loaded is not None and callback is not None and loop.history:  # the bar starts there
+                callback({"iteration": loop.n_iter, "elbo": loop.history[-1], "event": "resumed",
+                          "n_effective": n_effective(post, ctx.prior), "n_components": post.n_components,
+                          "seconds": 0.0, "passes": 0, "learner": spec.learner,
+                          "bound": learner.bound_kind()})
             post = _iterate(spec, ctx, learner, loop, post, ckpt, identity, previous_bound, callback,
                             log, log_every)
+            final = learner.final_terms() if loop.n_iter else None  # exact, where steps estimate
+            if final is not None:
+                assert learner.post is not None
+                loop.terms, post = final, learner.post
             if loop.terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
                 loop.terms = elbo_terms(vbem_pass(ctx, post).stats, post, ctx.prior)
-            passes = learner.passes
+            passes, kind = learner.passes, learner.bound_kind()
         finally:
             learner.close()
     finally:
         ctx.engine.release(ctx.handles)
     return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
                       None if loaded is None else str(loaded.path),
-                      [] if loaded is None else [(str(p), r) for p, r in loaded.skipped])
+                      [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall())
 
 
 def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,
@@ -179,7 +243,7 @@ def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, 
         post = posterior_from_arrays(loaded.state, ctx.covariance_type, ctx.weight_type)
         loop = _Loop([float(v) for v in m["elbo_history"]],
                      ElboTerms(**m["elbo_terms"]) if m["elbo_terms"] else None,
-                     bool(m["converged"]), int(m["iteration"]))
+                     bool(m["converged"]), int(m["iteration"]), float(m.get("wall_seconds", 0.0)))
         learner.load_state(post, {k[len(LEARNER_KEY):]: v for k, v in loaded.state.items()
                                   if k.startswith(LEARNER_KEY)})
         return loop, post
@@ -215,16 +279,29 @@ def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Po
         if callback is not None:
             callback({"iteration": loop.n_iter, "elbo": loop.terms.total,
                       "n_effective": n_effective(post, ctx.prior), "n_components": post.n_components,
-                      "seconds": now - t_iter, "passes": learner.passes, "learner": spec.learner})
+                      "seconds": now - t_iter, "passes": learner.passes, "learner": spec.learner,
+                      "bound": learner.bound_kind()})
         t_iter = now
         due = (loop.n_iter % int(spec.checkpoint_every) == 0 or loop.converged
                or loop.n_iter == int(spec.max_iter))
         if spec.checkpoint_seconds is not None:
             due = due or now - last_ckpt >= float(spec.checkpoint_seconds)
-        if ckpt is not None and due:
-            state = posterior_arrays(post)
-            state.update({LEARNER_KEY + k: v for k, v in learner.state().items()})
-            ckpt.save(loop.n_iter, state, dict(identity, converged=loop.converged, elbo_history=loop.history,
-                                               elbo_terms=asdict(loop.terms)))
+        stop = STOP.signum is not None
+        saved = None
+        if ckpt is not None and (due or stop):
+            saved = _save(ckpt, loop, post, learner, identity)
             last_ckpt = time.perf_counter()
+        if stop:
+            assert STOP.signum is not None
+            raise FitInterrupted(STOP.signum, loop.n_iter, None if saved is None else str(saved))
     return post
+
+
+def _save(ckpt: Checkpointer, loop: _Loop, post: Posterior, learner: Any, identity: dict[str, Any]) -> Any:
+    """A checkpoint of the posterior, the learner's state and the loop's bookkeeping."""
+    assert loop.terms is not None
+    state = posterior_arrays(post)
+    state.update({LEARNER_KEY + k: v for k, v in learner.state().items()})
+    return ckpt.save(loop.n_iter, state, dict(identity, converged=loop.converged, elbo_history=loop.history,
+                                              elbo_terms=asdict(loop.terms), wall_seconds=loop.wall(),
+                                              bound_kind=learner.bound_kind()))

@@ -171,6 +171,8 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             model.fit(spec.store, callback=callback)
         if model.resumed_from_:
             info["resumed_from"] = model.resumed_from_
-        info["seconds"] = time.perf_counter() - t0
+        # wall time over every attempt: a resumed fit adds this attempt to the checkpoint's total
+        info["seconds"] = model.wall_seconds_ if model.resumed_from_ else time.perf_counter() - t0
+        info["bound"] = {"history": model.bound_kind_, "final": "exact"}
         return save_run(run_dir, model, spec.store, extra=info, engine=eng)
 

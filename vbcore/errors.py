@@ -30,3 +30,15 @@ class NumericalError(VBClusterError, ValueError):
 
 class StoreError(VBClusterError, ValueError):
     """A feature store is missing, malformed, from a newer schema, or cannot take the data."""
+
+
+class FitInterrupted(VBClusterError):
+    """A fit stopped on request (SIGINT, SIGTERM) after finishing an iteration.
+
+    ``signum`` is the signal, ``iteration`` the last finished iteration and ``checkpoint`` the
+    checkpoint written for it (None without a checkpoint directory)."""
+
+    def __init__(self, signum: int, iteration: int, checkpoint: str | None) -> None:
+        where = f"; checkpoint {checkpoint}" if checkpoint else "; no checkpoint directory, nothing kept"
+        super().__init__(f"interrupted after iteration {iteration}{where}")
+        self.signum, self.iteration, self.checkpoint = signum, iteration, checkpoint

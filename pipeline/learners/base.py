@@ -159,8 +159,22 @@ class Learner:
         distribution it describes."""
         raise NotImplementedError
 
+    def bound_kind(self) -> str:
+        """What :meth:`step` reports: ``'exact'`` (the ELBO of the distribution, over all rows) or
+        ``'minibatch estimate'`` (an unbiased estimate from the iteration's minibatch)."""
+        return "exact"
+
+    def final_terms(self) -> ElboTerms | None:
+        """The exact ELBO of the final distribution when :meth:`step` reports estimates (one full
+        pass; it may update ``self.post``); None when the last step's bound is already exact."""
+        return None
+
     def converged(self, history: list[float], tol: float) -> bool:
-        """Default rule: the ELBO changed by less than ``tol`` per sample in the last iteration."""
+        """Default rule: the exact ELBO changed by less than ``tol`` per sample in the last iteration.
+        A learner whose bounds are minibatch estimates never converges on them (one noisy step can
+        change the estimate by less than ``tol``): it runs its ``max_iter`` budget."""
+        if self.bound_kind() != "exact":
+            return False
         return len(history) > 1 and abs(history[-1] - history[-2]) / self.ctx.n_rows < tol
 
     def state(self) -> dict[str, np.ndarray]:

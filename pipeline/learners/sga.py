@@ -96,6 +96,14 @@ class _SGA(DPPointLearner):
         self.post = self.posterior()
         return self.post, terms
 
+    def bound_kind(self) -> str:
+        return "minibatch estimate" if self.opts["elbo"] == "minibatch" else "exact"
+
+    def final_terms(self) -> ElboTerms | None:
+        if self.bound_kind() == "exact":
+            return None
+        return self.exact_terms()  # one full MAP pass; the counts and posterior follow it
+
     def state(self) -> dict[str, np.ndarray]:
         out = super().state()
         if self.method == "sga-m" and self.velocity is not None:

@@ -85,6 +85,16 @@ class SVI(DPPointLearner):
         return Posterior("fixed", "dirichlet_process", wc, post.mean_precision[order], post.means[order],
                          None, post.covariances[order])
 
+    def bound_kind(self) -> str:
+        return "minibatch estimate" if self.opts["elbo"] == "minibatch" else "exact"
+
+    def final_terms(self) -> ElboTerms | None:
+        if self.bound_kind() == "exact" or self.vb is None:
+            return None
+        params = estep_params(self.vb, self.ctx.shift)
+        full = self.ctx.engine.map_reduce(vbem_kernel, self.ctx.handles, params)
+        return elbo_terms(full.stats, self.vb, self.ctx.prior)
+
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.vb is not None, "start() first"
         n = self.ctx.n_rows
