@@ -1,6 +1,6 @@
-"""The ``vbcluster`` command line (typer + rich): ingest, fit, resume, assign, demo, version.
-
-Report and deploy arrive with the flow issue.
+"""The ``vbcluster`` command line (typer + rich): ingest, fit, resume, assign, report, study,
+learners, check, demo, version (``flows.cli`` adds ``deploy``). ``-h``/``--help`` on every command,
+``vbcluster --version``.
 """
 
 from __future__ import annotations
@@ -12,18 +12,55 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperArgument, TyperOption
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Variational Bayesian clustering of large feature stores.")
 console = Console(width=110) if not Console().is_terminal else Console()
+
+
+def _readable_type(self: Any, ctx: Any) -> str | None:
+    """Help shows a parameter's metavar, or click's words (INTEGER, NUMBER, TEXT) and nothing for
+    flags; typer 0.29 prints Python annotations (``<int>``, ``<bool>``, ``<list[str]>``)."""
+    if getattr(self, "is_flag", False) or isinstance(self, TyperArgument):
+        return None
+    if self.metavar is not None:
+        return str(self.metavar)
+    bare = str(self.bare_type())
+    return {"int": "INTEGER", "float": "NUMBER", "str": "TEXT"}.get(bare, bare.upper())
+
+
+def _argument_usage(self: Any) -> str:
+    """``STORE`` (required) or ``[STORE]`` in the usage line; typer 0.29 writes ``{store}``."""
+    name = str(self.display_name_raw).upper()
+    name = name if self.required else f"[{name}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+TyperOption.display_type_rich = _readable_type  # type: ignore[method-assign]
+TyperArgument.display_type_rich = _readable_type  # type: ignore[method-assign]
+TyperArgument._usage_display_name = _argument_usage  # type: ignore[method-assign]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version as _v
+
+        console.print(f"vbcluster {_v('vbcluster')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print the installed vbcluster version and exit.")) -> None:
+    """Variational Bayesian clustering of large feature stores."""
 
 
 @app.command()
 def version() -> None:
     """Print the installed vbcluster version."""
-    from importlib.metadata import version as _v
-
-    console.print(f"vbcluster {_v('vbcluster')}")
+    _print_version(True)
 
 
 @app.command()
@@ -88,7 +125,7 @@ def ingest(
     dim: int | None = typer.Option(None, help="synthetic: number of features."),
     classes: int | None = typer.Option(None, help="synthetic: number of classes."),
     seed: int | None = typer.Option(None, help="synthetic: random seed."),
-    option: list[str] = typer.Option([], "--option", "-o", help="Source option KEY=VALUE (repeatable)."),
+    option: list[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE", help="Source option KEY=VALUE (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; print only the summary."),
 ) -> None:
     """Stream a source into a chunked, compressed Zarr feature store."""
@@ -142,13 +179,13 @@ def fit(
     run_dir: str = typer.Option(..., "--run-dir", help="Where result.json, posterior.npz and "
                                 "checkpoints/ go."),
     learner: str | None = typer.Option(None, help=spec_help("learner")),
-    learner_option: list[str] = typer.Option([], "--learner-option", "-o",
+    learner_option: list[str] = typer.Option([], "--learner-option", "-o", metavar="KEY=VALUE",
                                              help="Learner option KEY=VALUE (repeatable; `vbcluster "
                                              "learners` lists them)."),
     components: int | None = typer.Option(None, "--components", "-k", help=spec_help("components")),
     covariance: str | None = typer.Option(None, help=spec_help("covariance")),
     weights: str | None = typer.Option(None, help="dp (truncated Dirichlet process) | dirichlet (finite) "
-                                       "[default: dp]."),
+                                       "(default: dp)."),
     max_iter: int | None = typer.Option(None, help=spec_help("max_iter")),
     tol: float | None = typer.Option(None, help=spec_help("tol")),
     seed: int | None = typer.Option(None, help=spec_help("seed")),

@@ -204,7 +204,7 @@ def setting_help(name: str, face: str = "pipeline") -> str:
     value = default.default if default.default is not MISSING else {}
     if face == "estimator" and meta["sklearn"] is not _SAME:
         value = meta["sklearn"]
-    return meta["help"] if value in (None, {}) else f"{meta['help']} [default: {value}]"
+    return meta["help"] if value in (None, {}) else f"{meta['help']} (default: {value})"
 
 
 def defaults(face: str = "pipeline") -> dict[str, Any]:
