@@ -14,7 +14,9 @@ append: it changes whenever rows are added), ``appends`` (one record per append)
 3. the group attributes are updated, and the journal is renamed away and deleted (the commit).
 
 Opening a store for writing rolls back any journal left by a killed append: metadata restored,
-chunks beyond the old extent deleted, the partial chunk's old rows rewritten. A reader that finds
+chunks beyond the old extent deleted, the partial chunk's old rows rewritten; it also removes a
+``.tmp`` journal (a kill before the transaction started) or a ``.done`` one (a kill in the commit,
+after which the store already holds the new rows). A reader that finds
 a journal it may not roll back is refused with a clear message. Stores opened through an fsspec URL
 are readable; appends need a local path.
 """
@@ -164,12 +166,17 @@ class FeatureStore:
                 raise StoreError(f"{path}: no such feature store (the path does not exist)")
             if not (p / "zarr.json").is_file():
                 raise StoreError(f"{path} is not a feature store (no zarr.json: not a Zarr v3 group)")
+            writable = mode == "r+" or os.access(path, os.W_OK)
             if _jpath(p).exists():
-                if mode == "r" and not os.access(path, os.W_OK):
+                if not writable:
                     raise StoreError(
                         f"{path}: an append was interrupted; open the store with write access once "
                         "to roll it back"
                     )
+                _rollback(p)
+            elif writable and any(j.exists() for j in journal_paths(p)):
+                # a kill before the journal's rename (``.tmp``) or in the commit (``.done``) leaves
+                # only a leftover that does not describe the store: remove it
                 _rollback(p)
         try:
             group = zarr.open_group(path, mode="r+" if mode == "r+" else "r")
@@ -347,6 +354,12 @@ class FeatureStore:
 def _jpath(root: Path, suffix: str = "") -> Path:
     """The journal directory beside the store (outside the Zarr hierarchy)."""
     return root.parent / (root.name + JOURNAL + suffix)
+
+
+def journal_paths(root: str | os.PathLike[str]) -> list[Path]:
+    """Every path an append's journal can occupy beside the store at ``root``: the journal, its
+    ``.tmp`` (before the start of the transaction) and its ``.done`` (during the commit)."""
+    return [_jpath(Path(root), s) for s in ("", ".tmp", ".done")]
 
 
 def _save_tail(path: Path, values: np.ndarray) -> None:
