@@ -209,9 +209,10 @@ def _run(run_dir: str, spec: dict[str, Any], quiet: bool, fresh: bool) -> None:
     import json
     from pathlib import Path
 
+    from pipeline.atomic import write_file as write_atomic
     from pipeline.checkpoint import CheckpointError, RunLock, RunLockedError
     from pipeline.estimator import VBMixture
-    from pipeline.runs import save_run, write_atomic
+    from pipeline.runs import save_run
     from vbcore.errors import VBClusterError
 
     wt = {"dp": "dirichlet_process", "dirichlet": "dirichlet_distribution"}.get(spec["weights"],

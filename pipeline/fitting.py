@@ -17,10 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pipeline.atomic import write_file as write_atomic
 from pipeline.checkpoint import RunLock
 from pipeline.engine import make_engine
 from pipeline.estimator import VBMixture
-from pipeline.runs import load_model, read_result, save_run, write_atomic
+from pipeline.runs import load_model, read_result, save_run
 from pipeline.sources import StoreSource
 from vbcore.errors import ConfigError
 

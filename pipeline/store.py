@@ -37,6 +37,7 @@ import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
 
+from pipeline.atomic import fsync_dir, rename
 from vbcore.errors import InputError, StoreError
 
 FORMAT = "vbcluster-feature-store"
@@ -399,16 +400,14 @@ def _begin_journal(root: Path, group: zarr.Group, old_n: int, chunk_rows: int) -
         if name in group.array_keys() and tail < old_n:
             _save_tail(tmp / f"tail-{name}", np.asarray(_arr(group, name)[tail:old_n]))
     (tmp / "journal.json").write_text(json.dumps({"old_n_rows": old_n, "tail_start": tail}))
-    _fsync_dir(tmp)
-    os.replace(tmp, _jpath(root))
-    _fsync_dir(root.parent)
+    fsync_dir(tmp)
+    rename(tmp, _jpath(root))  # the start of the transaction
 
 
 def _commit_journal(root: Path) -> None:
     done = _jpath(root, ".done")
     shutil.rmtree(done, ignore_errors=True)
-    os.replace(_jpath(root), done)
-    _fsync_dir(root.parent)
+    rename(_jpath(root), done)  # the commit
     shutil.rmtree(done, ignore_errors=True)
 
 
@@ -444,21 +443,10 @@ def _rollback(root: Path) -> None:
         saved = _load_tail(j / f"tail-{name}")
         if saved is not None:
             arr[tail:old_n] = saved
-    os.replace(j, _jpath(root, ".done"))
+    rename(j, _jpath(root, ".done"))
     shutil.rmtree(_jpath(root, ".done"), ignore_errors=True)
 
 
 def _chunk_dirs(array_dir: Path) -> list[Path]:
     c = array_dir / "c"
     return list(c.iterdir()) if c.is_dir() else []
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
