@@ -15,7 +15,6 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
-from scipy import sparse
 from scipy.linalg import solve_triangular
 from scipy.special import gammaln, logsumexp
 from sklearn.base import BaseEstimator, DensityMixin
@@ -28,7 +27,7 @@ from pipeline.learners import LEARNERS, FitContext, learner_class, make_learner
 from pipeline.learners.vbem import vbem_pass
 from pipeline.sources import ArraySource, DaskArraySource, StoreSource, is_dask_array, is_store_path
 from vbcore.elbo import ElboTerms, elbo_terms
-from vbcore.errors import ConfigError, InputError, InputTypeError
+from vbcore.errors import ConfigError, InputError
 from vbcore.kernels import (
     Chunk,
     array_namespace,
@@ -42,6 +41,7 @@ from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
 from vbcore.priors import COVARIANCE_TYPES, WEIGHT_TYPES, Prior, default_prior
 from vbcore.stats import SuffStats
+from vbcore.validation import as_rows, check_finite
 
 INIT_PARAMS = ("kmeans", "k-means++", "random", "random_from_data")
 
@@ -49,53 +49,10 @@ INIT_PARAMS = ("kmeans", "k-means++", "random", "random_from_data")
 def check_array_2d(X: Any, name: str = "X") -> np.ndarray:
     """Validate data: dense, 2-D, numeric, at least one row and column, all finite.
 
-    float32 stays float32; other numeric dtypes (and object arrays of numbers) become float64.
-    Messages keep scikit-learn's wording where it has one, so its tooling recognises them.
+    float32 stays float32; other numeric dtypes (and object arrays of numbers) become float64
+    (:func:`vbcore.validation.as_rows`).
     """
-    if sparse.issparse(X):
-        raise InputError(
-            f"{name} is a scipy sparse matrix; sparse input is not supported: pass X.toarray() "
-            "(feature stores hold dense features)"
-        )
-    try:
-        arr = np.asarray(X)
-    except Exception as exc:  # pragma: no cover - exotic inputs
-        raise InputError(f"{name} cannot be converted to an array: {exc}") from None
-    if arr.dtype.kind == "c":
-        raise InputError(f"Complex data not supported: {name} has dtype {arr.dtype}")
-    if arr.dtype.kind == "O":
-        try:
-            arr = arr.astype(np.float64)
-        except (TypeError, ValueError) as exc:
-            raise InputTypeError(
-                f"{name} must be numeric; its dtype object holds a non-number: {exc}"
-            ) from None
-    if arr.dtype.kind not in "biuf":
-        raise InputError(f"{name} must be numeric, got dtype {arr.dtype}")
-    if arr.ndim != 2:
-        raise InputError(
-            f"{name} must be 2-D (n_samples, n_features), got {arr.ndim}-D of shape {arr.shape}. "
-            "Reshape your data: X.reshape(-1, 1) for a single feature, X.reshape(1, -1) for one row"
-        )
-    if arr.shape[0] < 1:
-        raise InputError(
-            f"{name} has n_samples=0: found array with 0 sample(s) (shape={arr.shape}) while a "
-            "minimum of 1 is required."
-        )
-    if arr.shape[1] < 1:
-        raise InputError(
-            f"{name} has n_features=0: found array with 0 feature(s) (shape={arr.shape}) while a "
-            "minimum of 1 is required."
-        )
-    arr = np.ascontiguousarray(arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        row, col = np.argwhere(~finite)[0]
-        raise InputError(
-            f"{name} contains non-finite values (NaN or inf); the first is at row {row}, "
-            f"column {col}: {arr[row, col].item()}"
-        )
-    return arr
+    return as_rows(X, name)
 
 
 class VBMixture(DensityMixin, BaseEstimator):
@@ -718,14 +675,8 @@ def _moments_kernel(chunk: Chunk) -> SuffStats:
 
 def _check_kernel(chunk: Chunk, offset: int, where: str) -> None:
     """Reject non-finite rows of sources that were not validated on the driver (stores, dask)."""
-    x = to_numpy(chunk.x)
-    finite = np.isfinite(x)
-    if not finite.all():
-        row, col = np.argwhere(~finite)[0]
-        raise InputError(
-            f"{where}: non-finite value at row {offset + int(row)}, column {int(col)}; "
-            "clean the data (vbcluster ingest rejects or drops such rows)"
-        )
+    check_finite(to_numpy(chunk.x), where, first_row=offset,
+                 hint="clean the data (vbcluster ingest rejects or drops such rows)")
 
 
 def _on_device(chunk: Chunk, host: np.ndarray) -> Any:

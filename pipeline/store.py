@@ -39,6 +39,7 @@ from zarr.codecs import ZstdCodec
 
 from pipeline.atomic import fsync_dir, rename
 from vbcore.errors import InputError, StoreError
+from vbcore.validation import check_finite, check_layout, row_is_finite
 
 FORMAT = "vbcluster-feature-store"
 SCHEMA_VERSION = 1
@@ -70,26 +71,20 @@ def check_rows(X: Any, n_features: int | None, where: str, first_row: int = 0,
     (None when nothing was dropped). ``where`` and ``first_row`` make messages point at the source.
     """
     arr = np.asarray(X)
-    if arr.ndim != 2:
-        raise InputError(f"{where}: rows must be 2-D (n_rows, n_features), got shape {arr.shape}")
-    if arr.dtype.kind not in "biuf":
-        raise InputError(f"{where}: features must be numeric, got dtype {arr.dtype}")
+    check_layout(arr.shape, arr.dtype, where, min_rows=0)
     if n_features is not None and arr.shape[1] != n_features:
         raise InputError(
             f"{where}: rows have {arr.shape[1]} features but the store has {n_features}"
         )
     arr = np.ascontiguousarray(arr, dtype=np.float32)
-    finite = np.isfinite(arr).all(axis=1)
+    finite = row_is_finite(arr)
     if finite.all():
         return arr, None
     if on_nonfinite == "drop":
         return arr[finite], finite
-    bad = int(np.flatnonzero(~finite)[0])
-    col = int(np.flatnonzero(~np.isfinite(arr[bad]))[0])
-    raise InputError(
-        f"{where}: non-finite value at row {first_row + bad}, column {col} "
-        f"({arr[bad, col].item()}); clean the source or ingest with --drop-nonfinite"
-    )
+    check_finite(arr, where, first_row=first_row,
+                 hint="clean the source or ingest with --drop-nonfinite")
+    raise AssertionError("unreachable: a row is not finite")  # pragma: no cover
 
 
 @dataclass
