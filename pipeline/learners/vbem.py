@@ -10,7 +10,7 @@ from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.kernels import KernelResult, estep_params, vbem_kernel
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
-from vbcore.sga import take_stats
+from vbcore.sga_stats import take_stats
 
 
 def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
