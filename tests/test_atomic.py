@@ -104,3 +104,32 @@ def test_checkpoints_honour_the_umask(tmp_path, umask):
                                                           "manifest.json": 0o666 & ~umask}
     np.testing.assert_array_equal(ck.load_latest().state["a"], np.zeros(3))
     assert [p.name for p in (tmp_path / "ck").iterdir()] == ["ckpt-00000001"]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_run_outputs_store_and_report_honour_the_umask(tmp_path, mask):
+    """Outputs are 0o666 & ~umask and folders 0o777 & ~umask: readable by colleagues under 022."""
+    from pipeline.estimator import VBMixture
+    from pipeline.ingest import ingest
+    from pipeline.report import write_report
+    from pipeline.runs import assign_store, save_run
+
+    x = np.random.default_rng(0).normal(size=(120, 2)).astype(np.float32)
+    x[:60] += 6.0
+    np.save(tmp_path / "x.npy", x)
+    old = os.umask(mask)
+    try:
+        ingest(str(tmp_path / "x.npy"), tmp_path / "s.zarr", chunk_rows=64)
+        model = VBMixture(n_components=2, max_iter=3, random_state=0).fit(str(tmp_path / "s.zarr"))
+        run = tmp_path / "run"
+        save_run(run, model, str(tmp_path / "s.zarr"))
+        target = assign_store(run)
+        page = write_report(run, sample=50)
+    finally:
+        os.umask(old)
+    files, dirs = 0o666 & ~mask, 0o777 & ~mask
+    assert {p.name: _mode(p) for p in run.iterdir() if p.is_file()} == {"result.json": files,
+                                                                       "posterior.npz": files}
+    assert _mode(tmp_path / "s.zarr") == dirs and _mode(tmp_path / "s.zarr" / "zarr.json") == files
+    assert _mode(target) == dirs
+    assert _mode(page.parent) == dirs and _mode(page) == files
