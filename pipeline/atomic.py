@@ -120,7 +120,12 @@ def replace_dir(tmp: str | os.PathLike[str], target: str | os.PathLike[str], *,
     if target.exists() or target.is_symlink():
         old = _free_name(target, "old")
         os.replace(target, old)
-    rename(tmp, target)
+    try:
+        rename(tmp, target)
+    except BaseException:
+        if old is not None:  # put the old one back: target never stays missing
+            os.replace(old, target)
+        raise
     if old is not None:
         (discard or (lambda p: shutil.rmtree(p, ignore_errors=True)))(old)
 

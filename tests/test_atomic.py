@@ -133,3 +133,22 @@ def test_run_outputs_store_and_report_honour_the_umask(tmp_path, mask):
     assert _mode(tmp_path / "s.zarr") == dirs and _mode(tmp_path / "s.zarr" / "zarr.json") == files
     assert _mode(target) == dirs
     assert _mode(page.parent) == dirs and _mode(page) == files
+
+
+def test_a_failed_replace_puts_the_old_directory_back(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    tmp = atomic.temp_dir(target)
+    real = os.replace
+
+    def failing(src, dst):
+        if os.fspath(src) == os.fspath(tmp):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", failing)
+    with pytest.raises(OSError, match="No space left"):
+        atomic.replace_dir(tmp, target)
+    assert (target / "old.txt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tmp.name, "out"]
