@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.ingest.plan import Batch, Plan, check_side_shape, no_more_options, row_slices
+from pipeline.ingest.plan import Batch, Plan, check_side_shape, id_kind, no_more_options, row_slices
 from vbcore.errors import InputError
 from vbcore.validation import check_layout
 
@@ -55,9 +55,9 @@ def read_hdf5(path: Path, labels: str | None, ids: str | None, options: dict[str
             check_side_shape(str(path), f"{what} {dname!r}", found[dname].shape, n)
             d = found[dname]
             side[what] = d.asstr() if h5py.check_string_dtype(d.dtype) else d
-        id_kind = None
+        kind = None
         if ids is not None:
-            id_kind = "str" if h5py.check_string_dtype(found[ids.strip("/")].dtype) else id_kind(
+            kind = "str" if h5py.check_string_dtype(found[ids.strip("/")].dtype) else id_kind(
                 found[ids.strip("/")].dtype)
     except BaseException:
         f.close()
@@ -71,7 +71,7 @@ def read_hdf5(path: Path, labels: str | None, ids: str | None, options: dict[str
             yield (x, None if side["labels"] is None else np.asarray(side["labels"][s:e]),
                    None if side["ids"] is None else np.asarray(side["ids"][s:e]))
 
-    return Plan(X.shape[1], labels is not None, id_kind, blocks,
+    return Plan(X.shape[1], labels is not None, kind, blocks,
                  extractor_params={"file": path.name, "dataset": name}, close=f.close)
 
 
