@@ -18,6 +18,7 @@ MAX_IMAGE_PIXELS = 40_000  # default downsampling target of image:NAME
 
 # ---- built-in datasets --------------------------------------------------------------------------
 def read_digits(labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """scikit-learn's bundled 8x8 digits: 1,797 rows x 64 features, labels and row ids."""
     from sklearn.datasets import load_digits
 
     no_more_options("digits", options)
@@ -54,6 +55,7 @@ def bundled_images() -> dict[str, Path]:
 
 
 def read_image(name: str, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """A photo bundled with scikit-image as pixels (r, g, b, row, col) scaled to [-1, 1]."""
     downsample = options.pop("downsample", None)
     no_more_options("image:NAME", options)
     no_side_data("image:NAME", labels, ids)

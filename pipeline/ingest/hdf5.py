@@ -15,6 +15,7 @@ from vbcore.validation import check_layout
 
 # ---- HDF5 ---------------------------------------------------------------------------------------
 def read_hdf5(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """A dataset of an HDF5 file (option ``dataset``); ``labels``/``ids`` name datasets in it."""
     import h5py
 
     name = options.pop("dataset", None)

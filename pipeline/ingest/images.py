@@ -17,6 +17,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 
 # ---- image folders ------------------------------------------------------------------------------
 def read_rgb(path: Path) -> np.ndarray:
+    """An image file as an RGB array of shape (height, width, 3), uint8."""
     from PIL import Image
 
     with Image.open(path) as im:
@@ -25,6 +26,7 @@ def read_rgb(path: Path) -> np.ndarray:
 
 
 def read_image_folder(root: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """Image files under ``root`` through a feature extractor; ``labels='folders'`` labels by sub-folder."""
     skip_unreadable = as_bool("skip_unreadable", options.pop("skip_unreadable", False))
     batch_images = as_int("batch_images", options.pop("batch_images", 16), minimum=1)
     spec = options.pop("extractor", None)

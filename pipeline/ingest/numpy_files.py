@@ -25,6 +25,7 @@ def _load_npy(path: Path, what: str) -> np.ndarray:
 
 
 def read_npy(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """A memory-mapped ``.npy`` of features; ``labels``/``ids`` name other ``.npy`` files."""
     no_more_options(".npy", options)
     X = _load_npy(path, "features")
     check_layout(X.shape, X.dtype, str(path), min_rows=0)
@@ -88,6 +89,7 @@ class _NpyMember:
 
 
 def read_npz(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """One array of an ``.npz`` (option ``key``), streamed from the zip; ``labels``/``ids`` name arrays."""
     key = options.pop("key", None)
     no_more_options(".npz", options)
     try:

@@ -34,6 +34,7 @@ class Plan:
 
 
 def row_slices(n: int, first: int, size: int) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` of ``n`` rows: the first ``first`` rows, then ``size`` rows at a time."""
     start, step = 0, first
     while start < n:
         yield start, min(start + step, n)
@@ -42,6 +43,7 @@ def row_slices(n: int, first: int, size: int) -> Iterator[tuple[int, int]]:
 
 # ---- options ------------------------------------------------------------------------------------
 def as_int(name: str, value: Any, minimum: int | None = None) -> int:
+    """An integer option (``'12'`` and ``12.0`` accepted), at least ``minimum``."""
     try:
         v = int(value)
         if isinstance(value, float) and v != value:
@@ -54,6 +56,7 @@ def as_int(name: str, value: Any, minimum: int | None = None) -> int:
 
 
 def as_bool(name: str, value: Any) -> bool:
+    """A boolean option: a bool, 0/1, or one of 1/true/yes/on/0/false/no/off."""
     if isinstance(value, bool | np.bool_):
         return bool(value)
     if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -64,6 +67,7 @@ def as_bool(name: str, value: Any) -> bool:
 
 
 def as_list(value: Any) -> list[str]:
+    """A list option: a comma-separated string or an iterable of names."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -72,21 +76,25 @@ def as_list(value: Any) -> list[str]:
 
 
 def no_more_options(kind: str, options: dict[str, Any]) -> None:
+    """Refuse the options a reader of ``kind`` did not consume."""
     if options:
         raise ConfigError(f"unknown option(s) {sorted(options)} for a {kind} source; see docs/ingest.md")
 
 
 def no_side_data(kind: str, labels: str | None, ids: str | None) -> None:
+    """Refuse ``labels``/``ids`` for a source that brings its own."""
     if labels is not None or ids is not None:
         raise ConfigError(f"the {kind} source brings its own labels and ids; leave labels and ids unset")
 
 
 def check_side_shape(where: str, what: str, shape: tuple[int, ...], n: int) -> None:
+    """Labels or ids must be 1-D with one value per row (``n``)."""
     if len(shape) != 1 or shape[0] != n:
         raise InputError(f"{where}: {what} must be 1-D with one value per row ({n}), got shape {shape}")
 
 
 def id_kind(dtype: np.dtype) -> str:
+    """The store's id kind for a dtype: ``'int'`` or ``'str'``."""
     return "int" if dtype.kind in "biu" else "str"
 
 

@@ -35,6 +35,7 @@ def synthetic_class_sizes(rows: int, classes: int, rng: np.random.Generator) -> 
 
 
 def read_synthetic(labels: str | None, ids: str | None, options: dict[str, Any], chunk_rows: int) -> Plan:
+    """The SUN397-fc7-shaped generator (options ``rows``, ``dim``, ``classes``, ``seed``), chunk by chunk."""
     from scipy.special import ndtri
 
     cfg = {k: as_int(k, options.pop(k, v), minimum=0 if k == "seed" else 1)

@@ -73,6 +73,7 @@ def _arrow_id_kind(schema: Any, ids: str | None) -> str | None:
 
 
 def read_parquet(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """A Parquet file: numeric columns are features; ``labels``/``ids`` name columns."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -99,6 +100,7 @@ def read_parquet(path: Path, labels: str | None, ids: str | None, options: dict[
 
 
 def read_csv(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """A CSV file through Arrow (options ``delimiter``, ``block_bytes``, ``ignore_columns``)."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
