@@ -27,7 +27,7 @@ def main() -> None:
     from bench_engine import sun397_setup
 
     from pipeline.checkpoint import Checkpointer
-    from pipeline.estimator import _posterior_state
+    from vbcore.posterior import posterior_arrays
     from vbcore.kernels import vbem_kernel
     from vbcore.mstep import m_step
     from vbcore.priors import default_prior
@@ -46,7 +46,7 @@ def main() -> None:
         post = m_step(res.stats, prior, 1e-6)
         t_iter = time.perf_counter() - t
         ck = Checkpointer(os.path.join(workdir, "ckpts"), keep=3)
-        state = _posterior_state(post)
+        state = posterior_arrays(post)
         manifest = {"learner": "vbem", "elbo_history": [0.0] * 100}
         times = []
         for i in range(5):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import numpy as np
 
@@ -56,7 +56,7 @@ def table(labels: np.ndarray, probability: np.ndarray, ids: np.ndarray | None = 
     return pa.table(cols)
 
 
-def writer(tbl: Any, fmt: str, metadata: dict[str, str] | None = None) -> Callable[[BinaryIO], None]:
+def writer(tbl: Any, fmt: str, metadata: dict[str, str] | None = None) -> Callable[[IO[bytes]], None]:
     """A function that writes ``tbl`` as ``fmt`` ('parquet' or 'csv') into an open binary file.
 
     Parquet carries ``metadata`` (run directory, store fingerprint, posterior sha256) in its schema;

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,21 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from vbcore.errors import VBClusterError
+from pipeline.atomic import replace_dir, temp_dir
+from vbcore.errors import CheckpointError, RunLockedError
 
 MANIFEST = "manifest.json"
 STATE = "state.npz"
 PREFIX = "ckpt-"
 #: fault injection for tests: seconds to pause between writing the state and the manifest
 PAUSE_ENV = "VBCLUSTER_CHECKPOINT_PAUSE"
-
-
-class CheckpointError(VBClusterError, OSError):
-    """A checkpoint could not be written or no usable checkpoint matches the run."""
-
-
-class RunLockedError(VBClusterError, RuntimeError):
-    """Another live process holds the run directory."""
 
 
 def sha256_file(path: Path) -> str:
@@ -63,14 +55,6 @@ def iteration_seed(entropy: int, iteration: int) -> np.random.SeedSequence:
     """The RNG of iteration ``iteration``: derived from the run's seed alone, so a resumed run draws
     exactly what the uninterrupted run drew (minibatch learners use it; VB EM draws nothing)."""
     return np.random.SeedSequence(entropy, spawn_key=(iteration,))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -101,7 +85,7 @@ class Checkpointer:
         tmp: Path | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=self.directory))
+            tmp = temp_dir(final)
             with open(tmp / STATE, "wb") as f:
                 np.savez(f, **state)  # type: ignore[arg-type]
                 f.flush()
@@ -115,11 +99,8 @@ class Checkpointer:
                 f.write(json.dumps(body, indent=1))
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync(tmp)
-            if final.exists():  # a checkpoint of this iteration from an earlier attempt
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _fsync(self.directory)
+            # a checkpoint of this iteration from an earlier attempt is replaced (removed after)
+            replace_dir(tmp, final)
         except OSError as exc:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -134,8 +115,9 @@ class Checkpointer:
     def _prune(self) -> None:
         for p in self.list()[: -self.keep]:
             shutil.rmtree(p, ignore_errors=True)
-        for p in self.directory.glob(f".{PREFIX}*.tmp-*"):  # leftovers of killed writes
-            shutil.rmtree(p, ignore_errors=True)
+        for pattern in (f".{PREFIX}*.tmp-*", f".{PREFIX}*.old-*"):  # leftovers of killed writes
+            for p in self.directory.glob(pattern):
+                shutil.rmtree(p, ignore_errors=True)
 
     def load_latest(self) -> Loaded | None:
         """The newest checkpoint whose files verify, or None; ``skipped`` lists newer bad ones."""
@@ -204,6 +186,12 @@ class RunLock:
                 json.dump(me, f)
             return self
         raise RunLockedError(f"could not take the lock {self.path}")
+
+    def live_holder(self) -> dict[str, Any] | None:
+        """Who holds the lock (pid, host, started) when that process is alive (or on another host,
+        where it cannot be checked); None when the lock is free or stale."""
+        holder = self._holder() if self.path.exists() else None
+        return holder if holder is not None and self._alive(holder) else None
 
     def _holder(self) -> dict[str, Any] | None:
         try:

@@ -125,7 +125,8 @@ def ingest(
     dim: int | None = typer.Option(None, help="synthetic: number of features."),
     classes: int | None = typer.Option(None, help="synthetic: number of classes."),
     seed: int | None = typer.Option(None, help="synthetic: random seed."),
-    option: list[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE", help="Source option KEY=VALUE (repeatable)."),
+    option: list[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE",
+                                     help="Source option KEY=VALUE (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; print only the summary."),
 ) -> None:
     """Stream a source into a chunked, compressed Zarr feature store."""

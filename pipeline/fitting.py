@@ -24,10 +24,11 @@ from typing import Any
 
 from sklearn.exceptions import ConvergenceWarning
 
+from pipeline.atomic import write_file as write_atomic
 from pipeline.checkpoint import RunLock
 from pipeline.engine import make_engine
 from pipeline.estimator import VBMixture
-from pipeline.runs import load_model, read_result, save_run, write_atomic
+from pipeline.runs import load_model, read_result, save_run
 from pipeline.sources import StoreSource
 from pipeline.spec import FitSpec
 from vbcore.errors import ConfigError, InputError

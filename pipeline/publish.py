@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.atomic import replace_symlink
 from pipeline.runs import POSTERIOR, RESULT, read_result
 from pipeline.sources import StoreSource
-from vbcore.errors import InputError
+from vbcore.errors import CheckpointError, InputError
 
 VERSIONS = "versions"
 LATEST = "latest"
@@ -76,7 +77,7 @@ def unfinished_version(out: str | os.PathLike[str], fingerprint: str,
     """
     import json
 
-    from pipeline.checkpoint import Checkpointer, CheckpointError, RunLock
+    from pipeline.checkpoint import Checkpointer, RunLock
 
     current = latest(out)
     for path in reversed(version_dirs(out)):
@@ -88,9 +89,7 @@ def unfinished_version(out: str | os.PathLike[str], fingerprint: str,
             old = json.loads((path / "run.json").read_text())
             if any((old.get(k) or None) != (spec.get(k) or None) for k in TRAJECTORY):
                 continue
-        lock = RunLock(path)
-        holder = lock._holder() if lock.path.exists() else None
-        if holder is not None and lock._alive(holder):
+        if RunLock(path).live_holder() is not None:
             continue  # a refresh is running in it
         try:
             loaded = Checkpointer(path / "checkpoints").load_latest()
@@ -119,15 +118,9 @@ def publish(out: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> Pat
     if run_dir.resolve().parent != (out / VERSIONS).resolve():
         raise InputError(f"{run_dir} is not a version directory of {out} (expected {out / VERSIONS}/...)")
     link = out / LATEST
-    tmp = out / f".{LATEST}.tmp-{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    os.symlink(Path(VERSIONS) / run_dir.name, tmp)  # relative: the output directory may move
-    os.replace(tmp, link)  # rename(2) over the old link: readers see the old or the new, never none
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    # relative: the output directory may move; rename(2) over the old link: readers see the old or
+    # the new, never none
+    replace_symlink(link, Path(VERSIONS) / run_dir.name)
     return link
 
 

@@ -10,15 +10,15 @@ place, so a killed fit never leaves a half-written result where a good one was.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pipeline.atomic import replace_dir as publish_dir  # pipeline/report.py imports it from here
+from pipeline.atomic import temp_dir, write_file
 from pipeline.checkpoint import sha256_file
 from pipeline.engine import LocalEngine, make_engine
 from pipeline.estimator import VBMixture
@@ -51,22 +51,6 @@ def assign_rows(model: VBMixture, source: Any, engine: Any = None) -> tuple[np.n
     finally:
         eng.release(handles)
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-
-def _atomic_dir(target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-
-
-def publish_dir(tmp: Path, target: Path) -> None:
-    """Move a finished directory into place; an older one is replaced only once the new one is whole."""
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
 
 
 def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[str, Any] | None = None,
@@ -103,24 +87,10 @@ def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[s
     # result.json always finds the posterior it describes; a failure leaves the old pair in place
     # (a crash between the two renames leaves the new posterior with the old result, which the
     # sha256 in result.json exposes)
-    write_atomic(run_dir / POSTERIOR, lambda f: _write_posterior(f, model))
+    write_file(run_dir / POSTERIOR, lambda f: _write_posterior(f, model))
     result["posterior_sha256"] = sha256_file(run_dir / POSTERIOR)
-    write_atomic(run_dir / RESULT, lambda f: f.write(json.dumps(result, indent=2).encode()))
+    write_file(run_dir / RESULT, lambda f: f.write(json.dumps(result, indent=2).encode()))
     return result
-
-
-def write_atomic(path: Path, write: Any) -> None:
-    """Write a file under a temporary name in the same directory, fsync it, rename it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _write_posterior(f: Any, model: VBMixture) -> None:
@@ -219,7 +189,7 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
         if not path.parent.is_dir():
             raise InputError(f"{path.parent}: no such directory (for the {fmt} assignments {path.name})")
         tbl = assign_formats.table(labels, prob, FeatureStore.open(store).read_ids())
-        write_atomic(path, assign_formats.writer(tbl, fmt, {k: str(v) for k, v in attrs.items()}))
+        write_file(path, assign_formats.writer(tbl, fmt, {k: str(v) for k, v in attrs.items()}))
         return path
     import zarr
 
@@ -227,7 +197,7 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
     target = Path(store) / ASSIGNMENTS / name
     if not (Path(store) / ASSIGNMENTS / "zarr.json").exists():
         zarr.open_group(str(Path(store) / ASSIGNMENTS), mode="a")
-    tmp = _atomic_dir(target)
+    tmp = temp_dir(target)
     try:
         g = zarr.open_group(str(tmp), mode="w")
         chunks = (FeatureStore.open(store).chunk_rows,)

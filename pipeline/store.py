@@ -14,7 +14,9 @@ append: it changes whenever rows are added), ``appends`` (one record per append)
 3. the group attributes are updated, and the journal is renamed away and deleted (the commit).
 
 Opening a store for writing rolls back any journal left by a killed append: metadata restored,
-chunks beyond the old extent deleted, the partial chunk's old rows rewritten. A reader that finds
+chunks beyond the old extent deleted, the partial chunk's old rows rewritten; it also removes a
+``.tmp`` journal (a kill before the transaction started) or a ``.done`` one (a kill in the commit,
+after which the store already holds the new rows). A reader that finds
 a journal it may not roll back is refused with a clear message. Stores opened through an fsspec URL
 are readable; appends need a local path.
 """
@@ -35,7 +37,9 @@ import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
 
+from pipeline.atomic import fsync_dir, rename
 from vbcore.errors import InputError, StoreError
+from vbcore.validation import check_finite, check_layout, row_is_finite
 
 FORMAT = "vbcluster-feature-store"
 SCHEMA_VERSION = 1
@@ -67,26 +71,20 @@ def check_rows(X: Any, n_features: int | None, where: str, first_row: int = 0,
     (None when nothing was dropped). ``where`` and ``first_row`` make messages point at the source.
     """
     arr = np.asarray(X)
-    if arr.ndim != 2:
-        raise InputError(f"{where}: rows must be 2-D (n_rows, n_features), got shape {arr.shape}")
-    if arr.dtype.kind not in "biuf":
-        raise InputError(f"{where}: features must be numeric, got dtype {arr.dtype}")
+    check_layout(arr.shape, arr.dtype, where, min_rows=0)
     if n_features is not None and arr.shape[1] != n_features:
         raise InputError(
             f"{where}: rows have {arr.shape[1]} features but the store has {n_features}"
         )
     arr = np.ascontiguousarray(arr, dtype=np.float32)
-    finite = np.isfinite(arr).all(axis=1)
+    finite = row_is_finite(arr)
     if finite.all():
         return arr, None
     if on_nonfinite == "drop":
         return arr[finite], finite
-    bad = int(np.flatnonzero(~finite)[0])
-    col = int(np.flatnonzero(~np.isfinite(arr[bad]))[0])
-    raise InputError(
-        f"{where}: non-finite value at row {first_row + bad}, column {col} "
-        f"({arr[bad, col].item()}); clean the source or ingest with --drop-nonfinite"
-    )
+    check_finite(arr, where, first_row=first_row,
+                 hint="clean the source or ingest with --drop-nonfinite")
+    raise AssertionError("unreachable: a row is not finite")  # pragma: no cover
 
 
 @dataclass
@@ -164,12 +162,17 @@ class FeatureStore:
                 raise StoreError(f"{path}: no such feature store (the path does not exist)")
             if not (p / "zarr.json").is_file():
                 raise StoreError(f"{path} is not a feature store (no zarr.json: not a Zarr v3 group)")
+            writable = mode == "r+" or os.access(path, os.W_OK)
             if _jpath(p).exists():
-                if mode == "r" and not os.access(path, os.W_OK):
+                if not writable:
                     raise StoreError(
                         f"{path}: an append was interrupted; open the store with write access once "
                         "to roll it back"
                     )
+                _rollback(p)
+            elif writable and any(j.exists() for j in journal_paths(p)):
+                # a kill before the journal's rename (``.tmp``) or in the commit (``.done``) leaves
+                # only a leftover that does not describe the store: remove it
                 _rollback(p)
         try:
             group = zarr.open_group(path, mode="r+" if mode == "r+" else "r")
@@ -349,6 +352,12 @@ def _jpath(root: Path, suffix: str = "") -> Path:
     return root.parent / (root.name + JOURNAL + suffix)
 
 
+def journal_paths(root: str | os.PathLike[str]) -> list[Path]:
+    """Every path an append's journal can occupy beside the store at ``root``: the journal, its
+    ``.tmp`` (before the start of the transaction) and its ``.done`` (during the commit)."""
+    return [_jpath(Path(root), s) for s in ("", ".tmp", ".done")]
+
+
 def _save_tail(path: Path, values: np.ndarray) -> None:
     if values.dtype.kind in "biuf":
         np.save(path.with_suffix(".npy"), values, allow_pickle=False)
@@ -386,16 +395,14 @@ def _begin_journal(root: Path, group: zarr.Group, old_n: int, chunk_rows: int) -
         if name in group.array_keys() and tail < old_n:
             _save_tail(tmp / f"tail-{name}", np.asarray(_arr(group, name)[tail:old_n]))
     (tmp / "journal.json").write_text(json.dumps({"old_n_rows": old_n, "tail_start": tail}))
-    _fsync_dir(tmp)
-    os.replace(tmp, _jpath(root))
-    _fsync_dir(root.parent)
+    fsync_dir(tmp)
+    rename(tmp, _jpath(root))  # the start of the transaction
 
 
 def _commit_journal(root: Path) -> None:
     done = _jpath(root, ".done")
     shutil.rmtree(done, ignore_errors=True)
-    os.replace(_jpath(root), done)
-    _fsync_dir(root.parent)
+    rename(_jpath(root), done)  # the commit
     shutil.rmtree(done, ignore_errors=True)
 
 
@@ -431,21 +438,10 @@ def _rollback(root: Path) -> None:
         saved = _load_tail(j / f"tail-{name}")
         if saved is not None:
             arr[tail:old_n] = saved
-    os.replace(j, _jpath(root, ".done"))
+    rename(j, _jpath(root, ".done"))
     shutil.rmtree(_jpath(root, ".done"), ignore_errors=True)
 
 
 def _chunk_dirs(array_dir: Path) -> list[Path]:
     c = array_dir / "c"
     return list(c.iterdir()) if c.is_dir() else []
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -15,9 +15,9 @@ import pytest
 from sklearn.datasets import load_wine
 
 from pipeline import VBMixture
-from pipeline.checkpoint import PAUSE_ENV, Checkpointer, CheckpointError, RunLock, RunLockedError, sha256_file
+from pipeline.checkpoint import PAUSE_ENV, Checkpointer, RunLock, sha256_file
 from pipeline.store import FeatureStore
-from vbcore.errors import ConfigError
+from vbcore.errors import CheckpointError, ConfigError, RunLockedError
 
 LEARNERS = ["vbem", "ncg", "sga-m"]  # ncg: per-chunk logits/directions; sga-m: minibatch draws, momentum
 

@@ -97,9 +97,9 @@ def test_the_next_refresh_resumes_a_refresh_that_died(tmp_path, prefect_api, mon
     import errno
 
     from flows.schedule import refresh_flow
-    from pipeline.checkpoint import CheckpointError
     from pipeline.fitting import fit_run, make_spec
     from pipeline.publish import claim_version
+    from vbcore.errors import CheckpointError
 
     store = _store(tmp_path / "s.zarr", 600)
     kw = dict(components=6, max_iter=25, tol=0.0)

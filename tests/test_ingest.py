@@ -78,6 +78,17 @@ def test_hdf5_round_trip(tmp_path):
     _check(tmp_path / "s", X.astype(np.float16), y, np.array([f"n{i}" for i in range(400)]))
 
 
+def test_hdf5_integer_ids(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    X = _X(100, 3)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["X"] = X
+        f["ids"] = np.arange(1000, 1100)
+    ingest(str(tmp_path / "d.h5"), tmp_path / "s", chunk_rows=32, dataset="X", ids="ids")
+    s = _check(tmp_path / "s", X, ids=np.arange(1000, 1100))
+    assert s.read_ids().dtype == np.int64
+
+
 def test_parquet_round_trip(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

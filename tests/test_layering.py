@@ -10,6 +10,8 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FORBIDDEN: dict[str, frozenset[str]] = {
@@ -122,3 +124,81 @@ def test_checker_flags_violations() -> None:
 def test_checker_allows_clean_source() -> None:
     source = "import numpy as np\nfrom scipy.special import digamma\nfrom . import stats\n"
     assert find_forbidden_imports(source, "vbcore/ok.py", FORBIDDEN["vbcore"], "vbcore") == []
+
+
+# ---- size limits (STYLE: files under 500 lines, functions under 80) ------------------------------
+MAX_FILE_LINES = 500  # a file must have fewer lines
+MAX_FUNCTION_LINES = 80  # a function (def line to last line, docstring included) may have this many
+SIZED = ("vbcore", "pipeline", "flows")
+
+
+def oversized(source: str, filename: str) -> list[str]:
+    """"filename: N lines" when the file has >= MAX_FILE_LINES lines, and
+    "filename:line: NAME has N lines" for every function or method longer than MAX_FUNCTION_LINES."""
+    found = []
+    n = len(source.splitlines())
+    if n >= MAX_FILE_LINES:
+        found.append(f"{filename}: {n} lines")
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{filename}:{node.lineno}: {node.name} has {length} lines")
+    return found
+
+
+def private_imports(source: str, filename: str, package: str = "") -> list[str]:
+    """"filename:line: imports MODULE._NAME" for every ``from MODULE import _NAME`` of a project
+    module (vbcore, pipeline, flows): one module using another's private name."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] not in SIZED:
+                continue
+            found += [f"{filename}:{node.lineno}: imports {node.module}.{a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def _scan(check) -> list[str]:  # type: ignore[no-untyped-def]
+    found: list[str] = []
+    for layer in SIZED:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                found += check(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+    return found
+
+
+def test_size_checker_flags_long_files_and_functions() -> None:
+    def function(name: str, indent: str, n_lines: int) -> str:
+        lines = [f"{indent}    x{i} = {i}\n" for i in range(n_lines - 1)]
+        return "".join([f"{indent}def {name}():\n", *lines])
+
+    source = (function("ok", "", MAX_FUNCTION_LINES) + "\n\nclass C:\n"
+              + function("long", "    ", MAX_FUNCTION_LINES + 1))
+    start = MAX_FUNCTION_LINES + 4  # after ok, two blank lines and the class line
+    assert oversized(source, "m.py") == [f"m.py:{start}: long has {MAX_FUNCTION_LINES + 1} lines"]
+    assert oversized("x = 1\n" * MAX_FILE_LINES, "big.py") == [f"big.py: {MAX_FILE_LINES} lines"]
+    assert oversized("x = 1\n" * (MAX_FILE_LINES - 1), "small.py") == []
+
+
+def test_private_import_checker() -> None:
+    source = "from pipeline.cli import _fail, app\nfrom numpy import _core\nfrom vbcore import __version__\n"
+    assert private_imports(source, "m.py") == ["m.py:1: imports pipeline.cli._fail"]
+
+
+@pytest.mark.xfail(strict=False, raises=AssertionError,
+                   reason="pipeline/estimator.py (773 lines, _fit 112 lines) is being split by the lead; "
+                   "pipeline/cluster.py from_dict (92), pipeline/studies/seed000.py _run (131) and "
+                   "pipeline/studies/seed003.py run (142) are still too long")
+def test_no_file_over_500_lines_and_no_function_over_80() -> None:
+    bad = _scan(oversized)
+    assert not bad, "too long (files < 500 lines, functions <= 80):\n" + "\n".join(bad)
+
+
+@pytest.mark.xfail(strict=False, raises=AssertionError,
+                   reason="pipeline/runs.py imports pipeline.estimator._jsonable and flows/cli.py "
+                   "pipeline.cli._fail/_options: both sides are being rewritten by the lead")
+def test_no_module_imports_another_modules_private_names() -> None:
+    bad = _scan(private_imports)
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)

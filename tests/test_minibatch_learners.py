@@ -13,15 +13,9 @@ from vbcore.elbo import elbo_terms
 from vbcore.kernels import prepare_chunk
 from vbcore.priors import Prior
 from vbcore.sga import (
-    DPPoint,
-    HardStats,
     Velocity,
     gradients,
-    hard_kernel,
-    log_stick_weights,
     map_bound,
-    map_labels,
-    map_params,
     minibatch_objective,
     mm_update,
     point_posterior,
@@ -29,6 +23,7 @@ from vbcore.sga import (
     reorder,
     sga_step,
 )
+from vbcore.sga_stats import DPPoint, HardStats, hard_kernel, log_stick_weights, map_labels, map_params
 
 F64_TOL = 1e-10
 
@@ -87,7 +82,7 @@ def test_hard_kernel_matches_bruteforce_assignments_and_statistics(problem, dtyp
 
 def test_hard_statistics_merge_across_blocks_and_chunks(problem):
     """Rows in two chunks (and in blocks of BLOCK_ROWS inside a chunk) merge to the whole."""
-    import vbcore.sga as sga_mod
+    import vbcore.sga_stats as sga_mod
 
     x, point, prior = problem
     shift = x[0].astype(np.float64)
@@ -511,13 +506,13 @@ def test_minibatch_elbo_estimates_the_exact_bound_without_bias(learner):
 def test_elbo_full_is_the_exact_bound_of_the_result(blobs):
     """With elbo='full' the reported bound is exactly elbo_terms of the final posterior."""
     from vbcore.kernels import prepare_chunk as prep
-    from vbcore.sga import hard_kernel, map_params
+    from vbcore.sga_stats import hard_kernel, map_params
 
     X, _ = blobs
     m = _fit("sga-f", X, max_iter=5, learner_options={"minibatch": 300, "elbo": "full"})
     post, prior = m.posterior_, m.prior_
     a, b = post.weight_concentration
-    from vbcore.sga import DPPoint
+    from vbcore.sga_stats import DPPoint
 
     shift = X[0].astype(np.float64)
     point = DPPoint(post.means, a / (a + b))
@@ -547,7 +542,7 @@ def test_cli_fit_with_only_the_learner(tmp_path):
 
 
 def test_kmeanspp_seeds_are_distinct_rows_and_spread_out():
-    from vbcore.sga import kmeanspp_seeds
+    from vbcore.sga_stats import kmeanspp_seeds
 
     X, y = _blobs(n_per=200, centres=5, d=300, seed=3, spread=10.0)  # D > 256: projected distances
     idx = kmeanspp_seeds(X, 5, np.random.default_rng(0))

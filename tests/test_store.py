@@ -171,3 +171,21 @@ def test_journal_metadata_is_json(store, tmp_path):
     assert s2.features.shape == (20, 5)
     np.testing.assert_array_equal(s2.read(), _rows(20))
     assert sorted(p.name for p in (tmp_path / "s.zarr" / "features" / "c").iterdir()) == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("suffix", [".tmp", ".done"])
+def test_a_writable_open_removes_a_journal_left_before_the_start_or_in_the_commit(store, tmp_path, suffix):
+    """A kill between creating ``.append-journal.tmp`` and renaming it leaves the ``.tmp``; a kill in
+    the commit leaves ``.done``. Neither describes the store: the next writable open removes it and
+    the rows stay as they are."""
+    from pipeline.store import journal_paths
+
+    fp = FeatureStore.open(store.path).fingerprint
+    left = tmp_path / f"s.zarr.append-journal{suffix}"
+    assert left in journal_paths(store.path)
+    (left / "meta").mkdir(parents=True)
+    (left / "journal.json").write_text("{\"old_n_rows\": 3")  # cut short by the kill
+    s = FeatureStore.open(store.path, "r+")
+    assert not left.exists() and s.n_rows == 20 and s.fingerprint == fp
+    s.append(_rows(2), labels=[0, 0], ids=["z", "z"])
+    assert FeatureStore.open(store.path).n_rows == 22

@@ -3,6 +3,9 @@
 Every user-facing error is a subclass of :class:`VBClusterError`, and the ones about bad input or bad
 settings are also :class:`ValueError`, so ``except ValueError`` in scikit-learn style code keeps working.
 Messages say what is wrong, where (parameter, array, row) and what to change.
+
+This module holds every exception class of the project (numpy-free, importable from any layer);
+other modules import them from here.
 """
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ class NumericalError(VBClusterError, ValueError):
 
 class StoreError(VBClusterError, ValueError):
     """A feature store is missing, malformed, from a newer schema, or cannot take the data."""
+
+
+class CheckpointError(VBClusterError, OSError):
+    """A checkpoint could not be written or no usable checkpoint matches the run."""
+
+
+class RunLockedError(VBClusterError, RuntimeError):
+    """Another live process holds the run directory."""
 
 
 class FitInterrupted(VBClusterError):

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from vbcore.errors import InputError
 from vbcore.kernels import Chunk, array_namespace, chunk_statistics, to_numpy
 from vbcore.stats import SuffStats
+from vbcore.validation import check_finite
 
 
 def moments_kernel(chunk: Chunk) -> SuffStats:
@@ -20,14 +20,8 @@ def moments_kernel(chunk: Chunk) -> SuffStats:
 
 def check_kernel(chunk: Chunk, offset: int, where: str) -> None:
     """Reject non-finite rows of sources that were not validated on the driver (stores, dask)."""
-    x = to_numpy(chunk.x)
-    finite = np.isfinite(x)
-    if not finite.all():
-        row, col = np.argwhere(~finite)[0]
-        raise InputError(
-            f"{where}: non-finite value at row {offset + int(row)}, column {int(col)}; "
-            "clean the data (vbcluster ingest rejects or drops such rows)"
-        )
+    check_finite(to_numpy(chunk.x), where, first_row=offset,
+                 hint="clean the data (vbcluster ingest rejects or drops such rows)")
 
 
 def on_device(chunk: Chunk, host: np.ndarray) -> Any:

@@ -25,19 +25,8 @@ from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.kernels import Chunk, array_namespace, to_numpy
 from vbcore.posterior import Posterior
-from vbcore.sga import (
-    DPPoint,
-    HardStats,
-    default_threshold,
-    hard_kernel,
-    kmeanspp_seeds,
-    map_params,
-    mm_update,
-    point_posterior,
-    prune_order,
-    reorder,
-    scale_stats,
-)
+from vbcore.sga import default_threshold, mm_update, point_posterior, prune_order, reorder
+from vbcore.sga_stats import DPPoint, HardStats, hard_kernel, kmeanspp_seeds, map_params, scale_stats
 from vbcore.sigma2 import split_nn_variance
 from vbcore.stats import SuffStats
 

@@ -15,7 +15,8 @@ from pipeline.learners import register
 from pipeline.learners.dpm import DPPointLearner
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.posterior import Posterior
-from vbcore.sga import map_bound, mm_sticks, mm_update, prune_order, take_stats
+from vbcore.sga import map_bound, mm_sticks, mm_update, prune_order
+from vbcore.sga_stats import take_stats
 
 
 @register("mm")

@@ -27,7 +27,8 @@ from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.posterior import Posterior
-from vbcore.sga import Velocity, gradients, scale_stats, sga_step
+from vbcore.sga import Velocity, gradients, sga_step
+from vbcore.sga_stats import scale_stats
 
 ELBO_MODES = ("minibatch", "full")
 

@@ -24,7 +24,7 @@ from vbcore.errors import ConfigError
 from vbcore.kernels import estep_params, vbem_kernel
 from vbcore.mstep import weight_posterior
 from vbcore.posterior import Posterior
-from vbcore.sga import scale_stats
+from vbcore.sga_stats import scale_stats
 from vbcore.svi import minibatch_vbem_kernel, step_size, svi_update
 
 

@@ -1,0 +1,139 @@
+"""Readers of tables: Parquet and CSV through Arrow, numeric columns as features."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.ingest.plan import Batch, Plan, as_int, as_list, no_more_options
+from vbcore.errors import ConfigError, InputError
+
+
+# ---- Parquet and CSV ----------------------------------------------------------------------------
+def _columns(where: str, schema: Any, labels: str | None, ids: str | None,
+             ignore: list[str]) -> list[str]:
+    """Feature columns of an Arrow schema; non-numeric ones that are not labels/ids/ignored fail."""
+    import pyarrow as pa
+
+    names = list(schema.names)
+    for what, col in (("labels", labels), ("ids", ids)):
+        if col is not None and col not in names:
+            raise InputError(f"{where}: no column {col!r} for {what} (columns: {names})")
+    unknown = [c for c in ignore if c not in names]
+    if unknown:
+        raise ConfigError(f"{where}: ignore_columns names unknown columns {unknown} (columns: {names})")
+    if labels is not None:
+        t = schema.field(labels).type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+            raise InputError(f"{where}: label column {labels!r} has type {t}; labels must be integers "
+                             "(encode class names as integers first)")
+
+    def numeric(t: Any) -> bool:
+        return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+                    or pa.types.is_null(t) or pa.types.is_decimal(t))
+
+    skip = {labels, ids, *ignore}
+    bad = [c for c in names if c not in skip and not numeric(schema.field(c).type)]
+    if bad:
+        types = ", ".join(f"{c} ({schema.field(c).type})" for c in bad)
+        raise InputError(f"{where}: non-numeric column(s) {types}; name them in ignore_columns=, or as "
+                         "labels=/ids=")
+    feats = [c for c in names if c not in skip]
+    if not feats:
+        raise InputError(f"{where}: no numeric feature columns (columns: {names})")
+    return feats
+
+
+def _arrow_batch(batch: Any, feats: list[str], labels: str | None, ids: str | None) -> Batch:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    X = np.empty((batch.num_rows, len(feats)), dtype=np.float32)
+    for j, c in enumerate(feats):
+        col = batch.column(c)
+        X[:, j] = pc.cast(col, pa.float32(), safe=False).to_numpy(zero_copy_only=False)
+    lab = None
+    if labels is not None:
+        lab = batch.column(labels).to_numpy(zero_copy_only=False)
+    idv = None
+    if ids is not None:
+        idv = batch.column(ids).to_numpy(zero_copy_only=False)
+    return X, lab, idv
+
+
+def _arrow_id_kind(schema: Any, ids: str | None) -> str | None:
+    import pyarrow as pa
+
+    if ids is None:
+        return None
+    return "int" if pa.types.is_integer(schema.field(ids).type) else "str"
+
+
+def read_parquet(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """A Parquet file: numeric columns are features; ``labels``/``ids`` name columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ignore = as_list(options.pop("ignore_columns", None))
+    no_more_options("Parquet", options)
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{path}: cannot read as Parquet ({exc})") from None
+    schema = pf.schema_arrow
+    try:
+        feats = _columns(str(path), schema, labels, ids, ignore)
+    except BaseException:
+        pf.close()
+        raise
+    wanted = feats + [c for c in (labels, ids) if c is not None]
+
+    def blocks(first: int, size: int) -> Iterator[Batch]:
+        for batch in pf.iter_batches(batch_size=size, columns=wanted, use_threads=True):
+            yield _arrow_batch(batch, feats, labels, ids)
+
+    return Plan(len(feats), labels is not None, _arrow_id_kind(schema, ids), blocks,
+                 extractor_params={"file": path.name, "columns": feats}, close=pf.close)
+
+
+def read_csv(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+    """A CSV file through Arrow (options ``delimiter``, ``block_bytes``, ``ignore_columns``)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    ignore = as_list(options.pop("ignore_columns", None))
+    delimiter = str(options.pop("delimiter", ","))
+    block_bytes = as_int("block_bytes", options.pop("block_bytes", 16 << 20), minimum=1 << 10)
+    no_more_options("CSV", options)
+    read = pcsv.ReadOptions(block_size=block_bytes)
+    parse = pcsv.ParseOptions(delimiter=delimiter)
+    try:  # the first block gives the column names and inferred types
+        with pcsv.open_csv(path, read_options=read, parse_options=parse) as reader:
+            schema = reader.schema
+    except pa.ArrowInvalid as exc:
+        raise InputError(f"{path}: cannot read as CSV ({exc})") from None
+    feats = _columns(str(path), schema, labels, ids, ignore)
+    # fix the types so that a later block cannot be inferred differently (ints, then a float)
+    types = {c: pa.float64() for c in feats}
+    if labels is not None:
+        types[labels] = pa.float64() if pa.types.is_floating(schema.field(labels).type) else pa.int64()
+    if ids is not None:
+        types[ids] = pa.int64() if pa.types.is_integer(schema.field(ids).type) else pa.string()
+    convert = pcsv.ConvertOptions(column_types=types, include_columns=feats + [c for c in (labels, ids) if c])
+
+    def blocks(first: int, size: int) -> Iterator[Batch]:
+        try:
+            with pcsv.open_csv(path, read_options=read, parse_options=parse,
+                               convert_options=convert) as reader:
+                for batch in reader:
+                    yield _arrow_batch(batch, feats, labels, ids)
+        except pa.ArrowInvalid as exc:
+            raise InputError(f"{path}: {exc}") from None
+
+    return Plan(len(feats), labels is not None, _arrow_id_kind(schema, ids), blocks,
+                 extractor_params={"file": path.name, "columns": feats})
+
+

@@ -1,0 +1,116 @@
+"""Writing a plan into a feature store: one append transaction, or a new store built beside the
+target and moved into place whole; batches re-cut to whole store chunks."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.atomic import replace_dir, temp_dir
+from pipeline.ingest.plan import Batch, Plan
+from pipeline.store import FeatureStore, journal_paths
+from vbcore.errors import StoreError
+
+
+def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int, batch_chunks: int,
+               on_nonfinite: str, compression_level: int) -> tuple[FeatureStore, int]:
+    """Append the plan's rows to the store at ``out``, or build a new store and move it there."""
+    if append:
+        store = FeatureStore.open(out, "r+")
+        size = store.chunk_rows * batch_chunks
+        first = store.chunk_rows - store.n_rows % store.chunk_rows  # then whole chunks
+        written = store.append_batches(_aligned(plan.blocks(first, size), first, size), source=source,
+                                       on_nonfinite=on_nonfinite)
+        return store, written
+    tmp = temp_dir(out)  # a private sibling: .OUT.tmp-<random>
+    try:
+        store = FeatureStore.create(
+            tmp, plan.n_features, chunk_rows=chunk_rows, labels=plan.labels, ids=plan.ids, source=source,
+            extractor=plan.extractor, extractor_params=plan.extractor_params,
+            compression_level=compression_level)
+        size = chunk_rows * batch_chunks
+        written = store.append_batches(_aligned(plan.blocks(size, size), size, size), source=source,
+                                       on_nonfinite=on_nonfinite)
+        _move_into_place(tmp, out)
+    except BaseException:
+        _remove_store(tmp)
+        raise
+    return FeatureStore.open(out, "r"), written
+
+
+def counted(blocks: Callable[[int, int], Iterator[Batch]],
+             progress: Callable[[int], None]) -> Callable[[int, int], Iterator[Batch]]:
+    """``blocks`` that reports the rows of each batch it yields."""
+    def wrapped(first: int, size: int) -> Iterator[Batch]:
+        for b in blocks(first, size):
+            progress(int(b[0].shape[0]))
+            yield b
+    return wrapped
+
+
+# ---- placing the store --------------------------------------------------------------------------
+def occupied(path: Path) -> bool:
+    """True when ``path`` exists and is not an empty directory."""
+    return path.exists() and not (path.is_dir() and not any(path.iterdir()))
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to overwrite anything but a feature store (or an empty directory)."""
+    try:
+        FeatureStore.open(out, "r")
+    except StoreError:
+        raise StoreError(f"{out} exists and is not a vbcluster feature store; refusing to replace it "
+                         "(remove it yourself or choose another path)") from None
+
+
+def _remove_store(root: Path) -> None:
+    for p in (root, *journal_paths(root)):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the complete store ``tmp`` to ``out``; an old store there goes only after that."""
+    for j in journal_paths(out):  # an old store's interrupted-append journal must not touch the new one
+        shutil.rmtree(j, ignore_errors=True)
+    replace_dir(tmp, out, discard=_remove_store)
+
+
+# ---- batching -----------------------------------------------------------------------------------
+def _take(b: Batch, start: int, stop: int) -> Batch:
+    return (b[0][start:stop], None if b[1] is None else b[1][start:stop],
+            None if b[2] is None else b[2][start:stop])
+
+
+def _concat(pieces: list[Batch]) -> Batch:
+    if len(pieces) == 1:
+        return pieces[0]
+    X = np.concatenate([p[0] for p in pieces])
+    lab = None if pieces[0][1] is None else np.concatenate([p[1] for p in pieces])  # type: ignore[misc]
+    idv = None if pieces[0][2] is None else np.concatenate([p[2] for p in pieces])  # type: ignore[misc]
+    return X, lab, idv
+
+
+def _aligned(blocks: Iterator[Batch], first: int, size: int) -> Iterator[Batch]:
+    """Re-cut ``blocks`` into batches of ``first``, then ``size`` rows (the last may be short), so
+    every write fills whole store chunks. A block that already fits passes through uncopied."""
+    want, have, pending = first, 0, []
+    for block in blocks:
+        n = len(block[0])
+        off = 0
+        while off < n:
+            take = min(want - have, n - off)
+            pending.append(block if (off == 0 and take == n) else _take(block, off, off + take))
+            have, off = have + take, off + take
+            if have == want:
+                batch = _concat(pending)
+                pending, have, want = [], 0, size
+                yield batch
+                del batch
+        del block
+    if pending:
+        yield _concat(pending)
+
+

@@ -1,0 +1,299 @@
+"""The data-reading half of the point-estimate DP-mixture learners of Lim & Jiang 2024 (the SGA /
+SGA+M / SGA+F and MM updates and the bound are in :mod:`vbcore.sga`): the point
+:class:`DPPoint`, the MAP assignment of eq. 19 as a GEMM (:func:`hard_kernel`, :func:`map_labels`),
+the hard statistics of the assigned rows (:class:`HardStats`), k-means++ seeding, and selecting or
+scaling statistics.
+
+:func:`hard_kernel` makes one float32 ``(n x D) @ (D x K)`` GEMM per 2,048-row block, then
+accumulates the hard statistics of the assigned rows (``n_k``, per-cluster mean and per-dimension
+centred scatter) in float64. No N x K x D array exists.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vbcore.kernels import BLOCK_ROWS, Chunk, array_namespace, to_numpy
+from vbcore.stats import SuffStats
+
+Array = Any
+
+#: smallest stick kept away from 0 and 1 (ln v and ln(1 - v) stay finite)
+STICK_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class DPPoint:
+    """Point estimates of the DP mixture (float64).
+
+    Attributes
+    ----------
+    means : array of shape (n_components, n_features)
+        ``E[mu_k]`` in the data's coordinates.
+    sticks : array of shape (n_components,)
+        ``E[v_k]`` in (0, 1).
+    """
+
+    means: np.ndarray
+    sticks: np.ndarray
+
+    @property
+    def n_components(self) -> int:
+        return int(self.means.shape[0])
+
+    def take(self, order: np.ndarray) -> DPPoint:
+        return DPPoint(self.means[order], self.sticks[order])
+
+
+def log_stick_weights(sticks: np.ndarray) -> np.ndarray:
+    """``ln v_k + sum_{l<k} ln(1 - v_l)`` (the weight terms of eq. 19), shape (K,)."""
+    v = np.clip(sticks, STICK_EPS, 1.0 - STICK_EPS)
+    return np.log(v) + np.concatenate(([0.0], np.cumsum(np.log1p(-v[:-1]))))
+
+
+# ---- eq. 19: MAP assignments, as a GEMM -------------------------------------------------------
+@dataclass(frozen=True)
+class MapParams:
+    """What a chunk needs for eq. 19 (small; sent once per pass).
+
+    ``argmax_k x.m_k / sigma^2 - |m_k|^2 / (2 sigma^2) + ln pi_k`` (the row's own ``|x|^2`` and
+    ``ln(1/sigma)`` are the same for every k), with rows and means shifted by ``shift``.
+
+    Attributes
+    ----------
+    weights : array of shape (n_features, n_components)
+        ``(m_k - shift) / sigma^2`` as columns.
+    const : array of shape (n_components,)
+        ``ln pi_k - |m_k - shift|^2 / (2 sigma^2)``.
+    """
+
+    weights: np.ndarray
+    const: np.ndarray
+
+
+def map_params(point: DPPoint, sigma2: float, shift: np.ndarray, dtype: Any = np.float64) -> MapParams:
+    """:class:`MapParams` of a point; ``dtype`` the data's (float32 data: the GEMM weights are cast
+    once here, not in every chunk kernel)."""
+    m = point.means - shift[None, :]
+    const = log_stick_weights(point.sticks) - 0.5 * np.einsum("kd,kd->k", m, m) / sigma2
+    w = np.empty((m.shape[1], m.shape[0]), dtype=np.dtype(dtype))
+    np.multiply(m.T, 1.0 / sigma2, out=w, casting="same_kind")
+    return MapParams(weights=w, const=const)
+
+
+@dataclass(frozen=True)
+class HardStats:
+    """Raw float64 sums of the rows assigned to each cluster (shifted rows), kept only for the
+    clusters that own rows (``idx``): a minibatch's chunk touches a few hundred of K = 1000 clusters,
+    so the per-chunk results and their merges cost O(rows x D), not O(K x D). Additive; chunks merge
+    in the engines' fixed order.
+
+    Attributes
+    ----------
+    nk : array of shape (K,)
+        Rows per cluster (all K).
+    idx : int64 array of shape (u,)
+        The clusters with ``nk > 0``, ascending.
+    s1, s2 : arrays of shape (u, D)
+        ``sum_n z_nk x_n`` and ``sum_n z_nk x_n * x_n`` of the clusters ``idx``: float64, or the
+        data's float32 for a single block's sums (exact in float64; half the bytes to move).
+    n_rows : int
+    shift : array of shape (D,)
+    """
+
+    nk: np.ndarray
+    idx: np.ndarray
+    s1: np.ndarray
+    s2: np.ndarray
+    n_rows: int
+    shift: np.ndarray
+
+    def merge(self, other: HardStats) -> HardStats:
+        a, b = self, other
+        if not (a.idx.size == b.idx.size and np.array_equal(a.idx, b.idx)):
+            return HardStats.combine([a, b])
+        # the same clusters (full passes): plain adds, the same sums as combine's
+        s1, s2 = np.add(a.s1, b.s1, dtype=np.float64), np.add(a.s2, b.s2, dtype=np.float64)
+        return HardStats(a.nk + b.nk, a.idx, s1, s2, a.n_rows + b.n_rows, a.shift)
+
+    @staticmethod
+    def combine(parts: list[HardStats]) -> HardStats:
+        """Sum of many results in list order into one (u, D) float64 array: for minibatch passes,
+        where a tree of pairwise merges would rewrite the growing unions at every level. Each
+        cluster's sums are added chunk after chunk, the same bits on any engine."""
+        if not parts:
+            raise ValueError("nothing to combine: there are no chunks")
+        idx = functools.reduce(np.union1d, [p.idx for p in parts])
+        d = parts[0].shift.shape[0]
+        s1, s2 = np.zeros((idx.size, d)), np.zeros((idx.size, d))
+        for p in parts:
+            pos = np.searchsorted(idx, p.idx)
+            s1[pos] += p.s1
+            s2[pos] += p.s2
+        nk = functools.reduce(np.add, [p.nk for p in parts])
+        return HardStats(nk, idx, s1, s2, sum(p.n_rows for p in parts), parts[0].shift)
+
+    def to_stats(self) -> SuffStats:
+        """Centred statistics (mean, per-dimension scatter), ``sum_rlogr = 0`` (one-hot q(z))."""
+        k, d = self.nk.shape[0], self.shift.shape[0]
+        mean = np.zeros((k, d))
+        scatter = np.zeros((k, d))
+        if self.idx.size:
+            n = self.nk[self.idx][:, None]
+            m = np.asarray(self.s1, dtype=np.float64) / n
+            mean[self.idx] = m
+            scatter[self.idx] = np.maximum(np.asarray(self.s2, dtype=np.float64) - n * m * m, 0.0)
+        return SuffStats(nk=self.nk.copy(), mean=mean, scatter=scatter, sum_rlogr=0.0,
+                         n_rows=self.n_rows, shift=self.shift)
+
+
+def _block_sums(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                               np.ndarray]:
+    """Per-label sums of ``x`` and ``x*x`` over one block (at most BLOCK_ROWS rows, as the GEMM
+    kernels): a sparse one-hot (labels x rows) matrix times the block, O(n D), in the block's dtype.
+    ``fb`` is the cached ``[x*x, x]`` or None. Returns (labels present, sums of x, sums of x*x)."""
+    from scipy import sparse
+
+    nb, d = xb.shape
+    uniq, inv = np.unique(lab, return_inverse=True)
+    z = sparse.csr_matrix((np.ones(nb, dtype=xb.dtype), (inv, np.arange(nb))), shape=(uniq.size, nb))
+    if fb is not None:
+        g = z @ fb
+        return uniq, g[:, d:], g[:, :d]
+    return uniq, z @ xb, z @ (xb * xb)
+
+
+def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> HardStats:
+    """MAP assignments (eq. 19) of some rows of a chunk and their hard statistics.
+
+    Parameters
+    ----------
+    chunk : Chunk
+        Prepared rows (shifted by ``chunk.shift``); ``feats`` (the ``[x*x, x]`` cache) are used
+        when present, else ``x*x`` is formed per block.
+    rows : int array of shape (m,), or None
+        Positions inside the chunk (a minibatch), or None for every row.
+    params : MapParams
+
+    Returns
+    -------
+    HardStats
+        Counts and float64 sums of the rows per cluster (``.to_stats()`` centres them).
+    """
+    x, feats = chunk.x, chunk.feats
+    xp = array_namespace(x)
+    if rows is not None:
+        idx = xp.asarray(np.asarray(rows, dtype=np.int64))
+        x = xp.take(x, idx, axis=0)
+        feats = None if feats is None else xp.take(feats, idx, axis=0)
+    dt = x.dtype
+    w = xp.asarray(params.weights, dtype=dt)
+    const = xp.asarray(params.const, dtype=dt)
+    k, d = params.const.shape[0], x.shape[1]
+    n = int(x.shape[0])
+    blocks = [(i, min(i + BLOCK_ROWS, n)) for i in range(0, n, BLOCK_ROWS)]
+    if xp is np:
+        labs = [np.argmax(x[a:b] @ w + const, axis=1) for a, b in blocks]
+        nk = np.bincount(np.concatenate(labs), minlength=k).astype(np.float64) if labs else np.zeros(k)
+        used = np.flatnonzero(nk)
+        if len(blocks) == 1:  # one block (a minibatch's rows of a chunk): its sums, exact in float64
+            _, g1, g2 = _block_sums(x, feats, labs[0])
+            return HardStats(nk=nk, idx=used, s1=g1, s2=g2, n_rows=n, shift=chunk.shift)
+        s1 = np.zeros((used.size, d))
+        s2 = np.zeros((used.size, d))
+        for (a, b), lab in zip(blocks, labs, strict=True):
+            uniq, g1, g2 = _block_sums(x[a:b], None if feats is None else feats[a:b], lab)
+            pos = np.searchsorted(used, uniq)
+            s1[pos] += g1  # float32 within the block, float64 across blocks
+            s2[pos] += g2
+        return HardStats(nk=nk, idx=used, s1=s1, s2=s2, n_rows=n, shift=chunk.shift)
+    # other namespaces (CuPy): one-hot GEMM, float32 per block, float64 across blocks, on the device
+    acc = xp.zeros((k, 2 * d), dtype=xp.float64)
+    nk_dev = xp.zeros((k,), dtype=xp.float64)
+    for a, b in blocks:
+        xb = x[a:b, :]
+        lab = xp.argmax(xb @ w + const, axis=1)
+        onehot = xp.astype(xp.reshape(lab, (-1, 1)) == xp.reshape(xp.arange(k), (1, -1)), dt)
+        acc += xp.astype(xp.matrix_transpose(onehot) @ xp.concat((xb, xb * xb), axis=1), xp.float64)
+        nk_dev += xp.sum(onehot, axis=0, dtype=xp.float64)
+    nk = to_numpy(nk_dev)
+    used = np.flatnonzero(nk)
+    g = to_numpy(xp.take(acc, xp.asarray(used), axis=0)) if used.size else np.zeros((0, 2 * d))
+    return HardStats(nk=nk, idx=used, s1=g[:, :d], s2=g[:, d:], n_rows=n, shift=chunk.shift)
+
+
+def map_labels(chunk: Chunk, params: MapParams) -> np.ndarray:
+    """MAP labels (eq. 19) of every row of a chunk, int64 NumPy array (prediction)."""
+    xp = array_namespace(chunk.x)
+    w = xp.asarray(params.weights, dtype=chunk.x.dtype)
+    const = xp.asarray(params.const, dtype=chunk.x.dtype)
+    n = chunk.n_rows
+    out = [np.asarray(to_numpy(xp.argmax(chunk.x[i : min(i + BLOCK_ROWS, n), :] @ w + const, axis=1)),
+                      dtype=np.int64) for i in range(0, n, BLOCK_ROWS)]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+# ---- initialisation (Algorithm 1, step 3.iii) ---------------------------------------------------
+def kmeanspp_seeds(x: np.ndarray, k: int, rng: np.random.Generator, project: int = 256) -> np.ndarray:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007; ``2 + ln k`` candidates per step, as
+    scikit-learn) on rows ``x``; returns the indices of the ``k`` seed rows.
+
+    Seeding costs k sequential passes over the sample, so with ``D > project`` the squared distances
+    are those of a Gaussian random projection to ``project`` dimensions (Johnson-Lindenstrauss:
+    relative distortion about ``sqrt(2 / project)``), computed as float32 GEMMs with float64 sums.
+
+    Parameters
+    ----------
+    x : array of shape (n, D)
+    k : int, at most n
+    rng : numpy Generator
+    """
+    n, d = x.shape
+    k = min(int(k), n)
+    y = np.asarray(x, dtype=np.float32)
+    if d > project:
+        g = (rng.standard_normal((d, project)) / np.sqrt(project)).astype(np.float32)
+        y = y @ g
+    sq = np.einsum("ij,ij->i", y, y, dtype=np.float64)
+    yt = np.ascontiguousarray(y.T)  # (p, n): the GEMM below has the long side as its columns
+
+    def dist2(idx: np.ndarray) -> np.ndarray:
+        prod = (y[idx] @ yt).astype(np.float64).T
+        return np.maximum(sq[:, None] + sq[idx][None, :] - 2.0 * prod, 0.0)
+
+    chosen = [int(rng.integers(n))]
+    d2 = dist2(np.array(chosen))[:, 0]
+    trials = 2 + int(np.log(k)) if k > 1 else 1
+    for _ in range(1, k):
+        total = d2.sum()
+        if not total > 0:  # every row coincides with a seed: take unused rows in order
+            rest = np.setdiff1d(np.arange(n), chosen)[: k - len(chosen)]
+            chosen.extend(int(i) for i in rest)
+            break
+        cand = np.minimum(np.searchsorted(np.cumsum(d2), rng.uniform(size=trials) * total), n - 1)
+        new = np.minimum(d2[:, None], dist2(cand))
+        best = int(np.argmin(new.sum(0)))
+        chosen.append(int(cand[best]))
+        d2 = new[:, best]
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def take_stats(stats: SuffStats, order: np.ndarray) -> SuffStats:
+    """Statistics of the clusters ``order`` (pruning and re-ordering)."""
+    return SuffStats(nk=stats.nk[order], mean=stats.mean[order], scatter=stats.scatter[order],
+                     sum_rlogr=stats.sum_rlogr, n_rows=stats.n_rows, shift=stats.shift)
+
+
+def scale_stats(stats: SuffStats, factor: float) -> SuffStats:
+    """Statistics of ``factor`` copies of the rows (a minibatch standing for the data set)."""
+    return SuffStats(nk=stats.nk * factor, mean=stats.mean, scatter=stats.scatter * factor,
+                     sum_rlogr=stats.sum_rlogr * factor, n_rows=int(round(stats.n_rows * factor)),
+                     shift=stats.shift)
+
+
+__all__ = ["STICK_EPS", "DPPoint", "HardStats", "MapParams", "hard_kernel", "kmeanspp_seeds",
+           "log_stick_weights", "map_labels", "map_params", "scale_stats", "take_stats"]
