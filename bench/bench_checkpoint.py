@@ -27,9 +27,9 @@ def main() -> None:
     from bench_engine import sun397_setup
 
     from pipeline.checkpoint import Checkpointer
-    from vbcore.posterior import posterior_arrays
     from vbcore.kernels import vbem_kernel
     from vbcore.mstep import m_step
+    from vbcore.posterior import posterior_arrays
     from vbcore.priors import default_prior
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="vbcluster-bench-")
