@@ -286,13 +286,14 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
 
 def _check_target(out: Path, append: bool, overwrite: bool) -> None:
     if append and overwrite:
-        raise ConfigError("append=True and overwrite=True contradict each other; pass one of them")
+        raise ConfigError("--append (append=True) and --overwrite (overwrite=True) contradict each other; "
+                          "pass one of them")
     if append and not out.exists():
         raise StoreError(f"{out}: no feature store to append to; leave out append to create one")
     if not append and out.exists() and not (out.is_dir() and not any(out.iterdir())):
         if not overwrite:
-            raise StoreError(f"{out} already exists; pass append=True to add rows to it or "
-                             "overwrite=True to replace it")
+            raise StoreError(f"{out} already exists; pass --append (append=True) to add rows to it or "
+                             "--overwrite (overwrite=True) to replace it")
         try:
             FeatureStore.open(out, "r")
         except StoreError:

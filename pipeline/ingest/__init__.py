@@ -120,13 +120,14 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
     chunk_rows = as_int("chunk_rows", chunk_rows, minimum=1)
     batch_chunks = as_int("batch_chunks", batch_chunks, minimum=1)
     if append and overwrite:
-        raise ConfigError("append=True and overwrite=True contradict each other; pass one of them")
+        raise ConfigError("--append (append=True) and --overwrite (overwrite=True) contradict each other; "
+                          "pass one of them")
     if append and not out.exists():
         raise StoreError(f"{out}: no feature store to append to; leave out append to create one")
     if not append and occupied(out):
         if not overwrite:
-            raise StoreError(f"{out} already exists; pass append=True to add rows to it or "
-                             "overwrite=True to replace it")
+            raise StoreError(f"{out} already exists; pass --append (append=True) to add rows to it or "
+                             "--overwrite (overwrite=True) to replace it")
         check_replaceable(out)
     plan = open_source(str(source), labels, ids, dict(options), chunk_rows)
     if progress is not None:
