@@ -120,7 +120,8 @@ class FeatureStore:
         if ids not in (None, "int", "str"):
             raise StoreError(f"{path}: ids must be None, 'int' or 'str', got {ids!r}")
         if not _is_url(path) and Path(path).exists() and any(Path(path).iterdir()) and not overwrite:
-            raise StoreError(f"{path} already exists and is not empty; pass --overwrite (overwrite=True) to replace it")
+            raise StoreError(f"{path} already exists and is not empty; pass --overwrite (overwrite=True) "
+                             "to replace it")
         group = zarr.open_group(path, mode="w")
         comp = ZstdCodec(level=compression_level)
         # write_empty_chunks: skip zarr's scan of every chunk for all-fill values (a third of the
