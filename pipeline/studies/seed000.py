@@ -277,6 +277,19 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = N
                     max_iter=max_iter)
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """The settings every part of the study shares."""
+
+    folder: Path
+    runs_n: int
+    iters: int
+    seed: int
+    eps: float
+    eps_4a: float
+    tol_per_n: float
+
+
 def _run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = None,
          r_values: tuple[float, ...] | None = None, parts: tuple[str, ...] = ("4a", "4d", "spiral", "image"),
          max_iter: int | None = None) -> Path:
@@ -314,100 +327,118 @@ def _run(out: Path, *, quick: bool = False, seed: int = 0, n_runs: int | None = 
         "times from the estimator's per-iteration callback, one BLAS thread, on a shared 2-core machine: "
         "compare ratios within one run); `wall_seconds` adds set-up and initialisation."
     )
-    opt_tol_per_n = 1e-5  # optima closer than this * N in cost count as the same optimum
+    # optima closer than tol_per_n * N in cost count as the same optimum
+    st = _Setup(folder, runs_n, iters, seed, eps, eps_4a, 1e-5)
 
     if "4a" in parts:
-        learners, missing = split_learners(GRADIENT_LEARNERS + ("vbem",))
-        rep.text(f"## Fig. 4(a): gradient learners on cluster data, R = 0.3, N = {n_4a}, K = 5\n\n"
-                 + skipped_line(missing) + " VB EM is included as a reference.")
-        X, _ = cluster_data(0.3, n_4a, seed=_rng(seed, 1))
-        by = {name: fit_runs(X, name, runs_n, 5, eps_4a, iters, seed) for name in learners}
-        best = min((r.cost for v in ok_runs(by).values() for r in v), default=float("nan"))
-        rep.text(failures_text(by))
-        rep.table("fig4a_summary", SUMMARY_COLS, summary_rows(by, best, opt_tol_per_n * len(X)),
-                  "Fig. 4(a) summary")
-        _curves_plot(ok_runs(by), folder / "fig4a_cost.png", "Fig. 4(a): cluster data R = 0.3", log_time=True)
-        rep.image("fig4a_cost.png", "Fig. 4(a): median cost above the best against time and iteration")
-
+        _fig4a(rep, st, n_4a)
     if "4d" in parts:
-        learners, missing = split_learners(MAIN_LEARNERS)
-        rep.text(f"## Fig. 4(d): time to converge against R (N = {n_cluster}, K = 8)\n\n"
-                 + skipped_line(missing))
-        rows = []
-        fails: list[str] = []
-        for R in rs:
-            X, _ = cluster_data(R, n_cluster, seed=np.random.default_rng(
-                np.random.SeedSequence(seed, spawn_key=(2, int(round(R * 1000))))))
-            by = {name: fit_runs(X, name, runs_n, 8, eps, iters, seed) for name in learners}
-            best = min((r.cost for v in ok_runs(by).values() for r in v), default=float("nan"))
-            fails.append(f"R = {R}: " + failures_text(by))
-            for row in summary_rows(by, best, opt_tol_per_n * len(X)):
-                rows.append([R] + row)
-        rep.text("\n\n".join(fails))
-        rep.table("fig4d_time_vs_R", ["R"] + SUMMARY_COLS, rows, "Fig. 4(d): median time to converge")
-        plt = pyplot()
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for name in learners:
-            sel = [r for r in rows if r[1] == name]
-            axes[0].plot([r[0] for r in sel], [r[9] for r in sel], "-o", label=name)
-            axes[1].plot([r[0] for r in sel], [r[7] for r in sel], "-o", label=name)
-        axes[0].set_ylabel("median seconds to converge")
-        axes[1].set_ylabel("median iterations to converge")
-        for ax in axes:
-            ax.set_xlabel("R")
-            ax.set_yscale("log")
-            ax.legend(fontsize=8)
-        fig.suptitle("Fig. 4(d): cluster data")
-        save_figure(fig, folder / "fig4d_time_vs_R.png")
-        rep.image("fig4d_time_vs_R.png", "Fig. 4(d): median time and iterations to converge against R")
-
+        _fig4d(rep, st, rs, n_cluster)
     for part, title, make in (
         ("spiral", "Fig. 4(b, e): spiral data", lambda: (spiral_data(
             n_spiral, seed=np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(3,)))), None)),
         ("image", "Fig. 4(c, f) and Fig. 5: image segmentation", lambda: (
             image_features(load_photo(img_w, img_h)), load_photo(img_w, img_h))),
     ):
-        if part not in parts:
-            continue
-        learners, missing = split_learners(MAIN_LEARNERS)
-        X, photo = make()
-        rep.text(f"## {title} (N = {len(X)}, D = {X.shape[1]}, K = 8)\n\n" + skipped_line(missing))
-        by = {name: fit_runs(X, name, runs_n, 8, eps, iters, seed, keep_resp=part == "image")
-              for name in learners}
-        all_costs = np.array([r.cost for v in ok_runs(by).values() for r in v])
-        tol = opt_tol_per_n * len(X)
-        levels = optima(all_costs, tol)
-        best = float(levels[0]) if len(levels) else float("nan")
-        rep.text(failures_text(by))
-        rep.table(f"{part}_summary", SUMMARY_COLS, summary_rows(by, best, tol),
-                  f"{title}: runs reaching the best optimum (within {opt_tol_per_n:g} N = {tol:.3g} nats)")
-        rep.table(f"{part}_runs", ["learner", "init", "cost", "cost_minus_best", "seconds", "wall_seconds",
-                                   "iterations", "passes", "converged", "effective_K", "error"],
-                  [[r.learner, r.init, r.cost, r.cost - best, r.seconds, r.wall, r.n_iter, r.passes,
-                    r.converged, r.n_effective, r.error]
-                   for v in by.values() for r in v], f"{title}: every run")
-        rep.text("Distinct optima (cost, runs of each learner there): " + "; ".join(
-            f"{lv:.3f}: " + ", ".join(f"{n} {sum(abs(r.cost - lv) <= tol for r in v)}" for n, v in by.items())
-            for lv in levels[:5]))
-        tag = "4b" if part == "spiral" else "4c"
-        _curves_plot(ok_runs(by), folder / f"fig{tag}_{part}_cost.png", f"Fig. {tag}: {part}", log_time=False)
-        rep.image(f"fig{tag}_{part}_cost.png",
-                  f"Fig. {tag}: median cost above the best against time and iteration")
-        tag = "4e" if part == "spiral" else "4f"
-        _scatter_plot(ok_runs(by), folder / f"fig{tag}_{part}_final.png",
-                      f"Fig. {tag}: final cost and time, {part}")
-        rep.image(f"fig{tag}_{part}_final.png", f"Fig. {tag}: final cost against time, every run")
-        flat = sorted((r for v in ok_runs(by).values() for r in v), key=lambda r: r.cost)
-        if part == "image" and photo is not None and flat:
-            best_run = flat[0]
-            second = next((r for r in flat if r.cost - best > tol), None)
-            _segmentation_plot(photo, best_run, second, folder / "fig5_segmentation.png")
-            rep.image("fig5_segmentation.png", "Fig. 5: responsibilities of each region (white = 1) at the "
-                      "best and second-best optimum")
-            rep.text(f"Photo: scikit-learn's bundled `flower.jpg` resized to {img_w} x {img_h} pixels "
-                     "(Lanczos); pixels as (r, g, b, x, y) min-max scaled to [-1, 1].")
+        if part in parts:
+            _data_part(rep, st, part, title, make)
     rep.write()
     return folder
+
+
+
+
+def _fig4a(rep: Report, st: _Setup, n_4a: int) -> None:
+    """Fig. 4(a): the gradient learners (and VB EM) on cluster data, R = 0.3, K = 5."""
+    learners, missing = split_learners(GRADIENT_LEARNERS + ("vbem",))
+    rep.text(f"## Fig. 4(a): gradient learners on cluster data, R = 0.3, N = {n_4a}, K = 5\n\n"
+             + skipped_line(missing) + " VB EM is included as a reference.")
+    X, _ = cluster_data(0.3, n_4a, seed=_rng(st.seed, 1))
+    by = {name: fit_runs(X, name, st.runs_n, 5, st.eps_4a, st.iters, st.seed) for name in learners}
+    best = min((r.cost for v in ok_runs(by).values() for r in v), default=float("nan"))
+    rep.text(failures_text(by))
+    rep.table("fig4a_summary", SUMMARY_COLS, summary_rows(by, best, st.tol_per_n * len(X)),
+              "Fig. 4(a) summary")
+    _curves_plot(ok_runs(by), st.folder / "fig4a_cost.png", "Fig. 4(a): cluster data R = 0.3", log_time=True)
+    rep.image("fig4a_cost.png", "Fig. 4(a): median cost above the best against time and iteration")
+
+
+
+def _fig4d(rep: Report, st: _Setup, rs: tuple[float, ...], n_cluster: int) -> None:
+    """Fig. 4(d): time to converge against the separation R, K = 8."""
+    learners, missing = split_learners(MAIN_LEARNERS)
+    rep.text(f"## Fig. 4(d): time to converge against R (N = {n_cluster}, K = 8)\n\n"
+             + skipped_line(missing))
+    rows = []
+    fails: list[str] = []
+    for R in rs:
+        X, _ = cluster_data(R, n_cluster, seed=np.random.default_rng(
+            np.random.SeedSequence(st.seed, spawn_key=(2, int(round(R * 1000))))))
+        by = {name: fit_runs(X, name, st.runs_n, 8, st.eps, st.iters, st.seed) for name in learners}
+        best = min((r.cost for v in ok_runs(by).values() for r in v), default=float("nan"))
+        fails.append(f"R = {R}: " + failures_text(by))
+        for row in summary_rows(by, best, st.tol_per_n * len(X)):
+            rows.append([R] + row)
+    rep.text("\n\n".join(fails))
+    rep.table("fig4d_time_vs_R", ["R"] + SUMMARY_COLS, rows, "Fig. 4(d): median time to converge")
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name in learners:
+        sel = [r for r in rows if r[1] == name]
+        axes[0].plot([r[0] for r in sel], [r[9] for r in sel], "-o", label=name)
+        axes[1].plot([r[0] for r in sel], [r[7] for r in sel], "-o", label=name)
+    axes[0].set_ylabel("median seconds to converge")
+    axes[1].set_ylabel("median iterations to converge")
+    for ax in axes:
+        ax.set_xlabel("R")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    fig.suptitle("Fig. 4(d): cluster data")
+    save_figure(fig, st.folder / "fig4d_time_vs_R.png")
+    rep.image("fig4d_time_vs_R.png", "Fig. 4(d): median time and iterations to converge against R")
+
+
+
+def _data_part(rep: Report, st: _Setup, part: str, title: str, make: Any) -> None:
+    """Fig. 4(b, e) (spiral) or Fig. 4(c, f) and Fig. 5 (image segmentation), K = 8."""
+    learners, missing = split_learners(MAIN_LEARNERS)
+    X, photo = make()
+    rep.text(f"## {title} (N = {len(X)}, D = {X.shape[1]}, K = 8)\n\n" + skipped_line(missing))
+    by = {name: fit_runs(X, name, st.runs_n, 8, st.eps, st.iters, st.seed, keep_resp=part == "image")
+          for name in learners}
+    all_costs = np.array([r.cost for v in ok_runs(by).values() for r in v])
+    tol = st.tol_per_n * len(X)
+    levels = optima(all_costs, tol)
+    best = float(levels[0]) if len(levels) else float("nan")
+    rep.text(failures_text(by))
+    rep.table(f"{part}_summary", SUMMARY_COLS, summary_rows(by, best, tol),
+              f"{title}: runs reaching the best optimum (within {st.tol_per_n:g} N = {tol:.3g} nats)")
+    rep.table(f"{part}_runs", ["learner", "init", "cost", "cost_minus_best", "seconds", "wall_seconds",
+                               "iterations", "passes", "converged", "effective_K", "error"],
+              [[r.learner, r.init, r.cost, r.cost - best, r.seconds, r.wall, r.n_iter, r.passes,
+                r.converged, r.n_effective, r.error]
+               for v in by.values() for r in v], f"{title}: every run")
+    rep.text("Distinct optima (cost, runs of each learner there): " + "; ".join(
+        f"{lv:.3f}: " + ", ".join(f"{n} {sum(abs(r.cost - lv) <= tol for r in v)}" for n, v in by.items())
+        for lv in levels[:5]))
+    tag = "4b" if part == "spiral" else "4c"
+    _curves_plot(ok_runs(by), st.folder / f"fig{tag}_{part}_cost.png", f"Fig. {tag}: {part}", log_time=False)
+    rep.image(f"fig{tag}_{part}_cost.png",
+              f"Fig. {tag}: median cost above the best against time and iteration")
+    tag = "4e" if part == "spiral" else "4f"
+    _scatter_plot(ok_runs(by), st.folder / f"fig{tag}_{part}_final.png",
+                  f"Fig. {tag}: final cost and time, {part}")
+    rep.image(f"fig{tag}_{part}_final.png", f"Fig. {tag}: final cost against time, every run")
+    flat = sorted((r for v in ok_runs(by).values() for r in v), key=lambda r: r.cost)
+    if part == "image" and photo is not None and flat:
+        best_run = flat[0]
+        second = next((r for r in flat if r.cost - best > tol), None)
+        _segmentation_plot(photo, best_run, second, st.folder / "fig5_segmentation.png")
+        rep.image("fig5_segmentation.png", "Fig. 5: responsibilities of each region (white = 1) at the "
+                  "best and second-best optimum")
+        img_h, img_w = photo.shape[:2]
+        rep.text(f"Photo: scikit-learn's bundled `flower.jpg` resized to {img_w} x {img_h} pixels "
+                 "(Lanczos); pixels as (r, g, b, x, y) min-max scaled to [-1, 1].")
 
 
 __all__ = ["run", "paper_prior", "paper_resp_init", "fit_runs", "optima", "image_data"]

@@ -154,6 +154,27 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
         if not (folder / "fits.json").exists():
             raise ConfigError(f"seed003: refit needs the fits of an earlier run in {folder / 'fits.json'}")
         previous = json.loads((folder / "fits.json").read_text())
+    results, csv_rows = _fit_sets(sets, stores, dim, seed, iterations, quick, refit, previous)
+    with open(folder / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
+        w.writeheader()
+        w.writerows(csv_rows)
+    (folder / "fits.json").write_text(json.dumps(results))
+    (folder / "curves.json").write_text(json.dumps(
+        {n: [{"learner": p["learner"], "repeat": p["repeat"], "elbo": p["elbo"],
+              "kept": p["kept_per_iteration"]} for p in ps] for n, ps in results.items()}))
+
+    tables = _tables(results, sets)
+    _plot(plt, results, sets, folder)
+    text = _readme(quick, seed, iterations, dim, refit, tables)
+    (folder / "README.md").write_text("\n".join(text) + "\n")
+    return folder
+
+
+def _fit_sets(sets: dict[str, Any], stores: Path, dim: int, seed: int, iterations: int, quick: bool,
+              refit: list[str] | None, previous: dict[str, list[dict[str, Any]]]
+              ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Every learner on every data set (repeats with seeds ``seed + r``): the fits and CSV rows."""
     results: dict[str, list[dict[str, Any]]] = {}
     csv_rows = []
     for name, (classes, rows, trunc, mb) in sets.items():
@@ -180,18 +201,15 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
                 csv_rows.append({"dataset": name, "classes": classes, "rows": rows, "truncation": trunc,
                                  "minibatch": mb, "sigma2": sigma2, **scalars, "elbo_final": p["elbo"][-1]})
             results.setdefault(name, []).extend(per)
-    with open(folder / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
-        w.writeheader()
-        w.writerows(csv_rows)
-    (folder / "fits.json").write_text(json.dumps(results))
-    (folder / "curves.json").write_text(json.dumps(
-        {n: [{"learner": p["learner"], "repeat": p["repeat"], "elbo": p["elbo"],
-              "kept": p["kept_per_iteration"]} for p in ps] for n, ps in results.items()}))
+    return results, csv_rows
 
-    def by(name: str, learner: str) -> list[dict[str, Any]]:
-        return [p for p in results[name] if p["learner"] == learner]
 
+def _by(results: dict[str, list[dict[str, Any]]], name: str, learner: str) -> list[dict[str, Any]]:
+    return [p for p in results[name] if p["learner"] == learner]
+
+
+def _tables(results: dict[str, list[dict[str, Any]]], sets: dict[str, Any]) -> dict[str, list[str]]:
+    """The Markdown tables: clusters (t2), NMI/ACC (t3), CPU factor of MM (t1), wall seconds (t4)."""
     head = "| dataset | classes | truncation | " + " | ".join(LEARNERS) + " |"
     sep = "|" + "---|" * (3 + len(LEARNERS))
     t2 = [head, sep]
@@ -200,19 +218,24 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
     t4 = ["| dataset | " + " | ".join(LEARNERS) + " |", "|" + "---|" * (1 + len(LEARNERS))]
     for name, (classes, _rows, trunc, _mb) in sets.items():
         t2.append(f"| {name} | {classes} | {trunc} | " + " | ".join(
-            f"{_mean(by(name, lr), 'k_effective'):.1f}" for lr in LEARNERS) + " |")
+            f"{_mean(_by(results, name, lr), 'k_effective'):.1f}" for lr in LEARNERS) + " |")
         t3.append(f"| {name} | " + " | ".join(
-            f"{_mean(by(name, lr), 'nmi'):.3f} <{100 * _mean(by(name, lr), 'acc'):.1f}>" for lr in LEARNERS)
-            + " |")
+            f"{_mean(_by(results, name, lr), 'nmi'):.3f} <{100 * _mean(_by(results, name, lr), 'acc'):.1f}>"
+            for lr in LEARNERS) + " |")
         t1.append(f"| {name} | " + " | ".join(
-            f"{_mean(by(name, lr), 'cpu_factor_mm'):.2f}" for lr in LEARNERS) + " |")
+            f"{_mean(_by(results, name, lr), 'cpu_factor_mm'):.2f}" for lr in LEARNERS) + " |")
         t4.append(f"| {name} | " + " | ".join(
-            f"{_mean(by(name, lr), 'wall_s'):.1f}" for lr in LEARNERS) + " |")
+            f"{_mean(_by(results, name, lr), 'wall_s'):.1f}" for lr in LEARNERS) + " |")
+    return {"t1": t1, "t2": t2, "t3": t3, "t4": t4}
+
+
+def _plot(plt: Any, results: dict[str, list[dict[str, Any]]], sets: dict[str, Any], folder: Path) -> None:
+    """Negative ELBO per row against the iteration, one panel per data set."""
     fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 4), squeeze=False)
     for ax, name in zip(axes[0], sets, strict=True):
         rows_n = sets[name][1]
         for learner in LEARNERS:
-            curve = np.asarray(by(name, learner)[0]["elbo"]) / rows_n
+            curve = np.asarray(_by(results, name, learner)[0]["elbo"]) / rows_n
             ax.plot(np.arange(1, len(curve) + 1), -curve, label=learner)
         ax.set_title(f"{name} (synthetic)")
         ax.set_xlabel("iteration")
@@ -221,6 +244,11 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
     fig.tight_layout()
     fig.savefig(folder / "elbo_curves.png", dpi=100)
     plt.close(fig)
+
+
+def _readme(quick: bool, seed: int, iterations: int, dim: int, refit: list[str] | None,
+            tables: dict[str, list[str]]) -> list[str]:
+    """The study's README lines."""
     text = [
         "# seed003 study: Lim & Jiang 2024 on synthetic stand-ins (no VGG16 features)",
         "",
@@ -237,25 +265,24 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, datasets: list[str] | 
         "",
         "Components holding at least one row of expected count at the end.",
         "",
-        *t2,
+        *tables["t2"],
         "",
         "## NMI <ACC %> (the shape of Lim & Jiang 2024 Table 3 and Fig. 2)",
         "",
         "NMI normalised by max(H(gt), H(model)) as in Lim & Jiang 2024 sec. 5.1.2; ACC: Hungarian matching.",
         "",
-        *t3,
+        *tables["t3"],
         "",
         "## CPU time as a factor of MM (the shape of Lim & Jiang 2024 Fig. 1)",
         "",
         "Process CPU seconds of the whole fit (initialisation included), measured in the same run.",
         "",
-        *t1,
+        *tables["t1"],
         "",
         "## Wall seconds per fit (same runs, one fit at a time, one BLAS thread as in every study)",
         "",
-        *t4,
+        *tables["t4"],
         "",
         "ELBO curves: `elbo_curves.png` (Figs. 3-4); every number: `results.csv`, `curves.json`.",
     ]
-    (folder / "README.md").write_text("\n".join(text) + "\n")
-    return folder
+    return text
