@@ -1,0 +1,210 @@
+"""Merge and delete moves (vbcore.moves, pipeline.learners.moves): exact ELBO changes against
+brute-force recomputation, acceptance only when the exact ELBO rises, and the learner integration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vbcore.elbo import elbo_terms
+from vbcore.kernels import chunk_statistics, estep_params, normalise, prepare_chunk, vbem_kernel
+from vbcore.moves import (
+    MoveParams,
+    apply_merges,
+    component_terms,
+    delete_candidates,
+    hard_merge_gain,
+    merge_gain_bound,
+    move_kernel,
+    pair_entropy,
+    propose_pairs,
+    reindex_pairs,
+    select_merges,
+    total_elbo,
+    weight_terms,
+)
+from vbcore.mstep import m_step
+from vbcore.priors import default_prior
+from vbcore.sga import map_bound, mm_update, take_stats
+
+COV_TYPES = ["full", "diag", "spherical", "fixed"]
+WEIGHT_TYPES = ["dirichlet_process", "dirichlet_distribution"]
+
+
+def _data(seed: int = 0, n: int = 400, d: int = 3, k: int = 6):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=4.0, size=(k, d))
+    x = centres[rng.integers(0, k, size=n)] + rng.normal(size=(n, d))
+    logits = rng.normal(scale=2.0, size=(n, k))
+    resp = np.exp(logits - logits.max(1, keepdims=True))
+    resp /= resp.sum(1, keepdims=True)
+    return x, resp
+
+
+def _prior(x: np.ndarray, ct: str, wt: str, k: int):
+    return default_prior(covariance_type=ct, weight_type=wt, n_components=k, data_mean=x.mean(0),
+                         data_covariance=np.cov(x.T), weight_concentration=0.5)
+
+
+def _stats(x: np.ndarray, resp: np.ndarray, ct: str, shift: np.ndarray):
+    rlogr = np.sum(np.where(resp > 0, resp * np.log(np.where(resp > 0, resp, 1.0)), 0.0), axis=1)
+    return chunk_statistics(prepare_chunk(x, shift, ct), resp, rlogr)
+
+
+def _brute(x, resp, ct, prior, shift, reg=0.0):
+    stats = _stats(x, resp, ct, shift)
+    return elbo_terms(stats, m_step(stats, prior, reg), prior).total
+
+
+@pytest.mark.parametrize("wt", WEIGHT_TYPES)
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_split_terms_sum_to_the_elbo(ct: str, wt: str) -> None:
+    x, resp = _data()
+    prior = _prior(x, ct, wt, resp.shape[1])
+    stats = _stats(x, resp, ct, x.mean(0))
+    post = m_step(stats, prior, 1e-6)
+    ref = elbo_terms(stats, post, prior).total
+    got = component_terms(stats, post, prior).sum() + weight_terms(stats.nk, prior) - stats.sum_rlogr
+    assert got == pytest.approx(ref, rel=1e-12, abs=1e-9)
+    assert total_elbo(stats, prior, 1e-6) == pytest.approx(ref, rel=1e-12, abs=1e-9)
+
+
+@pytest.mark.parametrize("wt", WEIGHT_TYPES)
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_merge_change_equals_brute_force(ct: str, wt: str) -> None:
+    x, resp = _data(1)
+    k = resp.shape[1]
+    prior = _prior(x, ct, wt, k)
+    shift = x.mean(0)
+    stats = _stats(x, resp, ct, shift)
+    base = _brute(x, resp, ct, prior, shift)
+    pairs = np.array([[a, b] for a in range(k) for b in range(a + 1, k)])
+    h = pair_entropy(resp, pairs)
+    bound = merge_gain_bound(stats, pairs, prior, 0.0)
+    for (a, b), hab, gab in zip(pairs, h, bound, strict=True):
+        merged = np.delete(resp, b, axis=1)
+        merged[:, a] += resp[:, b]
+        ref = _brute(x, merged, ct, prior, shift)
+        assert gab - hab == pytest.approx(ref - base, abs=1e-9 * max(1.0, abs(base)))
+        assert hab >= 0 and gab >= ref - base  # the bound without the entropy change is an upper bound
+        got = total_elbo(apply_merges(stats, np.array([[a, b]]), np.array([hab])), prior, 0.0)
+        assert got == pytest.approx(ref, abs=1e-9 * max(1.0, abs(base)))
+
+
+@pytest.mark.parametrize("ct", ["full", "diag"])
+def test_selected_merges_raise_the_exact_elbo_and_only_then(ct: str) -> None:
+    # two components sit on one blob: merging them must be accepted; well-separated pairs must not
+    rng = np.random.default_rng(2)
+    centres = np.array([[0.0, 0.0], [12.0, 0.0], [0.0, 12.0]])
+    lab = rng.integers(0, 3, size=600)
+    x = centres[lab] + rng.normal(size=(600, 2))
+    comp = np.where((lab == 0) & (rng.random(600) < 0.5), 3, lab)  # blob 0 split over components 0, 3
+    resp = np.full((600, 4), 0.01)
+    resp[np.arange(600), comp] = 0.97
+    for wt in WEIGHT_TYPES:
+        prior = _prior(x, ct, wt, 4)
+        shift = x.mean(0)
+        stats = _stats(x, resp, ct, shift)
+        pairs = np.array([[a, b] for a in range(4) for b in range(a + 1, 4)])
+        h = pair_entropy(resp, pairs)
+        accepted, gain = select_merges(stats, pairs, h, prior, 0.0)
+        assert accepted.tolist() == [[0, 3]]
+        base = _brute(x, resp, ct, prior, shift)
+        merged = np.delete(resp, 3, axis=1)
+        merged[:, 0] += resp[:, 3]
+        assert gain > 0
+        assert gain == pytest.approx(_brute(x, merged, ct, prior, shift) - base, abs=1e-8)
+        # every rejected pair lowers the exact ELBO when merged alone
+        for a, b in pairs.tolist():
+            if [a, b] == [0, 3]:
+                continue
+            m = np.delete(resp, b, axis=1)
+            m[:, a] += resp[:, b]
+            assert _brute(x, m, ct, prior, shift) < base
+
+
+def test_set_of_merges_is_exact_and_disjoint() -> None:
+    rng = np.random.default_rng(3)
+    centres = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+    lab = rng.integers(0, 4, size=800)
+    x = centres[lab] + rng.normal(size=(800, 2))
+    comp = lab * 2 + rng.integers(0, 2, size=800)  # every blob split over two components
+    resp = np.full((800, 8), 0.01)
+    resp[np.arange(800), comp] = 1.0
+    resp /= resp.sum(1, keepdims=True)
+    prior = _prior(x, "diag", "dirichlet_process", 8)
+    shift = x.mean(0)
+    stats = _stats(x, resp, "diag", shift)
+    pairs = propose_pairs(stats, m_step(stats, prior), prior, 0.0, neighbours=3, max_pairs=50)
+    accepted, gain = select_merges(stats, pairs, pair_entropy(resp, pairs), prior, 0.0)
+    assert sorted(map(tuple, accepted.tolist())) == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    merged = resp[:, 0::2] + resp[:, 1::2]
+    assert gain == pytest.approx(_brute(x, merged, "diag", prior, shift) - _brute(x, resp, "diag", prior, shift),
+                                 abs=1e-8)
+
+
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_move_kernel_matches_brute_force(ct: str) -> None:
+    x, _ = _data(4, n=5000)  # more than one block of rows
+    k = 6
+    prior = _prior(x, ct, "dirichlet_process", k)
+    shift = x.mean(0)
+    rng = np.random.default_rng(5)
+    resp0 = rng.dirichlet(np.ones(k), size=x.shape[0])
+    post = m_step(_stats(x, resp0, ct, shift), prior)
+    params = estep_params(post, shift)
+    chunk = prepare_chunk(x, shift, ct)
+    keep = np.array([0, 2, 3, 5])
+    pairs = np.array([[0, 1], [2, 5], [3, 4]])
+    kp = reindex_pairs(pairs, keep, k)
+    assert kp.tolist() == [[1, 3]]
+    res = move_kernel(chunk, MoveParams(params, pairs, keep, kp))
+    ref = vbem_kernel(chunk, params)
+    np.testing.assert_allclose(res.stats.nk, ref.stats.nk, rtol=1e-12)
+    np.testing.assert_allclose(res.stats.scatter, ref.stats.scatter, rtol=1e-9, atol=1e-9)
+    assert res.log_norm == pytest.approx(ref.log_norm, rel=1e-12)
+    assert res.stats.sum_rlogr == pytest.approx(ref.stats.sum_rlogr, rel=1e-10)
+    from vbcore.kernels import log_rho
+
+    lr = log_rho(chunk, params)
+    resp = normalise(lr)[0]
+    np.testing.assert_allclose(res.h, pair_entropy(resp, pairs), rtol=1e-10)
+    # the delete proposal: responsibilities re-normalised over the kept components
+    renorm = resp[:, keep] / resp[:, keep].sum(1, keepdims=True)
+    alt = _stats(x, renorm, ct, shift)
+    assert res.alt is not None
+    np.testing.assert_allclose(res.alt.nk, alt.nk, rtol=1e-10)
+    assert res.alt.sum_rlogr == pytest.approx(alt.sum_rlogr, rel=1e-9)
+    np.testing.assert_allclose(res.alt_h, pair_entropy(renorm, kp), rtol=1e-9)
+
+
+def test_delete_candidates() -> None:
+    nk = np.array([100.0, 1.0, 50.0, 0.5, 3.0])
+    assert delete_candidates(nk, 0.1, 8).tolist() == [1, 3, 4]
+    assert delete_candidates(nk, 0.1, 2).tolist() == [1, 3]
+    assert delete_candidates(np.array([1.0, 1.0]), 10.0, 8).tolist() == [0]  # never all
+
+
+def test_hard_merge_gain_equals_map_bound_difference() -> None:
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(500, 4)) + rng.integers(0, 3, size=(500, 1)) * 5.0
+    lab = rng.integers(0, 5, size=500)
+    resp = np.eye(5)[lab]
+    prior = default_prior(covariance_type="fixed", weight_type="dirichlet_process", n_components=5,
+                          data_mean=x.mean(0), data_covariance=x.var(0), weight_concentration=500.0,
+                          fixed_variance=1.0)
+    shift = x.mean(0)
+    stats = _stats(x, resp, "fixed", shift)
+
+    def bound(s):
+        order = np.argsort(-s.nk, kind="stable")
+        kept = take_stats(s, order)
+        return map_bound(kept, mm_update(kept, prior, 500.0), prior, 1.0, 500.0).total
+
+    pairs = np.array([[a, b] for a in range(5) for b in range(a + 1, 5)])
+    gains = hard_merge_gain(stats, pairs, prior, 1.0, 500.0)
+    for (a, b), g in zip(pairs, gains, strict=True):
+        lab2 = np.where(lab == b, a, lab)
+        lab2 = np.where(lab2 > b, lab2 - 1, lab2)
+        ref = bound(_stats(x, np.eye(4)[lab2], "fixed", shift)) - bound(stats)
+        assert g == pytest.approx(ref, abs=1e-8 * abs(bound(stats)))
