@@ -35,8 +35,16 @@ import numpy as np
 from scipy.special import betaln, digamma, gammaln
 
 from vbcore.elbo import kl_gamma, kl_wishart
-from vbcore.kernels import BLOCK_ROWS, Chunk, EStepParams, array_namespace, chunk_statistics, log_rho, \
-    normalise, to_numpy
+from vbcore.kernels import (
+    BLOCK_ROWS,
+    Chunk,
+    EStepParams,
+    array_namespace,
+    chunk_statistics,
+    log_rho,
+    normalise,
+    to_numpy,
+)
 from vbcore.mstep import m_step, weight_posterior
 from vbcore.posterior import LOG_2PI, Posterior, expected_log_weights
 from vbcore.priors import Prior
@@ -312,8 +320,9 @@ def move_kernel(chunk: Chunk, params: MoveParams) -> MoveResult:
         if keep is not None:
             resp2, _, rlogr2 = normalise(xp.take(lr, keep, axis=1))
             alt, alt_h = chunk_statistics(sub, resp2, rlogr2), pair_entropy(resp2, params.keep_pairs)
-        part = MoveResult(chunk_statistics(sub, resp, rlogr), float(to_numpy(xp.sum(log_norm, dtype=xp.float64))),
-                          pair_entropy(resp, params.pairs), alt, alt_h)
+        total = float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
+        stats = chunk_statistics(sub, resp, rlogr)
+        part = MoveResult(stats, total, pair_entropy(resp, params.pairs), alt, alt_h)
         out = part if out is None else out.merge(part)
     assert out is not None, "a chunk has rows"
     return out
