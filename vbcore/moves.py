@@ -146,12 +146,22 @@ def _take(stats: SuffStats, idx: np.ndarray) -> SuffStats:
                      sum_rlogr=0.0, n_rows=stats.n_rows, shift=stats.shift)
 
 
-def merged_nk(nk: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-    """Counts after merging each pair (a, b), a < b, alone: shape (P, K - 1), merged at a."""
+def removes_components(prior: Prior) -> bool:
+    """Whether a merged (deleted) component leaves the model (DP: the truncation shrinks, as DP
+    pruning does) or stays as an empty component (finite Dirichlet: K is part of the model)."""
+    return prior.weight_type == "dirichlet_process"
+
+
+def merged_nk(nk: np.ndarray, pairs: np.ndarray, remove: bool = True) -> np.ndarray:
+    """Counts after merging each pair (a, b), a < b, alone, merged at a: shape (P, K - 1), or
+    (P, K) with b left empty when ``remove`` is false."""
     p, k = pairs.shape[0], nk.shape[0]
     rows = np.tile(nk, (p, 1))
     ar = np.arange(p)
     rows[ar, pairs[:, 0]] += nk[pairs[:, 1]]
+    if not remove:
+        rows[ar, pairs[:, 1]] = 0.0
+        return rows
     keep = np.ones((p, k), dtype=bool)
     keep[ar, pairs[:, 1]] = False
     return rows[keep].reshape(p, k - 1)
@@ -168,13 +178,13 @@ def merge_gain_bound(stats: SuffStats, pairs: np.ndarray, prior: Prior, reg_cova
     c_ab = component_terms(both, m_step(both, prior, reg_covar), prior)
     c_a = component_terms(sa, m_step(sa, prior, reg_covar), prior)
     c_b = component_terms(sb, m_step(sb, prior, reg_covar), prior)
-    w = weight_terms(merged_nk(stats.nk, pairs), prior) - weight_terms(stats.nk, prior)
-    return c_ab - c_a - c_b + w
+    merged = merged_nk(stats.nk, pairs, removes_components(prior))
+    return c_ab - c_a - c_b + weight_terms(merged, prior) - weight_terms(stats.nk, prior)
 
 
-def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray) -> SuffStats:
-    """Statistics after merging the disjoint ``pairs`` (a < b; b into a, b removed); ``h`` their
-    entropy changes (added to ``sum r ln r``)."""
+def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: bool = True) -> SuffStats:
+    """Statistics after merging the disjoint ``pairs`` (a < b; b into a, b removed, or left empty
+    when ``remove`` is false); ``h`` their entropy changes (added to ``sum r ln r``)."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return stats
@@ -182,7 +192,10 @@ def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray) -> SuffStat
     nk, mean, scatter = stats.nk.copy(), stats.mean.copy(), stats.scatter.copy()
     nk[pairs[:, 0]], mean[pairs[:, 0]], scatter[pairs[:, 0]] = both.nk, both.mean, both.scatter
     keep = np.ones(nk.shape[0], dtype=bool)
-    keep[pairs[:, 1]] = False
+    if remove:
+        keep[pairs[:, 1]] = False
+    else:
+        nk[pairs[:, 1]], mean[pairs[:, 1]], scatter[pairs[:, 1]] = 0.0, 0.0, 0.0
     return SuffStats(nk=nk[keep], mean=mean[keep], scatter=scatter[keep],
                      sum_rlogr=stats.sum_rlogr + float(np.sum(h)), n_rows=stats.n_rows, shift=stats.shift)
 
@@ -210,7 +223,8 @@ def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Pri
              - component_terms(sa, m_step(sa, prior, reg_covar), prior)
              - component_terms(sb, m_step(sb, prior, reg_covar), prior) - h)
     w_now = float(weight_terms(stats.nk, prior))
-    alone = local + weight_terms(merged_nk(stats.nk, pairs), prior) - w_now
+    remove = removes_components(prior)
+    alone = local + weight_terms(merged_nk(stats.nk, pairs, remove), prior) - w_now
     order = np.lexsort((np.arange(pairs.shape[0]), -alone))
     used = np.zeros(stats.nk.shape[0], dtype=bool)
     chosen: list[int] = []
@@ -223,7 +237,11 @@ def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Pri
         sel = pairs[trial]
         nk = stats.nk.copy()
         nk[sel[:, 0]] += nk[sel[:, 1]]
-        total = float(local[trial].sum() + weight_terms(np.delete(nk, sel[:, 1]), prior) - w_now)
+        if remove:
+            nk = np.delete(nk, sel[:, 1])
+        else:
+            nk[sel[:, 1]] = 0.0
+        total = float(local[trial].sum() + weight_terms(nk, prior) - w_now)
         if total > gain:
             chosen, gain = trial, total
             used[a] = used[b] = True
@@ -335,6 +353,16 @@ def delete_candidates(nk: np.ndarray, share: float, limit: int) -> np.ndarray:
     small = np.flatnonzero(nk < share * nk.sum() / max(k, 1))
     small = small[np.argsort(nk[small], kind="stable")][: min(limit, k - 1)]
     return np.sort(small)
+
+
+def expand_stats(stats: SuffStats, keep: np.ndarray, k: int) -> SuffStats:
+    """Statistics of the components ``keep`` placed back among ``k`` (the others empty)."""
+    nk = np.zeros(k)
+    mean = np.zeros((k, *stats.mean.shape[1:]))
+    scatter = np.zeros((k, *stats.scatter.shape[1:]))
+    nk[keep], mean[keep], scatter[keep] = stats.nk, stats.mean, stats.scatter
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=stats.sum_rlogr, n_rows=stats.n_rows,
+                     shift=stats.shift)
 
 
 def reindex_pairs(pairs: np.ndarray, keep: np.ndarray, k: int) -> np.ndarray:
