@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from pipeline.learners import register
 from pipeline.learners.base import Learner
+from pipeline.learners.moves import MOVE_OPTIONS, Moves
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.kernels import KernelResult, estep_params, vbem_kernel
 from vbcore.mstep import m_step
@@ -29,21 +32,37 @@ class VBEM(Learner):
     #: dropped after the M-step (the bound moves by about N_k nats); ``reorder`` sorts the sticks by
     #: descending N_k before the M-step (which never lowers the bound, seed 003 section 4.5; off by
     #: default, so the trajectory stays scikit-learn's)
-    options = {"prune_below": 1e-6, "reorder": False}
+    options = {"prune_below": 1e-6, "reorder": False, **MOVE_OPTIONS}  # moves: pipeline.learners.moves
+
+    def __init__(self, ctx, options=None) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, options)
+        self.moves = Moves(self.name, self.opts)
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
-        result = vbem_pass(self.ctx, self.post)
+        moving = self.moves.due(iteration)
+        stats = self.moves.run(self.ctx, self.post) if moving else vbem_pass(self.ctx, self.post).stats
         self.passes += 1
-        stats = result.stats
         dp = self.ctx.weight_type == "dirichlet_process"
         if dp and self.opts["reorder"]:
             stats = take_stats(stats, np.argsort(-stats.nk, kind="stable"))
         self.post = m_step(stats, self.ctx.prior, self.ctx.reg_covar)
         terms = elbo_terms(stats, self.post, self.ctx.prior)
-        if dp:
-            self.post = prune_components(self.post, stats.nk >= float(self.opts["prune_below"]))
+        keep = stats.nk >= float(self.opts["prune_below"]) if dp else None
+        if keep is not None:
+            self.post = prune_components(self.post, keep)
+        self.moves.observe(iteration, stats, keep, self.post, self.ctx.prior, self.ctx.reg_covar)
         return self.post, terms
+
+    def converged(self, history: list[float], tol: float) -> bool:
+        return self.moves.converged(super().converged(history, tol))
+
+    def state(self) -> dict[str, np.ndarray]:
+        return self.moves.state()
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        super().load_state(post, state)
+        self.moves.load_state(state)
 
 
 def prune_components(post: Posterior, keep: np.ndarray) -> Posterior:
