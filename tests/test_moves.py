@@ -218,3 +218,89 @@ def test_hard_merge_gain_equals_map_bound_difference() -> None:
         lab2 = np.where(lab2 > b, lab2 - 1, lab2)
         ref = bound(_stats(x, np.eye(4)[lab2], "fixed", shift)) - bound(stats)
         assert g == pytest.approx(ref, abs=1e-8 * abs(bound(stats)))
+
+
+# ---- the learner option ---------------------------------------------------------------------------
+def _planted(n: int = 3000, d: int = 6, k: int = 8, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=6.0, size=(k, d))
+    lab = rng.integers(0, k, size=n)
+    return centres[lab] + rng.normal(size=(n, d)), lab
+
+
+def _fit(x, **kw):
+    from pipeline.estimator import VBMixture
+
+    args = dict(n_components=40, covariance_type="diag", max_iter=60, random_state=0, chunk_rows=700,
+                weight_concentration_prior=1.0, learner_options={"moves": "merge,delete"})
+    args.update(kw)
+    return VBMixture(**args).fit(x)
+
+
+def _occupied(m) -> int:
+    """Components holding at least one row's worth of responsibility."""
+    return int(np.sum(m.posterior_.mean_precision - m.prior_.mean_precision >= 1.0))
+
+
+@pytest.mark.parametrize("ct", ["full", "diag", "spherical"])
+def test_vbem_with_moves_recovers_k_and_stays_monotone(ct: str) -> None:
+    x, lab = _planted()
+    k = 16 if ct == "full" else 40  # full: one Cholesky per component and M-step (a loaded machine)
+    with_moves = _fit(x, covariance_type=ct, n_components=k)
+    h = with_moves.lower_bounds_
+    assert np.all(np.diff(h) >= -1e-9 * abs(h[-1]))
+    assert with_moves.converged_
+    assert _occupied(with_moves) == 8
+    if ct == "full":
+        return
+    without = _fit(x, covariance_type=ct, n_components=k, learner_options={"moves": "none"},
+                   max_iter=with_moves.n_iter_)
+    assert _occupied(without) > 8  # coordinate ascent alone keeps split classes
+    assert with_moves.lower_bound_ > without.lower_bound_
+
+
+def test_finite_dirichlet_merges_keep_k_components() -> None:
+    x, _ = _planted(seed=1)
+    m = _fit(x, weight_concentration_prior_type="dirichlet_distribution", weight_concentration_prior=0.1)
+    assert m.n_components_ == 40 and _occupied(m) == 8
+    assert np.all(np.diff(m.lower_bounds_) >= -1e-9 * abs(m.lower_bound_))
+
+
+def _same_bits(a, b) -> None:
+    for name in ("means_", "covariances_", "weights_", "lower_bounds_"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.n_iter_ == b.n_iter_
+
+
+def test_moves_resume_bitwise(tmp_path) -> None:
+    x, _ = _planted(seed=2)
+    kw = dict(tol=0.0, learner_options={"moves": "merge,delete", "move_every": 4})
+    _fit(x, max_iter=7, checkpoint_dir=str(tmp_path), checkpoint_every=7, **kw)  # pairs pending for 8
+    resumed = _fit(x, max_iter=14, checkpoint_dir=str(tmp_path), **kw)
+    assert resumed.resumed_from_.endswith("ckpt-00000007")
+    straight = _fit(x, max_iter=14, **kw)
+    _same_bits(resumed, straight)
+    assert straight.n_components_ < 40
+
+
+def test_moves_same_bits_on_dask(client) -> None:
+    x, _ = _planted(seed=3)
+    kw = dict(max_iter=12, learner_options={"moves": "merge,delete", "move_every": 3})
+    local = _fit(x, **kw)
+    assert local.n_components_ < 40
+    _same_bits(_fit(x, engine=client, **kw), local)
+
+
+@pytest.mark.parametrize(("opts", "match"), [
+    ({"moves": "split"}, r"option 'moves' of 'vbem' must be 'none' or a comma-separated subset"),
+    ({"moves": "merge", "move_every": 0}, r"option 'move_every' of 'vbem' must be an integer >= 1"),
+    ({"moves": "delete", "delete_share": 2}, r"option 'delete_share' of 'vbem' must be in \(0, 1\]"),
+])
+def test_bad_move_options(opts, match) -> None:
+    from pipeline.learners import learner_class
+    from pipeline.learners.moves import Moves
+    from vbcore.errors import ConfigError
+
+    cls = learner_class("vbem")
+    with pytest.raises(ConfigError, match=match):
+        Moves("vbem", cls.parse_options(opts))

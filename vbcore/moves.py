@@ -173,13 +173,16 @@ def merge_gain_bound(stats: SuffStats, pairs: np.ndarray, prior: Prior, reg_cova
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return np.zeros(0)
-    sa, sb = _take(stats, pairs[:, 0]), _take(stats, pairs[:, 1])
-    both = sa.merge(sb)
-    c_ab = component_terms(both, m_step(both, prior, reg_covar), prior)
-    c_a = component_terms(sa, m_step(sa, prior, reg_covar), prior)
-    c_b = component_terms(sb, m_step(sb, prior, reg_covar), prior)
     merged = merged_nk(stats.nk, pairs, removes_components(prior))
-    return c_ab - c_a - c_b + weight_terms(merged, prior) - weight_terms(stats.nk, prior)
+    return _local_gain(stats, pairs, prior, reg_covar) + weight_terms(merged, prior) - weight_terms(
+        stats.nk, prior)
+
+
+def _local_gain(stats: SuffStats, pairs: np.ndarray, prior: Prior, reg_covar: float) -> np.ndarray:
+    """``C(a + b) - C(a) - C(b)`` per pair: one M-step of the K components and one of the P merged."""
+    both = _take(stats, pairs[:, 0]).merge(_take(stats, pairs[:, 1]))
+    c = component_terms(stats, m_step(stats, prior, reg_covar), prior)
+    return component_terms(both, m_step(both, prior, reg_covar), prior) - c[pairs[:, 0]] - c[pairs[:, 1]]
 
 
 def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: bool = True) -> SuffStats:
@@ -217,11 +220,7 @@ def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Pri
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return pairs, 0.0
-    sa, sb = _take(stats, pairs[:, 0]), _take(stats, pairs[:, 1])
-    both = sa.merge(sb)
-    local = (component_terms(both, m_step(both, prior, reg_covar), prior)
-             - component_terms(sa, m_step(sa, prior, reg_covar), prior)
-             - component_terms(sb, m_step(sb, prior, reg_covar), prior) - h)
+    local = _local_gain(stats, pairs, prior, reg_covar) - h
     w_now = float(weight_terms(stats.nk, prior))
     remove = removes_components(prior)
     alone = local + weight_terms(merged_nk(stats.nk, pairs, remove), prior) - w_now
