@@ -412,3 +412,73 @@ def hard_merge_gain(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: f
     now = hard_stick_bound(stats.nk, a0)
     sticks = np.array([hard_stick_bound(n, a0) for n in merged_nk(stats.nk, pairs)])
     return comp(both) - comp(sa) - comp(sb) + sticks - now
+
+
+def select_hard_merges(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: float,
+                       a0: float) -> tuple[np.ndarray, float]:
+    """A set of disjoint merges of hard clusters whose exact change of the MAP bound (at the MM point)
+    is positive, chosen greedily as :func:`select_merges` does. Returns (pairs (M, 2), gain)."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    if pairs.shape[0] == 0:
+        return pairs, 0.0
+    alone = hard_merge_gain(stats, pairs, prior, sigma2, a0)
+    both = _take(stats, pairs[:, 0]).merge(_take(stats, pairs[:, 1]))
+
+    def comp(s: SuffStats) -> np.ndarray:
+        return hard_component_bound(s.nk, s.mean, s.scatter, prior, sigma2, stats.shift)
+
+    c = comp(stats)
+    local = comp(both) - c[pairs[:, 0]] - c[pairs[:, 1]]
+    now = hard_stick_bound(stats.nk, a0)
+    order = np.lexsort((np.arange(pairs.shape[0]), -alone))
+    used = np.zeros(stats.nk.shape[0], dtype=bool)
+    chosen: list[int] = []
+    gain = 0.0
+    for i in order:
+        a, b = pairs[i]
+        if alone[i] <= 0 or used[a] or used[b]:
+            continue
+        trial = [*chosen, int(i)]
+        sel = pairs[trial]
+        nk = stats.nk.copy()
+        nk[sel[:, 0]] += nk[sel[:, 1]]
+        total = float(local[trial].sum() + hard_stick_bound(np.delete(nk, sel[:, 1]), a0) - now)
+        if total > gain:
+            chosen, gain = trial, total
+            used[a] = used[b] = True
+    return pairs[np.sort(np.asarray(chosen, dtype=np.int64))], gain
+
+
+def nearest_pairs(means: np.ndarray, neighbours: int) -> np.ndarray:
+    """Each row of ``means`` (K, D) paired with its ``neighbours`` nearest (Euclidean), as unique
+    pairs a < b, shape (P, 2)."""
+    k = means.shape[0]
+    if k < 2 or neighbours < 1:
+        return np.zeros((0, 2), dtype=np.int64)
+    sq = np.einsum("kd,kd->k", means, means)
+    dist = sq[:, None] + sq[None, :] - 2.0 * means @ means.T
+    np.fill_diagonal(dist, np.inf)
+    near = np.argsort(dist, axis=1, kind="stable")[:, : min(neighbours, k - 1)]
+    a = np.repeat(np.arange(k), near.shape[1])
+    b = near.ravel()
+    return np.unique(np.stack((np.minimum(a, b), np.maximum(a, b)), axis=1), axis=0)
+
+
+def merge_points(means: np.ndarray, sticks: np.ndarray, counts: np.ndarray,
+                 pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Point estimates after merging the disjoint ``pairs`` (b into a, b removed): the count-weighted
+    mean, the summed mixture weight ``pi_a + pi_b`` (sticks re-derived in the remaining order) and
+    the summed count. Returns (means, sticks, counts, kept indices)."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    means, counts = means.copy(), np.asarray(counts, dtype=np.float64).copy()
+    pi = np.exp(log_stick_weights(sticks))
+    a, b = pairs[:, 0], pairs[:, 1]
+    tot = counts[a] + counts[b]
+    wa = np.where(tot > 0, counts[a] / np.where(tot > 0, tot, 1.0), 1.0)
+    means[a] = wa[:, None] * means[a] + (1.0 - wa)[:, None] * means[b]
+    counts[a], pi[a] = tot, pi[a] + pi[b]
+    keep = np.setdiff1d(np.arange(means.shape[0]), b)
+    pi = pi[keep]
+    left = 1.0 - np.concatenate(([0.0], np.cumsum(pi)[:-1]))
+    new_sticks = np.clip(pi / np.maximum(left, STICK_EPS), STICK_EPS, 1.0 - STICK_EPS)
+    return means[keep], new_sticks, counts[keep], keep

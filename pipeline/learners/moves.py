@@ -34,21 +34,28 @@ from vbcore.moves import (
     apply_merges,
     delete_candidates,
     expand_stats,
+    hard_merge_gain,
+    merge_points,
     move_kernel,
+    nearest_pairs,
     propose_pairs,
     reindex_pairs,
     removes_components,
+    select_hard_merges,
     select_merges,
     total_elbo,
 )
 from vbcore.posterior import Posterior
-from vbcore.sga import take_stats
+from vbcore.sga import DPPoint, scale_stats, take_stats
 from vbcore.stats import SuffStats
 
 MOVE_KINDS = ("merge", "delete")
 #: the move options every learner with moves accepts, and their defaults
 MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
                                 "delete_share": 0.1, "delete_max": 8}
+#: the move options of the hard-assignment learners (merges only)
+HARD_MOVE_OPTIONS: dict[str, Any] = {k: MOVE_OPTIONS[k] for k in ("moves", "move_every", "move_pairs",
+                                                                 "move_neighbours")}
 _EMPTY = np.zeros((0, 2), dtype=np.int64)
 
 
@@ -67,9 +74,14 @@ def parse_moves(learner: str, value: str) -> frozenset[str]:
 def check_move_options(learner: str, opts: Mapping[str, Any]) -> frozenset[str]:
     kinds = parse_moves(learner, opts["moves"])
     for key in ("move_every", "move_pairs", "move_neighbours", "delete_max"):
-        if opts[key] < 1:
+        if key in opts and opts[key] < 1:
             raise ConfigError(f"learner option {key!r} of {learner!r} must be an integer >= 1, "
                               f"got {opts[key]!r}")
+    if "delete_share" not in opts:
+        if "delete" in kinds:
+            raise ConfigError(f"learner option 'moves' of {learner!r} must be 'none' or 'merge' "
+                              f"(hard-assignment learners have no delete move), got {opts['moves']!r}")
+        return kinds
     if not 0 < opts["delete_share"] <= 1:
         raise ConfigError(f"learner option 'delete_share' of {learner!r} must be in (0, 1], "
                           f"got {opts['delete_share']!r}")
@@ -193,3 +205,85 @@ def _rows(pairs: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     """Positions of the ``chosen`` pairs among ``pairs``."""
     lookup = {tuple(p): i for i, p in enumerate(np.asarray(pairs).tolist())}
     return np.asarray([lookup[tuple(p)] for p in np.asarray(chosen).tolist()], dtype=np.int64)
+
+
+class HardMoves:
+    """Merges for the hard-assignment learners (MM, SGA, SGA+M, SGA+F) on their MAP bound
+    (Lim & Jiang 2016, eqs. 22-29): a one-hot q(z) has no entropy term, so the exact change of
+    merging clusters follows from the hard statistics of the iteration's own pass (all rows for MM;
+    the minibatch scaled by N/M for the SGA learners, an estimate), and no extra pass is needed.
+    Rounds as for :class:`Moves` (every ``move_every`` iterations, and before convergence)."""
+
+    def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
+        self.kinds = check_move_options(learner, opts)
+        self.opts = dict(opts)
+        self.pending, self.force = True, False
+        self.last_round: dict[str, float] = {}
+
+    def due(self, iteration: int) -> bool:
+        return bool(self.kinds) and (self.force or iteration % int(self.opts["move_every"]) == 0)
+
+    def select(self, stats: SuffStats, means: np.ndarray, prior: Any, sigma2: float, a0: float) -> np.ndarray:
+        """Disjoint pairs of clusters to merge (pairs among each cluster's nearest point means)."""
+        pairs = nearest_pairs(means, int(self.opts["move_neighbours"]))
+        gains = hard_merge_gain(stats, pairs, prior, sigma2, a0)
+        best = np.flatnonzero(gains > 0)
+        best = best[np.lexsort((best, -gains[best]))][: int(self.opts["move_pairs"])]
+        acc, gain = select_hard_merges(stats, pairs[np.sort(best)], prior, sigma2, a0)
+        self.pending, self.force = bool(acc.shape[0]), False
+        self.last_round = {"merges": int(acc.shape[0]), "gain": gain}
+        return acc
+
+    def converged(self, base: bool) -> bool:
+        if not (self.kinds and base):
+            return base
+        if self.pending:
+            self.force = True
+            return False
+        return True
+
+    def state(self) -> dict[str, np.ndarray]:
+        if not self.kinds:
+            return {}
+        return {"moves_flags": np.array([self.pending, self.force], dtype=np.int64)}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        if self.kinds and "moves_flags" in state:
+            pending, force = (int(v) for v in np.asarray(state["moves_flags"]))
+            self.pending, self.force = bool(pending), bool(force)
+
+
+class HardMovesMixin:
+    """Merges for a :class:`pipeline.learners.dpm.DPPointLearner` (put before it in the bases):
+    the :class:`HardMoves` schedule, its checkpoint state and convergence rule, and
+    :meth:`apply_moves` for the learner's step."""
+
+    def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)  # type: ignore[call-arg]
+        self.moves = HardMoves(self.name, self.opts)  # type: ignore[attr-defined]
+
+    def apply_moves(self, iteration: int, stats: SuffStats, scale: float = 1.0) -> SuffStats:
+        """On a round: merge clusters of the point (means count-weighted, weights summed) and of the
+        pass's hard ``stats`` (in the point's order; ``scale``: N/M for a minibatch)."""
+        if not self.moves.due(iteration):
+            return stats
+        me: Any = self
+        sized = stats if scale == 1.0 else scale_stats(stats, scale)
+        acc = self.moves.select(sized, me.point.means, me.ctx.prior, me.sigma2, me.a0)
+        if acc.shape[0] == 0:
+            return stats
+        means, sticks, counts, keep = merge_points(me.point.means, me.point.sticks, me.counts, acc)
+        me.point, me.counts = DPPoint(means, sticks), counts
+        me._reorder(keep)
+        me.post = me.posterior()
+        return apply_merges(stats, acc, np.zeros(acc.shape[0]))
+
+    def converged(self, history: list[float], tol: float) -> bool:
+        return self.moves.converged(super().converged(history, tol))  # type: ignore[misc]
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), **self.moves.state()}  # type: ignore[misc]
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        super().load_state(post, state)  # type: ignore[misc]
+        self.moves.load_state(state)
