@@ -304,3 +304,50 @@ def test_bad_move_options(opts, match) -> None:
     cls = learner_class("vbem")
     with pytest.raises(ConfigError, match=match):
         Moves("vbem", cls.parse_options(opts))
+
+
+def _hard_fit(x, learner: str, moves: str, **kw):
+    from pipeline.estimator import VBMixture
+
+    opts = {"moves": moves, **({"minibatch": 1000} if learner.startswith("sga") else {})}
+    args = dict(n_components=50, covariance_type="fixed", max_iter=40, random_state=0, chunk_rows=1000,
+                learner=learner, learner_options=opts)
+    args.update(kw)
+    return VBMixture(**args).fit(x)
+
+
+@pytest.mark.parametrize("learner", ["mm", "sga-f"])
+def test_hard_learners_with_merges_recover_k(learner: str) -> None:
+    from sklearn.metrics import normalized_mutual_info_score
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(scale=3.0, size=(10, 16))
+    lab = rng.integers(0, 10, size=4000)
+    x = centres[lab] + rng.normal(size=(4000, 16))
+    merged = _hard_fit(x, learner, "merge")
+    plain = _hard_fit(x, learner, "none")
+    assert merged.n_components_ == 10 < plain.n_components_
+    assert normalized_mutual_info_score(lab, merged.predict(x)) > 0.99
+    assert merged.lower_bound_ > plain.lower_bound_
+
+
+def test_hard_merges_resume_bitwise(tmp_path) -> None:
+    x, _ = _planted(seed=4)
+    kw = dict(n_components=30, max_iter=12, tol=0.0)
+    opts = {"moves": "merge", "move_every": 3, "minibatch": 500}
+    _hard_fit(x, "sga-m", "merge", checkpoint_dir=str(tmp_path), checkpoint_every=5,
+              **{**kw, "max_iter": 5, "learner_options": opts})
+    resumed = _hard_fit(x, "sga-m", "merge", checkpoint_dir=str(tmp_path), **{**kw, "learner_options": opts})
+    assert resumed.resumed_from_.endswith("ckpt-00000005")
+    straight = _hard_fit(x, "sga-m", "merge", **{**kw, "learner_options": opts})
+    _same_bits(resumed, straight)
+    assert straight.n_components_ < 30
+
+
+def test_hard_learners_have_no_delete_move() -> None:
+    from pipeline.learners import learner_class
+    from pipeline.learners.moves import HardMoves
+    from vbcore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"option 'moves' of 'mm' must be 'none' or 'merge'"):
+        HardMoves("mm", learner_class("mm").parse_options({"moves": "merge,delete"}))
