@@ -297,13 +297,13 @@ def test_moves_same_bits_on_dask(client) -> None:
     ({"moves": "delete", "delete_share": 2}, r"option 'delete_share' of 'vbem' must be in \(0, 1\]"),
 ])
 def test_bad_move_options(opts, match) -> None:
-    from pipeline.learners import learner_class
-    from pipeline.learners.moves import Moves
+    from pipeline.estimator import VBMixture
     from vbcore.errors import ConfigError
 
-    cls = learner_class("vbem")
+    model = VBMixture(3, learner_options=opts)
     with pytest.raises(ConfigError, match=match):
-        Moves("vbem", cls.parse_options(opts))
+        model.fit(np.zeros((5, 2)))
+    assert not hasattr(model, "posterior_")
 
 
 def _hard_fit(x, learner: str, moves: str, **kw):
@@ -346,8 +346,7 @@ def test_hard_merges_resume_bitwise(tmp_path) -> None:
 
 def test_hard_learners_have_no_delete_move() -> None:
     from pipeline.learners import learner_class
-    from pipeline.learners.moves import HardMoves
     from vbcore.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"option 'moves' of 'mm' must be 'none' or 'merge'"):
-        HardMoves("mm", learner_class("mm").parse_options({"moves": "merge,delete"}))
+        learner_class("mm").parse_options({"moves": "merge,delete"})

@@ -262,6 +262,12 @@ class HardMovesMixin:
         super().__init__(ctx, options)  # type: ignore[call-arg]
         self.moves = HardMoves(self.name, self.opts)  # type: ignore[attr-defined]
 
+    @classmethod
+    def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        opts = super().parse_options(options)  # type: ignore[misc]
+        check_move_options(cls.name, opts)  # type: ignore[attr-defined]
+        return opts
+
     def apply_moves(self, iteration: int, stats: SuffStats, scale: float = 1.0) -> SuffStats:
         """On a round: merge clusters of the point (means count-weighted, weights summed) and of the
         pass's hard ``stats`` (in the point's order; ``scale``: N/M for a minibatch)."""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from pipeline.learners import register
 from pipeline.learners.base import Learner
-from pipeline.learners.moves import MOVE_OPTIONS, Moves
+from pipeline.learners.moves import MOVE_OPTIONS, Moves, check_move_options
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.kernels import KernelResult, estep_params, vbem_kernel
 from vbcore.mstep import m_step
@@ -33,6 +34,12 @@ class VBEM(Learner):
     #: descending N_k before the M-step (which never lowers the bound, seed 003 section 4.5; off by
     #: default, so the trajectory stays scikit-learn's)
     options = {"prune_below": 1e-6, "reorder": False, **MOVE_OPTIONS}  # moves: pipeline.learners.moves
+
+    @classmethod
+    def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        opts = super().parse_options(options)
+        check_move_options(cls.name, opts)
+        return opts
 
     def __init__(self, ctx, options=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, options)
