@@ -350,3 +350,12 @@ def test_hard_learners_have_no_delete_move() -> None:
 
     with pytest.raises(ConfigError, match=r"option 'moves' of 'mm' must be 'none' or 'merge'"):
         learner_class("mm").parse_options({"moves": "merge,delete"})
+
+
+def test_quick_study_writes_its_tables(tmp_path) -> None:
+    from pipeline.studies import read_table, run_study
+
+    folder = run_study("moves", tmp_path, quick=True)
+    columns, rows = read_table(folder / "results")
+    assert columns[:5] == ["data", "classes", "truncation", "learner", "moves"] and len(rows) == 4
+    assert (folder / "README.md").read_text().count("| digits |") == 4 and (folder / "elbo.png").exists()
