@@ -359,3 +359,25 @@ def test_quick_study_writes_its_tables(tmp_path) -> None:
     columns, rows = read_table(folder / "results")
     assert columns[:5] == ["data", "classes", "truncation", "learner", "moves"] and len(rows) == 4
     assert (folder / "README.md").read_text().count("| digits |") == 4 and (folder / "elbo.png").exists()
+
+
+@pytest.mark.parametrize("ct", ["full", "diag"])
+def test_move_kernel_on_strict_arrays_matches_numpy(ct: str) -> None:
+    xps = pytest.importorskip("array_api_strict")
+    x, _ = _data(7, n=600)
+    prior = _prior(x, ct, "dirichlet_process", 6)
+    shift = x.mean(0)
+    post = m_step(_stats(x, np.random.default_rng(8).dirichlet(np.ones(6), size=600), ct, shift), prior)
+    pairs = np.array([[0, 1], [2, 5]])
+    keep = np.array([0, 1, 3, 4])
+    params = MoveParams(estep_params(post, shift), pairs, keep, reindex_pairs(pairs, keep, 6))
+    ref = move_kernel(prepare_chunk(x, shift, ct), params)
+    flags = {"boolean_indexing": False, "data_dependent_shapes": False, "enabled_extensions": ()}
+    with xps.ArrayAPIStrictFlags(**flags):
+        got = move_kernel(prepare_chunk(xps.asarray(x), shift, ct), params)
+    assert got.alt is not None and ref.alt is not None
+    for a, b in ((got.stats, ref.stats), (got.alt, ref.alt)):
+        np.testing.assert_allclose(a.nk, b.nk, rtol=1e-12)
+        np.testing.assert_allclose(a.scatter, b.scatter, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(got.h, ref.h, rtol=1e-10)
+    np.testing.assert_allclose(got.alt_h, ref.alt_h, rtol=1e-10)
