@@ -48,7 +48,7 @@ from vbcore.kernels import (
 from vbcore.mstep import m_step, weight_posterior
 from vbcore.posterior import LOG_2PI, Posterior, expected_log_weights
 from vbcore.priors import Prior
-from vbcore.sga import STICK_EPS, log_stick_weights, mm_sticks
+from vbcore.sga import STICK_EPS, log_stick_weights
 from vbcore.stats import SuffStats
 
 
@@ -387,13 +387,20 @@ def hard_component_bound(nk: np.ndarray, mean: np.ndarray, scatter: np.ndarray, 
     return log_lik + log_mu
 
 
-def hard_stick_bound(nk: np.ndarray, a0: float) -> float:
+def hard_stick_bound(nk: np.ndarray, a0: float) -> np.ndarray:
     """``ln p(z | v) + ln p(v)`` (eqs. 25-26) at the MM sticks of the counts ordered by descending
-    count (the order the MM update uses)."""
-    n = np.sort(np.asarray(nk, dtype=np.float64))[::-1]
-    v = mm_sticks(n, a0)
+    count (the order the MM update uses); ``nk`` (K,) or one configuration per row (P, K)."""
+    rows = np.atleast_2d(np.asarray(nk, dtype=np.float64))
+    n = -np.sort(-rows, axis=1)
+    tail = n.sum(1, keepdims=True) - np.cumsum(n, axis=1)  # sum_{j>k} n_j (as mm_sticks)
+    denom = np.maximum(n + tail + a0 - 1.0, n)
+    v = np.clip(np.where(denom > 0, n / np.where(denom > 0, denom, 1.0), 0.0), 0.0, 1.0 - STICK_EPS)
     vc = np.clip(v, STICK_EPS, 1.0 - STICK_EPS)
-    return float(np.sum(n * log_stick_weights(v)) + np.sum(np.log(a0) + (a0 - 1.0) * np.log1p(-vc)))
+    log_1mv = np.log1p(-vc)
+    before = np.concatenate((np.zeros((n.shape[0], 1)), np.cumsum(log_1mv[:, :-1], axis=1)), axis=1)
+    log_w = np.log(vc) + before
+    out = np.sum(n * log_w, axis=1) + np.sum(np.log(a0) + (a0 - 1.0) * log_1mv, axis=1)
+    return out if np.ndim(nk) == 2 else out[0]
 
 
 def hard_merge_gain(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: float,
@@ -410,14 +417,15 @@ def hard_merge_gain(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: f
         return hard_component_bound(s.nk, s.mean, s.scatter, prior, sigma2, stats.shift)
 
     now = hard_stick_bound(stats.nk, a0)
-    sticks = np.array([hard_stick_bound(n, a0) for n in merged_nk(stats.nk, pairs)])
+    sticks = hard_stick_bound(merged_nk(stats.nk, pairs), a0)
     return comp(both) - comp(sa) - comp(sb) + sticks - now
 
 
 def select_hard_merges(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: float,
-                       a0: float) -> tuple[np.ndarray, float]:
+                       a0: float, limit: int | None = None) -> tuple[np.ndarray, float]:
     """A set of disjoint merges of hard clusters whose exact change of the MAP bound (at the MM point)
-    is positive, chosen greedily as :func:`select_merges` does. Returns (pairs (M, 2), gain)."""
+    is positive, chosen greedily as :func:`select_merges` does among the ``limit`` best pairs.
+    Returns (pairs (M, 2), gain)."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return pairs, 0.0
@@ -430,7 +438,7 @@ def select_hard_merges(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2
     c = comp(stats)
     local = comp(both) - c[pairs[:, 0]] - c[pairs[:, 1]]
     now = hard_stick_bound(stats.nk, a0)
-    order = np.lexsort((np.arange(pairs.shape[0]), -alone))
+    order = np.lexsort((np.arange(pairs.shape[0]), -alone))[:limit]
     used = np.zeros(stats.nk.shape[0], dtype=bool)
     chosen: list[int] = []
     gain = 0.0

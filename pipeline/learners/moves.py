@@ -34,7 +34,6 @@ from vbcore.moves import (
     apply_merges,
     delete_candidates,
     expand_stats,
-    hard_merge_gain,
     merge_points,
     move_kernel,
     nearest_pairs,
@@ -226,10 +225,7 @@ class HardMoves:
     def select(self, stats: SuffStats, means: np.ndarray, prior: Any, sigma2: float, a0: float) -> np.ndarray:
         """Disjoint pairs of clusters to merge (pairs among each cluster's nearest point means)."""
         pairs = nearest_pairs(means, int(self.opts["move_neighbours"]))
-        gains = hard_merge_gain(stats, pairs, prior, sigma2, a0)
-        best = np.flatnonzero(gains > 0)
-        best = best[np.lexsort((best, -gains[best]))][: int(self.opts["move_pairs"])]
-        acc, gain = select_hard_merges(stats, pairs[np.sort(best)], prior, sigma2, a0)
+        acc, gain = select_hard_merges(stats, pairs, prior, sigma2, a0, int(self.opts["move_pairs"]))
         self.pending, self.force = bool(acc.shape[0]), False
         self.last_round = {"merges": int(acc.shape[0]), "gain": gain}
         return acc
