@@ -358,7 +358,9 @@ def test_quick_study_writes_its_tables(tmp_path) -> None:
     folder = run_study("moves", tmp_path, quick=True)
     columns, rows = read_table(folder / "results")
     assert columns[:5] == ["data", "classes", "truncation", "learner", "moves"] and len(rows) == 4
-    assert (folder / "README.md").read_text().count("| digits |") == 4 and (folder / "elbo.png").exists()
+    cost_columns, cost = read_table(folder / "cost")
+    assert cost_columns[-1] == "ratio" and len(cost) == 2 and all(float(r[-1]) > 0 for r in cost)
+    assert (folder / "README.md").read_text().count("| digits |") == 6 and (folder / "elbo.png").exists()
 
 
 @pytest.mark.parametrize("ct", ["full", "diag"])

@@ -65,7 +65,7 @@ def _data(name: str, folder: Path, seed: int, quick: bool) -> tuple[Any, np.ndar
 
 
 def _fit(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, moves: str, seed: int,
-         quick: bool) -> dict[str, Any]:
+         quick: bool, fixed_iterations: int | None = None) -> dict[str, Any]:
     from sklearn.metrics import normalized_mutual_info_score
 
     from pipeline import VBMixture
@@ -78,8 +78,11 @@ def _fit(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, mov
     if learner != "vbem":
         opts["minibatch"] = min(2000, len(y) // 4)
         kw["fixed_variance"] = estimate_fixed_variance(np.asarray(sample, dtype=np.float64), k, seed)
-    model = VBMixture(k, covariance_type=ct, max_iter=8 if quick else (100 if learner == "vbem" else 60),
-                      random_state=seed, learner=learner, learner_options=opts, init_params="k-means++", **kw)
+    iters = 8 if quick else (100 if learner == "vbem" else 60)
+    if fixed_iterations is not None:  # the cost of the same number of iterations: no convergence test
+        iters, kw["tol"] = fixed_iterations, 0.0
+    model = VBMixture(k, covariance_type=ct, max_iter=iters, random_state=seed, learner=learner,
+                      learner_options=opts, init_params="k-means++", **kw)
     cpu, wall = time.process_time(), time.perf_counter()
     model.fit(data)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -102,7 +105,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 0) -> Path:
     folder = study_dir(out, "moves")
     plan = [("digits", 10, 50)] if quick else [("digits", 10, 50), ("planted", 40, 80), ("planted", 40, 400),
                                                ("synthetic100", 100, 300)]
-    rows, curves = [], {}
+    rep = Report(folder, "Moves study: finding K with merge and delete moves")
+    rows, curves, cost = [], {}, []
     for name, classes, k in plan:
         data, y, sample = _data(name, folder, seed, quick)
         for learner, (_, kinds) in LEARNERS.items():
@@ -113,12 +117,19 @@ def run(out: Path, *, quick: bool = False, seed: int = 0) -> Path:
                              "moves": moves, **res})
                 print(f"moves {name} K={k} {learner} moves={moves}: K found {res['K found']}, "
                       f"NMI {res['NMI']:.3f}, {res['wall s']:.1f} s", flush=True)
+            if k == plan[-1][2] or (name == "planted" and k == 400):
+                n_it = 4 if quick else 20
+                cpu = [_fit(data, y, sample, learner, k, m, seed, quick, n_it)["CPU s"]
+                       for m in ("none", kinds)]
+                cost.append([name, k, learner, kinds, n_it, cpu[0], cpu[1], cpu[1] / cpu[0]])
     (folder / "curves.json").write_text(json.dumps(curves))
-    rep = Report(folder, "Moves study: finding K with merge and delete moves")
     rep.text(f"Mode: {'quick' if quick else 'full'}; seed {seed}. VB EM: covariance_type='diag', "
              "moves=merge,delete; SGA+F: covariance_type='fixed', moves=merge, minibatch 2000. "
              "Timings on a shared, loaded 2-core machine: compare CPU s/iter within a pair of rows.")
     rep.table("results", COLUMNS, [[r[c] for c in COLUMNS] for r in rows], title="All fits")
+    rep.table("cost", ["data", "truncation", "learner", "moves", "iterations", "CPU s without",
+                       "CPU s with", "ratio"], cost,
+              title="Cost: the same number of iterations (tol = 0) without and with moves, CPU seconds")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, elbo in curves.items():
