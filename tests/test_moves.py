@@ -383,3 +383,25 @@ def test_move_kernel_on_strict_arrays_matches_numpy(ct: str) -> None:
         np.testing.assert_allclose(a.scatter, b.scatter, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(got.h, ref.h, rtol=1e-10)
     np.testing.assert_allclose(got.alt_h, ref.alt_h, rtol=1e-10)
+
+
+def test_cli_fit_with_moves(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    runner = CliRunner()
+    store = tmp_path / "d.zarr"
+    assert runner.invoke(app, ["ingest", "digits", "--out", str(store)]).exit_code == 0
+    bad_run = str(tmp_path / "bad")
+    bad = runner.invoke(app, ["fit", str(store), "--run-dir", bad_run, "-o", "moves=split", "-q"])
+    assert bad.exit_code == 2 and "option 'moves' of 'vbem' must be 'none' or a comma-separated" in bad.output
+    run = tmp_path / "run"
+    args = ["fit", str(store), "--run-dir", str(run), "-k", "30", "--covariance", "diag", "--max-iter", "12",
+            "-o", "moves=merge,delete", "-o", "move_every=3", "-q"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    result = json.loads((run / "result.json").read_text())
+    assert result["n_components_kept"] < 30
