@@ -72,7 +72,7 @@ def test_split_terms_sum_to_the_elbo(ct: str, wt: str) -> None:
 @pytest.mark.parametrize("wt", WEIGHT_TYPES)
 @pytest.mark.parametrize("ct", COV_TYPES)
 def test_merge_change_equals_brute_force(ct: str, wt: str) -> None:
-    x, resp = _data(1)
+    x, resp = _data(1, n=250, k=5)
     k = resp.shape[1]
     prior = _prior(x, ct, wt, k)
     shift = x.mean(0)
@@ -285,7 +285,7 @@ def test_moves_resume_bitwise(tmp_path) -> None:
 
 def test_moves_same_bits_on_dask(client) -> None:
     x, _ = _planted(seed=3)
-    kw = dict(max_iter=12, learner_options={"moves": "merge,delete", "move_every": 3})
+    kw = dict(max_iter=7, learner_options={"moves": "merge,delete", "move_every": 3})
     local = _fit(x, **kw)
     assert local.n_components_ < 40
     _same_bits(_fit(x, engine=client, **kw), local)

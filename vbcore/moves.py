@@ -29,6 +29,7 @@ Hard-assignment (MAP) learners: the same merge test on their bound ``ln p(x, z, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +46,8 @@ from vbcore.kernels import (
     normalise,
     to_numpy,
 )
-from vbcore.mstep import m_step, weight_posterior
-from vbcore.posterior import LOG_2PI, Posterior, expected_log_weights
+from vbcore.mstep import m_step
+from vbcore.posterior import LOG_2PI, Posterior
 from vbcore.priors import Prior
 from vbcore.sga import STICK_EPS, log_stick_weights
 from vbcore.stats import SuffStats
@@ -116,21 +117,24 @@ def weight_terms(nk: np.ndarray, prior: Prior) -> np.ndarray:
     -------
     float array of shape () or (P,)
     """
-    rows = np.atleast_2d(np.asarray(nk, dtype=np.float64))
+    n = np.atleast_2d(np.asarray(nk, dtype=np.float64))
     alpha0 = prior.weight_concentration
-    out = np.empty(rows.shape[0])
-    for i, n in enumerate(rows):
-        wc = weight_posterior(n, prior)
-        e_log_pi = expected_log_weights(wc, prior.weight_type)
-        if prior.weight_type == "dirichlet_distribution":
-            k = wc.shape[0]
-            kl = (gammaln(wc.sum()) - gammaln(wc).sum() - gammaln(alpha0 * k) + k * gammaln(alpha0)
-                  + ((wc - alpha0) * (digamma(wc) - digamma(wc.sum()))).sum())
-        else:
-            a, b = wc
-            kl = np.sum(betaln(1.0, alpha0) - betaln(a, b) + (a - 1.0) * digamma(a)
-                        + (b - alpha0) * digamma(b) + (1.0 + alpha0 - a - b) * digamma(a + b))
-        out[i] = float(np.dot(n, e_log_pi) - kl)
+    if prior.weight_type == "dirichlet_distribution":
+        k = n.shape[1]
+        wc = alpha0 + n
+        total = wc.sum(1, keepdims=True)
+        e_log_pi = digamma(wc) - digamma(total)
+        kl = (gammaln(total[:, 0]) - gammaln(wc).sum(1) - gammaln(alpha0 * k) + k * gammaln(alpha0)
+              + ((wc - alpha0) * e_log_pi).sum(1))
+    else:  # sticks Beta(1 + N_k, alpha0 + N_{>k}) in the given order (vbcore.mstep.weight_posterior)
+        tail = np.concatenate((np.cumsum(n[:, ::-1], axis=1)[:, -2::-1], np.zeros((n.shape[0], 1))), axis=1)
+        a, b = 1.0 + n, alpha0 + tail
+        dab = digamma(a + b)
+        log_v, log_1mv = digamma(a) - dab, digamma(b) - dab
+        before = np.concatenate((np.zeros((n.shape[0], 1)), np.cumsum(log_1mv[:, :-1], axis=1)), axis=1)
+        e_log_pi = log_v + before
+        kl = np.sum(betaln(1.0, alpha0) - betaln(a, b) + (a - 1.0) * log_v + (b - alpha0) * log_1mv, axis=1)
+    out = np.sum(n * e_log_pi, axis=1) - kl
     return out if np.ndim(nk) == 2 else out[0]
 
 
@@ -207,9 +211,9 @@ def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Pri
                   reg_covar: float) -> tuple[np.ndarray, float]:
     """A set of disjoint merges whose exact total ELBO change is positive, chosen greedily.
 
-    Each pair's exact change alone is ``bound - h``; pairs are tried by it (descending, then pair
-    order), and a pair joins the set when it is disjoint from it and the exact change of the whole set
-    (additive data, prior and entropy terms; the weight terms of the combined counts) rises.
+    Each pair's exact change alone is ``bound - h``; the set is chosen by :func:`greedy_disjoint` on
+    the exact change of the whole set (additive data, prior and entropy terms over disjoint pairs; the
+    weight terms of the combined counts).
 
     Returns
     -------
@@ -224,15 +228,8 @@ def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Pri
     w_now = float(weight_terms(stats.nk, prior))
     remove = removes_components(prior)
     alone = local + weight_terms(merged_nk(stats.nk, pairs, remove), prior) - w_now
-    order = np.lexsort((np.arange(pairs.shape[0]), -alone))
-    used = np.zeros(stats.nk.shape[0], dtype=bool)
-    chosen: list[int] = []
-    gain = 0.0
-    for i in order:
-        a, b = pairs[i]
-        if alone[i] <= 0 or used[a] or used[b]:
-            continue
-        trial = [*chosen, int(i)]
+
+    def total(trial: list[int]) -> float:
         sel = pairs[trial]
         nk = stats.nk.copy()
         nk[sel[:, 0]] += nk[sel[:, 1]]
@@ -240,9 +237,40 @@ def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Pri
             nk = np.delete(nk, sel[:, 1])
         else:
             nk[sel[:, 1]] = 0.0
-        total = float(local[trial].sum() + weight_terms(nk, prior) - w_now)
-        if total > gain:
-            chosen, gain = trial, total
+        return float(local[trial].sum() + weight_terms(nk, prior) - w_now)
+
+    return greedy_disjoint(pairs, alone, stats.nk.shape[0], total)
+
+
+def greedy_disjoint(pairs: np.ndarray, alone: np.ndarray, k: int, total: Callable[[list[int]], float],
+                    limit: int | None = None) -> tuple[np.ndarray, float]:
+    """Disjoint pairs with a positive exact total change ``total(indices)``, taken by their change
+    alone ``alone`` (descending, ties by pair order, at most ``limit`` tried): first all disjoint pairs
+    with a positive change at once (one evaluation); if their total is not positive, one pair at a
+    time, each kept only when the total rises. Returns (pairs (M, 2), total)."""
+    order = [int(i) for i in np.lexsort((np.arange(pairs.shape[0]), -alone))[:limit] if alone[i] > 0]
+    used = np.zeros(k, dtype=bool)
+    first: list[int] = []
+    for i in order:
+        a, b = pairs[i]
+        if not (used[a] or used[b]):
+            first.append(i)
+            used[a] = used[b] = True
+    if not first:
+        return pairs[:0], 0.0
+    gain = total(first)
+    if gain > 0:
+        return pairs[np.sort(np.asarray(first, dtype=np.int64))], gain
+    used[:] = False
+    chosen: list[int] = []
+    gain = 0.0
+    for i in order:
+        a, b = pairs[i]
+        if used[a] or used[b]:
+            continue
+        value = total([*chosen, i])
+        if value > gain:
+            chosen, gain = [*chosen, i], value
             used[a] = used[b] = True
     return pairs[np.sort(np.asarray(chosen, dtype=np.int64))], gain
 
@@ -438,23 +466,14 @@ def select_hard_merges(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2
     c = comp(stats)
     local = comp(both) - c[pairs[:, 0]] - c[pairs[:, 1]]
     now = hard_stick_bound(stats.nk, a0)
-    order = np.lexsort((np.arange(pairs.shape[0]), -alone))[:limit]
-    used = np.zeros(stats.nk.shape[0], dtype=bool)
-    chosen: list[int] = []
-    gain = 0.0
-    for i in order:
-        a, b = pairs[i]
-        if alone[i] <= 0 or used[a] or used[b]:
-            continue
-        trial = [*chosen, int(i)]
+
+    def total(trial: list[int]) -> float:
         sel = pairs[trial]
         nk = stats.nk.copy()
         nk[sel[:, 0]] += nk[sel[:, 1]]
-        total = float(local[trial].sum() + hard_stick_bound(np.delete(nk, sel[:, 1]), a0) - now)
-        if total > gain:
-            chosen, gain = trial, total
-            used[a] = used[b] = True
-    return pairs[np.sort(np.asarray(chosen, dtype=np.int64))], gain
+        return float(local[trial].sum() + hard_stick_bound(np.delete(nk, sel[:, 1]), a0) - now)
+
+    return greedy_disjoint(pairs, alone, stats.nk.shape[0], total, limit)
 
 
 def nearest_pairs(means: np.ndarray, neighbours: int) -> np.ndarray:
