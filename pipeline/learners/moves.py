@@ -28,19 +28,17 @@ from typing import Any
 import numpy as np
 
 from vbcore.errors import ConfigError
+from vbcore.hard_moves import merge_points, nearest_pairs, select_hard_merges
 from vbcore.kernels import estep_params
 from vbcore.moves import (
     MoveParams,
     apply_merges,
     delete_candidates,
     expand_stats,
-    merge_points,
     move_kernel,
-    nearest_pairs,
     propose_pairs,
     reindex_pairs,
     removes_components,
-    select_hard_merges,
     select_merges,
     total_elbo,
 )
@@ -153,6 +151,8 @@ class Moves:
     def run(self, ctx: Any, post: Posterior) -> SuffStats:
         """One move round: the E-step pass with the move quantities, then the best exact ELBO."""
         k = post.n_components
+        self.pairs = self.pairs[(self.pairs < k).all(axis=1)]  # proposals are for this posterior's K
+        self.deletes = self.deletes[self.deletes < k]
         keep = None
         if self.deletes.size:
             keep = np.setdiff1d(np.arange(k), self.deletes)
