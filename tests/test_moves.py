@@ -193,13 +193,14 @@ def test_delete_candidates() -> None:
     assert delete_candidates(np.array([1.0, 1.0]), 10.0, 8).tolist() == [0]  # never all
 
 
-def test_hard_merge_gain_equals_map_bound_difference() -> None:
+@pytest.mark.parametrize("a0", [500.0, 1.0, 0.5])
+def test_hard_merge_gain_equals_map_bound_difference(a0: float) -> None:
     rng = np.random.default_rng(6)
     x = rng.normal(size=(500, 4)) + rng.integers(0, 3, size=(500, 1)) * 5.0
     lab = rng.integers(0, 5, size=500)
     resp = np.eye(5)[lab]
     prior = default_prior(covariance_type="fixed", weight_type="dirichlet_process", n_components=5,
-                          data_mean=x.mean(0), data_covariance=x.var(0), weight_concentration=500.0,
+                          data_mean=x.mean(0), data_covariance=x.var(0), weight_concentration=a0,
                           fixed_variance=1.0)
     shift = x.mean(0)
     stats = _stats(x, resp, "fixed", shift)
@@ -207,10 +208,10 @@ def test_hard_merge_gain_equals_map_bound_difference() -> None:
     def bound(s):
         order = np.argsort(-s.nk, kind="stable")
         kept = take_stats(s, order)
-        return map_bound(kept, mm_update(kept, prior, 500.0), prior, 1.0, 500.0).total
+        return map_bound(kept, mm_update(kept, prior, a0), prior, 1.0, a0).total
 
     pairs = np.array([[a, b] for a in range(5) for b in range(a + 1, 5)])
-    gains = hard_merge_gain(stats, pairs, prior, 1.0, 500.0)
+    gains = hard_merge_gain(stats, pairs, prior, 1.0, a0)
     for (a, b), g in zip(pairs, gains, strict=True):
         lab2 = np.where(lab == b, a, lab)
         lab2 = np.where(lab2 > b, lab2 - 1, lab2)

@@ -46,6 +46,32 @@ def hard_stick_bound(nk: np.ndarray, a0: float) -> np.ndarray:
     return out if np.ndim(nk) == 2 else out[0]
 
 
+def stick_merge_change(nk: np.ndarray, pairs: np.ndarray, a0: float) -> np.ndarray:
+    """Change of :func:`hard_stick_bound` when each pair merges alone, shape (P,).
+
+    For ``a0 > 1`` the MM sticks telescope: ``1 - v_k = (T_{k+1} + c) / (T_k + c)`` with
+    ``T_k = sum_{j>=k} n_j`` and ``c = a0 - 1``, so ``pi_k = n_k / (N + c)`` in any order and the bound
+    is ``sum_k n_k ln n_k - N ln(N + c) + K ln a0 + c (ln c - ln(N + c))``: a merge changes it by
+    ``s ln s - n_a ln n_a - n_b ln n_b - ln a0`` (``s = n_a + n_b``), additive over disjoint pairs.
+    Otherwise (``a0 <= 1``, where sticks are clipped) the bound of every merged configuration."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    if a0 <= 1.0:
+        return hard_stick_bound(merged_nk(nk, pairs), a0) - hard_stick_bound(nk, a0)
+    na, nb = nk[pairs[:, 0]], nk[pairs[:, 1]]
+
+    def xlogx(v: np.ndarray) -> np.ndarray:
+        return v * np.log(np.where(v > 0, v, 1.0))
+
+    return xlogx(na + nb) - xlogx(na) - xlogx(nb) - np.log(a0)
+
+
+def _component_change(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: float) -> np.ndarray:
+    both = take_components(stats, pairs[:, 0]).merge(take_components(stats, pairs[:, 1]))
+    c = hard_component_bound(stats.nk, stats.mean, stats.scatter, prior, sigma2, stats.shift)
+    return hard_component_bound(both.nk, both.mean, both.scatter, prior, sigma2, stats.shift) - (
+        c[pairs[:, 0]] + c[pairs[:, 1]])
+
+
 def hard_merge_gain(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: float,
                     a0: float) -> np.ndarray:
     """Change of the MAP bound ``ln p(x, z, mu, v)`` (at the MM point) when each pair of clusters of
@@ -53,15 +79,7 @@ def hard_merge_gain(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: f
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return np.zeros(0)
-    sa, sb = take_components(stats, pairs[:, 0]), take_components(stats, pairs[:, 1])
-    both = sa.merge(sb)
-
-    def comp(s: SuffStats) -> np.ndarray:
-        return hard_component_bound(s.nk, s.mean, s.scatter, prior, sigma2, stats.shift)
-
-    now = hard_stick_bound(stats.nk, a0)
-    sticks = hard_stick_bound(merged_nk(stats.nk, pairs), a0)
-    return comp(both) - comp(sa) - comp(sb) + sticks - now
+    return _component_change(stats, pairs, prior, sigma2) + stick_merge_change(stats.nk, pairs, a0)
 
 
 def select_hard_merges(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: float,
@@ -72,17 +90,13 @@ def select_hard_merges(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return pairs, 0.0
-    alone = hard_merge_gain(stats, pairs, prior, sigma2, a0)
-    both = take_components(stats, pairs[:, 0]).merge(take_components(stats, pairs[:, 1]))
-
-    def comp(s: SuffStats) -> np.ndarray:
-        return hard_component_bound(s.nk, s.mean, s.scatter, prior, sigma2, stats.shift)
-
-    c = comp(stats)
-    local = comp(both) - c[pairs[:, 0]] - c[pairs[:, 1]]
+    local = _component_change(stats, pairs, prior, sigma2)
+    alone = local + stick_merge_change(stats.nk, pairs, a0)
     now = hard_stick_bound(stats.nk, a0)
 
     def total(trial: list[int]) -> float:
+        if a0 > 1.0:  # additive over disjoint pairs (stick_merge_change)
+            return float(alone[trial].sum())
         sel = pairs[trial]
         nk = stats.nk.copy()
         nk[sel[:, 0]] += nk[sel[:, 1]]

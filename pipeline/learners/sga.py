@@ -45,9 +45,8 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
 
 class _SGA(HardMovesMixin, DPPointLearner):
     method = "sga"
-    # merges: pipeline.learners.moves; a round costs about two minibatch iterations, so every 10th
     options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch",
-               **HARD_MOVE_OPTIONS, "move_every": 10}
+               **HARD_MOVE_OPTIONS}  # merges: pipeline.learners.moves
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
