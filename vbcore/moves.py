@@ -36,6 +36,7 @@ from scipy.special import betaln, digamma, gammaln
 from vbcore.elbo import kl_gamma, kl_wishart
 from vbcore.kernels import (
     BLOCK_ROWS,
+    Array,
     Chunk,
     EStepParams,
     array_namespace,
@@ -332,7 +333,7 @@ class MoveResult:
                           self.h + other.h, alt, self.alt_h + other.alt_h)
 
 
-def pair_entropy(resp: object, pairs: np.ndarray) -> np.ndarray:
+def pair_entropy(resp: Array, pairs: np.ndarray) -> np.ndarray:
     """``h_ab = sum_n s ln s - r_a ln r_a - r_b ln r_b`` (``s = r_a + r_b``) per pair, float64 (P,)."""
     if pairs.shape[0] == 0:
         return np.zeros(0)
@@ -340,7 +341,7 @@ def pair_entropy(resp: object, pairs: np.ndarray) -> np.ndarray:
     ra = xp.take(resp, xp.asarray(pairs[:, 0]), axis=1)
     rb = xp.take(resp, xp.asarray(pairs[:, 1]), axis=1)
 
-    def xlogx(r: object) -> object:
+    def xlogx(r: Array) -> Array:
         return r * xp.log(xp.where(r > 0, r, xp.ones_like(r)))
 
     h = xlogx(ra + rb) - xlogx(ra) - xlogx(rb)
