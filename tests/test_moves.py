@@ -404,3 +404,52 @@ def test_cli_fit_with_moves(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     result = json.loads((run / "result.json").read_text())
     assert result["n_components_kept"] < 30
+
+
+@pytest.mark.parametrize("kinds", ["merge", "delete", "merge,delete"])
+def test_a_round_keeps_the_best_exact_elbo(kinds: str) -> None:
+    """A move round on real chunks: its statistics are the brute-force statistics of the chosen
+    q(Z), and their exact ELBO is at least that of the regular E-step (strictly higher when a move
+    is kept)."""
+    from types import SimpleNamespace
+
+    from pipeline.engine import LocalEngine
+    from pipeline.learners import learner_class
+    from pipeline.learners.moves import Moves
+
+    rng = np.random.default_rng(9)
+    centres = np.array([[0.0, 0.0], [9.0, 0.0], [0.0, 9.0]])
+    lab = rng.integers(0, 3, size=900)
+    x = centres[lab] + rng.normal(size=(900, 2))
+    comp = np.where((lab == 0) & (rng.random(900) < 0.5), 3, lab)  # blob 0 split over 0 and 3
+    comp = np.where(rng.random(900) < 0.01, 4, comp)  # a few stray rows in component 4
+    resp = np.full((900, 5), 1e-3)
+    resp[np.arange(900), comp] = 1.0
+    resp /= resp.sum(1, keepdims=True)
+    prior = _prior(x, "diag", "dirichlet_process", 5)
+    shift = x.mean(0)
+    post = m_step(_stats(x, resp, "diag", shift), prior)
+    ctx = SimpleNamespace(engine=LocalEngine(), shift=shift, prior=prior, reg_covar=0.0,
+                          handles=[prepare_chunk(x[i:i + 300], shift, "diag") for i in range(0, 900, 300)])
+    moves = Moves("vbem", learner_class("vbem").parse_options({"moves": kinds}))
+    moves.observe(3, _stats(x, resp, "diag", shift), None, post, prior, 0.0)  # round 4 is due: proposals
+    assert ("merge" not in kinds or moves.pairs.tolist()) and ("delete" not in kinds or moves.deletes.size)
+    chosen = moves.run(ctx, post)
+    regular = ctx.engine.map_reduce(vbem_kernel, ctx.handles, estep_params(post, shift)).stats
+    base = total_elbo(regular, prior, 0.0)
+    info = moves.last_round
+    assert info["merges"] + info["deleted"] > 0 and info["gain"] > 0
+    assert total_elbo(chosen, prior, 0.0) == pytest.approx(base + info["gain"], abs=1e-8 * abs(base))
+    # brute force: the E-step responsibilities, moved as the round says, give the same statistics
+    r = normalise(log_rho(prepare_chunk(x, shift, "diag"), estep_params(post, shift)))[0]
+    if info["deleted"]:
+        keep = np.setdiff1d(np.arange(5), moves.deletes)
+        r = r[:, keep] / r[:, keep].sum(1, keepdims=True)
+    for a, b in moves.accepted.tolist():
+        r[:, a] += r[:, b]
+    r = np.delete(r, moves.accepted[:, 1], axis=1)
+    ref = _stats(x, r, "diag", shift)
+    np.testing.assert_allclose(chosen.nk, ref.nk, rtol=1e-10)
+    np.testing.assert_allclose(chosen.mean, ref.mean, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(chosen.scatter, ref.scatter, rtol=1e-8, atol=1e-8)
+    assert chosen.sum_rlogr == pytest.approx(ref.sum_rlogr, rel=1e-9, abs=1e-9)

@@ -102,6 +102,7 @@ class Moves:
         self._last: tuple[SuffStats, Posterior] | None = None
         #: what the last round did: merges accepted, components deleted, exact ELBO gain
         self.last_round: dict[str, float] = {}
+        self.accepted = _EMPTY
 
     @property
     def active(self) -> bool:
@@ -162,26 +163,28 @@ class Moves:
         prior, reg = ctx.prior, ctx.reg_covar
         remove = removes_components(prior)
         base = total_elbo(res.stats, prior, reg)
-        options = [(base, res.stats, 0, 0)]
+        options = [(base, res.stats, _EMPTY, 0)]  # (exact ELBO, statistics, merged pairs, deleted)
         acc, gain = select_merges(res.stats, self.pairs, res.h, prior, reg)
         if acc.shape[0]:
-            options.append((base + gain, apply_merges(res.stats, acc, res.h[_rows(self.pairs, acc)], remove),
-                            acc.shape[0], 0))
+            merged = apply_merges(res.stats, acc, res.h[_rows(self.pairs, acc)], remove)
+            options.append((base + gain, merged, acc, 0))
         if res.alt is not None and keep is not None:
             alt = res.alt if remove else expand_stats(res.alt, keep, k)
             alt_pairs = keep_pairs if remove else keep[keep_pairs]
-            acc2, gain2 = select_merges(alt, alt_pairs, res.alt_h, prior, reg)
+            acc2, _ = select_merges(alt, alt_pairs, res.alt_h, prior, reg)
             alt = apply_merges(alt, acc2, res.alt_h[_rows(alt_pairs, acc2)], remove)
-            options.append((total_elbo(alt, prior, reg), alt, acc2.shape[0], int(self.deletes.size)))
+            options.append((total_elbo(alt, prior, reg), alt, acc2, int(self.deletes.size)))
         best = max(range(len(options)), key=lambda i: (options[i][0], -i))
-        value, stats, merges, deleted = options[best]
+        value, stats, accepted, deleted = options[best]
         if best and not total_elbo(stats, prior, reg) > base:  # re-verified on the chosen statistics
-            value, stats, merges, deleted = options[0]
+            value, stats, accepted, deleted = options[0]
         if keep is not None:
             self.delete_limit = int(self.opts["delete_max"]) if deleted else max(1, self.delete_limit // 2)
-        self.pending = bool(merges or deleted)
+        self.pending = bool(accepted.shape[0] or deleted)
         self.force = False
-        self.last_round = {"merges": merges, "deleted": deleted, "gain": value - base}
+        #: the merged pairs of the last round (indices after its deletions, for the DP) and a summary
+        self.accepted = accepted
+        self.last_round = {"merges": int(accepted.shape[0]), "deleted": deleted, "gain": value - base}
         return stats
 
     # -- checkpoints -----------------------------------------------------------------------------
