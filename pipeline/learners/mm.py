@@ -13,6 +13,7 @@ import numpy as np
 
 from pipeline.learners import register
 from pipeline.learners.dpm import DPPointLearner
+from pipeline.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.posterior import Posterior
 from vbcore.sga import map_bound, mm_sticks, mm_update, prune_order
@@ -20,17 +21,17 @@ from vbcore.sga_stats import take_stats
 
 
 @register("mm")
-class MM(DPPointLearner):
+class MM(HardMovesMixin, DPPointLearner):
     """Batch hard-assignment MAP learner (Lim & Wang 2018, He n.d.).
 
     The reported ELBO is that of (the assignments of this iteration's pass, the distribution around
     the updated point), exact."""
 
-    options = {"prune_threshold": None}
+    options = {"prune_threshold": None, **HARD_MOVE_OPTIONS}  # merges: pipeline.learners.moves
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.point is not None, "start() first"
-        stats = self.hard_pass(self.point)
+        stats = self.apply_moves(iteration, self.hard_pass(self.point))
         keep = prune_order(mm_sticks(stats.nk, self.a0), self.threshold)
         # re-order by descending count, then the MM update in that order (section 4.5): the sticks
         # are the MAP of the new order, and the stick part of the bound is largest for it

@@ -24,6 +24,7 @@ import numpy as np
 from pipeline.learners import register
 from pipeline.learners.base import FitContext
 from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
+from pipeline.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.posterior import Posterior
@@ -43,9 +44,10 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
                           f"got {opts['elbo']!r}")
 
 
-class _SGA(DPPointLearner):
+class _SGA(HardMovesMixin, DPPointLearner):
     method = "sga"
-    options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch"}
+    options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch",
+               **HARD_MOVE_OPTIONS}  # merges: pipeline.learners.moves
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
@@ -79,7 +81,7 @@ class _SGA(DPPointLearner):
         assert self.point is not None and self.post is not None, "start() first"
         n = self.ctx.n_rows
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
-        stats = self.hard_pass(self.point, handles, rows)
+        stats = self.apply_moves(iteration, self.hard_pass(self.point, handles, rows), n / m)
         grad = gradients(stats, self.point, self.ctx.prior, self.sigma2, n, self.a0)
         new, vel = sga_step(self.point, grad, method=self.method, eta=float(self.opts["eta"]),
                             sigma2=self.sigma2, velocity=self.velocity,

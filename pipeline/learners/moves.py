@@ -1,0 +1,293 @@
+"""Merge and delete moves inside VB EM and the hard-assignment learners (Hughes & Sudderth 2013).
+
+Learner options (added to VB EM's, MM's and the SGA learners'):
+
+* ``moves``: ``none`` (default), ``merge``, ``delete`` or ``merge,delete``;
+* ``move_every``: a move round every this many iterations (iterations ``move_every``,
+  ``2 move_every``, ...), and one more whenever the ELBO has converged and no round has been tried
+  since the last accepted move: a fit converges only when a move round found nothing;
+* ``move_pairs``, ``move_neighbours``: at most this many merge pairs per round, proposed among each
+  component's nearest neighbours (:func:`vbcore.moves.propose_pairs`);
+* ``delete_share``, ``delete_max``: the delete proposal takes at most ``delete_max`` components holding
+  less than ``delete_share`` of the mean count (halved after a rejection, reset after an acceptance).
+
+VB EM: pairs and the delete set are proposed at the end of the iteration before a round, from its
+statistics and for the posterior the next pass uses; the round's E-step pass (:func:`vbcore.moves.
+move_kernel`, one engine pass, statistics next to the data, small results to the driver) returns the
+regular statistics, the pairs' entropy changes and the delete proposal's statistics. The driver keeps
+whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO, recomputed
+from the chosen statistics; the M-step follows as usual, so the reported ELBO history stays monotone.
+No random draw is involved: the moves are a function of the pass results, the same on every engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from vbcore.errors import ConfigError
+from vbcore.hard_moves import merge_points, nearest_pairs, select_hard_merges
+from vbcore.kernels import estep_params
+from vbcore.moves import (
+    MoveParams,
+    apply_merges,
+    delete_candidates,
+    expand_stats,
+    move_kernel,
+    propose_pairs,
+    reindex_pairs,
+    removes_components,
+    select_merges,
+    total_elbo,
+)
+from vbcore.posterior import Posterior
+from vbcore.sga_stats import DPPoint, scale_stats, take_stats
+from vbcore.stats import SuffStats
+
+MOVE_KINDS = ("merge", "delete")
+#: the move options every learner with moves accepts, and their defaults
+MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
+                                "delete_share": 0.1, "delete_max": 8}
+#: the move options of the hard-assignment learners (merges only)
+HARD_MOVE_OPTIONS: dict[str, Any] = {k: MOVE_OPTIONS[k] for k in ("moves", "move_every", "move_pairs",
+                                                                 "move_neighbours")}
+_EMPTY = np.zeros((0, 2), dtype=np.int64)
+
+
+def parse_moves(learner: str, value: str) -> frozenset[str]:
+    """``'none'`` or a comma-separated subset of :data:`MOVE_KINDS`."""
+    text = str(value).strip().lower()
+    if text in ("none", ""):
+        return frozenset()
+    kinds = frozenset(p.strip() for p in text.split(","))
+    if not kinds <= set(MOVE_KINDS):
+        raise ConfigError(f"learner option 'moves' of {learner!r} must be 'none' or a comma-separated "
+                          f"subset of {MOVE_KINDS}, got {value!r}")
+    return kinds
+
+
+def check_move_options(learner: str, opts: Mapping[str, Any]) -> frozenset[str]:
+    kinds = parse_moves(learner, opts["moves"])
+    for key in ("move_every", "move_pairs", "move_neighbours", "delete_max"):
+        if key in opts and opts[key] < 1:
+            raise ConfigError(f"learner option {key!r} of {learner!r} must be an integer >= 1, "
+                              f"got {opts[key]!r}")
+    if "delete_share" not in opts:
+        if "delete" in kinds:
+            raise ConfigError(f"learner option 'moves' of {learner!r} must be 'none' or 'merge' "
+                              f"(hard-assignment learners have no delete move), got {opts['moves']!r}")
+        return kinds
+    if not 0 < opts["delete_share"] <= 1:
+        raise ConfigError(f"learner option 'delete_share' of {learner!r} must be in (0, 1], "
+                          f"got {opts['delete_share']!r}")
+    return kinds
+
+
+class Moves:
+    """The move schedule and proposals of one fit (held by the learner).
+
+    State (checkpointed through the learner's ``state()``): the proposals for the next pass and
+    three counters, so a resumed fit makes the same moves."""
+
+    def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
+        self.kinds = check_move_options(learner, opts)
+        self.opts = dict(opts)
+        self.pairs = _EMPTY
+        self.deletes = np.zeros(0, dtype=np.int64)
+        self.pending = True  # no round has been tried since the last accepted move (or the start)
+        self.force = False  # the next iteration is a round (the ELBO converged with pending moves)
+        self.delete_limit = int(opts["delete_max"])
+        self._last: tuple[SuffStats, Posterior] | None = None
+        #: what the last round did: merges accepted, components deleted, exact ELBO gain
+        self.last_round: dict[str, float] = {}
+        self.accepted = _EMPTY
+
+    @property
+    def active(self) -> bool:
+        return bool(self.kinds)
+
+    def due(self, iteration: int) -> bool:
+        return self.active and (self.force or iteration % int(self.opts["move_every"]) == 0)
+
+    # -- proposals -------------------------------------------------------------------------------
+    def observe(self, iteration: int, stats: SuffStats, keep: np.ndarray | None, post: Posterior,
+                prior: Any, reg_covar: float) -> None:
+        """After an iteration: ``stats`` of its pass, ``keep`` the mask of components the learner kept
+        (None: all), ``post`` the posterior the next pass uses. Proposes when the next is a round."""
+        if not self.active:
+            return
+        if keep is not None:
+            stats = take_stats(stats, np.flatnonzero(keep)) if keep.any() else None  # type: ignore[assignment]
+        self._last = None if stats is None or stats.nk.shape[0] != post.n_components else (stats, post)
+        self._prior, self._reg = prior, reg_covar
+        if self.due(iteration + 1):
+            self._propose()
+        else:
+            self.pairs, self.deletes = _EMPTY, np.zeros(0, dtype=np.int64)
+
+    def _propose(self) -> None:
+        self.pairs, self.deletes = _EMPTY, np.zeros(0, dtype=np.int64)
+        if self._last is None:
+            return
+        stats, post = self._last
+        if "merge" in self.kinds:
+            self.pairs = propose_pairs(stats, post, self._prior, self._reg, int(self.opts["move_neighbours"]),
+                                       int(self.opts["move_pairs"]))
+        if "delete" in self.kinds:
+            self.deletes = delete_candidates(stats.nk, float(self.opts["delete_share"]), self.delete_limit)
+
+    def converged(self, base: bool) -> bool:
+        """The learner's rule ``base``, held back once when moves may still raise the ELBO."""
+        if not (self.active and base):
+            return base
+        if self.pending:
+            self.force = True
+            self._propose()
+            return False
+        return True
+
+    # -- the round -------------------------------------------------------------------------------
+    def run(self, ctx: Any, post: Posterior) -> SuffStats:
+        """One move round: the E-step pass with the move quantities, then the best exact ELBO."""
+        k = post.n_components
+        self.pairs = self.pairs[(self.pairs < k).all(axis=1)]  # proposals are for this posterior's K
+        self.deletes = self.deletes[self.deletes < k]
+        keep = None
+        if self.deletes.size:
+            keep = np.setdiff1d(np.arange(k), self.deletes)
+        keep_pairs = _EMPTY if keep is None else reindex_pairs(self.pairs, keep, k)
+        params = MoveParams(estep_params(post, ctx.shift), self.pairs, keep, keep_pairs)
+        res = ctx.engine.map_reduce(move_kernel, ctx.handles, params)
+        prior, reg = ctx.prior, ctx.reg_covar
+        remove = removes_components(prior)
+        base = total_elbo(res.stats, prior, reg)
+        options = [(base, res.stats, _EMPTY, 0)]  # (exact ELBO, statistics, merged pairs, deleted)
+        acc, gain = select_merges(res.stats, self.pairs, res.h, prior, reg)
+        if acc.shape[0]:
+            merged = apply_merges(res.stats, acc, res.h[_rows(self.pairs, acc)], remove)
+            options.append((base + gain, merged, acc, 0))
+        if res.alt is not None and keep is not None:
+            alt = res.alt if remove else expand_stats(res.alt, keep, k)
+            alt_pairs = keep_pairs if remove else keep[keep_pairs]
+            acc2, _ = select_merges(alt, alt_pairs, res.alt_h, prior, reg)
+            alt = apply_merges(alt, acc2, res.alt_h[_rows(alt_pairs, acc2)], remove)
+            options.append((total_elbo(alt, prior, reg), alt, acc2, int(self.deletes.size)))
+        best = max(range(len(options)), key=lambda i: (options[i][0], -i))
+        value, stats, accepted, deleted = options[best]
+        if best and not total_elbo(stats, prior, reg) > base:  # re-verified on the chosen statistics
+            value, stats, accepted, deleted = options[0]
+        if keep is not None:
+            self.delete_limit = int(self.opts["delete_max"]) if deleted else max(1, self.delete_limit // 2)
+        self.pending = bool(accepted.shape[0] or deleted)
+        self.force = False
+        #: the merged pairs of the last round (indices after its deletions, for the DP) and a summary
+        self.accepted = accepted
+        self.last_round = {"merges": int(accepted.shape[0]), "deleted": deleted, "gain": value - base}
+        return stats
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        if not self.active:
+            return {}
+        flags = np.array([self.pending, self.force, self.delete_limit], dtype=np.int64)
+        return {"moves_pairs": self.pairs, "moves_deletes": self.deletes, "moves_flags": flags}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        if not self.active or "moves_flags" not in state:
+            return
+        self.pairs = np.asarray(state["moves_pairs"], dtype=np.int64).reshape(-1, 2)
+        self.deletes = np.asarray(state["moves_deletes"], dtype=np.int64).reshape(-1)
+        pending, force, limit = (int(v) for v in np.asarray(state["moves_flags"]))
+        self.pending, self.force, self.delete_limit = bool(pending), bool(force), limit
+
+
+def _rows(pairs: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Positions of the ``chosen`` pairs among ``pairs``."""
+    lookup = {tuple(p): i for i, p in enumerate(np.asarray(pairs).tolist())}
+    return np.asarray([lookup[tuple(p)] for p in np.asarray(chosen).tolist()], dtype=np.int64)
+
+
+class HardMoves:
+    """Merges for the hard-assignment learners (MM, SGA, SGA+M, SGA+F) on their MAP bound
+    (Lim & Jiang 2024, eqs. 22-29): a one-hot q(z) has no entropy term, so the exact change of
+    merging clusters follows from the hard statistics of the iteration's own pass (all rows for MM;
+    the minibatch scaled by N/M for the SGA learners, an estimate), and no extra pass is needed.
+    Rounds as for :class:`Moves` (every ``move_every`` iterations, and before convergence)."""
+
+    def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
+        self.kinds = check_move_options(learner, opts)
+        self.opts = dict(opts)
+        self.pending, self.force = True, False
+        self.last_round: dict[str, float] = {}
+
+    def due(self, iteration: int) -> bool:
+        return bool(self.kinds) and (self.force or iteration % int(self.opts["move_every"]) == 0)
+
+    def select(self, stats: SuffStats, means: np.ndarray, prior: Any, sigma2: float, a0: float) -> np.ndarray:
+        """Disjoint pairs of clusters to merge (pairs among each cluster's nearest point means)."""
+        pairs = nearest_pairs(means, int(self.opts["move_neighbours"]))
+        acc, gain = select_hard_merges(stats, pairs, prior, sigma2, a0, int(self.opts["move_pairs"]))
+        self.pending, self.force = bool(acc.shape[0]), False
+        self.last_round = {"merges": int(acc.shape[0]), "gain": gain}
+        return acc
+
+    def converged(self, base: bool) -> bool:
+        if not (self.kinds and base):
+            return base
+        if self.pending:
+            self.force = True
+            return False
+        return True
+
+    def state(self) -> dict[str, np.ndarray]:
+        if not self.kinds:
+            return {}
+        return {"moves_flags": np.array([self.pending, self.force], dtype=np.int64)}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        if self.kinds and "moves_flags" in state:
+            pending, force = (int(v) for v in np.asarray(state["moves_flags"]))
+            self.pending, self.force = bool(pending), bool(force)
+
+
+class HardMovesMixin:
+    """Merges for a :class:`pipeline.learners.dpm.DPPointLearner` (put before it in the bases):
+    the :class:`HardMoves` schedule, its checkpoint state and convergence rule, and
+    :meth:`apply_moves` for the learner's step."""
+
+    def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)  # type: ignore[call-arg]
+        self.moves = HardMoves(self.name, self.opts)  # type: ignore[attr-defined]
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        super().check_options(opts)  # type: ignore[misc]
+        check_move_options(cls.name, opts)  # type: ignore[attr-defined]
+
+    def apply_moves(self, iteration: int, stats: SuffStats, scale: float = 1.0) -> SuffStats:
+        """On a round: merge clusters of the point (means count-weighted, weights summed) and of the
+        pass's hard ``stats`` (in the point's order; ``scale``: N/M for a minibatch)."""
+        if not self.moves.due(iteration):
+            return stats
+        me: Any = self
+        sized = stats if scale == 1.0 else scale_stats(stats, scale)
+        acc = self.moves.select(sized, me.point.means, me.ctx.prior, me.sigma2, me.a0)
+        if acc.shape[0] == 0:
+            return stats
+        means, sticks, counts, keep = merge_points(me.point.means, me.point.sticks, me.counts, acc)
+        me.point, me.counts = DPPoint(means, sticks), counts
+        me._reorder(keep)
+        me.post = me.posterior()
+        return apply_merges(stats, acc, np.zeros(acc.shape[0]))
+
+    def converged(self, history: list[float], tol: float) -> bool:
+        return self.moves.converged(super().converged(history, tol))  # type: ignore[misc]
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), **self.moves.state()}  # type: ignore[misc]
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        super().load_state(post, state)  # type: ignore[misc]
+        self.moves.load_state(state)
