@@ -27,14 +27,14 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import ZstdCodec
 
+from pipeline import integrity
 from vbcore.errors import InputError, StoreError
 
 FORMAT = "vbcluster-feature-store"
@@ -96,6 +96,7 @@ class FeatureStore:
     path: str
     group: zarr.Group
     writable: bool
+    scan: integrity.Scan | None = field(default=None, repr=False)  # chunk files found at open
 
     # ---- creation and opening -------------------------------------------------------------------
     @classmethod
@@ -124,7 +125,7 @@ class FeatureStore:
         if not _is_url(path) and Path(path).exists() and any(Path(path).iterdir()) and not overwrite:
             raise StoreError(f"{path} already exists and is not empty; pass overwrite=True to replace it")
         group = zarr.open_group(path, mode="w")
-        comp = ZstdCodec(level=compression_level)
+        comp = integrity.compressors(compression_level)  # zstd + a CRC-32C per chunk
         # write_empty_chunks: skip zarr's scan of every chunk for all-fill values (a third of the
         # write time on ReLU features, measured in bench/bench_ingest.py)
         cfg: Any = {"write_empty_chunks": True}
@@ -149,6 +150,7 @@ class FeatureStore:
             "fingerprint": seed,
             "appends": [],
             "created": _now(),
+            "checksums": integrity.CHECKSUM,
         })
         return cls(path, group, True)
 
@@ -160,6 +162,7 @@ class FeatureStore:
             raise StoreError(f"mode must be 'r' or 'r+', got {mode!r}")
         if not _is_url(path):
             p = Path(path)
+            integrity.recover_upgrade(path)
             if not p.exists():
                 raise StoreError(f"{path}: no such feature store (the path does not exist)")
             if not (p / "zarr.json").is_file():
@@ -177,6 +180,7 @@ class FeatureStore:
             raise StoreError(f"{path} is not a feature store ({type(exc).__name__}: {exc})") from None
         store = cls(path, group, mode == "r+")
         store._validate()
+        store.scan = integrity.scan(path, group, store.n_rows)  # every chunk present; fingerprint
         return store
 
     def _validate(self) -> None:
@@ -228,6 +232,10 @@ class FeatureStore:
 
     @property
     def fingerprint(self) -> str:
+        """The content fingerprint: derived from every chunk's CRC-32C (checksummed stores), else the
+        sha256 chained over the appends (stores of an older vbcluster)."""
+        if self.scan is not None and self.scan.fingerprint is not None:
+            return self.scan.fingerprint
         return str(self.group.attrs["fingerprint"])
 
     @property
@@ -244,18 +252,22 @@ class FeatureStore:
         return [slice(s, min(s + c, n)) for s in range(0, n, c)]
 
     def read(self, rows: slice | None = None) -> np.ndarray:
+        """Feature rows (float32); a missing or corrupt chunk fails naming it."""
         rows = rows or slice(0, self.n_rows)
-        return np.asarray(self.features[rows], dtype=np.float32)
+        return np.asarray(integrity.read_rows(self.path, self.group, "features", rows, self.n_rows),
+                          dtype=np.float32)
 
     def read_labels(self, rows: slice | None = None) -> np.ndarray | None:
         if not self.has_labels:
             return None
-        return np.asarray(_arr(self.group, "labels")[rows or slice(0, self.n_rows)])
+        rows = rows or slice(0, self.n_rows)
+        return integrity.read_rows(self.path, self.group, "labels", rows, self.n_rows)
 
     def read_ids(self, rows: slice | None = None) -> np.ndarray | None:
         if not self.has_ids:
             return None
-        return np.asarray(_arr(self.group, "ids")[rows or slice(0, self.n_rows)])
+        rows = rows or slice(0, self.n_rows)
+        return integrity.read_rows(self.path, self.group, "ids", rows, self.n_rows)
 
     # ---- appends ----------------------------------------------------------------------------
     def append(self, X: Any, labels: Any = None, ids: Any = None, *, source: str = "",
@@ -276,7 +288,7 @@ class FeatureStore:
             raise StoreError(f"on_nonfinite must be 'raise' or 'drop', got {on_nonfinite!r}")
         root = Path(self.path)
         old_n = self.n_rows
-        fp = self.fingerprint
+        fp = str(self.group.attrs["fingerprint"])  # the chain over appends (kept for old readers)
         _begin_journal(root, self.group, old_n, self.chunk_rows)
         written = dropped = 0
         where = source or "appended rows"
@@ -314,6 +326,7 @@ class FeatureStore:
             self.group = zarr.open_group(self.path, mode="r+")
             raise
         _commit_journal(root)
+        self.scan = integrity.scan(self.path, self.group, self.n_rows)
         return written
 
     def _check_side(self, name: str, values: Any, n_in: int, kept: np.ndarray | None,
