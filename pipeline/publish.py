@@ -88,9 +88,7 @@ def unfinished_version(out: str | os.PathLike[str], fingerprint: str,
             old = json.loads((path / "run.json").read_text())
             if any((old.get(k) or None) != (spec.get(k) or None) for k in TRAJECTORY):
                 continue
-        lock = RunLock(path)
-        holder = lock._holder() if lock.path.exists() else None
-        if holder is not None and lock._alive(holder):
+        if RunLock(path).is_held():
             continue  # a refresh is running in it
         try:
             loaded = Checkpointer(path / "checkpoints").load_latest()
