@@ -5,6 +5,7 @@ Report and deploy arrive with the flow issue.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -13,8 +14,47 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Variational Bayesian clustering of large feature stores.")
+#: exit codes: bad input (a file, store, config or option to fix) and environment (disk, permissions)
+EXIT_INPUT, EXIT_ENVIRONMENT = 2, 1
+
+
+class _App(typer.Typer):
+    """The command group: an error no command handled is one line on stderr (exit 2 for bad input,
+    1 for the environment) instead of a traceback; ``--debug`` anywhere on the command line shows the
+    traceback instead."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        argv = list(kwargs.pop("args", None) or sys.argv[1:])
+        if "--debug" in argv:
+            return super().__call__(*args, args=[a for a in argv if a != "--debug"], **kwargs)
+        try:
+            return super().__call__(*args, args=argv, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the point: one line, whatever it is
+            sys.exit(_one_line(exc))
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for bad input (vbcluster's errors, unreadable or missing files), 1 for the environment."""
+    from vbcore.errors import VBClusterError
+
+    if isinstance(exc, VBClusterError | FileNotFoundError | IsADirectoryError | NotADirectoryError):
+        return EXIT_INPUT
+    if isinstance(exc, OSError):
+        return EXIT_ENVIRONMENT  # disk full, permission denied, I/O error
+    return EXIT_INPUT if isinstance(exc, ValueError | EOFError | KeyError | TypeError) else EXIT_ENVIRONMENT
+
+
+def _one_line(exc: BaseException) -> int:
+    text = " ".join(str(exc).split()) or "no details"
+    if isinstance(exc, OSError) and exc.filename is None and not any(c in text for c in "/\\"):
+        text += " (the file was not named by the system; run with --debug)"
+    print(f"error: {type(exc).__name__}: {text} (run with --debug for the traceback)", file=sys.stderr)
+    return exit_code(exc)
+
+
+app = _App(add_completion=False, no_args_is_help=True,
+           help="Variational Bayesian clustering of large feature stores. Errors are one line (exit 2: "
+           "bad input, 1: environment); add --debug to see the traceback.")
 console = Console(width=110) if not Console().is_terminal else Console()
 
 
@@ -70,7 +110,7 @@ def _options(pairs: list[str]) -> dict[str, str]:
 
 def _fail(exc: Exception) -> None:
     console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=exit_code(exc))
 
 
 @app.command()
@@ -93,6 +133,7 @@ def ingest(
 ) -> None:
     """Stream a source into a chunked, compressed Zarr feature store."""
     from pipeline.ingest import ingest as run_ingest
+    from pipeline.integrity import check_input_file
     from vbcore.errors import VBClusterError
 
     opts: dict[str, Any] = dict(_options(option))
@@ -102,6 +143,7 @@ def ingest(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     try:
+        check_input_file(source)  # an empty (0-byte) source file is named, not "Aborted."
         with Progress(SpinnerColumn(), TextColumn("[bold]ingest {task.description}"),
                       TextColumn("{task.completed:,} rows"), TimeElapsedColumn(), console=console,
                       disable=quiet) as bar:
@@ -109,7 +151,7 @@ def ingest(
             report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
                                 overwrite=overwrite, drop_nonfinite=drop_nonfinite,
                                 progress=lambda n: bar.advance(t, n), **opts)
-    except (VBClusterError, FileNotFoundError) as exc:
+    except (VBClusterError, OSError) as exc:
         _fail(exc)
         return
     console.print(f"{report.path}: wrote {report.rows_written} rows x {report.n_features} features "

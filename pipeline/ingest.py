@@ -381,7 +381,7 @@ def _npy(path: Path, labels: str | None, ids: str | None, options: dict[str, Any
 
     def blocks(first: int, size: int) -> Iterator[Batch]:
         for s, e in _slices(n, first, size):
-            yield (np.array(X[s:e], dtype=np.float32), None if lab is None else np.array(lab[s:e]),
+            yield (np.array(X[s:e]), None if lab is None else np.array(lab[s:e]),  # cast by check_rows
                    None if idv is None else np.array(idv[s:e]))
 
     return _Plan(X.shape[1], lab is not None, None if idv is None else _id_kind(idv.dtype), blocks,
@@ -471,7 +471,7 @@ def _npz(path: Path, labels: str | None, ids: str | None, options: dict[str, Any
         lab_it = side["labels"].blocks(first, size) if side["labels"] else None
         ids_it = side["ids"].blocks(first, size) if side["ids"] else None
         for x in X.blocks(first, size):
-            yield (x.astype(np.float32), None if lab_it is None else next(lab_it),
+            yield (x, None if lab_it is None else next(lab_it),  # cast (after its checks) by check_rows
                    None if ids_it is None else next(ids_it))
 
     ids_arr = side["ids"]

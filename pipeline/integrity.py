@@ -92,6 +92,46 @@ def _trailer(path: str, name: str, key: str) -> tuple[int, bytes] | None:
         return None
 
 
+def check_metadata(path: str) -> None:
+    """Parse the store's Zarr metadata files (group and arrays) before Zarr does: a truncated or
+    damaged ``zarr.json`` is one error naming the file, not a traceback from deep inside Zarr."""
+    import json
+
+    if _is_url(path):
+        return
+    for rel in ("zarr.json", *(f"{n}/zarr.json" for n in ARRAYS)):
+        f = Path(path) / rel
+        if not f.exists():
+            continue
+        try:
+            body = json.loads(f.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{f}: unreadable Zarr metadata ({type(exc).__name__}: {str(exc)[:120]}); "
+                             "the file is truncated or damaged: restore the store or re-ingest its source"
+                             ) from None
+        if not isinstance(body, dict) or "node_type" not in body:
+            raise StoreError(f"{f}: not Zarr v3 metadata (no 'node_type'); restore the store or re-ingest "
+                             "its source")
+
+
+def check_input_file(source: str) -> None:
+    """Refuse an empty (0-byte) source file by name (NumPy and others fail on it with EOFError)."""
+    from vbcore.errors import InputError
+
+    p = Path(source)
+    if "://" not in source and p.is_file() and p.stat().st_size == 0:
+        raise InputError(f"{source}: the file is empty (0 bytes); it was not written completely")
+
+
+def check_attributes(path: str, attrs: dict[str, Any]) -> None:
+    """The store's size attributes are non-negative integers (``n_rows="abc"`` is refused by name)."""
+    for key, low in (("n_rows", 0), ("n_features", 1), ("chunk_rows", 1)):
+        v = attrs.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise StoreError(f"{path}/zarr.json: attribute {key!r} must be an integer >= {low}, got {v!r}; "
+                             "the store's metadata is damaged: restore the store or re-ingest its source")
+
+
 @dataclass
 class Scan:
     """What one pass over a store's chunk files found."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.runs import POSTERIOR, RESULT, read_result
+from pipeline.runs import POSTERIOR, RESULT, read_result, verify_posterior
 from pipeline.sources import StoreSource
 from vbcore.errors import InputError
 
@@ -114,6 +114,7 @@ def publish(out: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> Pat
     for name in (RESULT, POSTERIOR):
         if not (run_dir / name).is_file():
             raise InputError(f"{run_dir}: no {name}; only a finished run can be published")
+    verify_posterior(run_dir)  # a posterior that is not the one result.json describes is never published
     if run_dir.resolve().parent != (out / VERSIONS).resolve():
         raise InputError(f"{run_dir} is not a version directory of {out} (expected {out / VERSIONS}/...)")
     link = out / LATEST
@@ -149,6 +150,7 @@ def plan_refresh(out: str | os.PathLike[str], store: str) -> RefreshPlan:
     if prev is None:
         return RefreshPlan("cold", None, "no published version yet", src.n_rows, None, src.fingerprint)
     result = read_result(prev)
+    verify_posterior(prev)  # a published posterior replaced since is refused, not skipped over
     old_n = int(result["n_rows"])
     if result.get("store_fingerprint") == src.fingerprint:
         return RefreshPlan("skip", str(prev), f"the store is unchanged since {prev.name}", src.n_rows, old_n,

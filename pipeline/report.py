@@ -24,7 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.runs import ASSIGNMENTS, POSTERIOR, RESULT, assign_rows, load_model, publish_dir, read_result
+from pipeline.runs import (
+    ASSIGNMENTS,
+    POSTERIOR,
+    RESULT,
+    assign_rows,
+    load_model,
+    publish_dir,
+    read_result,
+    verify_posterior,
+)
 from vbcore.errors import InputError
 from vbcore.metrics import acc, nmi
 
@@ -39,6 +48,7 @@ def _check_run(run_dir: Path) -> dict[str, Any]:
     if missing:
         raise InputError(f"{run_dir}: no {' or '.join(missing)}: not a finished vbcluster run directory "
                          "(run `vbcluster fit` or `vbcluster resume` first)")
+    verify_posterior(run_dir)  # the posterior is the one result.json describes (its sha256)
     return read_result(run_dir)
 
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -110,16 +111,29 @@ def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[s
 
 def write_atomic(path: Path, write: Any) -> None:
     """Write a file under a temporary name in the same directory, fsync it, rename it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    except OSError as exc:
+        raise named_oserror(exc, path) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise named_oserror(exc, path) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def named_oserror(exc: OSError, path: str | os.PathLike[str]) -> OSError:
+    """The same error (disk full, permission denied ...) with the file it was writing named."""
+    if exc.filename is not None and str(exc.filename) == str(path):
+        return exc
+    return OSError(exc.errno, f"{exc.strerror or exc} (writing {path})", str(path))
 
 
 def _write_posterior(f: Any, model: VBMixture) -> None:
@@ -152,22 +166,24 @@ def _write_posterior(f: Any, model: VBMixture) -> None:
 
 
 def load_model(run_dir: str | Path) -> VBMixture:
-    """Rebuild a fitted VBMixture from a run directory."""
+    """Rebuild a fitted VBMixture from a run directory (its posterior verified against result.json)."""
     run_dir = Path(run_dir)
-    path = run_dir / POSTERIOR
-    if not path.is_file():
-        raise InputError(f"{run_dir}: no {POSTERIOR} (not a finished vbcluster run directory)")
-    with np.load(path, allow_pickle=False) as z:
-        meta = json.loads(str(z["meta"]))
-        dof = z["degrees_of_freedom_"] if "degrees_of_freedom_" in z else None
-        post = Posterior(meta["covariance_type"], meta["weight_type"], z["weight_concentration_"],
-                         z["mean_precision_"], z["means_"], dof, z["covariances_"])
-        prior = Prior(meta["covariance_type"], meta["weight_type"], meta["n_components"],
-                      meta["weight_concentration"], meta["mean_precision"], z["prior_mean"],
-                      meta["degrees_of_freedom"],
-                      z["prior_covariance"] if "prior_covariance" in z else None,
-                      meta["fixed_variance"])
-        history = z["lower_bounds_"]
+    path = verify_posterior(run_dir)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            dof = z["degrees_of_freedom_"] if "degrees_of_freedom_" in z else None
+            post = Posterior(meta["covariance_type"], meta["weight_type"], z["weight_concentration_"],
+                             z["mean_precision_"], z["means_"], dof, z["covariances_"])
+            prior = Prior(meta["covariance_type"], meta["weight_type"], meta["n_components"],
+                          meta["weight_concentration"], meta["mean_precision"], z["prior_mean"],
+                          meta["degrees_of_freedom"],
+                          z["prior_covariance"] if "prior_covariance" in z else None,
+                          meta["fixed_variance"])
+            history = z["lower_bounds_"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: unreadable posterior ({type(exc).__name__}: {_first_line(exc)}); "
+                         "refit the run") from None
     model = VBMixture(**{k: v for k, v in meta["settings"].items() if k in VBMixture._get_param_names()})
     model.prior_ = prior
     from vbcore.elbo import ElboTerms
@@ -179,11 +195,45 @@ def load_model(run_dir: str | Path) -> VBMixture:
     return model
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else "no details"
+
+
+def verify_posterior(run_dir: str | Path) -> Path:
+    """The run's posterior.npz, after checking it against the ``posterior_sha256`` that result.json
+    records (a posterior replaced by another run's, or damaged, is refused naming the file)."""
+    run_dir = Path(run_dir)
+    path = run_dir / POSTERIOR
+    if not path.is_file():
+        raise InputError(f"{run_dir}: no {POSTERIOR} (not a finished vbcluster run directory)")
+    if not (run_dir / RESULT).is_file():
+        return path  # a posterior without its result (written first by save_run): nothing to check
+    expected = read_result(run_dir).get("posterior_sha256")
+    if expected is not None:
+        try:
+            actual = sha256_file(path)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        if actual != expected:
+            raise InputError(f"{path} does not match the posterior_sha256 recorded in {run_dir / RESULT} "
+                             "(replaced by another run's or damaged); refit, or restore the run's posterior")
+    return path
+
+
 def read_result(run_dir: str | Path) -> dict[str, Any]:
+    """result.json of a finished run; a missing, truncated or damaged file is one clear error."""
     path = Path(run_dir) / RESULT
     if not path.is_file():
         raise InputError(f"{run_dir}: no {RESULT} (not a finished vbcluster run directory)")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise InputError(f"{path}: unreadable ({type(exc).__name__}: {_first_line(exc)}); the file is "
+                         "truncated or damaged: refit the run") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}; refit the run")
+    return data
 
 
 def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | None = None,

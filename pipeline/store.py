@@ -36,6 +36,7 @@ import zarr
 
 from pipeline import integrity
 from vbcore.errors import InputError, StoreError
+from vbcore.limits import check_magnitude
 
 FORMAT = "vbcluster-feature-store"
 SCHEMA_VERSION = 1
@@ -75,6 +76,7 @@ def check_rows(X: Any, n_features: int | None, where: str, first_row: int = 0,
         raise InputError(
             f"{where}: rows have {arr.shape[1]} features but the store has {n_features}"
         )
+    check_magnitude(arr, where, first_row)  # |x| too large for float32 sums, as the source has it
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     finite = np.isfinite(arr).all(axis=1)
     if finite.all():
@@ -174,6 +176,7 @@ class FeatureStore:
                         "to roll it back"
                     )
                 _rollback(p)
+            integrity.check_metadata(path)  # a truncated zarr.json is named, not a Zarr traceback
         try:
             group = zarr.open_group(path, mode="r+" if mode == "r+" else "r")
         except Exception as exc:  # zarr raises several types for a non-group
@@ -197,6 +200,7 @@ class FeatureStore:
         missing = [k for k in ("n_rows", "n_features", "chunk_rows", "fingerprint") if k not in a]
         if missing:
             raise StoreError(f"{self.path}: store attributes are missing {missing}")
+        integrity.check_attributes(self.path, a)
         if "features" not in self.group.array_keys():
             raise StoreError(f"{self.path}: the store has no 'features' array")
         f = self.features
@@ -321,9 +325,12 @@ class FeatureStore:
             appends.append({"rows": written, "dropped_nonfinite": dropped, "source": source,
                             "time": _now()})
             self.group.attrs.update({"n_rows": old_n + written, "fingerprint": fp, "appends": appends})
-        except BaseException:
+        except BaseException as exc:
             _rollback(root)
             self.group = zarr.open_group(self.path, mode="r+")
+            if isinstance(exc, OSError) and exc.filename is None:  # disk full: name the store
+                raise OSError(exc.errno, f"{exc.strerror or exc} (appending to the store; rolled back)",
+                              self.path) from exc
             raise
         _commit_journal(root)
         self.scan = integrity.scan(self.path, self.group, self.n_rows)
