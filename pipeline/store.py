@@ -3,7 +3,9 @@ optional ``labels`` (int64) and ``ids`` (int64 or strings).
 
 Group attributes: ``format``, ``schema_version``, ``n_rows``, ``n_features``, ``chunk_rows``,
 ``source``, ``extractor``, ``extractor_params``, ``fingerprint`` (a sha256 chained over every
-append: it changes whenever rows are added), ``appends`` (one record per append) and ``created``.
+append), ``appends`` (one record per append), ``created`` and ``checksums`` (``crc32c``). Every chunk
+ends with its CRC-32C; :attr:`FeatureStore.fingerprint` of such a store derives from the chunk
+checksums, found when it is opened (see :mod:`pipeline.integrity`).
 
 **Atomic appends** (local stores). An append is a transaction with an undo journal:
 
