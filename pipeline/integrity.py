@@ -56,7 +56,10 @@ def has_checksums(arr: zarr.Array) -> bool:
 
 def chunk_key(arr: zarr.Array, i: int) -> str:
     """The key of row chunk ``i`` inside the array (``c/3/0`` for features, ``c/3`` for 1-D)."""
-    return arr.metadata.chunk_key_encoding.encode_chunk_key((i,) + (0,) * (arr.ndim - 1))
+    meta = arr.metadata
+    if not hasattr(meta, "chunk_key_encoding"):  # Zarr v2 metadata: stores are v3 groups (checked)
+        raise StoreError(f"array {arr.path!r} is Zarr v2; feature stores are Zarr v3")
+    return str(meta.chunk_key_encoding.encode_chunk_key((i,) + (0,) * (arr.ndim - 1)))
 
 
 def _is_url(path: str) -> bool:
