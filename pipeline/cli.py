@@ -27,10 +27,25 @@ class _App(typer.Typer):
         argv = list(kwargs.pop("args", None) or sys.argv[1:])
         if "--debug" in argv:
             return super().__call__(*args, args=[a for a in argv if a != "--debug"], **kwargs)
+        import warnings
+
+        warnings.showwarning = _show_warning  # one line each, no source line
         try:
             return super().__call__(*args, args=argv, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the point: one line, whatever it is
             sys.exit(_one_line(exc))
+
+
+_SHOWN: set[str] = set()
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning as one line, each distinct one once per command."""
+    text = f"warning: {' '.join(str(message).split())}"
+    if text not in _SHOWN:
+        _SHOWN.add(text)
+        print(text, file=sys.stderr)
 
 
 def exit_code(exc: BaseException) -> int:

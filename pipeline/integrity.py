@@ -171,10 +171,10 @@ def scan(path: str, group: zarr.Group, n_rows: int) -> Scan:
             total += size
             h.update(size.to_bytes(8, "little") + crc)
             crcs[name].append(crc)
-    if not checksummed:
+    if not checksummed:  # (stacklevel 1: one place, so the default filter shows it once per store)
         warnings.warn(f"{path} has no chunk checksums (written by an older vbcluster): corrupted chunks "
                       f"cannot be detected; run `vbcluster check {path} --upgrade` to add them",
-                      StoreIntegrityWarning, stacklevel=3)
+                      StoreIntegrityWarning, stacklevel=1)
     return Scan(checksummed, h.hexdigest() if checksummed else None,
                 crcs if checksummed else {}, total)
 

@@ -7,11 +7,14 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
+import zarr
 from typer.testing import CliRunner
 
+from pipeline import integrity
 from pipeline.cli import app, exit_code
 from pipeline.cluster import load_cluster_config
 from pipeline.publish import VERSIONS, publish
@@ -87,6 +90,12 @@ def cli(fitted):
     X[7, 2] = 2 * max_abs_value(4)  # finite even in float32, but its square sums overflow
     np.save(d / "big.npy", X)
     (d / "bad.yaml").write_text("cluster_class: distributed.LocalCluster\ncluster_kwargs:\n  n_worker: 1\n")
+    with pytest.MonkeyPatch.context() as mp:  # a store as an older vbcluster wrote it (no checksums)
+        mp.setattr(integrity, "compressors", lambda level: [zarr.codecs.ZstdCodec(level=level)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", integrity.StoreIntegrityWarning)
+            old = FeatureStore.create(d / "old.zarr", 3, chunk_rows=30)
+            old.append(np.random.default_rng(1).normal(size=(40, 3)))
     (d / "resume").mkdir()
     (d / "resume" / "run.json").write_text('{"store": ')
     cases = {
@@ -98,6 +107,7 @@ def cli(fitted):
         "yaml": ["fit", str(fitted / "s.zarr"), "--run-dir", str(d / "r2"), "--cluster", str(d / "bad.yaml"),
                  "-q"],
         "resume": ["resume", str(d / "resume")],
+        "old": ["fit", str(d / "old.zarr"), "--run-dir", str(d / "r3"), "-k", "2", "--max-iter", "3", "-q"],
     }
     res = subprocess.run([sys.executable, "-c", BATCH, json.dumps(cases)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -265,3 +275,13 @@ def test_debug_shows_the_traceback(fitted, cli):
     res = subprocess.run([sys.executable, "-m", "pipeline.cli", "resume", str(fitted / "cli" / "resume"),
                           "--debug"], capture_output=True, text=True)
     assert res.returncode == 1 and "Traceback" in res.stderr and "JSONDecodeError" in res.stderr
+
+
+def test_store_without_checksums_warns_once_in_one_line(fitted, cli):
+    code, lines = cli["old"]
+    warned = [ln for ln in lines if ln.startswith("warning:")]
+    assert code == 0 and len(warned) == 1, lines
+    old = fitted / "cli" / "old.zarr"
+    assert warned[0] == (f"warning: {old} has no chunk checksums (written by an older vbcluster): "
+                         f"corrupted chunks cannot be detected; run `vbcluster check {old} --upgrade` "
+                         "to add them")
