@@ -17,6 +17,7 @@ processes out of one run directory; a lock whose process is gone (same host) is 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -176,6 +177,27 @@ def _verify(path: Path) -> str | None:
     return None
 
 
+def _publish_lock(tmp: Path, path: Path, body: dict[str, Any]) -> None:
+    """Make ``path`` appear with ``tmp``'s content at once (``link``); FileExistsError when it exists.
+
+    File systems without hard links (some FUSE and SMB mounts) get O_EXCL and a write: the lock is
+    then briefly empty, which competitors respect for ``RunLock.UNREADABLE_GRACE_S`` seconds.
+    """
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(body))
+        f.flush()
+        os.fsync(f.fileno())
+
+
 class RunLock:
     """An exclusive lock on a run directory or a ``checkpoint_dir`` (``.lock``: pid, host, start time,
     a random token). The one lock of the CLI (run directory) and the estimator (``checkpoint_dir``).
@@ -212,7 +234,7 @@ class RunLock:
         try:
             for _ in range(20):
                 try:
-                    os.link(tmp, self.path)
+                    _publish_lock(tmp, self.path, me)
                 except FileExistsError:
                     holder = self._holder()
                     if holder is None and not self.path.exists():

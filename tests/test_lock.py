@@ -146,3 +146,17 @@ def test_release_leaves_another_holders_lock(tmp_path):
     assert RunLock(tmp_path).is_held() and json.loads((tmp_path / ".lock").read_text())["token"] == b._token
     b.release()
     assert not (tmp_path / ".lock").exists()
+
+
+def test_file_systems_without_hard_links_fall_back_to_exclusive_create(tmp_path, monkeypatch):
+    import errno
+
+    def no_link(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_link)
+    with RunLock(tmp_path) as lock:
+        assert json.loads((tmp_path / ".lock").read_text())["token"] == lock._token
+        with pytest.raises(RunLockedError, match=r"in use by pid"):
+            RunLock(tmp_path).acquire()
+    assert not (tmp_path / ".lock").exists()
