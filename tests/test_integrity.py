@@ -218,3 +218,12 @@ def test_check_reports_time_per_gb_and_nonfinite(store):
     res = runner.invoke(app, ["check", store])
     assert res.exit_code == 2 and "1 rows of 'features' hold NaN/inf" in res.output
     assert json.loads((Path(store) / "zarr.json").read_text())["attributes"]["checksums"] == "crc32c"
+
+
+def test_fsspec_url_stores_are_scanned_too(store):
+    url = f"file://{store}"
+    assert FeatureStore.open(url).fingerprint == FeatureStore.open(store).fingerprint
+    np.testing.assert_array_equal(StoreSource(url).load(4), _rows(40)[32:40])
+    (Path(store) / "features/c/4/0").unlink()
+    with pytest.raises(StoreError, match=r"'features' chunk features/c/4/0 \(rows 32-39\) is missing"):
+        FeatureStore.open(url)
