@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from pipeline import integrity
 from pipeline.cli import app, exit_code
 from pipeline.cluster import load_cluster_config
-from pipeline.publish import VERSIONS, publish
+from pipeline.publish import VERSIONS, plan_refresh, publish
 from pipeline.report import write_report
 from pipeline.runs import RESULT, assign_store, load_model, read_result, write_atomic
 from pipeline.store import FeatureStore
@@ -122,6 +122,9 @@ def _one_line(cli, name, code=2):
 
 # ---- run integrity ------------------------------------------------------------------------------
 def test_posterior_of_another_run_is_refused_by_every_reader(fitted, run, cli):
+    out = run.parent.parent
+    publish(out, run)  # published while intact
+    assert plan_refresh(out, str(fitted / "s.zarr")).action == "skip"
     shutil.copy2(fitted / "b" / "posterior.npz", run / "posterior.npz")
     msg = r"posterior.npz does not match the posterior_sha256 recorded in .*result.json"
     with pytest.raises(InputError, match=msg):
@@ -131,8 +134,9 @@ def test_posterior_of_another_run_is_refused_by_every_reader(fitted, run, cli):
     with pytest.raises(InputError, match=msg):
         write_report([run])
     with pytest.raises(InputError, match=msg):
-        publish(run.parent.parent, run)
-    assert not (run.parent.parent / "latest").exists()
+        publish(out, run)
+    with pytest.raises(InputError, match=msg):  # the scheduled refresh does not skip over it either
+        plan_refresh(out, str(fitted / "s.zarr"))
     assert "posterior.npz does not match the posterior_sha256" in _one_line(cli, "swapped")
     load_model(fitted / "a")  # the intact run still loads
 
