@@ -165,8 +165,7 @@ def scan(path: str, group: zarr.Group, n_rows: int) -> Scan:
         for i in range(n_chunks):
             found = _trailer(path, name, chunk_key(arr, i))
             if found is None:
-                raise StoreError(f"{_where(path, name, arr, i, n_rows)} is missing (its file was deleted); "
-                                 "restore the store from a backup or re-ingest its source")
+                raise missing(path, name, arr, i, n_rows)
             size, crc = found
             total += size
             h.update(size.to_bytes(8, "little") + crc)
@@ -188,8 +187,7 @@ def read_rows(path: str, group: zarr.Group, name: str, rows: slice, n_rows: int)
     first, last = start // c, (max(stop, start + 1) - 1) // c
     for i in range(first, min(last, -(-n_rows // c) - 1) + 1):
         if stop > start and _trailer(path, name, chunk_key(arr, i)) is None:
-            raise StoreError(f"{_where(path, name, arr, i, n_rows)} is missing (its file was deleted); "
-                             "restore the store from a backup or re-ingest its source")
+            raise missing(path, name, arr, i, n_rows)
     try:
         return np.asarray(arr[rows])
     except Exception as exc:  # zarr raises ValueError, RuntimeError, zstd errors ...
@@ -207,8 +205,7 @@ def read_chunk(path: str, name: str, i: int, n_rows: int, expected_crc: bytes | 
     c = arr.chunks[0]
     found = _trailer(path, name, chunk_key(arr, i))
     if found is None:
-        raise StoreError(f"{_where(path, name, arr, i, n_rows)} is missing (its file was deleted); "
-                         "restore the store from a backup or re-ingest its source")
+        raise missing(path, name, arr, i, n_rows)
     if expected_crc is not None and found[1] != expected_crc:
         raise StoreError(f"{_where(path, name, arr, i, n_rows)} changed since the store was opened "
                          "(its checksum differs); the store is being rewritten: refit once it is done")
@@ -216,6 +213,12 @@ def read_chunk(path: str, name: str, i: int, n_rows: int, expected_crc: bytes | 
         return np.asarray(arr[i * c:min((i + 1) * c, n_rows)])
     except Exception as exc:
         raise corrupt(path, name, arr, i, n_rows, exc) from None
+
+
+def missing(path: str, name: str, arr: zarr.Array, i: int, n_rows: int) -> StoreError:
+    """The one-line error for a chunk whose file is gone (Zarr would read it as zeros)."""
+    return StoreError(f"{_where(path, name, arr, i, n_rows)} is missing (its file was deleted); "
+                      "restore the store from a backup or re-ingest its source")
 
 
 def corrupt(path: str, name: str, arr: zarr.Array, i: int, n_rows: int, exc: BaseException) -> StoreError:
