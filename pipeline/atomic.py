@@ -65,10 +65,14 @@ def write_file(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) 
     """Write the file ``path`` atomically: ``write(f)`` fills a temporary file beside it (binary
     mode), which is fsynced, given the umask's mode and renamed over ``path``.
 
-    On any exception the temporary file is removed and ``path`` is left as it was.
+    On any exception the temporary file is removed and ``path`` is left as it was; an OSError (disk
+    full, permission denied) names ``path`` (:func:`named_oserror`).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    except OSError as exc:
+        raise named_oserror(exc, path) from exc
     try:
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
@@ -76,10 +80,20 @@ def write_file(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) 
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise named_oserror(exc, path) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def named_oserror(exc: OSError, path: str | os.PathLike[str]) -> OSError:
+    """The same error (disk full, permission denied ...) with the file it was writing named."""
+    if exc.filename is not None and str(exc.filename) == str(path):
+        return exc
+    return OSError(exc.errno, f"{exc.strerror or exc} (writing {path})", str(path))
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes | str) -> None:

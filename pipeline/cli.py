@@ -5,6 +5,7 @@ learners, check, demo, version (``flows.cli`` adds ``deploy``). ``-h``/``--help`
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -14,9 +15,63 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperArgument, TyperOption
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Variational Bayesian clustering of large feature stores.")
+#: exit codes: bad input (a file, store, config or option to fix) and environment (disk, permissions)
+EXIT_INPUT, EXIT_ENVIRONMENT = 2, 1
+
+
+class _App(typer.Typer):
+    """The command group: an error no command handled is one line on stderr (exit 2 for bad input,
+    1 for the environment) instead of a traceback; ``--debug`` anywhere on the command line shows the
+    traceback instead."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        argv = list(kwargs.pop("args", None) or sys.argv[1:])
+        if "--debug" in argv:
+            return super().__call__(*args, args=[a for a in argv if a != "--debug"], **kwargs)
+        import warnings
+
+        warnings.showwarning = _show_warning  # one line each, no source line
+        try:
+            return super().__call__(*args, args=argv, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the point: one line, whatever it is
+            sys.exit(_one_line(exc))
+
+
+_SHOWN: set[str] = set()
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning as one line, each distinct one once per command."""
+    text = f"warning: {' '.join(str(message).split())}"
+    if text not in _SHOWN:
+        _SHOWN.add(text)
+        print(text, file=sys.stderr)
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for bad input (vbcluster's errors, unreadable or missing files), 1 for the environment."""
+    from vbcore.errors import VBClusterError
+
+    if isinstance(exc, VBClusterError | FileNotFoundError | IsADirectoryError | NotADirectoryError):
+        return EXIT_INPUT
+    if isinstance(exc, OSError):
+        return EXIT_ENVIRONMENT  # disk full, permission denied, I/O error
+    return EXIT_INPUT if isinstance(exc, ValueError | EOFError | KeyError | TypeError) else EXIT_ENVIRONMENT
+
+
+def _one_line(exc: BaseException) -> int:
+    text = " ".join(str(exc).split()) or "no details"
+    if isinstance(exc, OSError) and exc.filename is None and not any(c in text for c in "/\\"):
+        text += " (the file was not named by the system; run with --debug)"
+    print(f"error: {type(exc).__name__}: {text} (run with --debug for the traceback)", file=sys.stderr)
+    return exit_code(exc)
+
+
+app = _App(add_completion=False, no_args_is_help=True,
+           context_settings={"help_option_names": ["-h", "--help"]},
+           help="Variational Bayesian clustering of large feature stores. Errors are one line (exit 2: "
+           "bad input, 1: environment); add --debug to see the traceback.")
 console = Console(width=110) if not Console().is_terminal else Console()
 
 
@@ -54,7 +109,7 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                       help="Print the installed vbcluster version and exit.")) -> None:
-    """Variational Bayesian clustering of large feature stores."""
+    pass
 
 
 @app.command()
@@ -107,7 +162,7 @@ def key_values(pairs: list[str]) -> dict[str, str]:
 
 def fail(exc: Exception) -> None:
     console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=exit_code(exc))
 
 
 @app.command()
@@ -131,6 +186,7 @@ def ingest(
 ) -> None:
     """Stream a source into a chunked, compressed Zarr feature store."""
     from pipeline.ingest import ingest as run_ingest
+    from pipeline.integrity import check_input_file
     from vbcore.errors import VBClusterError
 
     opts: dict[str, Any] = dict(key_values(option))
@@ -140,6 +196,7 @@ def ingest(
     from rich.progress import Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     try:
+        check_input_file(source)  # an empty (0-byte) source file is named, not "Aborted."
         with Progress(SpinnerColumn(), TextColumn("[bold]ingest {task.description}"),
                       TextColumn("{task.completed:,} rows"), TaskProgressColumn(show_speed=True),
                       TimeElapsedColumn(), console=console,
@@ -148,7 +205,7 @@ def ingest(
             report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
                                 overwrite=overwrite, drop_nonfinite=drop_nonfinite,
                                 progress=lambda n: bar.advance(t, n), **opts)
-    except (VBClusterError, FileNotFoundError) as exc:
+    except (VBClusterError, OSError) as exc:
         fail(exc)
         return
     console.print(f"{report.path}: wrote {report.rows_written} rows x {report.n_features} features "
@@ -378,6 +435,42 @@ def report(
         fail(exc)
         return
     console.print(f"wrote {path} (and its PNGs beside it)")
+
+
+@app.command()
+def check(
+    store: str = typer.Argument(..., help="The feature store to verify."),
+    upgrade: bool = typer.Option(False, "--upgrade", help="First rewrite a store written without chunk "
+                                 "checksums (by an older vbcluster) with them, atomically."),
+) -> None:
+    """Verify every chunk of a store (present, checksum, decodable, finite features); say how long it
+    took per GB of chunk files. Exit 2 when something is wrong."""
+    import warnings
+
+    from pipeline.integrity import StoreIntegrityWarning
+    from pipeline.integrity import check as run_check
+    from pipeline.integrity import upgrade as run_upgrade
+    from vbcore.errors import VBClusterError
+
+    try:
+        if upgrade:
+            done = run_upgrade(store)
+            console.print(f"{store}: rewrote every chunk with a CRC-32C checksum (the store's fingerprint "
+                          "changed: runs fitted before refer to the old one)" if done
+                          else f"{store}: already has chunk checksums; nothing to upgrade", soft_wrap=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", StoreIntegrityWarning)
+            rep = run_check(store)
+    except (VBClusterError, OSError) as exc:
+        fail(exc)
+        return
+    for w in caught:
+        console.print(f"[yellow]warning:[/yellow] {w.message}", soft_wrap=True)
+    if rep.nonfinite_rows:
+        fail(ValueError(f"{store}: {rep.nonfinite_rows} rows of 'features' hold NaN/inf"))
+    how = "checksums verified" if rep.checksummed else "no checksums: only presence and decoding checked"
+    console.print(f"{store}: ok, {rep.n_rows} rows, {rep.chunks} chunks, {rep.n_bytes / 1e6:.1f} MB "
+                  f"({how}) in {rep.seconds:.2f}s = {rep.seconds_per_gb:.1f} s/GB", soft_wrap=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

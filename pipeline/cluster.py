@@ -301,6 +301,7 @@ class ClusterConfig:
 
     def _start_cluster(self) -> Any:
         cls = self.resolve_cluster_class()
+        _check_cluster_kwargs(self.source, cls, self.cluster_class or "", self.cluster_kwargs)
         try:
             cluster = cls(**copy.deepcopy(dict(self.cluster_kwargs)))
         except (TypeError, ValueError) as exc:
@@ -363,6 +364,46 @@ class ClusterConfig:
         if self.scale is not None and "workers" in self.scale:
             spec["spec"]["worker"]["replicas"] = self.scale["workers"]
         return spec
+
+
+def _accepted(cls: type) -> set[str] | None:
+    """Keyword arguments ``cls(...)`` takes; None when it forwards unknown ones where we cannot follow.
+
+    ``distributed.LocalCluster`` forwards its extra keywords to each worker (Nanny, then Worker, then
+    the server base class): those are followed, so a misspelt key fails here, before a worker process
+    dies with a long traceback.
+    """
+    classes: list[Any] = [cls]
+    try:
+        from distributed import LocalCluster, Nanny, Worker
+        from distributed.core import Server
+
+        if issubclass(cls, LocalCluster):
+            classes += [Nanny, Worker, Server]
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        pass
+    names: set[str] = set()
+    for c in classes:
+        try:
+            params = inspect.signature(c.__init__).parameters
+        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+            return None
+        kinds = {p.kind for p in params.values()}
+        if inspect.Parameter.VAR_KEYWORD in kinds and c is classes[-1]:
+            return None  # the last class forwards keywords we cannot see
+        names |= {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names - {"self"}
+
+
+def _check_cluster_kwargs(source: str, cls: type, name: str, kwargs: Mapping[str, Any]) -> None:
+    """Refuse a key of ``cluster_kwargs`` that the cluster class (and its workers) do not take."""
+    accepted = _accepted(cls)
+    if accepted is None or "worker_class" in kwargs:  # another worker class takes other keywords
+        return
+    for key in kwargs:
+        if key not in accepted:
+            raise _error(source, f"cluster_kwargs.{key}", f"not an argument of {name} or its workers"
+                         f"{_suggest(key, sorted(accepted))}")
 
 
 def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:

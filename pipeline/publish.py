@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import replace_symlink
-from pipeline.runs import POSTERIOR, RESULT, read_result
+from pipeline.runs import POSTERIOR, RESULT, read_result, verify_posterior
 from pipeline.sources import StoreSource
 from vbcore.errors import CheckpointError, InputError
 
@@ -89,7 +89,7 @@ def unfinished_version(out: str | os.PathLike[str], fingerprint: str,
             old = json.loads((path / "run.json").read_text())
             if any((old.get(k) or None) != (spec.get(k) or None) for k in TRAJECTORY):
                 continue
-        if RunLock(path).live_holder() is not None:
+        if RunLock(path).is_held():
             continue  # a refresh is running in it
         try:
             loaded = Checkpointer(path / "checkpoints").load_latest()
@@ -115,6 +115,7 @@ def publish(out: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> Pat
     for name in (RESULT, POSTERIOR):
         if not (run_dir / name).is_file():
             raise InputError(f"{run_dir}: no {name}; only a finished run can be published")
+    verify_posterior(run_dir)  # a posterior that is not the one result.json describes is never published
     if run_dir.resolve().parent != (out / VERSIONS).resolve():
         raise InputError(f"{run_dir} is not a version directory of {out} (expected {out / VERSIONS}/...)")
     link = out / LATEST
@@ -144,6 +145,7 @@ def plan_refresh(out: str | os.PathLike[str], store: str) -> RefreshPlan:
     if prev is None:
         return RefreshPlan("cold", None, "no published version yet", src.n_rows, None, src.fingerprint)
     result = read_result(prev)
+    verify_posterior(prev)  # a published posterior replaced since is refused, not skipped over
     old_n = int(result["n_rows"])
     if result.get("store_fingerprint") == src.fingerprint:
         return RefreshPlan("skip", str(prev), f"the store is unchanged since {prev.name}", src.n_rows, old_n,

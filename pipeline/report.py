@@ -27,7 +27,16 @@ from typing import Any
 import numpy as np
 
 from pipeline.report_curves import bound_kind, data_passes, elbo_figures, model_label, run_prior
-from pipeline.runs import ASSIGNMENTS, POSTERIOR, RESULT, assign_rows, load_model, publish_dir, read_result
+from pipeline.runs import (
+    ASSIGNMENTS,
+    POSTERIOR,
+    RESULT,
+    assign_rows,
+    load_model,
+    publish_dir,
+    read_result,
+    verify_posterior,
+)
 from vbcore.errors import InputError
 from vbcore.metrics import acc, nmi
 
@@ -44,6 +53,7 @@ def _check_run(run_dir: Path) -> dict[str, Any]:
     if missing:
         raise InputError(f"{run_dir}: no {' or '.join(missing)}: not a finished vbcluster run directory "
                          "(run `vbcluster fit` or `vbcluster resume` first)")
+    verify_posterior(run_dir)  # the posterior is the one result.json describes (its sha256)
     return read_result(run_dir)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -118,20 +119,22 @@ def _write_posterior(f: Any, model: VBMixture) -> None:
 
 
 def load_model(run_dir: str | Path) -> VBMixture:
-    """Rebuild a fitted VBMixture from a run directory."""
+    """Rebuild a fitted VBMixture from a run directory (its posterior verified against result.json)."""
     run_dir = Path(run_dir)
-    path = run_dir / POSTERIOR
-    if not path.is_file():
-        raise InputError(f"{run_dir}: no {POSTERIOR} (not a finished vbcluster run directory)")
-    with np.load(path, allow_pickle=False) as z:
-        meta = json.loads(str(z["meta"]))
-        post = posterior_from_arrays(z, meta["covariance_type"], meta["weight_type"], suffix="_")
-        prior = Prior(meta["covariance_type"], meta["weight_type"], meta["n_components"],
-                      meta["weight_concentration"], meta["mean_precision"], z["prior_mean"],
-                      meta["degrees_of_freedom"],
-                      z["prior_covariance"] if "prior_covariance" in z else None,
-                      meta["fixed_variance"])
-        history = z["lower_bounds_"]
+    path = verify_posterior(run_dir)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            post = posterior_from_arrays(z, meta["covariance_type"], meta["weight_type"], suffix="_")
+            prior = Prior(meta["covariance_type"], meta["weight_type"], meta["n_components"],
+                          meta["weight_concentration"], meta["mean_precision"], z["prior_mean"],
+                          meta["degrees_of_freedom"],
+                          z["prior_covariance"] if "prior_covariance" in z else None,
+                          meta["fixed_variance"])
+            history = z["lower_bounds_"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: unreadable posterior ({type(exc).__name__}: {_first_line(exc)}); "
+                         "refit the run") from None
     params = VBMixture().get_params()
     model = VBMixture(**{k: v for k, v in meta["settings"].items() if k in params})
     from vbcore.elbo import ElboTerms
@@ -143,11 +146,45 @@ def load_model(run_dir: str | Path) -> VBMixture:
     return model
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else "no details"
+
+
+def verify_posterior(run_dir: str | Path) -> Path:
+    """The run's posterior.npz, after checking it against the ``posterior_sha256`` that result.json
+    records (a posterior replaced by another run's, or damaged, is refused naming the file)."""
+    run_dir = Path(run_dir)
+    path = run_dir / POSTERIOR
+    if not path.is_file():
+        raise InputError(f"{run_dir}: no {POSTERIOR} (not a finished vbcluster run directory)")
+    if not (run_dir / RESULT).is_file():
+        return path  # a posterior without its result (written first by save_run): nothing to check
+    expected = read_result(run_dir).get("posterior_sha256")
+    if expected is not None:
+        try:
+            actual = sha256_file(path)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        if actual != expected:
+            raise InputError(f"{path} does not match the posterior_sha256 recorded in {run_dir / RESULT} "
+                             "(replaced by another run's or damaged); refit, or restore the run's posterior")
+    return path
+
+
 def read_result(run_dir: str | Path) -> dict[str, Any]:
+    """result.json of a finished run; a missing, truncated or damaged file is one clear error."""
     path = Path(run_dir) / RESULT
     if not path.is_file():
         raise InputError(f"{run_dir}: no {RESULT} (not a finished vbcluster run directory)")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise InputError(f"{path}: unreadable ({type(exc).__name__}: {_first_line(exc)}); the file is "
+                         "truncated or damaged: refit the run") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}; refit the run")
+    return data
 
 
 def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | None = None,

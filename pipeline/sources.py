@@ -61,6 +61,7 @@ class StoreSource:
     n_features: int = field(init=False)
     chunk_rows: int = field(init=False)
     fingerprint: str = field(init=False)
+    crcs: list[bytes] | None = field(init=False, repr=False)  # features chunk CRC-32Cs found at open
 
     def __post_init__(self) -> None:
         from pipeline.store import FeatureStore
@@ -71,6 +72,7 @@ class StoreSource:
             raise InputError(f"{self.path}: the store is empty (0 rows); ingest rows first")
         self.n_rows, self.n_features = s.n_rows, s.n_features
         self.chunk_rows, self.fingerprint = s.chunk_rows, s.fingerprint
+        self.crcs = s.scan.crcs.get("features") if s.scan is not None and s.scan.checksummed else None
 
     @property
     def dtype(self) -> np.dtype:
@@ -81,10 +83,11 @@ class StoreSource:
         return [slice(s, min(s + c, n)) for s in range(0, n, c)]
 
     def load(self, i: int) -> np.ndarray:
-        import zarr
+        """Chunk ``i``, verified (present, the checksum seen at open, decodable) by the store."""
+        from pipeline.integrity import read_chunk
 
-        arr = zarr.open_array(f"{self.path.rstrip('/')}/features", mode="r")
-        return np.asarray(arr[self.chunk_slices()[i]], dtype=np.float32)
+        crc = self.crcs[i] if self.crcs is not None else None
+        return np.asarray(read_chunk(self.path, "features", i, self.n_rows, crc), dtype=np.float32)
 
     def labels(self) -> np.ndarray | None:
         from pipeline.store import FeatureStore

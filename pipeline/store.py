@@ -3,7 +3,9 @@ optional ``labels`` (int64) and ``ids`` (int64 or strings).
 
 Group attributes: ``format``, ``schema_version``, ``n_rows``, ``n_features``, ``chunk_rows``,
 ``source``, ``extractor``, ``extractor_params``, ``fingerprint`` (a sha256 chained over every
-append: it changes whenever rows are added), ``appends`` (one record per append) and ``created``.
+append), ``appends`` (one record per append), ``created`` and ``checksums`` (``crc32c``). Every chunk
+ends with its CRC-32C; :attr:`FeatureStore.fingerprint` of such a store derives from the chunk
+checksums, found when it is opened (see :mod:`pipeline.integrity`).
 
 **Atomic appends** (local stores). An append is a transaction with an undo journal:
 
@@ -29,16 +31,17 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import ZstdCodec
 
+from pipeline import integrity
 from pipeline.atomic import fsync_dir, rename
 from vbcore.errors import InputError, StoreError
+from vbcore.limits import check_magnitude
 from vbcore.validation import check_finite, check_layout, row_is_finite
 
 FORMAT = "vbcluster-feature-store"
@@ -76,6 +79,7 @@ def check_rows(X: Any, n_features: int | None, where: str, first_row: int = 0,
         raise InputError(
             f"{where}: rows have {arr.shape[1]} features but the store has {n_features}"
         )
+    check_magnitude(arr, where, first_row)  # |x| too large for float32 sums, as the source has it
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     finite = row_is_finite(arr)
     if finite.all():
@@ -94,6 +98,7 @@ class FeatureStore:
     path: str
     group: zarr.Group
     writable: bool
+    scan: integrity.Scan | None = field(default=None, repr=False)  # chunk files found at open
 
     # ---- creation and opening -------------------------------------------------------------------
     @classmethod
@@ -123,7 +128,7 @@ class FeatureStore:
             raise StoreError(f"{path} already exists and is not empty; pass --overwrite (overwrite=True) "
                              "to replace it")
         group = zarr.open_group(path, mode="w")
-        comp = ZstdCodec(level=compression_level)
+        comp = integrity.compressors(compression_level)  # zstd + a CRC-32C per chunk
         # write_empty_chunks: skip zarr's scan of every chunk for all-fill values (a third of the
         # write time on ReLU features, measured in bench/bench_ingest.py)
         cfg: Any = {"write_empty_chunks": True}
@@ -148,6 +153,7 @@ class FeatureStore:
             "fingerprint": seed,
             "appends": [],
             "created": _now(),
+            "checksums": integrity.CHECKSUM,
         })
         return cls(path, group, True)
 
@@ -159,6 +165,7 @@ class FeatureStore:
             raise StoreError(f"mode must be 'r' or 'r+', got {mode!r}")
         if not _is_url(path):
             p = Path(path)
+            integrity.recover_upgrade(path)
             if not p.exists():
                 raise StoreError(f"{path}: no such feature store (the path does not exist)")
             if not (p / "zarr.json").is_file():
@@ -175,12 +182,14 @@ class FeatureStore:
                 # a kill before the journal's rename (``.tmp``) or in the commit (``.done``) leaves
                 # only a leftover that does not describe the store: remove it
                 _rollback(p)
+            integrity.check_metadata(path)  # a truncated zarr.json is named, not a Zarr traceback
         try:
             group = zarr.open_group(path, mode="r+" if mode == "r+" else "r")
         except Exception as exc:  # zarr raises several types for a non-group
             raise StoreError(f"{path} is not a feature store ({type(exc).__name__}: {exc})") from None
         store = cls(path, group, mode == "r+")
         store._validate()
+        store.scan = integrity.scan(path, group, store.n_rows)  # every chunk present; fingerprint
         return store
 
     def _validate(self) -> None:
@@ -197,6 +206,7 @@ class FeatureStore:
         missing = [k for k in ("n_rows", "n_features", "chunk_rows", "fingerprint") if k not in a]
         if missing:
             raise StoreError(f"{self.path}: store attributes are missing {missing}")
+        integrity.check_attributes(self.path, a)
         if "features" not in self.group.array_keys():
             raise StoreError(f"{self.path}: the store has no 'features' array")
         f = self.features
@@ -232,6 +242,10 @@ class FeatureStore:
 
     @property
     def fingerprint(self) -> str:
+        """The content fingerprint: derived from every chunk's CRC-32C (checksummed stores), else the
+        sha256 chained over the appends (stores of an older vbcluster)."""
+        if self.scan is not None and self.scan.fingerprint is not None:
+            return self.scan.fingerprint
         return str(self.group.attrs["fingerprint"])
 
     @property
@@ -248,18 +262,22 @@ class FeatureStore:
         return [slice(s, min(s + c, n)) for s in range(0, n, c)]
 
     def read(self, rows: slice | None = None) -> np.ndarray:
+        """Feature rows (float32); a missing or corrupt chunk fails naming it."""
         rows = rows or slice(0, self.n_rows)
-        return np.asarray(self.features[rows], dtype=np.float32)
+        return np.asarray(integrity.read_rows(self.path, self.group, "features", rows, self.n_rows),
+                          dtype=np.float32)
 
     def read_labels(self, rows: slice | None = None) -> np.ndarray | None:
         if not self.has_labels:
             return None
-        return np.asarray(_arr(self.group, "labels")[rows or slice(0, self.n_rows)])
+        rows = rows or slice(0, self.n_rows)
+        return integrity.read_rows(self.path, self.group, "labels", rows, self.n_rows)
 
     def read_ids(self, rows: slice | None = None) -> np.ndarray | None:
         if not self.has_ids:
             return None
-        return np.asarray(_arr(self.group, "ids")[rows or slice(0, self.n_rows)])
+        rows = rows or slice(0, self.n_rows)
+        return integrity.read_rows(self.path, self.group, "ids", rows, self.n_rows)
 
     # ---- appends ----------------------------------------------------------------------------
     def append(self, X: Any, labels: Any = None, ids: Any = None, *, source: str = "",
@@ -280,7 +298,7 @@ class FeatureStore:
             raise StoreError(f"on_nonfinite must be 'raise' or 'drop', got {on_nonfinite!r}")
         root = Path(self.path)
         old_n = self.n_rows
-        fp = self.fingerprint
+        fp = str(self.group.attrs["fingerprint"])  # the chain over appends (kept for old readers)
         _begin_journal(root, self.group, old_n, self.chunk_rows)
         written = dropped = 0
         where = source or "appended rows"
@@ -313,11 +331,15 @@ class FeatureStore:
             appends.append({"rows": written, "dropped_nonfinite": dropped, "source": source,
                             "time": _now()})
             self.group.attrs.update({"n_rows": old_n + written, "fingerprint": fp, "appends": appends})
-        except BaseException:
+        except BaseException as exc:
             _rollback(root)
             self.group = zarr.open_group(self.path, mode="r+")
+            if isinstance(exc, OSError) and exc.filename is None:  # disk full: name the store
+                raise OSError(exc.errno, f"{exc.strerror or exc} (appending to the store; rolled back)",
+                              self.path) from exc
             raise
         _commit_journal(root)
+        self.scan = integrity.scan(self.path, self.group, self.n_rows)
         return written
 
     def _check_side(self, name: str, values: Any, n_in: int, kept: np.ndarray | None,

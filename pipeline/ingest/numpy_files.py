@@ -40,7 +40,7 @@ def read_npy(path: Path, labels: str | None, ids: str | None, options: dict[str,
 
     def blocks(first: int, size: int) -> Iterator[Batch]:
         for s, e in row_slices(n, first, size):
-            yield (np.array(X[s:e], dtype=np.float32), None if lab is None else np.array(lab[s:e]),
+            yield (np.array(X[s:e]), None if lab is None else np.array(lab[s:e]),  # cast by check_rows
                    None if idv is None else np.array(idv[s:e]))
 
     return Plan(X.shape[1], lab is not None, None if idv is None else id_kind(idv.dtype), blocks,
@@ -131,7 +131,7 @@ def read_npz(path: Path, labels: str | None, ids: str | None, options: dict[str,
         lab_it = side["labels"].blocks(first, size) if side["labels"] else None
         ids_it = side["ids"].blocks(first, size) if side["ids"] else None
         for x in X.blocks(first, size):
-            yield (x.astype(np.float32), None if lab_it is None else next(lab_it),
+            yield (x, None if lab_it is None else next(lab_it),  # cast (after its checks) by check_rows
                    None if ids_it is None else next(ids_it))
 
     ids_arr = side["ids"]

@@ -1,0 +1,291 @@
+"""Run integrity and bad files (issue 14): readers of a run verify the recorded sha256; every damaged
+file, bad config and failed write is one line naming the file (exit 2 bad input, 1 environment);
+values too large for float32 accumulation are refused at ingest with the source's own value."""
+
+import errno
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import zarr
+from typer.testing import CliRunner
+
+from pipeline import integrity
+from pipeline.cli import app, exit_code
+from pipeline.cluster import load_cluster_config
+from pipeline.publish import VERSIONS, plan_refresh, publish
+from pipeline.report import write_report
+from pipeline.runs import RESULT, assign_store, load_model, read_result, write_atomic
+from pipeline.store import FeatureStore
+from vbcore.errors import ConfigError, InputError, StoreError
+from vbcore.limits import max_abs_value
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """A small store and two finished runs of it (different K: different posteriors)."""
+    root = tmp_path_factory.mktemp("bad")
+    store = root / "s.zarr"
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(size=(40, 3)) - 3, rng.normal(size=(40, 3)) + 3])
+    FeatureStore.create(store, 3, chunk_rows=30).append(X)
+    for name, k in (("a", "2"), ("b", "3")):
+        res = runner.invoke(app, ["fit", str(store), "--run-dir", str(root / name), "-k", k,
+                                  "--max-iter", "5", "-q"])
+        assert res.exit_code == 0, res.output
+    return root
+
+
+@pytest.fixture
+def run(fitted, tmp_path):
+    """A private copy of run 'a' (in a versions/ folder, so it can be published)."""
+    d = tmp_path / "out" / VERSIONS / "v0001-a"
+    shutil.copytree(fitted / "a", d)
+    return d
+
+
+# One process runs every CLI case below through the console script's entry point (`app`, as the
+# `vbcluster` script calls it), so the one-line handling of uncaught errors is exercised for real.
+BATCH = r"""
+import contextlib, io, json, sys
+from pipeline.cli import app
+out = {}
+for name, argv in json.loads(sys.argv[1]).items():
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            app(args=argv)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    out[name] = [code, [ln for ln in buf.getvalue().splitlines() if ln.strip()]]
+print(json.dumps(out))
+"""
+
+
+def _copy_run(fitted, dst):
+    shutil.copytree(fitted / "a", dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def cli(fitted):
+    """Bad inputs of every class, and what the CLI printed and returned for each."""
+    d = fitted / "cli"
+    d.mkdir()
+    swapped = _copy_run(fitted, d / "swapped")
+    shutil.copy2(fitted / "b" / "posterior.npz", swapped / "posterior.npz")
+    trunc = _copy_run(fitted, d / "trunc")
+    (trunc / RESULT).write_text((trunc / RESULT).read_text()[:40])
+    meta = shutil.copytree(fitted / "s.zarr", d / "meta.zarr") / "features" / "zarr.json"
+    meta.write_text(meta.read_text()[:50])
+    (d / "empty.npy").write_bytes(b"")
+    X = np.random.default_rng(0).normal(size=(20, 4))
+    X[7, 2] = 2 * max_abs_value(4)  # finite even in float32, but its square sums overflow
+    np.save(d / "big.npy", X)
+    (d / "bad.yaml").write_text("cluster_class: distributed.LocalCluster\ncluster_kwargs:\n  n_worker: 1\n")
+    with pytest.MonkeyPatch.context() as mp:  # a store as an older vbcluster wrote it (no checksums)
+        mp.setattr(integrity, "compressors", lambda level: [zarr.codecs.ZstdCodec(level=level)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", integrity.StoreIntegrityWarning)
+            old = FeatureStore.create(d / "old.zarr", 3, chunk_rows=30)
+            old.append(np.random.default_rng(1).normal(size=(40, 3)))
+    (d / "resume").mkdir()
+    (d / "resume" / "run.json").write_text('{"store": ')
+    cases = {
+        "swapped": ["assign", str(swapped)],
+        "trunc": ["assign", str(trunc)],
+        "meta": ["fit", str(d / "meta.zarr"), "--run-dir", str(d / "r1")],
+        "empty": ["ingest", str(d / "empty.npy"), "--out", str(d / "e.zarr"), "-q"],
+        "big": ["ingest", str(d / "big.npy"), "--out", str(d / "big.zarr"), "-q"],
+        "yaml": ["fit", str(fitted / "s.zarr"), "--run-dir", str(d / "r2"), "--cluster", str(d / "bad.yaml"),
+                 "-q"],
+        "resume": ["resume", str(d / "resume")],
+        "old": ["fit", str(d / "old.zarr"), "--run-dir", str(d / "r3"), "-k", "2", "--max-iter", "3", "-q"],
+    }
+    res = subprocess.run([sys.executable, "-c", BATCH, json.dumps(cases)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.splitlines()[-1])
+
+
+def _one_line(cli, name, code=2):
+    got_code, lines = cli[name]
+    assert got_code == code and len(lines) == 1, (got_code, lines)
+    return lines[0]
+
+
+# ---- run integrity ------------------------------------------------------------------------------
+def test_posterior_of_another_run_is_refused_by_every_reader(fitted, run, cli):
+    out = run.parent.parent
+    publish(out, run)  # published while intact
+    assert plan_refresh(out, str(fitted / "s.zarr")).action == "skip"
+    shutil.copy2(fitted / "b" / "posterior.npz", run / "posterior.npz")
+    msg = r"posterior.npz does not match the posterior_sha256 recorded in .*result.json"
+    with pytest.raises(InputError, match=msg):
+        load_model(run)  # warm starts (pipeline.fitting) load through this
+    with pytest.raises(InputError, match=msg):
+        assign_store(run)
+    with pytest.raises(InputError, match=msg):
+        write_report([run])
+    with pytest.raises(InputError, match=msg):
+        publish(out, run)
+    with pytest.raises(InputError, match=msg):  # the scheduled refresh does not skip over it either
+        plan_refresh(out, str(fitted / "s.zarr"))
+    assert "posterior.npz does not match the posterior_sha256" in _one_line(cli, "swapped")
+    load_model(fitted / "a")  # the intact run still loads
+
+
+def test_truncated_result_json_is_one_line(run, cli):
+    text = (run / RESULT).read_text()
+    (run / RESULT).write_text(text[: len(text) // 2])
+    with pytest.raises(InputError, match=r"result.json: unreadable \(JSONDecodeError: .*\); the file is "
+                       r"truncated or damaged"):
+        read_result(run)
+    assert "result.json: unreadable (JSONDecodeError" in _one_line(cli, "trunc")
+
+
+def test_truncated_posterior_is_named(run):
+    data = (run / "posterior.npz").read_bytes()
+    (run / "posterior.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match=r"posterior.npz does not match the posterior_sha256"):
+        load_model(run)
+    (run / RESULT).unlink()  # without result.json there is no digest: the load itself fails, named
+    with pytest.raises(InputError, match=r"posterior.npz: unreadable posterior \(BadZipFile"):
+        load_model(run)
+
+
+# ---- bad stores ---------------------------------------------------------------------------------
+def _store(tmp_path, fitted):
+    s = tmp_path / "s.zarr"
+    shutil.copytree(fitted / "s.zarr", s)
+    return s
+
+
+def test_truncated_array_metadata_is_one_line(fitted, tmp_path, cli):
+    s = _store(tmp_path, fitted)
+    meta = s / "features" / "zarr.json"
+    meta.write_text(meta.read_text()[:50])
+    with pytest.raises(StoreError, match=r"features/zarr.json: unreadable Zarr metadata \(JSONDecodeError"):
+        FeatureStore.open(s)
+    assert "features/zarr.json: unreadable Zarr metadata" in _one_line(cli, "meta")
+
+
+def test_bad_size_attribute_is_named(fitted, tmp_path):
+    s = _store(tmp_path, fitted)
+    body = json.loads((s / "zarr.json").read_text())
+    body["attributes"]["n_rows"] = "abc"
+    (s / "zarr.json").write_text(json.dumps(body))
+    with pytest.raises(StoreError, match=r"zarr.json: attribute 'n_rows' must be an integer >= 0, got 'abc'"):
+        FeatureStore.open(s)
+    res = runner.invoke(app, ["check", str(s)])
+    assert res.exit_code == 2 and "'n_rows' must be an integer" in res.output
+
+
+def test_empty_npy_is_one_line(fitted, cli):
+    assert _one_line(cli, "empty") == (f"error: {fitted / 'cli' / 'empty.npy'}: the file is empty (0 bytes); "
+                                       "it was not written completely")
+
+
+# ---- cluster configs ------------------------------------------------------------------------------
+def test_misspelt_cluster_kwargs_key_fails_before_any_worker_starts(tmp_path, fitted, cli):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("cluster_class: distributed.LocalCluster\ncluster_kwargs:\n  n_worker: 1\n"
+                   "  processes: false\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: key 'cluster_kwargs.n_worker': not an argument of "
+                       r"distributed.LocalCluster or its workers \(did you mean 'n_workers'\?\)"):
+        load_cluster_config(cfg).make_cluster()
+    assert "key 'cluster_kwargs.n_worker': not an argument" in _one_line(cli, "yaml")
+    # keys the workers take are accepted
+    from pipeline.cluster import ClusterConfig
+
+    ok = ClusterConfig.from_dict({"cluster_class": "distributed.LocalCluster", "cluster_kwargs": {
+        "n_workers": 1, "processes": False, "memory_limit": "1GB", "nthreads": 1, "local_directory": "/tmp"}})
+    cluster = ok.make_cluster()
+    cluster.close()
+
+
+# ---- failed writes (disk full, permission) --------------------------------------------------------
+def test_disk_full_while_writing_a_run_file_names_it(tmp_path):
+    def full(f):
+        f.write(b"{")
+        raise OSError(errno.ENOSPC, "No space left on device")  # what write(2) raises on a full disk
+
+    with pytest.raises(OSError, match=r"No space left on device \(writing .*result.json\)") as info:
+        write_atomic(tmp_path / RESULT, full)
+    assert info.value.filename == str(tmp_path / RESULT) and exit_code(info.value) == 1
+    assert list(tmp_path.iterdir()) == []  # no temp file left
+    assert exit_code(PermissionError(errno.EACCES, "Permission denied", "/x")) == 1
+    assert exit_code(FileNotFoundError(errno.ENOENT, "No such file", "/x")) == 2
+    assert exit_code(StoreError("bad")) == 2
+
+
+def test_disk_full_while_appending_names_the_store_and_rolls_back(fitted, tmp_path):
+    s = _store(tmp_path, fitted)
+    store = FeatureStore.open(s, "r+")
+    before = store.fingerprint
+
+    def batches():
+        yield np.zeros((5, 3)), None, None
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match=rf"No space left on device \(appending to the store; rolled back\): "
+                       rf"'{s}'"):
+        store.append_batches(batches())
+    after = FeatureStore.open(s)
+    assert after.n_rows == 80 and after.fingerprint == before
+
+
+# ---- values near the float32 limit --------------------------------------------------------------
+def test_values_beyond_float32_accumulation_are_refused_with_the_source_value(tmp_path, cli):
+    from pipeline.ingest import ingest
+
+    X = np.random.default_rng(0).normal(size=(20, 4))
+    X[7, 2] = 1e300  # finite in float64, inf in float32
+    np.save(tmp_path / "big.npy", X)
+    with pytest.raises(InputError, match=r"value 1e\+300 at row 7, column 2 is too large"):
+        ingest(str(tmp_path / "big.npy"), tmp_path / "big.zarr")
+    line = _one_line(cli, "big")  # (2 x the limit: finite even in float32, but its square sums overflow)
+    assert "at row 7, column 2 is too large" in line and "inf" not in line
+    X[7, 2] = 0.5 * max_abs_value(4)  # within the limit: ingested
+    np.save(tmp_path / "big.npy", X)
+    ingest(str(tmp_path / "big.npy"), tmp_path / "ok.zarr")
+    assert FeatureStore.open(tmp_path / "ok.zarr").n_rows == 20
+
+
+def test_values_at_the_limit_fit_and_beyond_it_do_not():
+    """The limit is real: a fit of rows as large as the limit works; 100 times larger does not."""
+    from pipeline import VBMixture
+
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(size=(100, 8)) * 0.1 + 0.5, rng.normal(size=(100, 8)) * 0.1 - 0.5])
+    X = X / np.abs(X).max()
+    lim = max_abs_value(8)
+    m = VBMixture(3, covariance_type="diag", max_iter=20, random_state=0).fit((X * lim).astype(np.float32))
+    assert np.isfinite(m.lower_bound_)
+    with pytest.raises(ConfigError), np.errstate(all="ignore"):
+        VBMixture(3, covariance_type="diag", max_iter=20, random_state=0).fit(
+            (X * lim * 100).astype(np.float32))
+
+
+def test_debug_shows_the_traceback(fitted, cli):
+    """An error no command handles is one line; --debug shows the traceback instead."""
+    assert "run with --debug for the traceback" in _one_line(cli, "resume")
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "resume", str(fitted / "cli" / "resume"),
+                          "--debug"], capture_output=True, text=True)
+    assert res.returncode == 1 and "Traceback" in res.stderr and "JSONDecodeError" in res.stderr
+
+
+def test_store_without_checksums_warns_once_in_one_line(fitted, cli):
+    code, lines = cli["old"]
+    warned = [ln for ln in lines if ln.startswith("warning:")]
+    assert code == 0 and len(warned) == 1, lines
+    old = fitted / "cli" / "old.zarr"
+    assert warned[0] == (f"warning: {old} has no chunk checksums (written by an older vbcluster): "
+                         f"corrupted chunks cannot be detected; run `vbcluster check {old} --upgrade` "
+                         "to add them")
