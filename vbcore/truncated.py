@@ -1,0 +1,392 @@
+"""The truncated VB E-step: q(z_n) on a few candidate clusters per row (Forster & Lücke 2018).
+
+Each row ``n`` keeps a candidate set ``K_n`` of ``C'`` clusters. One pass:
+
+1. the row's search space is ``S_n = K_n ∪ (∪_{c in K_n} G_c) ∪ {random}``, where ``G_c`` is the
+   neighbour list of cluster ``c`` (``c`` itself first) and the random clusters come from the fit's
+   seed (Hirschberger et al. 2022);
+2. the new ``K_n`` holds the ``C'`` clusters of ``S_n`` with the largest ``ln rho_nk`` (the usual
+   log-responsibilities, Kuusela et al. 2009 eq. 36) and ``q(z_n = k) = rho_nk / sum_{j in K_n}
+   rho_nj`` on it, zero elsewhere;
+3. the statistics (eqs. 30-32) are sparse: ``C'`` non-zeros per row, summed into the same
+   :class:`~vbcore.stats.SuffStats` the M-step takes; ``sum r ln r`` is that of the restricted q.
+
+This is still mean-field VB on the same model with a restricted family for q(Z), so the exact ELBO
+(:func:`vbcore.elbo.elbo_terms`) is a true lower bound. For fixed q(theta) the best q(z_n) with
+support ``A`` has value ``ln sum_{k in A} rho_nk``; the top-``C'`` of a search space that contains
+the previous ``K_n`` is at least as good as the previous ``K_n``, so the bound never decreases.
+
+GEMM shape: the rows of a chunk are grouped by their best candidate; a group is evaluated with one
+GEMM against the union of its rows' search spaces (the union only widens each row's search), and
+its statistics with one GEMM against the union of its new candidate sets. No per-row gather of
+K x D means and no N x K array. Float32 data: float32 GEMMs, float64 accumulators.
+Neighbour lists: each pass also returns, per (best cluster c, searched cluster s), the sum over
+rows of ``ln rho_ns - max_j ln rho_nj`` and the count; ``G_c`` becomes ``c`` and the ``G - 1``
+clusters with the largest mean (Hirschberger et al. 2022, "estimate").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vbcore.kernels import BLOCK_ROWS, Chunk, EStepParams, array_namespace, to_numpy
+from vbcore.stats import SuffStats
+
+#: spawn-key tag of the random search clusters (kept apart from the other draws of a fit)
+RANDOM_TAG = 15
+
+
+@dataclass(frozen=True)
+class CandidateState:
+    """The candidate sets of one chunk's rows.
+
+    Attributes
+    ----------
+    start : int
+        Global index of the chunk's first row (keys the chunk's random draws).
+    idx : ndarray of shape (n_rows, C') int32, or None
+        Candidate clusters, best first; -1 marks no candidate. None: not yet chosen.
+    resp : ndarray of shape (n_rows, C') float32, or None
+        ``q(z_n = idx)``.
+    """
+
+    start: int
+    idx: np.ndarray | None = None
+    resp: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class TruncParams:
+    """What a chunk needs for one truncated E-step (sent once per pass).
+
+    ``estep`` holds the fold of the posterior (:func:`vbcore.kernels.estep_params`); ``wt`` its
+    diagonal-family weights as (K, 2D) rows, so a group's search set is a row gather.
+    ``remap`` (K_previous,) maps the clusters of the stored candidates to the current ones (-1:
+    dropped); ``pivots`` are searched when a chunk has no candidates yet.
+    """
+
+    estep: EStepParams
+    wt: np.ndarray | None  # (K, 2D) diagonal families
+    neighbours: np.ndarray  # (K, G) int32, -1 padded
+    candidates: int
+    n_random: int
+    seed: int | None
+    iteration: int
+    pivots: np.ndarray  # (P,) int
+    remap: np.ndarray | None = None
+
+    @property
+    def n_components(self) -> int:
+        return int(self.estep.const.shape[0])
+
+
+@dataclass(frozen=True)
+class NeighbourScores:
+    """Sums of ``ln rho_ns - max_j ln rho_nj`` over the rows whose best cluster is ``c``, per pair
+    ``key = c * K + s`` (sorted, unique), with the number of rows summed."""
+
+    keys: np.ndarray  # int64
+    sums: np.ndarray  # float64
+    counts: np.ndarray  # int64
+
+    def merge(self, other: NeighbourScores) -> NeighbourScores:
+        keys, inv = np.unique(np.concatenate((self.keys, other.keys)), return_inverse=True)
+        sums = np.bincount(inv, weights=np.concatenate((self.sums, other.sums)), minlength=keys.size)
+        counts = np.bincount(inv, weights=np.concatenate((self.counts, other.counts)), minlength=keys.size)
+        return NeighbourScores(keys, sums, counts.astype(np.int64))
+
+
+@dataclass(frozen=True)
+class TruncResult:
+    """What one truncated pass returns per chunk: statistics, ``sum_n ln sum_{k in K_n} rho_nk``, the
+    neighbour scores and the number of (row, cluster) log-responsibilities evaluated."""
+
+    stats: SuffStats
+    log_norm: float
+    scores: NeighbourScores
+    evaluations: int
+
+    def merge(self, other: TruncResult) -> TruncResult:
+        return TruncResult(self.stats.merge(other.stats), self.log_norm + other.log_norm,
+                           self.scores.merge(other.scores), self.evaluations + other.evaluations)
+
+
+def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int, n_random: int,
+                     seed: int | None, iteration: int, pivots: np.ndarray,
+                     remap: np.ndarray | None = None) -> TruncParams:
+    """Bundle the posterior's E-step fold with the search settings (see :class:`TruncParams`)."""
+    wt = None if estep.weights is None else np.ascontiguousarray(estep.weights.T)
+    k = int(estep.const.shape[0])
+    return TruncParams(estep, wt, np.asarray(neighbours, dtype=np.int32), min(int(candidates), k),
+                       int(n_random), seed, int(iteration), np.asarray(pivots, dtype=np.int64), remap)
+
+
+# ---- the kernel ------------------------------------------------------------------------------------
+def _features(chunk: Chunk, rows: np.ndarray) -> object:
+    """``[x*x, x]`` of the given rows (diagonal families), in the chunk's namespace and dtype."""
+    xp = array_namespace(chunk.x)
+    r = xp.asarray(rows)
+    if chunk.feats is not None:
+        return xp.take(chunk.feats, r, axis=0)
+    xb = xp.take(chunk.x, r, axis=0)
+    return xp.concat((xb * xb, xb), axis=1)
+
+
+def _group_logits(chunk: Chunk, rows: np.ndarray, search: np.ndarray, params: TruncParams,
+                  w: object, feats: object | None) -> np.ndarray:
+    """``ln rho`` of ``rows`` for the clusters ``search`` (m, |S|), float64 on the host."""
+    xp = array_namespace(chunk.x)
+    est = params.estep
+    const = est.const[search]
+    if feats is not None:  # diagonal families: one (m x 2D) @ (2D x |S|) GEMM
+        ws = xp.take(w, xp.asarray(search), axis=0)
+        return to_numpy(feats @ xp.matrix_transpose(ws)) + const[None, :]
+    assert est.means is not None and est.prec_chol is not None
+    x = xp.take(chunk.x, xp.asarray(rows), axis=0)
+    dt = chunk.x.dtype
+    out = np.empty((rows.size, search.size))
+    for j, s in enumerate(search):  # full: one (m x D) @ (D x D) GEMM per searched cluster
+        u = xp.asarray(est.prec_chol[s], dtype=dt)
+        y = x @ u - xp.asarray(est.means[s] @ est.prec_chol[s], dtype=dt)
+        out[:, j] = to_numpy(xp.sum(y * y, axis=1))
+    return const[None, :] - 0.5 * out
+
+
+def _search_set(prev: np.ndarray, params: TruncParams, rng: np.random.Generator) -> np.ndarray:
+    """Sorted union of the group's candidates, their neighbour lists and ``n_random`` random clusters
+    (more when the union has fewer than C' clusters)."""
+    k = params.n_components
+    cand = prev[prev >= 0]
+    nb = params.neighbours[cand].ravel()
+    parts = [cand, nb[nb >= 0], rng.integers(0, k, size=params.n_random)]
+    search = np.unique(np.concatenate(parts))
+    while search.size < params.candidates:
+        search = np.unique(np.concatenate((search, rng.integers(0, k, size=params.candidates))))
+    return search
+
+
+def _previous(chunk: Chunk, state: CandidateState, params: TruncParams, w: object) -> tuple[np.ndarray, int]:
+    """The stored candidates in current cluster numbers, valid ones first (-1 padded); without
+    stored candidates, the best C' of the pivots (one (n x 2D) @ (2D x P) GEMM). Also returns the
+    number of log-responsibilities evaluated."""
+    if state.idx is None:
+        out = np.empty((chunk.n_rows, params.candidates), dtype=np.int32)
+        for i in range(0, chunk.n_rows, BLOCK_ROWS):
+            rows = np.arange(i, min(i + BLOCK_ROWS, chunk.n_rows))
+            feats = chunk.features(i, int(rows[-1]) + 1) if params.wt is not None else None
+            logits = _group_logits(chunk, rows, params.pivots, params, w, feats)
+            out[rows] = params.pivots[np.argsort(-logits, axis=1, kind="stable")[:, : params.candidates]]
+        return out, chunk.n_rows * params.pivots.size
+    prev = state.idx
+    if params.remap is not None:
+        prev = np.where(prev >= 0, params.remap[np.maximum(prev, 0)], -1).astype(np.int32)
+        order = np.argsort(prev < 0, axis=1, kind="stable")  # valid entries first, in their order
+        prev = np.take_along_axis(prev, order, axis=1)
+    return prev, 0
+
+
+def truncated_kernel(chunk: Chunk, state: CandidateState,
+                     params: TruncParams) -> tuple[CandidateState, TruncResult]:
+    """One truncated E-step over a chunk: new candidate sets and their statistics.
+
+    Parameters
+    ----------
+    chunk : Chunk
+    state : CandidateState
+        The chunk's candidate sets from the previous pass (``idx`` None on the first).
+    params : TruncParams
+
+    Returns
+    -------
+    (CandidateState, TruncResult)
+    """
+    xp = array_namespace(chunk.x)
+    diag = params.wt is not None
+    w = xp.asarray(params.wt, dtype=chunk.x.dtype) if diag else None
+    prev, evaluations = _previous(chunk, state, params, w)
+    n, k, c = chunk.n_rows, params.n_components, params.candidates
+    rng = np.random.default_rng(np.random.SeedSequence(
+        params.seed, spawn_key=(RANDOM_TAG, params.iteration, state.start)))
+    # rows without a valid candidate (all theirs were pruned) search every cluster
+    best = np.where(prev[:, 0] >= 0, prev[:, 0], k)
+    order = np.argsort(best, kind="stable")
+    cuts = np.flatnonzero(np.diff(best[order])) + 1
+    idx = np.empty((n, c), dtype=np.int32)
+    resp = np.empty((n, c))
+    log_norm = np.empty(n)
+    rlogr = np.empty(n)
+    g = np.zeros((k, 2 * chunk.x.shape[1])) if diag else None
+    keys, sums, counts = [], [], []
+    for rows in np.split(order, cuts):
+        b = int(best[rows[0]])
+        search = np.arange(k) if b == k else _search_set(prev[rows], params, rng)
+        feats = _features(chunk, rows) if diag else None
+        logits = _group_logits(chunk, rows, search, params, w, feats)
+        evaluations += logits.size
+        top = np.argsort(-logits, axis=1, kind="stable")[:, :c]
+        sel = np.take_along_axis(logits, top, axis=1)
+        mx = sel[:, :1]
+        lse = mx[:, 0] + np.log(np.sum(np.exp(sel - mx), axis=1))
+        r = np.exp(sel - lse[:, None])
+        idx[rows], resp[rows] = search[top], r
+        log_norm[rows] = lse
+        rlogr[rows] = np.sum(r * (sel - lse[:, None]), axis=1)
+        if b < k:
+            keys.append(b * np.int64(k) + search)
+            sums.append(np.sum(logits - logits.max(axis=1, keepdims=True), axis=0))
+            counts.append(np.full(search.size, rows.size, dtype=np.int64))
+        if g is not None:
+            _add_group_moments(g, feats, search[top], r, xp)
+    nk = np.bincount(idx.ravel(), weights=resp.ravel(), minlength=k)
+    sum_rlogr = float(np.sum(rlogr))
+    stats = (_diag_stats(nk, g, sum_rlogr, chunk) if g is not None
+             else _full_stats(chunk, idx, resp, nk, sum_rlogr))
+    scores = _scores(keys, sums, counts)
+    new_state = CandidateState(state.start, idx, resp.astype(np.float32))
+    return new_state, TruncResult(stats, float(np.sum(log_norm)), scores, evaluations)
+
+
+def _scores(keys: list[np.ndarray], sums: list[np.ndarray], counts: list[np.ndarray]) -> NeighbourScores:
+    if not keys:
+        return NeighbourScores(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
+    return NeighbourScores(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)).merge(
+        NeighbourScores(np.concatenate(keys), np.concatenate(sums), np.concatenate(counts)))
+
+
+def _add_group_moments(g: np.ndarray, feats: object, cand: np.ndarray, r: np.ndarray, xp: object) -> None:
+    """``g[u] += R_u^T [x*x, x]`` for the union ``u`` of a group's candidates: one (|u| x m) @ (m x 2D)
+    GEMM in the data's dtype, accumulated in float64."""
+    u, pos = np.unique(cand, return_inverse=True)
+    dense = np.zeros((cand.shape[0], u.size))
+    np.add.at(dense, (np.repeat(np.arange(cand.shape[0]), cand.shape[1]), pos.ravel()), r.ravel())
+    rt = xp.asarray(dense.T, dtype=feats.dtype)  # type: ignore[attr-defined]
+    g[u] += to_numpy(rt @ feats)
+
+
+def _diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:
+    """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of shifted rows."""
+    d = g.shape[1] // 2
+    safe = np.where(nk > 0, nk, 1.0)
+    mean = g[:, d:] / safe[:, None]
+    scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
+    mean[nk <= 0] = 0.0
+    scatter[nk <= 0] = 0.0
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
+                     shift=chunk.shift)
+
+
+def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
+                sum_rlogr: float) -> SuffStats:
+    """Means and exactly centred scatters, per cluster over the rows that have it as a candidate
+    (two passes, as :func:`vbcore.kernels.chunk_statistics`)."""
+    xp = array_namespace(chunk.x)
+    dt = chunk.x.dtype
+    k, d = nk.shape[0], chunk.x.shape[1]
+    mean = np.zeros((k, d))
+    scatter = np.zeros((k, d, d))
+    flat = idx.ravel()
+    order = np.argsort(flat, kind="stable")
+    comps = flat[order]
+    rows_all = np.repeat(np.arange(idx.shape[0]), idx.shape[1])[order]
+    r_all = resp.ravel()[order]
+    cuts = np.flatnonzero(np.diff(comps)) + 1
+    for start, rows, r in zip(np.concatenate(([0], cuts)), np.split(rows_all, cuts), np.split(r_all, cuts),
+                              strict=True):
+        j = int(comps[start])
+        if not nk[j] > 0:
+            continue
+        x = xp.take(chunk.x, xp.asarray(rows), axis=0)
+        rr = xp.asarray(r[:, None], dtype=dt)
+        mean[j] = to_numpy(xp.sum(x * rr, axis=0, dtype=xp.float64)) / nk[j]
+        xc = x - xp.asarray(mean[j], dtype=dt)
+        scatter[j] = to_numpy(xp.matrix_transpose(xc * rr) @ xc)
+    scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
+                     shift=chunk.shift)
+
+
+# ---- driver side: neighbour lists, pivots, relabelling -----------------------------------------------
+def initial_neighbours(post_means: np.ndarray, estep: EStepParams, shift: np.ndarray, covariance_type: str,
+                       n_neighbours: int) -> np.ndarray:
+    """First neighbour lists: ``G_j`` is ``j`` and the ``G - 1`` components under which mean ``m_j``
+    has the largest ``ln rho`` (one (K x 2D) @ (2D x K) GEMM on the driver, O(K^2 D); the
+    Mahalanobis form of the E-step, so no extra metric).
+
+    Returns
+    -------
+    ndarray of shape (K, G) int32, -1 padded when K < G
+    """
+    from vbcore.kernels import log_rho, prepare_chunk
+
+    k = post_means.shape[0]
+    g = int(n_neighbours)
+    scores = np.asarray(log_rho(prepare_chunk(np.asarray(post_means, dtype=np.float64), shift,
+                                              covariance_type), estep), dtype=np.float64)
+    np.fill_diagonal(scores, -np.inf)
+    ranked = np.argsort(-scores, axis=1, kind="stable")[:, : max(0, min(g, k) - 1)]
+    out = np.full((k, g), -1, dtype=np.int32)
+    out[:, 0] = np.arange(k)
+    out[:, 1 : 1 + ranked.shape[1]] = ranked
+    return out
+
+
+def update_neighbours(scores: NeighbourScores, previous: np.ndarray) -> np.ndarray:
+    """New neighbour lists from a pass's scores: ``G_c`` is ``c`` and the ``G - 1`` searched clusters
+    with the largest mean ``ln rho_ns - max_j ln rho_nj`` over the rows whose best cluster is ``c``
+    (ties: lower index); slots left over keep ``previous`` entries, in their order.
+
+    Parameters
+    ----------
+    scores : NeighbourScores
+    previous : ndarray of shape (K, G) int32
+
+    Returns
+    -------
+    ndarray of shape (K, G) int32
+    """
+    k, g = previous.shape
+    c, s = scores.keys // k, scores.keys % k
+    mean = scores.sums / np.maximum(scores.counts, 1)
+    keep = s != c
+    c, s, mean = c[keep], s[keep], mean[keep]
+    order = np.lexsort((s, -mean, c))
+    c, s = c[order], s[order]
+    rank = np.arange(c.size) - np.searchsorted(c, c, side="left")
+    take = rank < g - 1
+    out = np.full((k, g), -1, dtype=np.int32)
+    out[:, 0] = np.arange(k)
+    out[c[take], 1 + rank[take]] = s[take]
+    for j in np.flatnonzero((out < 0).any(axis=1)):
+        have = out[j][out[j] >= 0]
+        extra = [p for p in previous[j] if p >= 0 and p not in have]
+        fill = np.asarray((list(have) + extra)[:g], dtype=np.int32)
+        out[j, : fill.size] = fill
+    return out
+
+
+def pivot_clusters(k: int, candidates: int, n_neighbours: int, rng: np.random.Generator) -> np.ndarray:
+    """The clusters every row searches before it has candidates: ``min(K, max(C', ceil(sqrt(K G))))``
+    drawn without replacement, sorted. Their first pass costs O(n sqrt(K G) D) per chunk instead
+    of the exact E-step's O(n K D)."""
+    p = min(k, max(int(candidates), int(np.ceil(np.sqrt(k * max(1, int(n_neighbours)))))))
+    return np.sort(rng.choice(k, size=p, replace=False))
+
+
+def relabel_neighbours(neighbours: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Neighbour lists after the components were reduced to ``kept`` (old indices of the new ones,
+    in their new order), and the map old -> new (-1: dropped) for the stored candidates."""
+    remap = np.full(neighbours.shape[0], -1, dtype=np.int32)
+    remap[kept] = np.arange(kept.size, dtype=np.int32)
+    nb = neighbours[kept]
+    nb = np.where(nb >= 0, remap[np.maximum(nb, 0)], -1)
+    order = np.argsort(nb < 0, axis=1, kind="stable")
+    return np.take_along_axis(nb, order, axis=1).astype(np.int32), remap
+
+
+def compose_remaps(first: np.ndarray | None, second: np.ndarray) -> np.ndarray:
+    """The map of applying ``first`` then ``second`` (both old -> new, -1 dropped)."""
+    if first is None:
+        return second
+    return np.where(first >= 0, second[np.maximum(first, 0)], -1).astype(np.int32)
