@@ -134,7 +134,7 @@ def test_elbo_never_decreases(data, ct, wt):
     k = 12
     prior, shift, chunk, post = _setup(data, ct, wt, k, seed=2)
     chunks = [prepare_chunk(data[i : i + 90], shift, ct) for i in range(0, data.shape[0], 90)]
-    elbo, _, _ = _run(chunks, prior, shift, ct, post, 15, c=2, g=3)
+    elbo, _, _ = _run(chunks, prior, shift, ct, post, 10, c=2, g=3)
     assert np.all(np.diff(elbo) >= -1e-9 * np.abs(elbo[:-1])), np.diff(elbo)
 
 
@@ -224,3 +224,99 @@ def test_pruned_candidates_are_remapped(data, ct):
     assert lost.any() and lost_all[0]
     assert np.all(np.diff(sel, axis=1) <= 1e-9)
     assert res2.stats.nk.shape == (kept.size,)
+
+
+# ---- the learner: options, fits, checkpoints, engines -------------------------------------------------
+from pipeline import VBMixture  # noqa: E402
+from pipeline.store import FeatureStore  # noqa: E402
+from vbcore.errors import ConfigError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def blobs():
+    rng = np.random.default_rng(5)
+    centres = rng.normal(scale=5.0, size=(12, 6))
+    X = np.vstack([rng.normal(loc=c, size=(60, 6)) for c in centres])
+    return X[rng.permutation(len(X))]
+
+
+def _bits(m):
+    return [getattr(m, a) for a in ("means_", "covariances_", "weights_", "lower_bounds_")]
+
+
+def _same_bits(a, b):
+    for x, y in zip(_bits(a), _bits(b), strict=True):
+        assert np.array_equal(x, y)
+    assert a.n_iter_ == b.n_iter_
+
+
+@pytest.mark.parametrize("ct", TYPES)
+def test_fit_with_all_candidates_equals_the_exact_fit(blobs, ct):
+    kw = dict(n_components=8, covariance_type=ct, max_iter=6, tol=0.0, random_state=0, chunk_rows=200)
+    exact = VBMixture(**kw).fit(blobs)
+    trunc = VBMixture(learner_options={"candidates": 8, "neighbours": 8}, **kw).fit(blobs)
+    np.testing.assert_allclose(trunc.lower_bounds_, exact.lower_bounds_, rtol=1e-12)
+    np.testing.assert_allclose(trunc.means_, exact.means_, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("wt", WEIGHTS)
+def test_fit_bound_never_decreases_and_is_close_to_exact(blobs, wt):
+    kw = dict(n_components=16, covariance_type="diag", max_iter=25, tol=0.0, random_state=1, chunk_rows=250,
+              weight_concentration_prior_type=wt)
+    hist = []
+    trunc = VBMixture(learner_options={"candidates": 2, "neighbours": 4}, **kw)
+    trunc.fit(blobs, callback=lambda info: hist.append(info["passes"]))
+    lb = trunc.lower_bounds_
+    assert np.all(np.diff(lb) >= -1e-9 * np.abs(lb[:-1]))
+    exact = VBMixture(**kw).fit(blobs)
+    assert trunc.lower_bound_ <= exact.lower_bound_ + 1e-6 * abs(exact.lower_bound_) or \
+        abs(trunc.lower_bound_ - exact.lower_bound_) < 0.01 * abs(exact.lower_bound_)
+    assert hist == list(range(1, 26))  # one engine pass per iteration
+
+
+def test_options_are_checked():
+    with pytest.raises(ConfigError, match=r"learner option 'candidates' of 'vbem' must be an integer >= 0"):
+        VBMixture(2, learner_options={"candidates": -1}).fit(np.random.default_rng(0).normal(size=(20, 2)))
+    with pytest.raises(ConfigError, match=r"learner option 'neighbours' of 'vbem' must be an integer >= 1"):
+        VBMixture(2, learner_options={"candidates": 2, "neighbours": 0}).fit(np.ones((20, 2)))
+    with pytest.raises(ConfigError, match=r"learner option 'first_search' of 'vbem' must be one of"):
+        VBMixture(2, learner_options={"first_search": "some"}).fit(np.ones((20, 2)))
+    with pytest.raises(ConfigError, match=r"option 'candidates' of 'vbem' must be an integer, got 1.5"):
+        VBMixture(2, learner_options={"candidates": 1.5}).fit(np.ones((20, 2)))
+
+
+@pytest.mark.parametrize("first_search", ["all", "pivots"])
+@pytest.mark.parametrize("reorder", [False, True])
+def test_resume_is_bitwise(tmp_path, blobs, first_search, reorder):
+    opts = {"candidates": 3, "neighbours": 4, "first_search": first_search, "reorder": reorder,
+            "prune_below": 0.5}
+    kw = dict(n_components=20, covariance_type="diag", tol=0.0, random_state=0, chunk_rows=200,
+              learner_options=opts)
+    VBMixture(max_iter=5, checkpoint_dir=str(tmp_path), checkpoint_every=5, **kw).fit(blobs)
+    resumed = VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), **kw).fit(blobs)
+    assert resumed.resumed_from_.endswith("ckpt-00000005")
+    whole = VBMixture(max_iter=12, **kw).fit(blobs)
+    _same_bits(resumed, whole)
+    assert whole.n_components_ < 20  # components were pruned: the relabelling was exercised
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, blobs):
+    path = tmp_path_factory.mktemp("stores") / "blobs.zarr"
+    s = FeatureStore.create(path, blobs.shape[1], chunk_rows=180, labels=False)
+    s.append(blobs.astype(np.float32))
+    return str(path)
+
+
+def test_local_and_dask_engines_are_bitwise_identical(client, store):
+    kw = dict(n_components=10, covariance_type="full", max_iter=3, tol=0.0, random_state=0,
+              learner_options={"candidates": 3, "neighbours": 4, "prune_below": 0.5})
+    _same_bits(VBMixture(engine=client, **kw).fit(store), VBMixture(**kw).fit(store))
+
+
+def test_dask_resume_matches_local_run(tmp_path, client, store):
+    kw = dict(n_components=10, covariance_type="diag", tol=0.0, random_state=0,
+              learner_options={"candidates": 2, "neighbours": 4, "first_search": "pivots"})
+    VBMixture(max_iter=3, engine=client, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(store)
+    resumed = VBMixture(max_iter=5, engine=client, checkpoint_dir=str(tmp_path), **kw).fit(store)
+    _same_bits(resumed, VBMixture(max_iter=5, **kw).fit(store))

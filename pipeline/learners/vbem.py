@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.learners import register
-from pipeline.learners.base import Learner
+from pipeline.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.kernels import KernelResult, estep_params, vbem_kernel
 from vbcore.mstep import m_step
@@ -19,7 +19,7 @@ def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-
 
 
 @register("vbem")
-class VBEM(Learner):
+class VBEM(TruncatedLearner):
     """Variational Bayesian EM: q(Z) from the current q(theta), then q(theta) from q(Z).
 
     The ELBO reported after iteration t is that of (q(Z) from the E-step, q(theta) from the M-step
@@ -28,21 +28,28 @@ class VBEM(Learner):
     #: DP pruning (issue 6): components whose expected count N_k falls under ``prune_below`` rows are
     #: dropped after the M-step (the bound moves by about N_k nats); ``reorder`` sorts the sticks by
     #: descending N_k before the M-step (which never lowers the bound, seed 003 section 4.5; off by
-    #: default, so the trajectory stays scikit-learn's)
-    options = {"prune_below": 1e-6, "reorder": False}
+    #: default, so the trajectory stays scikit-learn's).
+    #: ``candidates`` > 0: the truncated E-step over that many clusters per row (issue 15, see
+    #: pipeline/learners/truncated.py)
+    options = {"prune_below": 1e-6, "reorder": False, **TRUNCATED_OPTIONS}
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
-        result = vbem_pass(self.ctx, self.post)
+        trunc = self.truncated
+        result = trunc.run(self.post, iteration) if trunc else vbem_pass(self.ctx, self.post)
         self.passes += 1
         stats = result.stats
         dp = self.ctx.weight_type == "dirichlet_process"
         if dp and self.opts["reorder"]:
-            stats = take_stats(stats, np.argsort(-stats.nk, kind="stable"))
+            order = np.argsort(-stats.nk, kind="stable")
+            stats = take_stats(stats, order)
+            self.relabel_components(order)
         self.post = m_step(stats, self.ctx.prior, self.ctx.reg_covar)
         terms = elbo_terms(stats, self.post, self.ctx.prior)
         if dp:
-            self.post = prune_components(self.post, stats.nk >= float(self.opts["prune_below"]))
+            keep = stats.nk >= float(self.opts["prune_below"])
+            self.relabel_components(kept_components(self.post, keep))
+            self.post = prune_components(self.post, keep)
         return self.post, terms
 
 
@@ -50,8 +57,13 @@ def prune_components(post: Posterior, keep: np.ndarray) -> Posterior:
     """The posterior of the components ``keep`` (a mask; the largest is kept if none is)."""
     if keep.all():
         return post
-    idx = np.flatnonzero(keep) if keep.any() else np.array([int(np.argmax(post.weight_concentration[0]))])
+    idx = kept_components(post, keep)
     nu = None if post.degrees_of_freedom is None else post.degrees_of_freedom[idx]
     return Posterior(post.covariance_type, post.weight_type, post.weight_concentration[..., idx],
                      post.mean_precision[idx], post.means[idx], nu, post.covariances[idx],
                      post.precisions_cholesky[idx])
+
+
+def kept_components(post: Posterior, keep: np.ndarray) -> np.ndarray:
+    """The indices :func:`prune_components` keeps."""
+    return np.flatnonzero(keep) if keep.any() else np.array([int(np.argmax(post.weight_concentration[0]))])
