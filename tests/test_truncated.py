@@ -259,12 +259,13 @@ def test_fit_with_all_candidates_equals_the_exact_fit(blobs, ct):
     np.testing.assert_allclose(trunc.means_, exact.means_, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("wt", WEIGHTS)
-def test_fit_bound_never_decreases_and_is_close_to_exact(blobs, wt):
+@pytest.mark.parametrize(("wt", "search"), [("dirichlet_process", "best"), ("dirichlet_distribution", "all")])
+def test_fit_bound_never_decreases_and_is_close_to_exact(blobs, wt, search):
     kw = dict(n_components=16, covariance_type="diag", max_iter=25, tol=0.0, random_state=1, chunk_rows=250,
               weight_concentration_prior_type=wt)
     hist = []
-    trunc = VBMixture(learner_options={"candidates": 2, "neighbours": 4}, **kw)
+    trunc = VBMixture(learner_options={"candidates": 2, "neighbours": 4, "search": search, "block_rows": 8},
+                      **kw)
     trunc.fit(blobs, callback=lambda info: hist.append(info["passes"]))
     lb = trunc.lower_bounds_
     assert np.all(np.diff(lb) >= -1e-9 * np.abs(lb[:-1]))
@@ -279,6 +280,10 @@ def test_options_are_checked():
         VBMixture(2, learner_options={"candidates": -1}).fit(np.random.default_rng(0).normal(size=(20, 2)))
     with pytest.raises(ConfigError, match=r"learner option 'neighbours' of 'vbem' must be an integer >= 1"):
         VBMixture(2, learner_options={"candidates": 2, "neighbours": 0}).fit(np.ones((20, 2)))
+    with pytest.raises(ConfigError, match=r"option 'search' of 'vbem' must be one of \('best', 'all'\)"):
+        VBMixture(2, learner_options={"search": "near"}).fit(np.ones((20, 2)))
+    with pytest.raises(ConfigError, match=r"learner option 'block_rows' of 'vbem' must be an integer >= 1"):
+        VBMixture(2, learner_options={"block_rows": 0}).fit(np.ones((20, 2)))
     with pytest.raises(ConfigError, match=r"learner option 'first_search' of 'vbem' must be one of"):
         VBMixture(2, learner_options={"first_search": "some"}).fit(np.ones((20, 2)))
     with pytest.raises(ConfigError, match=r"option 'candidates' of 'vbem' must be an integer, got 1.5"):

@@ -76,6 +76,9 @@ class TruncParams:
     iteration: int
     pivots: np.ndarray  # (P,) int
     remap: np.ndarray | None = None
+    search: str = "best"
+    min_rows: int = 64
+    rank: np.ndarray | None = None  # (K,) :func:`cluster_order` of ``neighbours``
 
     @property
     def n_components(self) -> int:
@@ -114,13 +117,15 @@ class TruncResult:
 
 
 def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int, n_random: int,
-                     seed: int | None, iteration: int, pivots: np.ndarray,
-                     remap: np.ndarray | None = None) -> TruncParams:
+                     seed: int | None, iteration: int, pivots: np.ndarray, remap: np.ndarray | None = None,
+                     search: str = "best", min_rows: int = 64) -> TruncParams:
     """Bundle the posterior's E-step fold with the search settings (see :class:`TruncParams`)."""
     wt = None if estep.weights is None else np.ascontiguousarray(estep.weights.T)
     k = int(estep.const.shape[0])
-    return TruncParams(estep, wt, np.asarray(neighbours, dtype=np.int32), min(int(candidates), k),
-                       int(n_random), seed, int(iteration), np.asarray(pivots, dtype=np.int64), remap)
+    nb = np.asarray(neighbours, dtype=np.int32)
+    return TruncParams(estep, wt, nb, min(int(candidates), k), int(n_random), seed, int(iteration),
+                       np.asarray(pivots, dtype=np.int64), remap, str(search), int(min_rows),
+                       cluster_order(nb))
 
 
 # ---- the kernel ------------------------------------------------------------------------------------
@@ -154,17 +159,71 @@ def _group_logits(chunk: Chunk, rows: np.ndarray, search: np.ndarray, params: Tr
     return const[None, :] - 0.5 * out
 
 
-def _search_set(prev: np.ndarray, params: TruncParams, rng: np.random.Generator) -> np.ndarray:
-    """Sorted union of the group's candidates, their neighbour lists and ``n_random`` random clusters
-    (more when the union has fewer than C' clusters)."""
+def _search_set(prev: np.ndarray, bests: np.ndarray, params: TruncParams,
+                rng: np.random.Generator) -> np.ndarray:
+    """Sorted union of a block's candidates, the neighbour lists of its rows' best clusters
+    (``search='best'``) or of all their candidates (``search='all'``), and ``n_random`` random
+    clusters (more when the union has fewer than C' clusters)."""
     k = params.n_components
     cand = prev[prev >= 0]
-    nb = params.neighbours[cand].ravel()
+    nb = params.neighbours[bests if params.search == "best" else cand].ravel()
     parts = [cand, nb[nb >= 0], rng.integers(0, k, size=params.n_random)]
     search = np.unique(np.concatenate(parts))
     while search.size < params.candidates:
         search = np.unique(np.concatenate((search, rng.integers(0, k, size=params.candidates))))
     return search
+
+
+def _top(logits: np.ndarray, c: int) -> np.ndarray:
+    """Column indices of each row's ``c`` largest values, largest first (ties: lower column)."""
+    if c < logits.shape[1]:
+        part = np.argpartition(-logits, c - 1, axis=1)[:, :c]
+        part = np.sort(part, axis=1)  # the same columns in column order, so ties resolve by column
+    else:
+        part = np.broadcast_to(np.arange(logits.shape[1]), logits.shape)
+    vals = np.take_along_axis(logits, part, axis=1)
+    return np.take_along_axis(part, np.argsort(-vals, axis=1, kind="stable"), axis=1)
+
+
+def _blocks(skey: np.ndarray, k: int, min_rows: int) -> list[tuple[int, int, np.ndarray]]:
+    """Row blocks of a chunk sorted by ``skey`` (the rank of each row's best cluster; ``k``: none):
+    consecutive groups of one best cluster are joined until a block has ``min_rows`` rows. Returns
+    (first, stop, starts of its groups relative to first)."""
+    n = skey.size
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(skey)) + 1))
+    out = []
+    i = 0
+    while i < starts.size:
+        j = i + 1
+        while j < starts.size and starts[j] - starts[i] < min_rows and skey[starts[j]] < k:
+            j += 1
+        stop = int(starts[j]) if j < starts.size else n
+        if skey[starts[i]] == k:  # rows without a valid candidate: one block, searching everything
+            stop, j = n, starts.size
+        out.append((int(starts[i]), stop, starts[i:j] - starts[i]))
+        i = j
+    return out
+
+
+def cluster_order(neighbours: np.ndarray) -> np.ndarray:
+    """A rank per cluster along a greedy walk through the neighbour lists (each step to the first
+    unvisited neighbour, else to the next unvisited cluster), so that clusters of adjacent ranks
+    share most of their search space and joined groups stay small GEMMs. O(K G) on the driver."""
+    k = neighbours.shape[0]
+    visited = np.zeros(k, dtype=bool)
+    order = []
+    for first in range(k):
+        cur = first
+        while not visited[cur]:
+            visited[cur] = True
+            order.append(cur)
+            nxt = [j for j in neighbours[cur] if j >= 0 and not visited[j]]
+            if not nxt:
+                break
+            cur = int(nxt[0])
+    rank = np.empty(k, dtype=np.int64)
+    rank[np.asarray(order, dtype=np.int64)] = np.arange(k)
+    return rank
 
 
 def _previous(chunk: Chunk, state: CandidateState, params: TruncParams, w: object) -> tuple[np.ndarray, int]:
@@ -210,22 +269,24 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     rng = np.random.default_rng(np.random.SeedSequence(
         params.seed, spawn_key=(RANDOM_TAG, params.iteration, state.start)))
     # rows without a valid candidate (all theirs were pruned) search every cluster
-    best = np.where(prev[:, 0] >= 0, prev[:, 0], k)
-    order = np.argsort(best, kind="stable")
-    cuts = np.flatnonzero(np.diff(best[order])) + 1
+    best = prev[:, 0]
+    rank = np.arange(k) if params.rank is None else params.rank
+    key = np.where(best >= 0, rank[np.maximum(best, 0)], k)
+    order = np.argsort(key, kind="stable")
     idx = np.empty((n, c), dtype=np.int32)
     resp = np.empty((n, c))
     log_norm = np.empty(n)
     rlogr = np.empty(n)
     g = np.zeros((k, 2 * chunk.x.shape[1])) if diag else None
     keys, sums, counts = [], [], []
-    for rows in np.split(order, cuts):
-        b = int(best[rows[0]])
-        search = np.arange(k) if b == k else _search_set(prev[rows], params, rng)
+    for first, stop, sub in _blocks(key[order], k, params.min_rows):
+        rows = order[first:stop]
+        bests = best[rows[sub]]
+        search = np.arange(k) if bests[0] < 0 else _search_set(prev[rows], bests, params, rng)
         feats = _features(chunk, rows) if diag else None
         logits = _group_logits(chunk, rows, search, params, w, feats)
         evaluations += logits.size
-        top = np.argsort(-logits, axis=1, kind="stable")[:, :c]
+        top = _top(logits, c)
         sel = np.take_along_axis(logits, top, axis=1)
         mx = sel[:, :1]
         lse = mx[:, 0] + np.log(np.sum(np.exp(sel - mx), axis=1))
@@ -233,10 +294,11 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
         idx[rows], resp[rows] = search[top], r
         log_norm[rows] = lse
         rlogr[rows] = np.sum(r * (sel - lse[:, None]), axis=1)
-        if b < k:
-            keys.append(b * np.int64(k) + search)
-            sums.append(np.sum(logits - logits.max(axis=1, keepdims=True), axis=0))
-            counts.append(np.full(search.size, rows.size, dtype=np.int64))
+        if bests[0] >= 0:
+            keys.append((bests[:, None] * np.int64(k) + search[None, :]).ravel())
+            sums.append(np.add.reduceat(logits - mx, sub, axis=0).ravel())
+            sizes = np.diff(np.append(sub, rows.size))
+            counts.append(np.repeat(sizes, search.size).astype(np.int64))
         if g is not None:
             _add_group_moments(g, feats, search[top], r, xp)
     nk = np.bincount(idx.ravel(), weights=resp.ravel(), minlength=k)
@@ -259,10 +321,13 @@ def _add_group_moments(g: np.ndarray, feats: object, cand: np.ndarray, r: np.nda
     """``g[u] += R_u^T [x*x, x]`` for the union ``u`` of a group's candidates: one (|u| x m) @ (m x 2D)
     GEMM in the data's dtype, accumulated in float64."""
     u, pos = np.unique(cand, return_inverse=True)
-    dense = np.zeros((cand.shape[0], u.size))
-    np.add.at(dense, (np.repeat(np.arange(cand.shape[0]), cand.shape[1]), pos.ravel()), r.ravel())
-    rt = xp.asarray(dense.T, dtype=feats.dtype)  # type: ignore[attr-defined]
-    g[u] += to_numpy(rt @ feats)
+    dt = feats.dtype  # type: ignore[attr-defined]
+    dense = np.zeros((u.size, cand.shape[0]))
+    dense[pos.reshape(cand.shape), np.arange(cand.shape[0])[:, None]] = r  # a row's candidates differ
+    # weights under the dtype's normal range add nothing representable to the sums, and subnormal
+    # operands slow the GEMM down 50x: they are left out of it
+    dense[dense < np.finfo(dt).tiny] = 0.0
+    g[u] += to_numpy(xp.asarray(dense, dtype=dt) @ feats)
 
 
 def _diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:

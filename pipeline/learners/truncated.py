@@ -44,21 +44,27 @@ from vbcore.truncated import (
 
 #: the learner options of the truncated E-step and their defaults (0 candidates: the exact E-step)
 TRUNCATED_OPTIONS: dict[str, Any] = {"candidates": 0, "neighbours": 16, "random_clusters": 1,
-                                     "first_search": "all"}
+                                     "first_search": "all", "search": "best", "block_rows": 64}
 #: how the first pass finds the first candidate sets: 'all' scores every cluster (one exact E-step,
 #: O(N K D)); 'pivots' scores ceil(sqrt(K G)) clusters drawn from the seed (O(N sqrt(K G) D)), which
 #: can leave rows far from their best cluster for many iterations (docs/algorithms.md)
 FIRST_SEARCH = ("all", "pivots")
+#: a block's search space: the neighbour lists of its rows' best clusters ('best'), or of all their
+#: candidates ('all', Forster & Lücke 2018); both add the previous candidates and the random clusters
+SEARCH = ("best", "all")
 
 _PREFIX = "trunc_"
 
 
 def check_truncated_options(name: str, opts: Mapping[str, Any]) -> None:
     """One line per bad value: which option of which learner, what it must be."""
-    for key, low in (("candidates", 0), ("neighbours", 1), ("random_clusters", 0)):
+    for key, low in (("candidates", 0), ("neighbours", 1), ("random_clusters", 0), ("block_rows", 1)):
         if opts[key] < low:
             raise ConfigError(f"learner option {key!r} of {name!r} must be an integer >= {low}, "
                               f"got {opts[key]!r}")
+    if opts["search"] not in SEARCH:
+        raise ConfigError(f"learner option 'search' of {name!r} must be one of {SEARCH}, "
+                          f"got {opts['search']!r}")
     if opts["first_search"] not in FIRST_SEARCH:
         raise ConfigError(f"learner option 'first_search' of {name!r} must be one of {FIRST_SEARCH}, "
                           f"got {opts['first_search']!r}")
@@ -66,6 +72,16 @@ def check_truncated_options(name: str, opts: Mapping[str, Any]) -> None:
 
 def _host(state: CandidateState) -> CandidateState:
     return state
+
+
+def one_thread_kernel(chunk: Any, state: CandidateState, params: Any) -> tuple[CandidateState, TruncResult]:
+    """:func:`vbcore.truncated.truncated_kernel` with one BLAS thread. Its GEMMs are small (a block of
+    rows against its search set): a multi-threaded BLAS spent 10-50x longer starting and syncing
+    its threads than computing them (measured on a loaded 2-core machine)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        return truncated_kernel(chunk, state, params)
 
 
 class TruncatedEStep:
@@ -77,6 +93,8 @@ class TruncatedEStep:
         self.n_neighbours = int(opts["neighbours"])
         self.n_random = int(opts["random_clusters"])
         self.first_search = str(opts["first_search"])
+        self.search = str(opts["search"])
+        self.block_rows = int(opts["block_rows"])
         self.states: list[Any] = []
         self.neighbours = np.zeros((0, self.n_neighbours), dtype=np.int32)
         self.pivots = np.zeros(0, dtype=np.int64)
@@ -103,8 +121,9 @@ class TruncatedEStep:
         """One pass: new candidate sets (kept on the engine), their statistics; new neighbour lists."""
         ctx = self.ctx
         params = truncated_params(estep_params(post, ctx.shift), self.neighbours, self.candidates,
-                                  self.n_random, ctx.seed, iteration, self.pivots, self.remap)
-        self.states, result = ctx.engine.map_keep(truncated_kernel, ctx.handles, self.states, params)
+                                  self.n_random, ctx.seed, iteration, self.pivots, self.remap,
+                                  self.search, self.block_rows)
+        self.states, result = ctx.engine.map_keep(one_thread_kernel, ctx.handles, self.states, params)
         self.remap = None
         self.evaluations = result.evaluations
         self.neighbours = update_neighbours(result.scores, self.neighbours)
