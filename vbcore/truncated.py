@@ -27,7 +27,9 @@ clusters with the largest mean (Hirschberger et al. 2022, "estimate").
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -79,6 +81,7 @@ class TruncParams:
     search: str = "best"
     min_rows: int = 64
     rank: np.ndarray | None = None  # (K,) :func:`cluster_order` of ``neighbours``
+    threads: int = 1  # run the two fixed halves of a chunk's blocks on two threads
 
     @property
     def n_components(self) -> int:
@@ -118,14 +121,14 @@ class TruncResult:
 
 def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int, n_random: int,
                      seed: int | None, iteration: int, pivots: np.ndarray, remap: np.ndarray | None = None,
-                     search: str = "best", min_rows: int = 64) -> TruncParams:
+                     search: str = "best", min_rows: int = 64, threads: int = 1) -> TruncParams:
     """Bundle the posterior's E-step fold with the search settings (see :class:`TruncParams`)."""
     wt = None if estep.weights is None else np.ascontiguousarray(estep.weights.T)
     k = int(estep.const.shape[0])
     nb = np.asarray(neighbours, dtype=np.int32)
     return TruncParams(estep, wt, nb, min(int(candidates), k), int(n_random), seed, int(iteration),
                        np.asarray(pivots, dtype=np.int64), remap, str(search), int(min_rows),
-                       cluster_order(nb))
+                       cluster_order(nb), int(threads))
 
 
 # ---- the kernel ------------------------------------------------------------------------------------
@@ -266,41 +269,31 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     w = xp.asarray(params.wt, dtype=chunk.x.dtype) if diag else None
     prev, evaluations = _previous(chunk, state, params, w)
     n, k, c = chunk.n_rows, params.n_components, params.candidates
-    rng = np.random.default_rng(np.random.SeedSequence(
-        params.seed, spawn_key=(RANDOM_TAG, params.iteration, state.start)))
     # rows without a valid candidate (all theirs were pruned) search every cluster
     best = prev[:, 0]
     rank = np.arange(k) if params.rank is None else params.rank
     key = np.where(best >= 0, rank[np.maximum(best, 0)], k)
     order = np.argsort(key, kind="stable")
-    idx = np.empty((n, c), dtype=np.int32)
-    resp = np.empty((n, c))
-    log_norm = np.empty(n)
-    rlogr = np.empty(n)
-    g = np.zeros((k, 2 * chunk.x.shape[1])) if diag else None
-    keys, sums, counts = [], [], []
-    for first, stop, sub in _blocks(key[order], k, params.min_rows):
-        rows = order[first:stop]
-        bests = best[rows[sub]]
-        search = np.arange(k) if bests[0] < 0 else _search_set(prev[rows], bests, params, rng)
-        feats = _features(chunk, rows) if diag else None
-        logits = _group_logits(chunk, rows, search, params, w, feats)
-        evaluations += logits.size
-        top = _top(logits, c)
-        sel = np.take_along_axis(logits, top, axis=1)
-        mx = sel[:, :1]
-        lse = mx[:, 0] + np.log(np.sum(np.exp(sel - mx), axis=1))
-        r = np.exp(sel - lse[:, None])
-        idx[rows], resp[rows] = search[top], r
-        log_norm[rows] = lse
-        rlogr[rows] = np.sum(r * (sel - lse[:, None]), axis=1)
-        if bests[0] >= 0:
-            keys.append((bests[:, None] * np.int64(k) + search[None, :]).ravel())
-            sums.append(np.add.reduceat(logits - mx, sub, axis=0).ravel())
-            sizes = np.diff(np.append(sub, rows.size))
-            counts.append(np.repeat(sizes, search.size).astype(np.int64))
-        if g is not None:
-            _add_group_moments(g, feats, search[top], r, xp)
+    out = _Out(np.empty((n, c), dtype=np.int32), np.empty((n, c)), np.empty(n), np.empty(n))
+    blocks = _blocks(key[order], k, params.min_rows)
+    half = next((i for i, b in enumerate(blocks) if b[0] >= n // 2), len(blocks))
+    parts = [blocks[:half], blocks[half:]]  # a fixed split: the same bits on 1 or 2 threads
+
+    def run(p: int) -> _Part:
+        rng = np.random.default_rng(np.random.SeedSequence(
+            params.seed, spawn_key=(RANDOM_TAG, params.iteration, state.start, p)))
+        return _run_blocks(chunk, parts[p], order, prev, params, w, rng, out)
+
+    if params.threads > 1:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            done = list(pool.map(run, range(2)))
+    else:
+        done = [run(0), run(1)]
+    g = None if not diag else done[0].g + done[1].g  # type: ignore[operator]
+    evaluations += done[0].evaluations + done[1].evaluations
+    keys, sums, counts = (done[0].keys + done[1].keys, done[0].sums + done[1].sums,
+                          done[0].counts + done[1].counts)
+    idx, resp, log_norm, rlogr = out.idx, out.resp, out.log_norm, out.rlogr
     nk = np.bincount(idx.ravel(), weights=resp.ravel(), minlength=k)
     sum_rlogr = float(np.sum(rlogr))
     stats = (_diag_stats(nk, g, sum_rlogr, chunk) if g is not None
@@ -310,6 +303,59 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     return new_state, TruncResult(stats, float(np.sum(log_norm)), scores, evaluations)
 
 
+@dataclass
+class _Out:
+    """The per-row results of a chunk, written block by block (blocks own disjoint rows)."""
+
+    idx: np.ndarray
+    resp: np.ndarray
+    log_norm: np.ndarray
+    rlogr: np.ndarray
+
+
+@dataclass
+class _Part:
+    """What one part of a chunk's blocks sums: moments, neighbour scores, evaluations."""
+
+    g: np.ndarray | None
+    keys: list[np.ndarray]
+    sums: list[np.ndarray]
+    counts: list[np.ndarray]
+    evaluations: int
+
+
+def _run_blocks(chunk: Chunk, blocks: list[tuple[int, int, np.ndarray]], order: np.ndarray, prev: np.ndarray,
+                params: TruncParams, w: object, rng: np.random.Generator, out: _Out) -> _Part:
+    """Search, select and summarise the given blocks (see :func:`truncated_kernel`)."""
+    xp = array_namespace(chunk.x)
+    k, c = params.n_components, params.candidates
+    diag = params.wt is not None
+    part = _Part(np.zeros((k, 2 * chunk.x.shape[1])) if diag else None, [], [], [], 0)
+    for first, stop, sub in blocks:
+        rows = order[first:stop]
+        bests = prev[rows[sub], 0]
+        search = np.arange(k) if bests[0] < 0 else _search_set(prev[rows], bests, params, rng)
+        feats = _features(chunk, rows) if diag else None
+        logits = _group_logits(chunk, rows, search, params, w, feats)
+        part.evaluations += logits.size
+        top = _top(logits, c)
+        sel = np.take_along_axis(logits, top, axis=1)
+        mx = sel[:, :1]
+        lse = mx[:, 0] + np.log(np.sum(np.exp(sel - mx), axis=1))
+        r = np.exp(sel - lse[:, None])
+        out.idx[rows], out.resp[rows] = search[top], r
+        out.log_norm[rows] = lse
+        out.rlogr[rows] = np.sum(r * (sel - lse[:, None]), axis=1)
+        if bests[0] >= 0:
+            part.keys.append((bests[:, None] * np.int64(k) + search[None, :]).ravel())
+            part.sums.append(np.add.reduceat(logits - mx, sub, axis=0).ravel())
+            sizes = np.diff(np.append(sub, rows.size))
+            part.counts.append(np.repeat(sizes, search.size).astype(np.int64))
+        if part.g is not None:
+            _add_group_moments(part.g, feats, search[top], r, xp)
+    return part
+
+
 def _scores(keys: list[np.ndarray], sums: list[np.ndarray], counts: list[np.ndarray]) -> NeighbourScores:
     if not keys:
         return NeighbourScores(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
@@ -317,11 +363,11 @@ def _scores(keys: list[np.ndarray], sums: list[np.ndarray], counts: list[np.ndar
         NeighbourScores(np.concatenate(keys), np.concatenate(sums), np.concatenate(counts)))
 
 
-def _add_group_moments(g: np.ndarray, feats: object, cand: np.ndarray, r: np.ndarray, xp: object) -> None:
+def _add_group_moments(g: np.ndarray, feats: Any, cand: np.ndarray, r: np.ndarray, xp: Any) -> None:
     """``g[u] += R_u^T [x*x, x]`` for the union ``u`` of a group's candidates: one (|u| x m) @ (m x 2D)
     GEMM in the data's dtype, accumulated in float64."""
     u, pos = np.unique(cand, return_inverse=True)
-    dt = feats.dtype  # type: ignore[attr-defined]
+    dt = feats.dtype
     dense = np.zeros((u.size, cand.shape[0]))
     dense[pos.reshape(cand.shape), np.arange(cand.shape[0])[:, None]] = r  # a row's candidates differ
     # weights under the dtype's normal range add nothing representable to the sums, and subnormal

@@ -20,6 +20,7 @@ moves through the neighbour lists every iteration.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -122,12 +123,17 @@ class TruncatedEStep:
         ctx = self.ctx
         params = truncated_params(estep_params(post, ctx.shift), self.neighbours, self.candidates,
                                   self.n_random, ctx.seed, iteration, self.pivots, self.remap,
-                                  self.search, self.block_rows)
+                                  self.search, self.block_rows, self._threads())
         self.states, result = ctx.engine.map_keep(one_thread_kernel, ctx.handles, self.states, params)
         self.remap = None
         self.evaluations = result.evaluations
         self.neighbours = update_neighbours(result.scores, self.neighbours)
         return result
+
+    def _threads(self) -> int:
+        """Two threads per chunk in-process (the local engine runs one chunk at a time); one on Dask,
+        whose workers already run chunks side by side. Either way the same bits."""
+        return min(2, os.cpu_count() or 1) if getattr(self.ctx.engine, "name", "") == "local" else 1
 
     def relabel(self, kept: np.ndarray) -> None:
         """The components were reduced to ``kept`` (old indices of the new ones, in new order)."""
