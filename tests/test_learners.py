@@ -55,7 +55,8 @@ def test_vbem_rejects_options_before_fitting():
     model = VBMixture(3, learner_options={"eta": 1})
     with pytest.raises(ConfigError,
                        match="learner 'vbem' has no option 'eta'; its options: block_rows, candidates, "
-                             "first_search, neighbours, prune_below, random_clusters, reorder, search"):
+                             "first_search, neighbours, prune_below, random_clusters, reorder, search, "
+                             "threads"):
         model.fit(X)
     assert not hasattr(model, "posterior_")
     with pytest.raises(ConfigError, match="learner_options must be a dict, got 'eta=1'"):

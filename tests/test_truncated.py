@@ -329,8 +329,9 @@ def store(tmp_path_factory, blobs):
 
 def test_local_and_dask_engines_are_bitwise_identical(client, store):
     kw = dict(n_components=10, covariance_type="full", max_iter=3, tol=0.0, random_state=0,
-              learner_options={"candidates": 3, "neighbours": 4, "prune_below": 0.5})
-    _same_bits(VBMixture(engine=client, **kw).fit(store), VBMixture(**kw).fit(store))
+              learner_options={"candidates": 3, "neighbours": 4, "prune_below": 0.5, "block_rows": 8})
+    local2 = VBMixture(**dict(kw, learner_options=dict(kw["learner_options"], threads=2))).fit(store)
+    _same_bits(VBMixture(engine=client, **kw).fit(store), local2)
 
 
 def test_dask_resume_matches_local_run(tmp_path, client, store):
