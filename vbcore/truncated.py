@@ -1,28 +1,19 @@
 """The truncated VB E-step: q(z_n) on a few candidate clusters per row (Forster & Lücke 2018).
 
-Each row ``n`` keeps a candidate set ``K_n`` of ``C'`` clusters. One pass:
+Each row keeps a candidate set ``K_n`` of ``C'`` clusters. One pass searches ``S_n``: ``K_n``, the
+neighbour lists ``G_c`` (``c`` first) of its best cluster (``search='best'``) or of all of ``K_n``
+(``'all'``), and random clusters from the fit's seed (Hirschberger et al. 2022). The new ``K_n`` is
+the top ``C'`` of ``S_n`` by ``ln rho_nk`` (Kuusela et al. 2009 eq. 36) with ``q(z_n = k) = rho_nk /
+sum_{j in K_n} rho_nj`` there and zero elsewhere; the statistics (eqs. 30-32) have ``C'`` non-zeros
+per row and fill the same :class:`~vbcore.stats.SuffStats`, ``sum r ln r`` over the restricted q.
 
-1. the row's search space is ``S_n = K_n ∪ (∪_{c in K_n} G_c) ∪ {random}``, where ``G_c`` is the
-   neighbour list of cluster ``c`` (``c`` itself first) and the random clusters come from the fit's
-   seed (Hirschberger et al. 2022);
-2. the new ``K_n`` holds the ``C'`` clusters of ``S_n`` with the largest ``ln rho_nk`` (the usual
-   log-responsibilities, Kuusela et al. 2009 eq. 36) and ``q(z_n = k) = rho_nk / sum_{j in K_n}
-   rho_nj`` on it, zero elsewhere;
-3. the statistics (eqs. 30-32) are sparse: ``C'`` non-zeros per row, summed into the same
-   :class:`~vbcore.stats.SuffStats` the M-step takes; ``sum r ln r`` is that of the restricted q.
-
-This is still mean-field VB on the same model with a restricted family for q(Z), so the exact ELBO
-(:func:`vbcore.elbo.elbo_terms`) is a true lower bound. For fixed q(theta) the best q(z_n) with
-support ``A`` has value ``ln sum_{k in A} rho_nk``; the top-``C'`` of a search space that contains
-the previous ``K_n`` is at least as good as the previous ``K_n``, so the bound never decreases.
-
-GEMM shape: the rows of a chunk are grouped by their best candidate; a group is evaluated with one
-GEMM against the union of its rows' search spaces (the union only widens each row's search), and
-its statistics with one GEMM against the union of its new candidate sets. No per-row gather of
-K x D means and no N x K array. Float32 data: float32 GEMMs, float64 accumulators.
-Neighbour lists: each pass also returns, per (best cluster c, searched cluster s), the sum over
-rows of ``ln rho_ns - max_j ln rho_nj`` and the count; ``G_c`` becomes ``c`` and the ``G - 1``
-clusters with the largest mean (Hirschberger et al. 2022, "estimate").
+Mean-field VB on the same model with a smaller family for q(Z): the exact ELBO is a true lower
+bound, and since ``S_n`` contains the previous ``K_n`` (worth ``ln sum_{k in K_n} rho_nk``), it
+never decreases. GEMM shape: rows sorted by the rank of their best cluster (:func:`cluster_order`)
+form blocks of >= ``min_rows`` rows; a block is one GEMM against the union of its rows' search
+spaces and one GEMM for its statistics. No N x K array, no per-row gather of means; float32 data:
+float32 GEMMs, float64 sums. Each pass also returns, per (best cluster c, searched s), the sum of
+``ln rho_ns - max_j ln rho_nj`` and the count, from which :func:`update_neighbours` makes ``G_c``.
 """
 
 from __future__ import annotations
