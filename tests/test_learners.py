@@ -53,8 +53,9 @@ def test_bad_options_are_clear_errors(options, message):
 
 def test_vbem_rejects_options_before_fitting():
     model = VBMixture(3, learner_options={"eta": 1})
-    with pytest.raises(ConfigError, match="learner 'vbem' has no option 'eta'; "
-                                          "its options: delete_max, .*, prune_below, reorder"):
+    with pytest.raises(ConfigError, match="learner 'vbem' has no option 'eta'; its options: block_rows, "
+                                          "candidates, delete_max, .*, prune_below, random_clusters, "
+                                          "reorder, search, threads"):
         model.fit(X)
     assert not hasattr(model, "posterior_")
     with pytest.raises(ConfigError, match="learner_options must be a dict, got 'eta=1'"):

@@ -1,4 +1,10 @@
-"""VB EM (Kuusela et al. 2009 eqs. 35-41): one E-step pass over the chunks, then the M-step on the driver."""
+"""VB EM (Kuusela et al. 2009 eqs. 35-41): one E-step pass over the chunks, then the M-step on the driver.
+
+Options beyond the plain algorithm: the truncated E-step over candidate clusters per row
+(``candidates``, :mod:`pipeline.learners.truncated`; Forster & Lücke 2018) and merge/delete moves on
+the exact ELBO (``moves``, :mod:`pipeline.learners.moves`; Hughes & Sudderth 2013). Both are off by
+default; they are not combined yet.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +14,16 @@ from typing import Any
 import numpy as np
 
 from pipeline.learners import register
-from pipeline.learners.base import Learner
 from pipeline.learners.moves import MOVE_OPTIONS, Moves, check_move_options
+from pipeline.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.kernels import KernelResult, estep_params, vbem_kernel
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
+
+#: covariance types the truncated E-step handles
+TRUNCATED_COVARIANCES = ("full", "diag", "spherical", "fixed")
 
 
 def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
@@ -23,7 +32,7 @@ def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-
 
 
 @register("vbem")
-class VBEM(Learner):
+class VBEM(TruncatedLearner):
     """Variational Bayesian EM: q(Z) from the current q(theta), then q(theta) from q(Z).
 
     The ELBO reported after iteration t is that of (q(Z) from the E-step, q(theta) from the M-step
@@ -32,19 +41,28 @@ class VBEM(Learner):
     #: DP pruning (issue 6): components whose expected count N_k falls under ``prune_below`` rows are
     #: dropped after the M-step (the bound moves by about N_k nats); ``reorder`` sorts the sticks by
     #: descending N_k before the M-step (which never lowers the bound, Lim & Jiang 2024 section 4.5;
-    #: off by default, so the trajectory stays scikit-learn's)
-    options = {"prune_below": 1e-6, "reorder": False, **MOVE_OPTIONS}  # moves: pipeline.learners.moves
+    #: off by default, so the trajectory stays scikit-learn's). ``candidates`` > 0: the truncated
+    #: E-step; ``moves``: merge/delete moves.
+    options = {"prune_below": 1e-6, "reorder": False, **TRUNCATED_OPTIONS, **MOVE_OPTIONS}
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
+        check_truncated_options(cls.name, opts)
         check_move_options(cls.name, opts)
+        if int(opts["candidates"]) > 0 and opts["moves"] != "none":
+            raise ConfigError(f"learner options 'candidates' and 'moves' of {cls.name!r} cannot be combined "
+                              "yet; use candidates=0 or moves=none")
 
     @classmethod
     def check_spec(cls, spec: Any) -> None:
         super().check_spec(spec)
-        if spec.covariance == "tied" and spec.learner_options.get("moves", "none") != "none":
+        opts = spec.learner_options
+        if spec.covariance == "tied" and opts.get("moves", "none") != "none":
             raise ConfigError(f"learner option 'moves' of {cls.name!r} does not support covariance 'tied' "
                               "(its shared precision depends on K); use moves=none")
+        if int(opts.get("candidates", 0)) > 0 and spec.covariance not in TRUNCATED_COVARIANCES:
+            raise ConfigError(f"learner option 'candidates' of {cls.name!r} does not support covariance "
+                              f"{spec.covariance!r} yet; use candidates=0")
 
     def __init__(self, ctx, options=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, options)
@@ -52,11 +70,18 @@ class VBEM(Learner):
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
-        moving = self.moves.due(iteration)
-        stats = self.moves.run(self.ctx, self.post) if moving else vbem_pass(self.ctx, self.post).stats
+        trunc = self.truncated
+        if trunc is not None:
+            stats = trunc.run(self.post, iteration).stats
+        elif self.moves.due(iteration):
+            stats = self.moves.run(self.ctx, self.post)
+        else:
+            stats = vbem_pass(self.ctx, self.post).stats
         dp = self.ctx.weight_type == "dirichlet_process"
         if dp and self.opts["reorder"]:
-            stats = stats.take(np.argsort(-stats.nk, kind="stable"))
+            order = np.argsort(-stats.nk, kind="stable")
+            stats = stats.take(order)
+            self.relabel_components(order)
         self.post = m_step(stats, self.ctx.prior, self.ctx.reg_covar)
         terms = elbo_terms(stats, self.post, self.ctx.prior)
         # 'tied' keeps all K: its shared q(Lambda) depends on K (nu = nu0 + N/K), so dropping one
@@ -64,6 +89,7 @@ class VBEM(Learner):
         prune = dp and self.ctx.covariance_type != "tied"
         keep = stats.nk >= float(self.opts["prune_below"]) if prune else None
         if keep is not None:
+            self.relabel_components(kept_components(self.post, keep))
             self.post = prune_components(self.post, keep)
         self.moves.observe(iteration, stats, keep, self.post, self.ctx.prior, self.ctx.reg_covar)
         return self.post, terms
@@ -72,7 +98,9 @@ class VBEM(Learner):
         return self.moves.converged(super().converged(history, tol))
 
     def state(self) -> dict[str, np.ndarray]:
-        return self.moves.state()
+        out = super().state()
+        out.update(self.moves.state())
+        return out
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         super().load_state(post, state)
@@ -83,8 +111,13 @@ def prune_components(post: Posterior, keep: np.ndarray) -> Posterior:
     """The posterior of the components ``keep`` (a mask; the largest is kept if none is)."""
     if keep.all():
         return post
-    idx = np.flatnonzero(keep) if keep.any() else np.array([int(np.argmax(post.weight_concentration[0]))])
+    idx = kept_components(post, keep)
     nu = None if post.degrees_of_freedom is None else post.degrees_of_freedom[idx]
     return Posterior(post.covariance_type, post.weight_type, post.weight_concentration[..., idx],
                      post.mean_precision[idx], post.means[idx], nu, post.covariances[idx],
                      post.precisions_cholesky[idx])
+
+
+def kept_components(post: Posterior, keep: np.ndarray) -> np.ndarray:
+    """The indices :func:`prune_components` keeps."""
+    return np.flatnonzero(keep) if keep.any() else np.array([int(np.argmax(post.weight_concentration[0]))])

@@ -1,0 +1,238 @@
+"""The truncated E-step (issue 15) against the exact one, scikit-learn, and across K. Ratios in one run.
+
+1. ``sun``: a SUN397-shaped synthetic store (``vbcluster ingest synthetic``; default 108,754 x 4096,
+   397 classes), K = 1000, diag, DP, both warm-started from one k-means start (``max_iter=0``): VB EM
+   with the exact and the truncated E-step, ``--iters`` iterations each: median time per iteration
+   (iterations 2.. ; the truncated fit's first iteration scores every cluster, see
+   ``first_search``), ELBO per row, NMI;
+2. ``converge``: the truncated fit run to convergence (``tol`` 1e-4 per row): wall time (everything
+   the fit does), iterations, NMI, clusters used;
+3. ``sklearn``: N = 20,000, D = 512, K = 100 (bench_vbem's case), from the same responsibilities:
+   time per iteration of scikit-learn's BayesianGaussianMixture and of our truncated and exact
+   E-steps, and the NMI / ELBO difference truncated vs exact after ``--iters`` iterations;
+4. ``curve``: time per iteration for ``--curve-k`` at fixed N, D, exact and truncated (a PNG with
+   ``--plot``).
+
+Run: ``python bench/bench_truncated.py [--parts sun,converge,sklearn,curve] [--rows 108754 --dim 4096]
+[--workdir DIR] [--candidates 4 --neighbours 16]``. The store is made once in ``--workdir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+
+def _store(workdir: str, rows: int, dim: int, classes: int) -> str:
+    from pipeline.ingest import ingest
+
+    path = os.path.join(workdir, f"synthetic-{rows}x{dim}-{classes}.zarr")
+    if not os.path.exists(path):
+        t = time.perf_counter()
+        ingest("synthetic", path, chunk_rows=8192, rows=rows, dim=dim, classes=classes, seed=0)
+        print(f"  made {path} in {time.perf_counter() - t:.0f}s", flush=True)
+    return path
+
+
+_STARTS: dict = {}
+
+
+def _start(data, k: int) -> object:
+    """The k-means start (``max_iter=0``), made once per (data, K) and shared by the fits."""
+    from pipeline import VBMixture
+
+    if (str(data), k) in _STARTS:
+        return _STARTS[str(data), k]
+    t0 = time.perf_counter()
+    model = VBMixture(k, covariance_type="diag", max_iter=0, random_state=0).fit(data)
+    print(f"  k-means start, K={k}: {time.perf_counter() - t0:.1f} s (not charged to the fits below)",
+          flush=True)
+    _STARTS[str(data), k] = model
+    return model
+
+
+def _fit(data, start, iters: int, tol: float, opts: dict):
+    """Warm-started fit from ``start``; return (model, wall seconds, per-iteration seconds)."""
+    secs: list[float] = []
+    model = copy.deepcopy(start).set_params(warm_start=True, max_iter=iters, tol=tol, learner_options=opts)
+    t0 = time.perf_counter()
+    model.fit(data, callback=lambda info: secs.append(info["seconds"]))
+    return model, time.perf_counter() - t0, secs
+
+
+def _per_iter(secs: list[float]) -> float:
+    """Median seconds per iteration, leaving out the first (k-means start, first search)."""
+    return statistics.median(secs[1:] if len(secs) > 1 else secs)
+
+
+def _nmi(model, data, labels) -> float:
+    from vbcore.metrics import nmi
+
+    if isinstance(data, str):
+        from pipeline.sources import StoreSource
+
+        src = StoreSource(data)
+        pred = np.concatenate([model.predict(src.load(i)) for i in range(len(src.chunk_slices()))])
+    else:
+        pred = model.predict(data)
+    return float(nmi(labels, pred))
+
+
+def part_sun(args, trunc: dict) -> None:
+    from pipeline.sources import StoreSource
+
+    store = _store(args.workdir, args.rows, args.dim, args.classes)
+    labels = StoreSource(store).labels()
+    n = len(labels)
+    print(f"\n[sun] {n} x {args.dim}, K={args.k}, diag, DP, {args.iters} iterations each, same start")
+    res = {}
+    start = _start(store, args.k)
+    from threadpoolctl import threadpool_limits
+
+    for name, opts in (("exact", {}), ("exact-1t", {}), ("truncated", trunc)):
+        if name == "exact-1t":  # the exact E-step with one BLAS thread, as the truncated kernel runs
+            with threadpool_limits(1, user_api="blas"):
+                model, wall, secs = _fit(store, start, args.iters, 0.0, opts)
+        else:
+            model, wall, secs = _fit(store, start, args.iters, 0.0, opts)
+        res[name] = (_per_iter(secs), model.lower_bound_ / n, _nmi(model, store, labels), wall, secs)
+        print(f"  {name:9s}: {res[name][0]:7.2f} s/iteration (first {secs[0]:.2f} s), ELBO/row "
+              f"{res[name][1]:.4f}, NMI {res[name][2]:.4f}, wall {wall:.1f} s, K kept {model.n_components_}",
+              flush=True)
+    e, t = res["exact"], res["truncated"]
+    print(f"  per-iteration speed-up: {e[0] / t[0]:.1f}x (goal >= 15x), against the exact E-step on one "
+          f"BLAS thread {res['exact-1t'][0] / t[0]:.1f}x; NMI difference {t[2] - e[2]:+.4f} "
+          f"(goal within 0.01); ELBO difference {(t[1] - e[1]) / abs(e[1]):+.3%} (goal within 0.1%)")
+
+
+def part_converge(args, trunc: dict) -> None:
+    from pipeline.sources import StoreSource
+
+    store = _store(args.workdir, args.rows, args.dim, args.classes)
+    labels = StoreSource(store).labels()
+    t0 = time.perf_counter()
+    had_start = (store, args.k) in _STARTS
+    model, _, secs = _fit(store, _start(store, args.k), args.max_iter, 1e-4, trunc)
+    wall = time.perf_counter() - t0
+    if had_start:
+        print("  (the k-means start was made in the sun part: not in this wall time)")
+    print(f"\n[converge] truncated VB EM, tol 1e-4: {wall:.1f} s wall incl. the start (goal <= 300 s), "
+          f"{model.n_iter_} iterations, converged {model.converged_}, NMI {_nmi(model, store, labels):.4f}, "
+          f"clusters kept {model.n_components_}, ELBO/row {model.lower_bound_ / len(labels):.4f}", flush=True)
+
+
+def part_sklearn(args, trunc: dict) -> None:
+    from bench_vbem import relu_features  # this directory is on sys.path when run as a script
+    from sklearn.mixture import BayesianGaussianMixture
+
+    from vbcore.metrics import nmi
+
+    n, d, k = 20_000, 512, 100
+    X = relu_features(n, d, k, seed=0)
+    rng = np.random.default_rng(1)
+    centres = X[rng.choice(n, k, replace=False)].astype(np.float64)
+    d2 = (X.astype(np.float64) ** 2).sum(1)[:, None] - 2 * X @ centres.T + (centres**2).sum(1)[None]
+    resp = np.zeros((n, k))
+    resp[np.arange(n), np.argmin(d2, axis=1)] = 1.0
+    print(f"\n[sklearn] N={n} D={d} K={k}, diag, DP, {args.iters} iterations from the same hard start")
+    out = {}
+    for name, opts in (("exact", {}), ("truncated", trunc)):
+        from pipeline import VBMixture
+
+        secs: list[float] = []
+        m = VBMixture(k, covariance_type="diag", max_iter=args.iters, tol=0.0, random_state=0,
+                      learner_options=opts)
+        m.fit(X, resp_init=resp, callback=lambda info, s=secs: s.append(info["seconds"]))
+        out[name] = (_per_iter(secs), m.lower_bound_ / n, m.predict(X))
+    sk = BayesianGaussianMixture(n_components=k, covariance_type="diag",
+                                 weight_concentration_prior_type="dirichlet_process",
+                                 covariance_prior=X.var(0, dtype=np.float64), reg_covar=1e-6, max_iter=1)
+    sk._check_parameters(X, xp=np)
+    sk._initialize(X, resp)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, log_resp = sk._e_step(X, xp=np)
+            sk._m_step(X, log_resp, xp=np)
+            sk._compute_lower_bound(log_resp, None)
+        times.append(time.perf_counter() - t)
+    t_sk = statistics.median(times)
+    labels = out["exact"][2]
+    ex, tr = out["exact"], out["truncated"]
+    print(f"  scikit-learn {t_sk:.3f} s/iteration; exact {ex[0]:.3f} s ({t_sk / ex[0]:.1f}x); "
+          f"truncated {tr[0]:.3f} s ({t_sk / tr[0]:.1f}x, goal >= 20x)")
+    print(f"  truncated vs exact: NMI(truncated labels, exact labels) {nmi(labels, tr[2]):.4f}, "
+          f"ELBO/row {tr[1]:.4f} vs {ex[1]:.4f}", flush=True)
+
+
+def part_curve(args, trunc: dict) -> None:
+    store = _store(args.workdir, args.rows, args.dim, args.classes)
+    print(f"\n[curve] seconds per iteration at N={args.rows}, D={args.dim} ({args.curve_iters} iterations, "
+          "median of 2..)")
+    rows = []
+    for k in args.curve_k:
+        start = _start(store, k)
+        e = _per_iter(_fit(store, start, args.curve_iters, 0.0, {})[2])
+        t = _per_iter(_fit(store, start, args.curve_iters, 0.0, trunc)[2])
+        rows.append((k, e, t))
+        print(f"  K={k:5d}: exact {e:7.2f} s, truncated {t:7.2f} s, ratio {e / t:5.1f}x", flush=True)
+    if args.plot:
+        import matplotlib.pyplot as plt
+
+        ks, ex, tr = zip(*rows, strict=True)
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.loglog(ks, ex, "o-", label="exact E-step")
+        ax.loglog(ks, tr, "s-", label=f"truncated (C'={trunc['candidates']}, G={trunc['neighbours']})")
+        ax.set_xlabel("K")
+        ax.set_ylabel("seconds per VB EM iteration")
+        ax.set_title(f"N={args.rows}, D={args.dim}, diag, DP")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"  plot: {args.plot}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="sun,converge,sklearn,curve")
+    ap.add_argument("--workdir", default=None, help="keep the store here (default: a temp dir)")
+    ap.add_argument("--rows", type=int, default=108_754)
+    ap.add_argument("--dim", type=int, default=4096)
+    ap.add_argument("--classes", type=int, default=397)
+    ap.add_argument("--k", type=int, default=1000)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--max-iter", type=int, default=200)
+    ap.add_argument("--candidates", type=int, default=3)
+    ap.add_argument("--neighbours", type=int, default=8)
+    ap.add_argument("--search", default="best")
+    ap.add_argument("--block-rows", type=int, default=64)
+    ap.add_argument("--curve-k", type=lambda s: [int(v) for v in s.split(",")],
+                    default=[100, 300, 1000, 3000])
+    ap.add_argument("--curve-iters", type=int, default=4)
+    ap.add_argument("--plot", default=None, help="write the cost curve here (PNG)")
+    args = ap.parse_args()
+    from threadpoolctl import threadpool_info
+
+    blas = [f"{i['internal_api']} {i.get('version')} ({i['num_threads']} threads)" for i in threadpool_info()]
+    print(f"BLAS: {', '.join(blas)}; {os.cpu_count()} CPUs", flush=True)
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="vbcluster-bench-")
+    os.makedirs(args.workdir, exist_ok=True)
+    trunc = {"candidates": args.candidates, "neighbours": args.neighbours, "search": args.search,
+             "block_rows": args.block_rows}
+    print(f"truncated E-step options: {trunc}")
+    parts = {"sun": part_sun, "converge": part_converge, "sklearn": part_sklearn, "curve": part_curve}
+    for name in args.parts.split(","):
+        parts[name](args, trunc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""The truncated E-step in the VB EM learner (issue 15): options ``candidates`` and ``neighbours``.
+
+``VBMixture(learner_options={"candidates": 8})`` or ``vbcluster fit S -o candidates=8 -o neighbours=16``
+replaces VB EM's exact E-step over all K clusters by :func:`vbcore.truncated.truncated_kernel` over
+``C' = candidates`` clusters per row (Forster & Lücke 2018; Hirschberger et al. 2022). ``0`` keeps
+the exact E-step.
+
+State: every chunk's candidate sets (C' indices and weights per row) stay with the chunk on the engine
+(``engine.map_keep``, as NCG's logits); the driver keeps the neighbour lists (K x G), the pivots
+of the first pass and the pending relabelling of pruned or re-ordered components. All of it is
+checkpointed (:meth:`TruncatedEStep.state`), so a resumed fit repeats the same bits, on either engine.
+
+First candidate sets (option ``first_search``): by default the first pass scores every cluster (one
+exact E-step, O(N K D), then O(N |S| D) per iteration); ``'pivots'`` scores only ``ceil(sqrt(K G))``
+clusters drawn from the fit's seed and keeps their best C' (O(N sqrt(K G) D)), which is cheaper but
+measured to leave rows stuck far from their best cluster on unstructured data (docs/algorithms.md).
+The first neighbour lists come from the posterior's means (O(K^2 D) on the driver); the search then
+moves through the neighbour lists every iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipeline.learners.base import FitContext, Learner
+from vbcore.errors import ConfigError
+from vbcore.kernels import estep_params
+from vbcore.posterior import Posterior
+from vbcore.truncated import (
+    RANDOM_TAG,
+    CandidateState,
+    TruncResult,
+    compose_remaps,
+    initial_neighbours,
+    pivot_clusters,
+    relabel_neighbours,
+    truncated_kernel,
+    truncated_params,
+    update_neighbours,
+)
+
+#: the learner options of the truncated E-step and their defaults (0 candidates: the exact E-step)
+TRUNCATED_OPTIONS: dict[str, Any] = {"candidates": 0, "neighbours": 16, "random_clusters": 1,
+                                     "first_search": "all", "search": "best", "block_rows": 64, "threads": 1}
+#: ``threads=2`` runs the two fixed halves of a chunk's blocks on two threads (the same bits as one);
+#: measured slower on the loaded 2-core machine (1.54 s against 1.11 s per pass), so 1 by default
+#: how the first pass finds the first candidate sets: 'all' scores every cluster (one exact E-step,
+#: O(N K D)); 'pivots' scores ceil(sqrt(K G)) clusters drawn from the seed (O(N sqrt(K G) D)), which
+#: can leave rows far from their best cluster for many iterations (docs/algorithms.md)
+FIRST_SEARCH = ("all", "pivots")
+#: a block's search space: the neighbour lists of its rows' best clusters ('best'), or of all their
+#: candidates ('all', Forster & Lücke 2018); both add the previous candidates and the random clusters
+SEARCH = ("best", "all")
+
+_PREFIX = "trunc_"
+
+
+def check_truncated_options(name: str, opts: Mapping[str, Any]) -> None:
+    """One line per bad value: which option of which learner, what it must be."""
+    for key, low in (("candidates", 0), ("neighbours", 1), ("random_clusters", 0), ("block_rows", 1),
+                     ("threads", 1)):
+        if opts[key] < low:
+            raise ConfigError(f"learner option {key!r} of {name!r} must be an integer >= {low}, "
+                              f"got {opts[key]!r}")
+    if opts["search"] not in SEARCH:
+        raise ConfigError(f"learner option 'search' of {name!r} must be one of {SEARCH}, "
+                          f"got {opts['search']!r}")
+    if opts["first_search"] not in FIRST_SEARCH:
+        raise ConfigError(f"learner option 'first_search' of {name!r} must be one of {FIRST_SEARCH}, "
+                          f"got {opts['first_search']!r}")
+
+
+def _host(state: CandidateState) -> CandidateState:
+    return state
+
+
+def one_thread_kernel(chunk: Any, state: CandidateState, params: Any) -> tuple[CandidateState, TruncResult]:
+    """:func:`vbcore.truncated.truncated_kernel` with one BLAS thread. Its GEMMs are small (a block of
+    rows against its search set): a multi-threaded BLAS spent 10-50x longer starting and syncing
+    its threads than computing them (measured on a loaded 2-core machine)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        return truncated_kernel(chunk, state, params)
+
+
+class TruncatedEStep:
+    """The truncated E-step passes of one fit and their state (see the module docstring)."""
+
+    def __init__(self, ctx: Any, opts: Mapping[str, Any]) -> None:
+        self.ctx = ctx
+        self.candidates = int(opts["candidates"])
+        self.n_neighbours = int(opts["neighbours"])
+        self.n_random = int(opts["random_clusters"])
+        self.first_search = str(opts["first_search"])
+        self.search = str(opts["search"])
+        self.block_rows = int(opts["block_rows"])
+        self.threads = int(opts["threads"])
+        self.states: list[Any] = []
+        self.neighbours = np.zeros((0, self.n_neighbours), dtype=np.int32)
+        self.pivots = np.zeros(0, dtype=np.int64)
+        self.remap: np.ndarray | None = None
+        #: (row, cluster) log-responsibilities evaluated by the last pass (the exact E-step: N K)
+        self.evaluations = 0
+
+    def _starts(self) -> list[int]:
+        return list(self.ctx.chunk_starts) or [s.start for s in self.ctx.source.chunk_slices()]
+
+    def start(self, post: Posterior) -> None:
+        """Forget the candidate sets; neighbour lists from ``post``'s means; draw the pivots."""
+        self.close()
+        ctx = self.ctx
+        k = post.n_components
+        self.states = [CandidateState(s) for s in self._starts()]
+        self.neighbours = initial_neighbours(post.means, estep_params(post, ctx.shift), ctx.shift,
+                                             ctx.covariance_type, self.n_neighbours)
+        self.pivots = (np.arange(k) if self.first_search == "all" else
+                       pivot_clusters(k, self.candidates, self.n_neighbours, ctx.rng(RANDOM_TAG, 0)))
+        self.remap = None
+
+    def run(self, post: Posterior, iteration: int) -> TruncResult:
+        """One pass: new candidate sets (kept on the engine), their statistics; new neighbour lists."""
+        ctx = self.ctx
+        params = truncated_params(estep_params(post, ctx.shift), self.neighbours, self.candidates,
+                                  self.n_random, ctx.seed, iteration, self.pivots, self.remap,
+                                  self.search, self.block_rows, self.threads)
+        self.states, result = ctx.engine.map_keep(one_thread_kernel, ctx.handles, self.states, params)
+        self.remap = None
+        self.evaluations = result.evaluations
+        self.neighbours = update_neighbours(result.scores, self.neighbours)
+        return result
+
+    def relabel(self, kept: np.ndarray) -> None:
+        """The components were reduced to ``kept`` (old indices of the new ones, in new order)."""
+        kept = np.asarray(kept, dtype=np.int64)
+        if kept.size == self.neighbours.shape[0] and np.array_equal(kept, np.arange(kept.size)):
+            return
+        self.neighbours, remap = relabel_neighbours(self.neighbours, kept)
+        self.remap = compose_remaps(self.remap, remap)
+        pivots = remap[self.pivots]
+        self.pivots = pivots[pivots >= 0] if np.any(pivots >= 0) else np.arange(1)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """Candidate sets gathered in row order, neighbour lists, pivots and pending relabelling."""
+        parts = self.ctx.engine.fetch_states(self.states, _host)
+        out: dict[str, np.ndarray] = {
+            _PREFIX + "neighbours": self.neighbours, _PREFIX + "pivots": self.pivots,
+            _PREFIX + "remap": np.zeros(0, np.int32) if self.remap is None else self.remap}
+        if all(p.idx is not None for p in parts):
+            out[_PREFIX + "idx"] = np.concatenate([p.idx for p in parts])
+            out[_PREFIX + "resp"] = np.concatenate([p.resp for p in parts])
+        return out
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        """Resume from :meth:`state`; a checkpoint without it (another learner, the exact E-step)
+        starts afresh from ``post``."""
+        if _PREFIX + "neighbours" not in state:
+            self.start(post)
+            return
+        self.close()
+        starts = self._starts()
+        self.neighbours = np.asarray(state[_PREFIX + "neighbours"], dtype=np.int32)
+        self.pivots = np.asarray(state[_PREFIX + "pivots"], dtype=np.int64)
+        remap = np.asarray(state[_PREFIX + "remap"], dtype=np.int32)
+        self.remap = remap if remap.size else None
+        if _PREFIX + "idx" in state:
+            idx, resp = state[_PREFIX + "idx"], state[_PREFIX + "resp"]
+            per_chunk = [CandidateState(s.start, np.asarray(idx[s], dtype=np.int32),
+                                        np.asarray(resp[s], dtype=np.float32))
+                         for s in self.ctx.source.chunk_slices()]
+        else:
+            per_chunk = [CandidateState(s) for s in starts]
+        self.states = self.ctx.engine.place_states(per_chunk, self.ctx.handles)
+
+    def close(self) -> None:
+        if self.states:
+            self.ctx.engine.release([s for s in self.states if hasattr(s, "release")])
+        self.states = []
+
+
+def truncated_e_step(name: str, ctx: Any, opts: Mapping[str, Any]) -> TruncatedEStep | None:
+    """The truncated E-step of a learner with :data:`TRUNCATED_OPTIONS`, or None for the exact one."""
+    check_truncated_options(name, opts)
+    if int(opts["candidates"]) == 0:
+        return None
+    if ctx.covariance_type not in ("full", "diag", "spherical", "fixed"):
+        raise ConfigError(f"learner option 'candidates' of {name!r} does not support covariance_type "
+                          f"{ctx.covariance_type!r} yet; use candidates=0")
+    return TruncatedEStep(ctx, opts)
+
+
+class TruncatedLearner(Learner):
+    """A learner with :data:`TRUNCATED_OPTIONS`: ``self.truncated`` is its :class:`TruncatedEStep`
+    (None for the exact E-step), started, checkpointed and closed with the learner. A subclass calls
+    ``self.truncated.run(post, iteration)`` for its E-step and :meth:`relabel_components` when it
+    prunes or re-orders components."""
+
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)
+        self.truncated = truncated_e_step(self.name, ctx, self.opts)
+
+    def start(self, post: Posterior) -> None:
+        super().start(post)
+        if self.truncated is not None:
+            self.truncated.start(post)
+
+    def relabel_components(self, kept: np.ndarray) -> None:
+        """The components are now ``kept`` (old indices, in their new order)."""
+        if self.truncated is not None:
+            self.truncated.relabel(kept)
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = super().state()
+        if self.truncated is not None:
+            out.update(self.truncated.state())
+        return out
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        super().load_state(post, state)
+        if self.truncated is not None:
+            self.truncated.load_state(post, state)
+
+    def close(self) -> None:
+        if self.truncated is not None:
+            self.truncated.close()
+        super().close()

@@ -1,0 +1,494 @@
+"""The truncated VB E-step: q(z_n) on a few candidate clusters per row (Forster & Lücke 2018).
+
+Each row keeps a candidate set ``K_n`` of ``C'`` clusters. One pass searches ``S_n``: ``K_n``, the
+neighbour lists ``G_c`` (``c`` first) of its best cluster (``search='best'``) or of all of ``K_n``
+(``'all'``), and random clusters from the fit's seed (Hirschberger et al. 2022). The new ``K_n`` is
+the top ``C'`` of ``S_n`` by ``ln rho_nk`` (Kuusela et al. 2009 eq. 36) with ``q(z_n = k) = rho_nk /
+sum_{j in K_n} rho_nj`` there and zero elsewhere; the statistics (eqs. 30-32) have ``C'`` non-zeros
+per row and fill the same :class:`~vbcore.stats.SuffStats`, ``sum r ln r`` over the restricted q.
+
+Mean-field VB on the same model with a smaller family for q(Z): the exact ELBO is a true lower
+bound, and since ``S_n`` contains the previous ``K_n`` (worth ``ln sum_{k in K_n} rho_nk``), it
+never decreases. GEMM shape: rows sorted by the rank of their best cluster (:func:`cluster_order`)
+form blocks of >= ``min_rows`` rows; a block is one GEMM against the union of its rows' search
+spaces and one GEMM for its statistics. No N x K array, no per-row gather of means; float32 data:
+float32 GEMMs, float64 sums. Each pass also returns, per (best cluster c, searched s), the sum of
+``ln rho_ns - max_j ln rho_nj`` and the count, from which :func:`update_neighbours` makes ``G_c``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vbcore.kernels import BLOCK_ROWS, Chunk, EStepParams, array_namespace, to_numpy
+from vbcore.stats import SuffStats
+
+#: spawn-key tag of the random search clusters (kept apart from the other draws of a fit)
+RANDOM_TAG = 15
+
+
+@dataclass(frozen=True)
+class CandidateState:
+    """The candidate sets of one chunk's rows.
+
+    Attributes
+    ----------
+    start : int
+        Global index of the chunk's first row (keys the chunk's random draws).
+    idx : ndarray of shape (n_rows, C') int32, or None
+        Candidate clusters, best first; -1 marks no candidate. None: not yet chosen.
+    resp : ndarray of shape (n_rows, C') float32, or None
+        ``q(z_n = idx)``.
+    """
+
+    start: int
+    idx: np.ndarray | None = None
+    resp: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class TruncParams:
+    """What a chunk needs for one truncated E-step (sent once per pass).
+
+    ``estep`` holds the fold of the posterior (:func:`vbcore.kernels.estep_params`); ``wt`` its
+    diagonal-family weights as (K, 2D) rows, so a group's search set is a row gather.
+    ``remap`` (K_previous,) maps the clusters of the stored candidates to the current ones (-1:
+    dropped); ``pivots`` are searched when a chunk has no candidates yet.
+    """
+
+    estep: EStepParams
+    wt: np.ndarray | None  # (K, 2D) diagonal families
+    neighbours: np.ndarray  # (K, G) int32, -1 padded
+    candidates: int
+    n_random: int
+    seed: int | None
+    iteration: int
+    pivots: np.ndarray  # (P,) int
+    remap: np.ndarray | None = None
+    search: str = "best"
+    min_rows: int = 64
+    rank: np.ndarray | None = None  # (K,) :func:`cluster_order` of ``neighbours``
+    threads: int = 1  # run the two fixed halves of a chunk's blocks on two threads
+
+    @property
+    def n_components(self) -> int:
+        return int(self.estep.const.shape[0])
+
+
+@dataclass(frozen=True)
+class NeighbourScores:
+    """Sums of ``ln rho_ns - max_j ln rho_nj`` over the rows whose best cluster is ``c``, per pair
+    ``key = c * K + s`` (sorted, unique), with the number of rows summed."""
+
+    keys: np.ndarray  # int64
+    sums: np.ndarray  # float64
+    counts: np.ndarray  # int64
+
+    def merge(self, other: NeighbourScores) -> NeighbourScores:
+        keys, inv = np.unique(np.concatenate((self.keys, other.keys)), return_inverse=True)
+        sums = np.bincount(inv, weights=np.concatenate((self.sums, other.sums)), minlength=keys.size)
+        counts = np.bincount(inv, weights=np.concatenate((self.counts, other.counts)), minlength=keys.size)
+        return NeighbourScores(keys, sums, counts.astype(np.int64))
+
+
+@dataclass(frozen=True)
+class TruncResult:
+    """What one truncated pass returns per chunk: statistics, ``sum_n ln sum_{k in K_n} rho_nk``, the
+    neighbour scores and the number of (row, cluster) log-responsibilities evaluated."""
+
+    stats: SuffStats
+    log_norm: float
+    scores: NeighbourScores
+    evaluations: int
+
+    def merge(self, other: TruncResult) -> TruncResult:
+        return TruncResult(self.stats.merge(other.stats), self.log_norm + other.log_norm,
+                           self.scores.merge(other.scores), self.evaluations + other.evaluations)
+
+
+def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int, n_random: int,
+                     seed: int | None, iteration: int, pivots: np.ndarray, remap: np.ndarray | None = None,
+                     search: str = "best", min_rows: int = 64, threads: int = 1) -> TruncParams:
+    """Bundle the posterior's E-step fold with the search settings (see :class:`TruncParams`)."""
+    wt = None if estep.weights is None else np.ascontiguousarray(estep.weights.T)
+    k = int(estep.const.shape[0])
+    nb = np.asarray(neighbours, dtype=np.int32)
+    return TruncParams(estep, wt, nb, min(int(candidates), k), int(n_random), seed, int(iteration),
+                       np.asarray(pivots, dtype=np.int64), remap, str(search), int(min_rows),
+                       cluster_order(nb), int(threads))
+
+
+# ---- the kernel ------------------------------------------------------------------------------------
+def _features(chunk: Chunk, rows: np.ndarray) -> object:
+    """``[x*x, x]`` of the given rows (diagonal families), in the chunk's namespace and dtype."""
+    xp = array_namespace(chunk.x)
+    r = xp.asarray(rows)
+    if chunk.feats is not None:
+        return xp.take(chunk.feats, r, axis=0)
+    xb = xp.take(chunk.x, r, axis=0)
+    return xp.concat((xb * xb, xb), axis=1)
+
+
+def _group_logits(chunk: Chunk, rows: np.ndarray, search: np.ndarray, params: TruncParams,
+                  w: object, feats: object | None) -> np.ndarray:
+    """``ln rho`` of ``rows`` for the clusters ``search`` (m, |S|), float64 on the host."""
+    xp = array_namespace(chunk.x)
+    est = params.estep
+    const = est.const[search]
+    if feats is not None:  # diagonal families: one (m x 2D) @ (2D x |S|) GEMM
+        ws = xp.take(w, xp.asarray(search), axis=0)
+        return to_numpy(feats @ xp.matrix_transpose(ws)) + const[None, :]
+    assert est.means is not None and est.prec_chol is not None
+    x = xp.take(chunk.x, xp.asarray(rows), axis=0)
+    dt = chunk.x.dtype
+    out = np.empty((rows.size, search.size))
+    for j, s in enumerate(search):  # full: one (m x D) @ (D x D) GEMM per searched cluster
+        u = xp.asarray(est.prec_chol[s], dtype=dt)
+        y = x @ u - xp.asarray(est.means[s] @ est.prec_chol[s], dtype=dt)
+        out[:, j] = to_numpy(xp.sum(y * y, axis=1))
+    return const[None, :] - 0.5 * out
+
+
+def _search_set(prev: np.ndarray, bests: np.ndarray, params: TruncParams,
+                rng: np.random.Generator) -> np.ndarray:
+    """Sorted union of a block's candidates, the neighbour lists of its rows' best clusters
+    (``search='best'``) or of all their candidates (``search='all'``), and ``n_random`` random
+    clusters (more when the union has fewer than C' clusters)."""
+    k = params.n_components
+    cand = prev[prev >= 0]
+    nb = params.neighbours[bests if params.search == "best" else cand].ravel()
+    parts = [cand, nb[nb >= 0], rng.integers(0, k, size=params.n_random)]
+    search = np.unique(np.concatenate(parts))
+    while search.size < params.candidates:
+        search = np.unique(np.concatenate((search, rng.integers(0, k, size=params.candidates))))
+    return search
+
+
+def _top(logits: np.ndarray, c: int) -> np.ndarray:
+    """Column indices of each row's ``c`` largest values, largest first (ties: lower column)."""
+    if c < logits.shape[1]:
+        part = np.argpartition(-logits, c - 1, axis=1)[:, :c]
+        part = np.sort(part, axis=1)  # the same columns in column order, so ties resolve by column
+    else:
+        part = np.broadcast_to(np.arange(logits.shape[1]), logits.shape)
+    vals = np.take_along_axis(logits, part, axis=1)
+    return np.take_along_axis(part, np.argsort(-vals, axis=1, kind="stable"), axis=1)
+
+
+def _blocks(skey: np.ndarray, k: int, min_rows: int) -> list[tuple[int, int, np.ndarray]]:
+    """Row blocks of a chunk sorted by ``skey`` (the rank of each row's best cluster; ``k``: none):
+    consecutive groups of one best cluster are joined until a block has ``min_rows`` rows. Returns
+    (first, stop, starts of its groups relative to first)."""
+    n = skey.size
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(skey)) + 1))
+    out = []
+    i = 0
+    while i < starts.size:
+        j = i + 1
+        while j < starts.size and starts[j] - starts[i] < min_rows and skey[starts[j]] < k:
+            j += 1
+        stop = int(starts[j]) if j < starts.size else n
+        if skey[starts[i]] == k:  # rows without a valid candidate: one block, searching everything
+            stop, j = n, starts.size
+        out.append((int(starts[i]), stop, starts[i:j] - starts[i]))
+        i = j
+    return out
+
+
+def cluster_order(neighbours: np.ndarray) -> np.ndarray:
+    """A rank per cluster along a greedy walk through the neighbour lists (each step to the first
+    unvisited neighbour, else to the next unvisited cluster), so that clusters of adjacent ranks
+    share most of their search space and joined groups stay small GEMMs. O(K G) on the driver."""
+    k = neighbours.shape[0]
+    visited = np.zeros(k, dtype=bool)
+    order = []
+    for first in range(k):
+        cur = first
+        while not visited[cur]:
+            visited[cur] = True
+            order.append(cur)
+            nxt = [j for j in neighbours[cur] if j >= 0 and not visited[j]]
+            if not nxt:
+                break
+            cur = int(nxt[0])
+    rank = np.empty(k, dtype=np.int64)
+    rank[np.asarray(order, dtype=np.int64)] = np.arange(k)
+    return rank
+
+
+def _previous(chunk: Chunk, state: CandidateState, params: TruncParams, w: object) -> tuple[np.ndarray, int]:
+    """The stored candidates in current cluster numbers, valid ones first (-1 padded); without
+    stored candidates, the best C' of the pivots (one (n x 2D) @ (2D x P) GEMM). Also returns the
+    number of log-responsibilities evaluated."""
+    if state.idx is None:
+        out = np.empty((chunk.n_rows, params.candidates), dtype=np.int32)
+        for i in range(0, chunk.n_rows, BLOCK_ROWS):
+            rows = np.arange(i, min(i + BLOCK_ROWS, chunk.n_rows))
+            feats = chunk.features(i, int(rows[-1]) + 1) if params.wt is not None else None
+            logits = _group_logits(chunk, rows, params.pivots, params, w, feats)
+            out[rows] = params.pivots[np.argsort(-logits, axis=1, kind="stable")[:, : params.candidates]]
+        return out, chunk.n_rows * params.pivots.size
+    prev = state.idx
+    if params.remap is not None:
+        prev = np.where(prev >= 0, params.remap[np.maximum(prev, 0)], -1).astype(np.int32)
+        order = np.argsort(prev < 0, axis=1, kind="stable")  # valid entries first, in their order
+        prev = np.take_along_axis(prev, order, axis=1)
+    return prev, 0
+
+
+def truncated_kernel(chunk: Chunk, state: CandidateState,
+                     params: TruncParams) -> tuple[CandidateState, TruncResult]:
+    """One truncated E-step over a chunk: new candidate sets and their statistics.
+
+    Parameters
+    ----------
+    chunk : Chunk
+    state : CandidateState
+        The chunk's candidate sets from the previous pass (``idx`` None on the first).
+    params : TruncParams
+
+    Returns
+    -------
+    (CandidateState, TruncResult)
+    """
+    xp = array_namespace(chunk.x)
+    diag = params.wt is not None
+    w = xp.asarray(params.wt, dtype=chunk.x.dtype) if diag else None
+    prev, evaluations = _previous(chunk, state, params, w)
+    n, k, c = chunk.n_rows, params.n_components, params.candidates
+    # rows without a valid candidate (all theirs were pruned) search every cluster
+    best = prev[:, 0]
+    rank = np.arange(k) if params.rank is None else params.rank
+    key = np.where(best >= 0, rank[np.maximum(best, 0)], k)
+    order = np.argsort(key, kind="stable")
+    out = _Out(np.empty((n, c), dtype=np.int32), np.empty((n, c)), np.empty(n), np.empty(n))
+    blocks = _blocks(key[order], k, params.min_rows)
+    half = next((i for i, b in enumerate(blocks) if b[0] >= n // 2), len(blocks))
+    parts = [blocks[:half], blocks[half:]]  # a fixed split: the same bits on 1 or 2 threads
+
+    def run(p: int) -> _Part:
+        rng = np.random.default_rng(np.random.SeedSequence(
+            params.seed, spawn_key=(RANDOM_TAG, params.iteration, state.start, p)))
+        return _run_blocks(chunk, parts[p], order, prev, params, w, rng, out)
+
+    if params.threads > 1:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            done = list(pool.map(run, range(2)))
+    else:
+        done = [run(0), run(1)]
+    g = None if not diag else done[0].g + done[1].g  # type: ignore[operator]
+    evaluations += done[0].evaluations + done[1].evaluations
+    keys, sums, counts = (done[0].keys + done[1].keys, done[0].sums + done[1].sums,
+                          done[0].counts + done[1].counts)
+    idx, resp, log_norm, rlogr = out.idx, out.resp, out.log_norm, out.rlogr
+    nk = np.bincount(idx.ravel(), weights=resp.ravel(), minlength=k)
+    sum_rlogr = float(np.sum(rlogr))
+    stats = (_diag_stats(nk, g, sum_rlogr, chunk) if g is not None
+             else _full_stats(chunk, idx, resp, nk, sum_rlogr))
+    scores = _scores(keys, sums, counts)
+    new_state = CandidateState(state.start, idx, resp.astype(np.float32))
+    return new_state, TruncResult(stats, float(np.sum(log_norm)), scores, evaluations)
+
+
+@dataclass
+class _Out:
+    """The per-row results of a chunk, written block by block (blocks own disjoint rows)."""
+
+    idx: np.ndarray
+    resp: np.ndarray
+    log_norm: np.ndarray
+    rlogr: np.ndarray
+
+
+@dataclass
+class _Part:
+    """What one part of a chunk's blocks sums: moments, neighbour scores, evaluations."""
+
+    g: np.ndarray | None
+    keys: list[np.ndarray]
+    sums: list[np.ndarray]
+    counts: list[np.ndarray]
+    evaluations: int
+
+
+def _run_blocks(chunk: Chunk, blocks: list[tuple[int, int, np.ndarray]], order: np.ndarray, prev: np.ndarray,
+                params: TruncParams, w: object, rng: np.random.Generator, out: _Out) -> _Part:
+    """Search, select and summarise the given blocks (see :func:`truncated_kernel`)."""
+    xp = array_namespace(chunk.x)
+    k, c = params.n_components, params.candidates
+    diag = params.wt is not None
+    part = _Part(np.zeros((k, 2 * chunk.x.shape[1])) if diag else None, [], [], [], 0)
+    for first, stop, sub in blocks:
+        rows = order[first:stop]
+        bests = prev[rows[sub], 0]
+        search = np.arange(k) if bests[0] < 0 else _search_set(prev[rows], bests, params, rng)
+        feats = _features(chunk, rows) if diag else None
+        logits = _group_logits(chunk, rows, search, params, w, feats)
+        part.evaluations += logits.size
+        top = _top(logits, c)
+        sel = np.take_along_axis(logits, top, axis=1)
+        mx = sel[:, :1]
+        lse = mx[:, 0] + np.log(np.sum(np.exp(sel - mx), axis=1))
+        r = np.exp(sel - lse[:, None])
+        out.idx[rows], out.resp[rows] = search[top], r
+        out.log_norm[rows] = lse
+        out.rlogr[rows] = np.sum(r * (sel - lse[:, None]), axis=1)
+        if bests[0] >= 0:
+            part.keys.append((bests[:, None] * np.int64(k) + search[None, :]).ravel())
+            part.sums.append(np.add.reduceat(logits - mx, sub, axis=0).ravel())
+            sizes = np.diff(np.append(sub, rows.size))
+            part.counts.append(np.repeat(sizes, search.size).astype(np.int64))
+        if part.g is not None:
+            _add_group_moments(part.g, feats, search[top], r, xp)
+    return part
+
+
+def _scores(keys: list[np.ndarray], sums: list[np.ndarray], counts: list[np.ndarray]) -> NeighbourScores:
+    if not keys:
+        return NeighbourScores(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
+    return NeighbourScores(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)).merge(
+        NeighbourScores(np.concatenate(keys), np.concatenate(sums), np.concatenate(counts)))
+
+
+def _add_group_moments(g: np.ndarray, feats: Any, cand: np.ndarray, r: np.ndarray, xp: Any) -> None:
+    """``g[u] += R_u^T [x*x, x]`` for the union ``u`` of a group's candidates: one (|u| x m) @ (m x 2D)
+    GEMM in the data's dtype, accumulated in float64."""
+    u, pos = np.unique(cand, return_inverse=True)
+    dt = feats.dtype
+    dense = np.zeros((u.size, cand.shape[0]))
+    dense[pos.reshape(cand.shape), np.arange(cand.shape[0])[:, None]] = r  # a row's candidates differ
+    # weights under the dtype's normal range add nothing representable to the sums, and subnormal
+    # operands slow the GEMM down 50x: they are left out of it
+    dense[dense < np.finfo(dt).tiny] = 0.0
+    g[u] += to_numpy(xp.asarray(dense, dtype=dt) @ feats)
+
+
+def _diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:
+    """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of shifted rows."""
+    d = g.shape[1] // 2
+    safe = np.where(nk > 0, nk, 1.0)
+    mean = g[:, d:] / safe[:, None]
+    scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
+    mean[nk <= 0] = 0.0
+    scatter[nk <= 0] = 0.0
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
+                     shift=chunk.shift)
+
+
+def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
+                sum_rlogr: float) -> SuffStats:
+    """Means and exactly centred scatters, per cluster over the rows that have it as a candidate
+    (two passes, as :func:`vbcore.kernels.chunk_statistics`)."""
+    xp = array_namespace(chunk.x)
+    dt = chunk.x.dtype
+    k, d = nk.shape[0], chunk.x.shape[1]
+    mean = np.zeros((k, d))
+    scatter = np.zeros((k, d, d))
+    flat = idx.ravel()
+    order = np.argsort(flat, kind="stable")
+    comps = flat[order]
+    rows_all = np.repeat(np.arange(idx.shape[0]), idx.shape[1])[order]
+    r_all = resp.ravel()[order]
+    cuts = np.flatnonzero(np.diff(comps)) + 1
+    for start, rows, r in zip(np.concatenate(([0], cuts)), np.split(rows_all, cuts), np.split(r_all, cuts),
+                              strict=True):
+        j = int(comps[start])
+        if not nk[j] > 0:
+            continue
+        x = xp.take(chunk.x, xp.asarray(rows), axis=0)
+        rr = xp.asarray(r[:, None], dtype=dt)
+        mean[j] = to_numpy(xp.sum(x * rr, axis=0, dtype=xp.float64)) / nk[j]
+        xc = x - xp.asarray(mean[j], dtype=dt)
+        scatter[j] = to_numpy(xp.matrix_transpose(xc * rr) @ xc)
+    scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
+                     shift=chunk.shift)
+
+
+# ---- driver side: neighbour lists, pivots, relabelling -----------------------------------------------
+def initial_neighbours(post_means: np.ndarray, estep: EStepParams, shift: np.ndarray, covariance_type: str,
+                       n_neighbours: int) -> np.ndarray:
+    """First neighbour lists: ``G_j`` is ``j`` and the ``G - 1`` components under which mean ``m_j``
+    has the largest ``ln rho`` (one (K x 2D) @ (2D x K) GEMM on the driver, O(K^2 D); the
+    Mahalanobis form of the E-step, so no extra metric).
+
+    Returns
+    -------
+    ndarray of shape (K, G) int32, -1 padded when K < G
+    """
+    from vbcore.kernels import log_rho, prepare_chunk
+
+    k = post_means.shape[0]
+    g = int(n_neighbours)
+    scores = np.asarray(log_rho(prepare_chunk(np.asarray(post_means, dtype=np.float64), shift,
+                                              covariance_type), estep), dtype=np.float64)
+    np.fill_diagonal(scores, -np.inf)
+    ranked = np.argsort(-scores, axis=1, kind="stable")[:, : max(0, min(g, k) - 1)]
+    out = np.full((k, g), -1, dtype=np.int32)
+    out[:, 0] = np.arange(k)
+    out[:, 1 : 1 + ranked.shape[1]] = ranked
+    return out
+
+
+def update_neighbours(scores: NeighbourScores, previous: np.ndarray) -> np.ndarray:
+    """New neighbour lists from a pass's scores: ``G_c`` is ``c`` and the ``G - 1`` searched clusters
+    with the largest mean ``ln rho_ns - max_j ln rho_nj`` over the rows whose best cluster is ``c``
+    (ties: lower index); slots left over keep ``previous`` entries, in their order.
+
+    Parameters
+    ----------
+    scores : NeighbourScores
+    previous : ndarray of shape (K, G) int32
+
+    Returns
+    -------
+    ndarray of shape (K, G) int32
+    """
+    k, g = previous.shape
+    c, s = scores.keys // k, scores.keys % k
+    mean = scores.sums / np.maximum(scores.counts, 1)
+    keep = s != c
+    c, s, mean = c[keep], s[keep], mean[keep]
+    order = np.lexsort((s, -mean, c))
+    c, s = c[order], s[order]
+    rank = np.arange(c.size) - np.searchsorted(c, c, side="left")
+    take = rank < g - 1
+    out = np.full((k, g), -1, dtype=np.int32)
+    out[:, 0] = np.arange(k)
+    out[c[take], 1 + rank[take]] = s[take]
+    for j in np.flatnonzero((out < 0).any(axis=1)):
+        have = out[j][out[j] >= 0]
+        extra = [p for p in previous[j] if p >= 0 and p not in have]
+        fill = np.asarray((list(have) + extra)[:g], dtype=np.int32)
+        out[j, : fill.size] = fill
+    return out
+
+
+def pivot_clusters(k: int, candidates: int, n_neighbours: int, rng: np.random.Generator) -> np.ndarray:
+    """The clusters every row searches before it has candidates: ``min(K, max(C', ceil(sqrt(K G))))``
+    drawn without replacement, sorted. Their first pass costs O(n sqrt(K G) D) per chunk instead
+    of the exact E-step's O(n K D)."""
+    p = min(k, max(int(candidates), int(np.ceil(np.sqrt(k * max(1, int(n_neighbours)))))))
+    return np.sort(rng.choice(k, size=p, replace=False))
+
+
+def relabel_neighbours(neighbours: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Neighbour lists after the components were reduced to ``kept`` (old indices of the new ones,
+    in their new order), and the map old -> new (-1: dropped) for the stored candidates."""
+    remap = np.full(neighbours.shape[0], -1, dtype=np.int32)
+    remap[kept] = np.arange(kept.size, dtype=np.int32)
+    nb = neighbours[kept]
+    nb = np.where(nb >= 0, remap[np.maximum(nb, 0)], -1)
+    order = np.argsort(nb < 0, axis=1, kind="stable")
+    return np.take_along_axis(nb, order, axis=1).astype(np.int32), remap
+
+
+def compose_remaps(first: np.ndarray | None, second: np.ndarray) -> np.ndarray:
+    """The map of applying ``first`` then ``second`` (both old -> new, -1 dropped)."""
+    if first is None:
+        return second
+    return np.where(first >= 0, second[np.maximum(first, 0)], -1).astype(np.int32)
