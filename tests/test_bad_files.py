@@ -15,11 +15,12 @@ import zarr
 from typer.testing import CliRunner
 
 from pipeline import integrity
+from pipeline.atomic import write_file as write_atomic
 from pipeline.cli import app, exit_code
 from pipeline.cluster import load_cluster_config
 from pipeline.publish import VERSIONS, plan_refresh, publish
 from pipeline.report import write_report
-from pipeline.runs import RESULT, assign_store, load_model, read_result, write_atomic
+from pipeline.runs import RESULT, assign_store, load_model, read_result
 from pipeline.store import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError
 from vbcore.limits import max_abs_value
