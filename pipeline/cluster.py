@@ -145,6 +145,42 @@ def _import_attr(source: str, module_name: str, attr: str) -> Any:
     return getattr(module, attr)
 
 
+def _check_target(source: str, cluster_class: Any, address: Any) -> tuple[Any, Any]:
+    """Exactly one of ``cluster_class`` (a cluster to start) and ``address`` (a running scheduler),
+    each well formed."""
+    if cluster_class is None and address is None:
+        raise _error(
+            source,
+            "cluster_class",
+            "missing: give 'cluster_class' (a cluster to start, for "
+            "example distributed.LocalCluster) or 'address' (a running scheduler, for example "
+            "tcp://127.0.0.1:8786)",
+        )
+    if cluster_class is not None and address is not None:
+        raise _error(
+            source,
+            "address",
+            "'cluster_class' and 'address' are mutually exclusive: keep "
+            "'cluster_class' to start a cluster, or 'address' to connect to a running scheduler",
+        )
+    if cluster_class is not None:
+        parts = cluster_class.split(".") if isinstance(cluster_class, str) else []
+        if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+            raise _error(
+                source,
+                "cluster_class",
+                f"expected 'package.module.ClassName' (for example "
+                f"distributed.LocalCluster), got {cluster_class!r}",
+            )
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise _error(
+            source,
+            "address",
+            f"expected a scheduler address such as tcp://127.0.0.1:8786, got {address!r}",
+        )
+    return cluster_class, address
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """A validated cluster configuration.
@@ -182,38 +218,7 @@ class ClusterConfig:
                     f"allowed keys: {', '.join(TOP_LEVEL_KEYS)}",
                 )
 
-        cluster_class, address = d.get("cluster_class"), d.get("address")
-        if cluster_class is None and address is None:
-            raise _error(
-                source,
-                "cluster_class",
-                "missing: give 'cluster_class' (a cluster to start, for "
-                "example distributed.LocalCluster) or 'address' (a running scheduler, for example "
-                "tcp://127.0.0.1:8786)",
-            )
-        if cluster_class is not None and address is not None:
-            raise _error(
-                source,
-                "address",
-                "'cluster_class' and 'address' are mutually exclusive: keep "
-                "'cluster_class' to start a cluster, or 'address' to connect to a running scheduler",
-            )
-        if cluster_class is not None:
-            parts = cluster_class.split(".") if isinstance(cluster_class, str) else []
-            if len(parts) < 2 or not all(p.isidentifier() for p in parts):
-                raise _error(
-                    source,
-                    "cluster_class",
-                    f"expected 'package.module.ClassName' (for example "
-                    f"distributed.LocalCluster), got {cluster_class!r}",
-                )
-        if address is not None and (not isinstance(address, str) or not address.strip()):
-            raise _error(
-                source,
-                "address",
-                f"expected a scheduler address such as tcp://127.0.0.1:8786, got {address!r}",
-            )
-
+        cluster_class, address = _check_target(source, d.get("cluster_class"), d.get("address"))
         kwargs = _mapping(source, "cluster_kwargs", d.get("cluster_kwargs"))
         scale = _mapping(source, "scale", d.get("scale"), SCALE_KEYS) or None
         adapt = _mapping(source, "adapt", d.get("adapt"), ADAPT_KEYS) or None
