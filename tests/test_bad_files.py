@@ -274,12 +274,30 @@ def test_values_at_the_limit_fit_and_beyond_it_do_not():
             (X * lim * 100).astype(np.float32))
 
 
-def test_debug_shows_the_traceback(fitted, cli):
+def test_truncated_run_json_is_one_line_naming_it(fitted, cli):
+    line = _one_line(cli, "resume")
+    assert "run.json: unreadable" in line and str(fitted / "cli" / "resume") in line
+
+
+UNHANDLED = """
+import sys
+from pipeline.cli import app
+
+@app.command()
+def boom() -> None:
+    raise RuntimeError("an error no command handles")
+
+sys.argv = ["vbcluster", *sys.argv[1:]]
+app()
+"""
+
+
+def test_debug_shows_the_traceback():
     """An error no command handles is one line; --debug shows the traceback instead."""
-    assert "run with --debug for the traceback" in _one_line(cli, "resume")
-    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "resume", str(fitted / "cli" / "resume"),
-                          "--debug"], capture_output=True, text=True)
-    assert res.returncode == 1 and "Traceback" in res.stderr and "JSONDecodeError" in res.stderr
+    res = subprocess.run([sys.executable, "-c", UNHANDLED, "boom"], capture_output=True, text=True)
+    assert res.returncode == 1 and res.stderr.count("\n") == 1 and "run with --debug" in res.stderr
+    res = subprocess.run([sys.executable, "-c", UNHANDLED, "boom", "--debug"], capture_output=True, text=True)
+    assert "Traceback" in res.stderr and "an error no command handles" in res.stderr
 
 
 def test_store_without_checksums_warns_once_in_one_line(fitted, cli):
