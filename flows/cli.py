@@ -28,6 +28,11 @@ def deploy(
     tol: float | None = typer.Option(None, help=spec_help("tol")),
     seed: int | None = typer.Option(None, help=spec_help("seed")),
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
+    images: str | None = typer.Option(None, "--images", help="An image folder, tar shard(s) or image list: "
+                                      "each refresh first extracts its new images into STORE."),
+    extract_option: list[str] = typer.Option([], "--extract-option", "-x", metavar="KEY=VALUE",
+                                             help="Extraction option for --images (repeatable), e.g. "
+                                             "-x extractor=onnx -x model=vgg16.onnx -x output=fc7."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the inputs, register nothing."),
 ) -> None:
     """Refresh the clustering of STORE on a schedule: register a Prefect deployment on the server of
@@ -41,7 +46,8 @@ def deploy(
         info = run_deploy(store, out, cron=cron, interval=interval, name=name, dry_run=dry_run,
                           learner=learner, learner_options=key_values(learner_option) or None,
                           components=components, covariance=covariance, weights=weights,
-                          max_iter=max_iter, tol=tol, seed=seed, cluster=cluster)
+                          max_iter=max_iter, tol=tol, seed=seed, cluster=cluster, images=images,
+                          extract_options=key_values(extract_option) or None)
     except VBClusterError as exc:
         fail(exc)
         return

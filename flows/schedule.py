@@ -61,6 +61,20 @@ def _run_key() -> str:
     return uuid.UUID(str(rid)).hex[-12:] if rid else uuid.uuid4().hex[-12:]
 
 
+@task(name="extract-new-images", retries=2, retry_delay_seconds=1, cache_policy=NONE)
+def extract_new_images(images: str, store: str, cluster: str | None,
+                       options: dict[str, Any] | None) -> dict[str, Any]:
+    """Create the store from the image source, or append the images it does not hold yet
+    (:func:`pipeline.extract.refresh_images`; a killed extraction resumes from its shards)."""
+    from pipeline.extract import refresh_images
+
+    opts = dict(options or {})
+    if cluster is not None:
+        opts.setdefault("cluster", cluster)
+    report = refresh_images(images, store, **opts)
+    return {"rows_written": int(getattr(report, "rows_written", 0))}
+
+
 @flow(name=DEPLOYMENT, retries=1, retry_delay_seconds=2)
 def refresh_flow(
     store: str,
@@ -75,8 +89,15 @@ def refresh_flow(
     learner_options: dict[str, Any] | None = None,
     cluster: str | None = None,
     quiet: bool = True,
+    images: str | None = None,
+    extract_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Refit the store when it changed and publish a new version (see the module docstring).
+
+    With ``images`` (an image folder, tar shards or an image list), the new images are first
+    extracted and appended to the store (the store is created on the first run), so the refit
+    warm-starts on them; ``extract_options`` are those of ``vbcluster ingest`` for images
+    (``extractor``, ``model``, ``output``, ``batch_images``, ...).
 
     Returns
     -------
@@ -88,6 +109,9 @@ def refresh_flow(
     from pipeline.publish import claim_version, unfinished_version
 
     logger = get_run_logger()
+    if images is not None:
+        got = extract_new_images(images, store, cluster, extract_options)
+        logger.info("extracted %d new image(s) from %s into %s", got["rows_written"], images, store)
     p = plan(out, store)
     logger.info("refresh of %s into %s: %s (%s)", store, out, p["action"], p["reason"])
     if p["action"] == "skip":
@@ -140,11 +164,20 @@ def check_schedule(cron: str | None, interval: float | None) -> dict[str, Any]:
 
 
 def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[str, Any]:
-    """Check the store (it must exist) and the settings; the refresh flow's parameters."""
+    """Check the store (it must exist, unless ``images`` will create it) and the settings; the
+    refresh flow's parameters."""
     from pipeline.fitting import make_spec
     from pipeline.sources import StoreSource
 
-    src = StoreSource(store)  # a missing or invalid store: a clear StoreError, nothing changed
+    images = settings.get("images")
+    if images is not None:
+        from pipeline.extract import is_image_source
+
+        if not is_image_source(str(images)):
+            raise ConfigError(f"--images {images}: not an image folder, tar shard(s) or image list")
+        settings["images"] = str(Path(images).resolve())
+    # a missing or invalid store: a clear StoreError, nothing changed (images create it on first run)
+    src = StoreSource(store) if images is None or Path(store).exists() else None
     store_path = str(Path(store).resolve()) if "://" not in store else store
     out_path = Path(out) if out is not None else Path(store_path).with_name(Path(store_path).name
                                                                            + ".versions")
@@ -154,7 +187,8 @@ def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[
 
         load_cluster_config(cluster)  # a missing or invalid config: a clear ConfigError
         settings["cluster"] = str(Path(cluster).resolve())  # scheduled runs may start elsewhere
-    make_spec(store, **{k: v for k, v in settings.items() if k not in ("quiet",)})  # the refresh's spec
+    fit = {k: v for k, v in settings.items() if k not in ("quiet", "images", "extract_options")}
+    make_spec(store, **fit)  # the refresh's spec
     if out_path.exists() and not out_path.is_dir():
         raise ConfigError(f"--out {out_path} exists and is not a directory")
     del src
