@@ -10,8 +10,6 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 FORBIDDEN: dict[str, frozenset[str]] = {
