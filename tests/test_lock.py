@@ -65,7 +65,9 @@ def _race_estimator(root, barrier, results):
 
 
 def _run(target, *args):
-    ctx = mp.get_context("fork")  # Linux; the children only take locks (and fit a tiny model)
+    # spawn, not fork: a child forked from a pytest process that runs Dask clusters and a Prefect
+    # server inherits their threads and atexit handlers, and exited 1 at shutdown in the full suite
+    ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(N_PROCS), ctx.Queue()
     procs = [ctx.Process(target=target, args=(*args[:1], barrier, results, *args[1:]))
              for _ in range(N_PROCS)]
