@@ -44,6 +44,7 @@ from pipeline.extractors import FeatureExtractor, make_extractor
 from pipeline.image_sources import ImageSet, is_image_source, label_codes, list_images, read_images
 from pipeline.image_store import Batch, append_store, create_store, read_manifest
 from pipeline.ingest import IngestReport
+from pipeline.ingest.plan import as_int
 from pipeline.store import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError, VBClusterError
 
@@ -169,18 +170,6 @@ class _Settings:
     cluster: Any
 
 
-def _as_int(name: str, value: Any, minimum: int) -> int:
-    try:
-        v = int(value)
-        if isinstance(value, float) and v != value:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-    if v < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {v}")
-    return v
-
-
 def _as_bool(name: str, value: Any) -> bool:
     if isinstance(value, bool | np.bool_) or (isinstance(value, int) and value in (0, 1)):
         return bool(value)
@@ -192,8 +181,8 @@ def _as_bool(name: str, value: Any) -> bool:
 def _settings(options: dict[str, Any]) -> _Settings:
     opts = dict(options)
     skip = _as_bool("skip_unreadable", opts.pop("skip_unreadable", False))
-    batch = _as_int("batch_images", opts.pop("batch_images", 16), minimum=1)
-    shard = _as_int("shard_images", opts.pop("shard_images", 32 * batch), minimum=1)
+    batch = as_int("batch_images", opts.pop("batch_images", 16), minimum=1)
+    shard = as_int("shard_images", opts.pop("shard_images", 32 * batch), minimum=1)
     if shard % batch:
         raise ConfigError(f"shard_images ({shard}) must be a multiple of batch_images ({batch}), so that "
                           "every batch is the same whatever the sharding")
@@ -204,7 +193,7 @@ def _settings(options: dict[str, Any]) -> _Settings:
         raise ConfigError(f"unknown option(s) {sorted(opts)} for an image source; see docs/ingest.md")
     for k in INT_OPTIONS:
         if k in ext_opts and isinstance(ext_opts[k], str | int | float):
-            ext_opts[k] = _as_int(k, ext_opts[k], minimum=0 if k == "threads" else 1)
+            ext_opts[k] = as_int(k, ext_opts[k], minimum=0 if k == "threads" else 1)
     if spec is None or isinstance(spec, str):
         recipe: Any = [spec or "color-hog", ext_opts]
     else:

@@ -39,7 +39,7 @@ import zarr
 
 from pipeline.ingest.bundled import MAX_IMAGE_PIXELS, bundled_images, read_digits, read_image
 from pipeline.ingest.hdf5 import read_hdf5
-from pipeline.ingest.images import IMAGE_SUFFIXES, read_image_folder
+from pipeline.ingest.images import IMAGE_SUFFIXES
 from pipeline.ingest.numpy_files import read_npy, read_npz
 from pipeline.ingest.plan import Batch, Plan, as_int
 from pipeline.ingest.synthetic import SYNTHETIC_DEFAULTS, read_synthetic, synthetic_class_sizes
@@ -159,9 +159,7 @@ def open_source(source: str, labels: str | None, ids: str | None, options: dict[
         return read_synthetic(labels, ids, options, chunk_rows)
     if source.startswith("image:"):
         return read_image(source[len("image:"):], labels, ids, options)
-    path = Path(source)
-    if path.is_dir():
-        return read_image_folder(path, labels, ids, options)
+    path = Path(source)  # image folders, tar shards and lists went to pipeline.extract in ingest()
     suffix = path.suffix.lower()
     if suffix not in FILE_SUFFIXES:
         raise ConfigError(
