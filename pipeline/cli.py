@@ -359,6 +359,12 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
                   f"{m['nmi']:.3f}" if m else "-", f"{m['acc']:.3f}" if m else "-",
                   f"{result['seconds']:.1f}")
     console.print(table)
+    bound = result.get("bound", {})
+    ses = [v for v in bound.get("history_se", []) if v is not None]
+    if bound.get("history", "exact") != "exact" and result.get("elbo_history"):
+        last = f"{result['elbo_history'][-1]:.6g}" + (f" +- {ses[-1]:.2g}" if ses else "")
+        console.print(f"the per-iteration bounds are minibatch estimates (last {last}, standard error); "
+                      "the ELBO above is exact (one full pass)", soft_wrap=True)
     console.print(f"wrote {run_dir}/result.json and {run_dir}/posterior.npz")
 
 

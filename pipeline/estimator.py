@@ -5,7 +5,9 @@ Parameters mean what they mean in scikit-learn's ``BayesianGaussianMixture``; th
 settings are a :class:`pipeline.spec.FitSpec` (validated there before any data is read); the loop,
 checkpoints and resume are :mod:`pipeline.fit_driver`'s, the preparation, prior and initialisation
 :mod:`pipeline.fit_setup`'s. The fitted attributes carry scikit-learn's names, plus
-``lower_bounds_`` (the exact ELBO after every iteration) and ``elbo_terms_``.
+``lower_bounds_`` (the ELBO after every iteration: exact, or for the minibatch learners an estimate
+whose standard error is in ``lower_bounds_se_``; ``bound_kind_`` says which) and ``elbo_terms_``
+(always exact).
 """
 
 from __future__ import annotations
@@ -214,7 +216,8 @@ class VBMixture(DensityMixin, BaseEstimator):
             if lock is not None:
                 lock.release()
         self.n_features_in_ = source.n_features
-        self.set_fitted(best.post, best.prior, best.terms, best.history, best.converged, best.n_iter)
+        self.set_fitted(best.post, best.prior, best.terms, best.history, best.converged, best.n_iter,
+                        best.history_se)
         self.n_passes_ = best.passes
         #: what lower_bounds_ holds ('exact' or 'minibatch estimate'); lower_bound_ is always exact
         self.bound_kind_ = best.bound_kind
@@ -271,8 +274,9 @@ class VBMixture(DensityMixin, BaseEstimator):
             )
 
     def set_fitted(self, post: Posterior, prior: Prior, terms: ElboTerms, history: list[float],
-                   converged: bool, n_iter: int) -> None:
-        """Set the fitted attributes from a posterior and its prior (a fit, or a saved run)."""
+                   converged: bool, n_iter: int, history_se: list[float | None] | None = None) -> None:
+        """Set the fitted attributes from a posterior and its prior (a fit, or a saved run);
+        ``history_se``: the standard errors of ``history``'s minibatch estimates (None: exact)."""
         self.posterior_ = post
         self.prior_ = prior
         self.n_features_in_ = post.n_features
@@ -280,6 +284,10 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.n_iter_ = n_iter
         self.lower_bound_ = terms.total
         self.lower_bounds_ = np.asarray(history)
+        se = history_se if history_se is not None and len(history_se) == len(history) else []
+        se = se or [None] * len(history)
+        #: the standard error of each lower_bounds_ entry that is a minibatch estimate (NaN: exact)
+        self.lower_bounds_se_ = np.array([np.nan if v is None else v for v in se], dtype=np.float64)
         self.elbo_terms_ = terms.as_dict()
         w = post.expected_weights()
         self.weights_ = w / w.sum()

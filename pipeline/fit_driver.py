@@ -48,6 +48,9 @@ class FitOutcome:
     bound_kind: str = "exact"
     #: wall seconds of the whole fit, summed over the attempts that a resume continued
     wall_seconds: float = 0.0
+    #: the standard error of each ``history`` entry that is a minibatch estimate (None where exact
+    #: or not known)
+    history_se: list[float | None] = field(default_factory=list)
 
 
 class StopRequest:
@@ -186,6 +189,7 @@ class _Loop:
     n_iter: int = 0
     wall_before: float = 0.0  # wall seconds of earlier attempts (from the checkpoint)
     started: float = field(default_factory=time.perf_counter)
+    history_se: list[float | None] = field(default_factory=list)
 
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
@@ -231,7 +235,8 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
         ctx.engine.release(ctx.handles)
     return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
                       None if loaded is None else str(loaded.path),
-                      [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall())
+                      [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall(),
+                      loop.history_se)
 
 
 def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,
@@ -244,6 +249,7 @@ def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, 
         loop = _Loop([float(v) for v in m["elbo_history"]],
                      ElboTerms(**m["elbo_terms"]) if m["elbo_terms"] else None,
                      bool(m["converged"]), int(m["iteration"]), float(m.get("wall_seconds", 0.0)))
+        loop.history_se = list(m.get("elbo_history_se", [None] * len(loop.history)))
         learner.load_state(post, {k[len(LEARNER_KEY):]: v for k, v in loaded.state.items()
                                   if k.startswith(LEARNER_KEY)})
         return loop, post
@@ -271,16 +277,19 @@ def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Po
         loop.n_iter += 1
         post, loop.terms = learner.step(loop.n_iter)
         loop.history.append(loop.terms.total)
+        se = learner.bound_se()
+        loop.history_se.append(None if se is None else float(se))
         loop.converged = learner.converged(before + loop.history, float(spec.tol))
         now = time.perf_counter()
         if log is not None and (loop.n_iter % max(int(log_every), 1) == 0 or loop.converged):
-            log(f"  Iteration {loop.n_iter}\t time lapse {now - t0:.5f}s\t ELBO {loop.terms.total:.6e} "
+            pm = "" if se is None else f" +- {se:.2e} (minibatch estimate)"
+            log(f"  Iteration {loop.n_iter}\t time lapse {now - t0:.5f}s\t ELBO {loop.terms.total:.6e}{pm} "
                 f"(per row {loop.terms.total / ctx.n_rows:.6f}), components {post.n_components}")
         if callback is not None:
             callback({"iteration": loop.n_iter, "elbo": loop.terms.total,
                       "n_effective": n_effective(post, ctx.prior), "n_components": post.n_components,
                       "seconds": now - t_iter, "passes": learner.passes, "learner": spec.learner,
-                      "bound": learner.bound_kind()})
+                      "bound": learner.bound_kind(), **({} if se is None else {"elbo_se": se})})
         t_iter = now
         due = (loop.n_iter % int(spec.checkpoint_every) == 0 or loop.converged
                or loop.n_iter == int(spec.max_iter))
@@ -303,5 +312,6 @@ def _save(ckpt: Checkpointer, loop: _Loop, post: Posterior, learner: Any, identi
     state = posterior_arrays(post)
     state.update({LEARNER_KEY + k: v for k, v in learner.state().items()})
     return ckpt.save(loop.n_iter, state, dict(identity, converged=loop.converged, elbo_history=loop.history,
+                                              elbo_history_se=loop.history_se,
                                               elbo_terms=asdict(loop.terms), wall_seconds=loop.wall(),
                                               bound_kind=learner.bound_kind()))

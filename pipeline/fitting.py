@@ -14,6 +14,7 @@ docs/operations.md, "Warm start").
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 import warnings
@@ -175,5 +176,8 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
         # wall time over every attempt: a resumed fit adds this attempt to the checkpoint's total
         info["seconds"] = model.wall_seconds_ if model.resumed_from_ else time.perf_counter() - t0
         info["bound"] = {"history": model.bound_kind_, "final": "exact"}
+        if model.bound_kind_ != "exact":  # the estimates' standard errors, nats (null: not known)
+            se = [None if math.isnan(v) else float(v) for v in model.lower_bounds_se_]
+            info["bound"]["history_se"] = se
         return save_run(run_dir, model, spec.store, extra=info, engine=eng)
 

@@ -2,7 +2,9 @@
 structured log (one JSON object per iteration in ``RUN_DIR/iterations.jsonl``).
 
 ``FitProgress`` is the ``callback`` of ``VBMixture.fit``: it receives ``info`` with the keys
-``iteration``, ``elbo``, ``n_effective``, ``seconds`` and ``learner`` after every iteration.
+``iteration``, ``elbo``, ``n_effective``, ``seconds``, ``learner`` and ``bound`` ('exact' or
+'minibatch estimate') after every iteration, and ``elbo_se`` (the estimate's standard error, nats)
+when the bound is a minibatch estimate.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class FitProgress:
             secs = [float(r.get("seconds", math.nan)) for r in self.history]
             rate = sum(secs) / len(secs) if secs else math.nan
             self._progress.update(self._task, completed=int(info.get("iteration", len(self.history))),
-                                  elbo=f"{float(info.get('elbo', math.nan)):.6g}",
+                                  elbo=f"{float(info.get('elbo', math.nan)):.6g}" + (
+                                      f" +- {float(info['elbo_se']):.2g}" if "elbo_se" in info else ""),
                                   alive=str(info.get("n_effective", "-")), rate=f"{rate:.3f}")
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

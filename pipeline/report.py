@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.report_curves import bound_kind, data_passes, elbo_figures, model_label, run_prior
+from pipeline.report_curves import bound_label, data_passes, elbo_figures, model_label, run_prior
 from pipeline.runs import (
     ASSIGNMENTS,
     POSTERIOR,
@@ -323,7 +323,7 @@ def _row(d: Path, r: dict[str, Any], panel: str) -> str:
     m = r.get("metrics") or {}
     passes, _ = data_passes(d, r)
     elbo = float(r["elbo"]) / float(r["n_rows"]) if r.get("n_rows") else None
-    cells = (d.resolve().name, r.get("learner"), model_label(r, run_prior(d)), bound_kind(r), panel,
+    cells = (d.resolve().name, r.get("learner"), model_label(r, run_prior(d)), bound_label(r), panel,
              r.get("n_iter"),
              _fmt(float(passes[-1]), ".3g"), r.get("n_components"), r.get("n_effective"),
              m.get("clusters_used"), _fmt(elbo, ".6g"), _fmt(m.get("nmi"), ".3f"), _fmt(m.get("acc"), ".3f"),

@@ -51,6 +51,23 @@ def bound_kind(r: dict[str, Any]) -> str:
     return "minibatch estimate" if learner_options(r).get("elbo") == "minibatch" else "exact"
 
 
+def history_se(r: dict[str, Any]) -> np.ndarray | None:
+    """The standard errors (nats) of a run's minibatch-estimate ELBO history (NaN where not known),
+    or None for exact histories and runs written before they were recorded."""
+    se = (r.get("bound") or {}).get("history_se")
+    if not se:
+        return None
+    return np.array([np.nan if v is None else float(v) for v in se], dtype=np.float64)
+
+
+def bound_label(r: dict[str, Any]) -> str:
+    """The report's "bound" cell: the kind, and for estimates their median standard error per row."""
+    kind, se = bound_kind(r), history_se(r)
+    if se is None or not np.isfinite(se).any() or not r.get("n_rows"):
+        return kind
+    return f"{kind} (SE {np.nanmedian(se) / float(r['n_rows']):.2g}/row)"
+
+
 def run_prior(run_dir: Path) -> dict[str, Any]:
     """The prior's scalars as the fit used them (defaults filled in), from posterior.npz's metadata."""
     from pipeline.runs import POSTERIOR
@@ -168,7 +185,11 @@ def _elbo_panel(dirs: list[Path], results: list[dict[str, Any]], names: list[str
         h = np.asarray(r.get("elbo_history") or [r["elbo"]], dtype=np.float64) / float(r["n_rows"])
         x, note = data_passes(d, r)
         how.add(note)
-        ax.plot(x, h, marker="." if len(h) < 60 else None, label=name)
+        (line,) = ax.plot(x, h, marker="." if len(h) < 60 else None, label=name)
+        se = history_se(r)
+        if se is not None and se.shape == h.shape:  # minibatch estimates: +-2 standard errors
+            band = 2.0 * se / float(r["n_rows"])
+            ax.fill_between(x, h - band, h + band, color=line.get_color(), alpha=0.2, linewidth=0)
         lows.append(np.quantile(h, 0.1))
         highs.append(h.max())
     lo, hi = min(lows), max(highs)

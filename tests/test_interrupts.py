@@ -63,9 +63,11 @@ def test_result_and_iteration_log_name_the_bound(store, tmp_path):
                                    "--max-iter", "4", "-o", "minibatch=300", "-q"])
     assert res.exit_code == 0, res.output
     result = json.loads((run / "result.json").read_text())
+    se = result["bound"].pop("history_se")
     assert result["bound"] == {"history": "minibatch estimate", "final": "exact"}
     lines = [json.loads(line) for line in (run / "iterations.jsonl").read_text().splitlines()]
     assert [r["bound"] for r in lines] == ["minibatch estimate"] * 4
+    assert len(se) == 4 and [r.get("elbo_se") for r in lines] == se  # null on a merge round
 
 
 # ---- interrupts -----------------------------------------------------------------------------------

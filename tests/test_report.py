@@ -192,3 +192,24 @@ def test_report_reads_the_runs_own_assignments_only(tmp_path):
     _fit(store, run, max_iter=10, random_state=1)  # a new fit into the same directory
     html = write_report([run]).read_text()
     assert "clusters read from" not in html  # the old labels belong to the old posterior
+
+
+def test_minibatch_estimates_show_their_standard_error(tmp_path):
+    """The bound cell gives the estimates' median standard error per row; the panel draws a band."""
+    from pipeline.report_curves import bound_label, elbo_figures, history_se
+
+    base = {"learner": "sga-f", "elbo_history": [-3.0, -2.0, -1.5], "elbo": -1.4, "n_rows": 1000,
+            "settings": {"learner_options": {"minibatch": 250}}}
+    sga = dict(base, bound={"history": "minibatch estimate", "final": "exact",
+                            "history_se": [40.0, None, 20.0]})
+    assert list(history_se(sga)[[0, 2]]) == [40.0, 20.0] and np.isnan(history_se(sga)[1])
+    assert bound_label(sga) == "minibatch estimate (SE 0.03/row)"
+    assert bound_label(base) == "minibatch estimate" and history_se(base) is None  # older runs
+    (tmp_path / "with").mkdir()
+    (tmp_path / "without").mkdir()
+    [(name, _, members)] = elbo_figures([tmp_path], [sga], ["a"], tmp_path / "with")
+    assert name == "elbo.png" and members == [0]
+    elbo_figures([tmp_path], [base], ["a"], tmp_path / "without")
+    band = np.asarray(Image.open(tmp_path / "with" / name).convert("RGB"), dtype=np.int16)
+    plain = np.asarray(Image.open(tmp_path / "without" / name).convert("RGB"), dtype=np.int16)
+    assert band.shape == plain.shape and np.any(band != plain)  # the +-2 SE band is drawn

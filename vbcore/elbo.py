@@ -180,3 +180,23 @@ def elbo_terms(stats: SuffStats, post: Posterior, prior: Prior) -> ElboTerms:
         kl_weights=float(kl_w),
         kl_components=float(np.sum(kl_mean + kl_prec)),
     )
+
+
+def minibatch_standard_error(n_rows: int, m: int, m2: float) -> float:
+    """Standard error of a minibatch estimate ``(N/M) sum_{n in B} l_n`` of ``sum_n l_n`` over all N
+    rows, from the minibatch's sum of squared deviations ``m2 = sum_{n in B} (l_n - mean)^2``, for B
+    drawn uniformly without replacement (``pipeline.learners.dpm.draw_rows``):
+    ``N sqrt((1 - M/N) s^2 / M)`` with the sample variance ``s^2 = m2 / (M - 1)`` (Cochran 1977,
+    chapter 2).
+
+    ``l_n`` is row n's share of the ELBO (``ln sum_k rho_nk`` for a VB E-step, ``ln rho_{n z_n}`` for a
+    one-hot q(z_n)); the global terms of the bound (the KL divergences of q(theta)) are computed
+    exactly and add no error. 0 when the minibatch is the whole data set; NaN below two rows.
+    """
+    n, m = int(n_rows), int(m)
+    if m >= n:
+        return 0.0
+    if m < 2:
+        return float("nan")
+    var = max(float(m2), 0.0) / (m - 1)
+    return float(n * np.sqrt((1.0 - m / n) * var / m))

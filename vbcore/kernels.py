@@ -321,13 +321,42 @@ class _PooledSums:
 
 @dataclass(frozen=True)
 class KernelResult:
-    """What one VB EM pass returns per chunk: statistics and ``sum_n ln sum_k rho_nk``."""
+    """What one VB EM pass returns per chunk: statistics, ``sum_n ln sum_k rho_nk`` (the rows' share
+    of the ELBO) and the sum of its squared deviations from their mean (:func:`row_spread`; for a
+    minibatch estimate's standard error)."""
 
     stats: SuffStats
     log_norm: float
+    log_norm_m2: float = 0.0
 
     def merge(self, other: KernelResult) -> KernelResult:
-        return KernelResult(self.stats.merge(other.stats), self.log_norm + other.log_norm)
+        _, _, m2 = merge_spread((self.stats.n_rows, self.log_norm, self.log_norm_m2),
+                                (other.stats.n_rows, other.log_norm, other.log_norm_m2))
+        return KernelResult(self.stats.merge(other.stats), self.log_norm + other.log_norm, m2)
+
+
+def row_spread(values: Array) -> tuple[float, float]:
+    """``sum_n v_n`` and ``sum_n (v_n - mean)^2`` of a block of per-row values (any array namespace):
+    the differences in the values' dtype (no float64 copy of float32 data), both sums in float64.
+    Blocks combine with :func:`merge_spread`."""
+    xp = array_namespace(values)
+    n = int(values.shape[0])
+    if n == 0:
+        return 0.0, 0.0
+    total = float(to_numpy(xp.sum(values, dtype=xp.float64)))
+    dev = values - total / n
+    return total, float(to_numpy(xp.sum(dev * dev, dtype=xp.float64)))
+
+
+def merge_spread(a: tuple[int, float, float], b: tuple[int, float, float]) -> tuple[int, float, float]:
+    """Combine ``(count, sum, sum of squared deviations)`` of two blocks of rows (the pairwise update
+    of Chan et al. 1979): no cancellation between large squares."""
+    na, sa, qa = a
+    nb, sb, qb = b
+    if na == 0 or nb == 0:
+        return (na + nb, sa + sb, qa + qb)
+    delta = sb / nb - sa / na
+    return (na + nb, sa + sb, qa + qb + delta * delta * na * nb / (na + nb))
 
 
 def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
@@ -337,8 +366,7 @@ def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
         return _tied_kernel(chunk, params)
     if params.covariance_type == "full":
         resp, log_norm, rlogr = normalise(log_rho(chunk, params))
-        total = float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
-        return KernelResult(chunk_statistics(chunk, resp, rlogr), total)
+        return KernelResult(chunk_statistics(chunk, resp, rlogr), *row_spread(log_norm))
     # diagonal families: E-step, softmax and statistics block by block (see BLOCK_ROWS)
     assert params.weights is not None
     dt = chunk.x.dtype
@@ -347,16 +375,17 @@ def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     k, d = params.const.shape[0], chunk.x.shape[1]
     g = np.zeros((k, 2 * d))
     nk = np.zeros(k)
-    total = sum_rlogr = 0.0
+    sum_rlogr = 0.0
+    spread: tuple[int, float, float] = (0, 0.0, 0.0)  # rows, sum and spread of ln sum_k rho
     n = chunk.n_rows
     for i in range(0, n, BLOCK_ROWS):
         f = chunk.features(i, min(i + BLOCK_ROWS, n))
         resp, log_norm, rlogr = normalise(f @ w + const)
         g += to_numpy(xp.matrix_transpose(resp) @ f)
         nk += to_numpy(xp.sum(resp, axis=0, dtype=xp.float64))
-        total += float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
+        spread = merge_spread(spread, (int(log_norm.shape[0]), *row_spread(log_norm)))
         sum_rlogr += float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
-    return KernelResult(_diag_stats(nk, g, sum_rlogr, chunk), total)
+    return KernelResult(_diag_stats(nk, g, sum_rlogr, chunk), spread[1], spread[2])
 
 
 def _tied_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
@@ -364,15 +393,16 @@ def _tied_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     statistics GEMMs of the same block while it is in cache."""
     xp = array_namespace(chunk.x)
     sums = _PooledSums(params.const.shape[0], chunk.x.shape[1])
-    total = sum_rlogr = 0.0
+    sum_rlogr = 0.0
+    spread: tuple[int, float, float] = (0, 0.0, 0.0)  # rows, sum and spread of ln sum_k rho
     n = chunk.n_rows
     for i in range(0, n, BLOCK_ROWS):
         xb = chunk.x[i : min(i + BLOCK_ROWS, n), :]
         resp, log_norm, rlogr = normalise(_tied_log_rho(xb, params))
         sums.add(xb, resp)
-        total += float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
+        spread = merge_spread(spread, (int(log_norm.shape[0]), *row_spread(log_norm)))
         sum_rlogr += float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
-    return KernelResult(sums.stats(sum_rlogr, chunk), total)
+    return KernelResult(sums.stats(sum_rlogr, chunk), spread[1], spread[2])
 
 
 def responsibilities(chunk: Chunk, params: EStepParams) -> Array:

@@ -17,7 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from vbcore.kernels import BLOCK_ROWS, Chunk, array_namespace, to_numpy
+from vbcore.kernels import (
+    BLOCK_ROWS,
+    Chunk,
+    array_namespace,
+    estep_params,
+    merge_spread,
+    row_spread,
+    to_numpy,
+)
+from vbcore.posterior import Posterior
 from vbcore.stats import SuffStats
 
 Array = Any
@@ -73,16 +82,44 @@ class MapParams:
 
     weights: np.ndarray
     const: np.ndarray
+    #: optional: sum each assigned row's share of the point posterior's ELBO (and its square) into
+    #: the result (:class:`RowBound`)
+    bound: RowBound | None = None
 
 
-def map_params(point: DPPoint, sigma2: float, shift: np.ndarray, dtype: Any = np.float64) -> MapParams:
+@dataclass(frozen=True)
+class RowBound:
+    """Each assigned row's share of the ELBO of the point's posterior
+    (:func:`vbcore.sga.point_posterior`), ``l_n = ln rho_{n z_n}`` (Kuusela et al. 2009 eq. 36 with
+    a one-hot q(z_n)), from the MAP score the assignment already computed:
+    ``l_n = s_{n z_n} + offset_{z_n} - half_precision |x_n - shift|^2``. The posterior's means are
+    the point's and its precision is ``1 / sigma^2`` in every cluster, so ``ln rho_nk`` and the score
+    differ only by a per-cluster constant and the row's own ``|x|^2`` term: O(n D) per pass, no gather.
+    """
+
+    offset: np.ndarray  # (K,): const_k of the posterior's E-step minus the score's const_k
+    half_precision: float  # 1 / (2 sigma^2)
+
+
+def row_bound(point: DPPoint, sigma2: float, post: Posterior, shift: np.ndarray) -> RowBound:
+    """:class:`RowBound` of ``post``, which must be the 'fixed' posterior of ``point`` (its means,
+    variance ``sigma2`` in every cluster), as :func:`vbcore.sga.point_posterior` builds it."""
+    if not (post.covariance_type == "fixed" and np.array_equal(post.means, point.means)
+            and np.all(np.asarray(post.covariances) == sigma2)):
+        raise ValueError("row bounds need the point's own 'fixed' posterior (same means, variance sigma^2)")
+    offset = estep_params(post, shift).const - map_params(point, sigma2, shift).const
+    return RowBound(offset=offset, half_precision=0.5 / float(sigma2))
+
+
+def map_params(point: DPPoint, sigma2: float, shift: np.ndarray, dtype: Any = np.float64,
+               bound: RowBound | None = None) -> MapParams:
     """:class:`MapParams` of a point; ``dtype`` the data's (float32 data: the GEMM weights are cast
-    once here, not in every chunk kernel)."""
+    once here, not in every chunk kernel); ``bound`` see :class:`MapParams`."""
     m = point.means - shift[None, :]
     const = log_stick_weights(point.sticks) - 0.5 * np.einsum("kd,kd->k", m, m) / sigma2
     w = np.empty((m.shape[1], m.shape[0]), dtype=np.dtype(dtype))
     np.multiply(m.T, 1.0 / sigma2, out=w, casting="same_kind")
-    return MapParams(weights=w, const=const)
+    return MapParams(weights=w, const=const, bound=bound)
 
 
 @dataclass(frozen=True)
@@ -111,6 +148,9 @@ class HardStats:
     s2: np.ndarray
     n_rows: int
     shift: np.ndarray
+    #: ``sum_n l_n`` and ``sum_n (l_n - mean)^2`` of ``l_n = ln rho_{n z_n}`` under ``MapParams.bound``
+    #: (zeros without; :func:`vbcore.kernels.row_spread`)
+    bound: tuple[float, float] = (0.0, 0.0)
 
     def merge(self, other: HardStats) -> HardStats:
         a, b = self, other
@@ -118,7 +158,7 @@ class HardStats:
             return HardStats.combine([a, b])
         # the same clusters (full passes): plain adds, the same sums as combine's
         s1, s2 = np.add(a.s1, b.s1, dtype=np.float64), np.add(a.s2, b.s2, dtype=np.float64)
-        return HardStats(a.nk + b.nk, a.idx, s1, s2, a.n_rows + b.n_rows, a.shift)
+        return HardStats(a.nk + b.nk, a.idx, s1, s2, a.n_rows + b.n_rows, a.shift, _add_bounds([a, b]))
 
     @staticmethod
     def combine(parts: list[HardStats]) -> HardStats:
@@ -135,7 +175,7 @@ class HardStats:
             s1[pos] += p.s1
             s2[pos] += p.s2
         nk = functools.reduce(np.add, [p.nk for p in parts])
-        return HardStats(nk, idx, s1, s2, sum(p.n_rows for p in parts), parts[0].shift)
+        return HardStats(nk, idx, s1, s2, sum(p.n_rows for p in parts), parts[0].shift, _add_bounds(parts))
 
     def to_stats(self) -> SuffStats:
         """Centred statistics (mean, per-dimension scatter), ``sum_rlogr = 0`` (one-hot q(z))."""
@@ -149,6 +189,21 @@ class HardStats:
             scatter[self.idx] = np.maximum(np.asarray(self.s2, dtype=np.float64) - n * m * m, 0.0)
         return SuffStats(nk=self.nk.copy(), mean=mean, scatter=scatter, sum_rlogr=0.0,
                          n_rows=self.n_rows, shift=self.shift)
+
+
+def _add_bounds(parts: list[HardStats]) -> tuple[float, float]:
+    """The ``bound`` pairs of ``parts`` combined in list order (:func:`vbcore.kernels.merge_spread`)."""
+    _, total, m2 = functools.reduce(merge_spread, [(p.n_rows, *p.bound) for p in parts])
+    return total, m2
+
+
+def row_bound_sums(xb: Array, scores: Array, lab: Array, bound: RowBound) -> tuple[float, float]:
+    """``sum_n l_n`` and ``sum_n (l_n - mean)^2`` (:class:`RowBound`) of a block's rows ``xb`` (shifted)
+    from their MAP ``scores`` (n, K) and labels: ``l_n`` in the data's dtype, float64 sums."""
+    xp = array_namespace(xb)
+    top = xp.take_along_axis(scores, xp.reshape(lab, (-1, 1)), axis=1)[:, 0]
+    offset = xp.take(xp.asarray(bound.offset, dtype=xb.dtype), lab)
+    return row_spread(top + offset - bound.half_precision * xp.vecdot(xb, xb, axis=-1))
 
 
 def _block_sums(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray) -> tuple[np.ndarray, np.ndarray,
@@ -196,13 +251,21 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
     k, d = params.const.shape[0], x.shape[1]
     n = int(x.shape[0])
     blocks = [(i, min(i + BLOCK_ROWS, n)) for i in range(0, n, BLOCK_ROWS)]
+    spread: tuple[int, float, float] = (0, 0.0, 0.0)  # rows, sum and spread of l_n (RowBound)
     if xp is np:
-        labs = [np.argmax(x[a:b] @ w + const, axis=1) for a, b in blocks]
+        labs = []
+        for a, b in blocks:
+            scores = x[a:b] @ w + const
+            labs.append(np.argmax(scores, axis=1))
+            if params.bound is not None:
+                part = row_bound_sums(x[a:b], scores, labs[-1], params.bound)
+                spread = merge_spread(spread, (b - a, *part))
+        bsum = spread[1:]
         nk = np.bincount(np.concatenate(labs), minlength=k).astype(np.float64) if labs else np.zeros(k)
         used = np.flatnonzero(nk)
         if len(blocks) == 1:  # one block (a minibatch's rows of a chunk): its sums, exact in float64
             _, g1, g2 = _block_sums(x, feats, labs[0])
-            return HardStats(nk=nk, idx=used, s1=g1, s2=g2, n_rows=n, shift=chunk.shift)
+            return HardStats(nk=nk, idx=used, s1=g1, s2=g2, n_rows=n, shift=chunk.shift, bound=bsum)
         s1 = np.zeros((used.size, d))
         s2 = np.zeros((used.size, d))
         for (a, b), lab in zip(blocks, labs, strict=True):
@@ -210,20 +273,23 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
             pos = np.searchsorted(used, uniq)
             s1[pos] += g1  # float32 within the block, float64 across blocks
             s2[pos] += g2
-        return HardStats(nk=nk, idx=used, s1=s1, s2=s2, n_rows=n, shift=chunk.shift)
+        return HardStats(nk=nk, idx=used, s1=s1, s2=s2, n_rows=n, shift=chunk.shift, bound=bsum)
     # other namespaces (CuPy): one-hot GEMM, float32 per block, float64 across blocks, on the device
     acc = xp.zeros((k, 2 * d), dtype=xp.float64)
     nk_dev = xp.zeros((k,), dtype=xp.float64)
     for a, b in blocks:
         xb = x[a:b, :]
-        lab = xp.argmax(xb @ w + const, axis=1)
+        scores = xb @ w + const
+        lab = xp.argmax(scores, axis=1)
         onehot = xp.astype(xp.reshape(lab, (-1, 1)) == xp.reshape(xp.arange(k), (1, -1)), dt)
         acc += xp.astype(xp.matrix_transpose(onehot) @ xp.concat((xb, xb * xb), axis=1), xp.float64)
         nk_dev += xp.sum(onehot, axis=0, dtype=xp.float64)
+        if params.bound is not None:
+            spread = merge_spread(spread, (b - a, *row_bound_sums(xb, scores, lab, params.bound)))
     nk = to_numpy(nk_dev)
     used = np.flatnonzero(nk)
     g = to_numpy(xp.take(acc, xp.asarray(used), axis=0)) if used.size else np.zeros((0, 2 * d))
-    return HardStats(nk=nk, idx=used, s1=g[:, :d], s2=g[:, d:], n_rows=n, shift=chunk.shift)
+    return HardStats(nk=nk, idx=used, s1=g[:, :d], s2=g[:, d:], n_rows=n, shift=chunk.shift, bound=spread[1:])
 
 
 def map_labels(chunk: Chunk, params: MapParams) -> np.ndarray:
@@ -295,5 +361,6 @@ def scale_stats(stats: SuffStats, factor: float) -> SuffStats:
                      shift=stats.shift)
 
 
-__all__ = ["STICK_EPS", "DPPoint", "HardStats", "MapParams", "hard_kernel", "kmeanspp_seeds",
-           "log_stick_weights", "map_labels", "map_params", "scale_stats", "take_stats"]
+__all__ = ["STICK_EPS", "DPPoint", "HardStats", "MapParams", "RowBound", "hard_kernel", "kmeanspp_seeds",
+           "log_stick_weights", "map_labels", "map_params", "row_bound", "row_bound_sums", "scale_stats",
+           "take_stats"]

@@ -164,6 +164,12 @@ class Learner:
         ``'minibatch estimate'`` (an unbiased estimate from the iteration's minibatch)."""
         return "exact"
 
+    def bound_se(self) -> float | None:
+        """The standard error (nats, whole data set) of the last :meth:`step`'s bound when it is a
+        minibatch estimate (:func:`vbcore.elbo.minibatch_standard_error`); None when it is exact or
+        when the step cannot say (a step that also merged clusters)."""
+        return None
+
     def final_terms(self) -> ElboTerms | None:
         """The exact ELBO of the final distribution when :meth:`step` reports estimates (one full
         pass; it may update ``self.post``); None when the last step's bound is already exact."""

@@ -26,7 +26,15 @@ from vbcore.errors import ConfigError
 from vbcore.kernels import Chunk, array_namespace, to_numpy
 from vbcore.posterior import Posterior
 from vbcore.sga import default_threshold, mm_update, point_posterior, prune_order, reorder
-from vbcore.sga_stats import DPPoint, HardStats, hard_kernel, kmeanspp_seeds, map_params, scale_stats
+from vbcore.sga_stats import (
+    DPPoint,
+    HardStats,
+    MapParams,
+    hard_kernel,
+    kmeanspp_seeds,
+    map_params,
+    scale_stats,
+)
 from vbcore.sigma2 import split_nn_variance
 from vbcore.stats import SuffStats
 
@@ -160,9 +168,14 @@ class DPPointLearner(Learner):
         params = map_params(point, self.sigma2, self.ctx.shift, self.ctx.source.dtype)
         if rows is None:
             return self.ctx.engine.map_reduce(hard_kernel, self.ctx.handles, None, params).to_stats()
+        return self.minibatch_pass(params, handles, rows).to_stats()
+
+    def minibatch_pass(self, params: MapParams, handles: list[Any] | None,
+                       rows: list[np.ndarray]) -> HardStats:
+        """The hard statistics of a minibatch (``params.bound`` set: with its rows' bound sums)."""
         # a minibatch touches a few hundred clusters per chunk: one combine on the driver, in chunk
         # order, instead of a tree of merges of growing unions (HardStats.combine)
-        return HardStats.combine(self.ctx.engine.map(hard_kernel, handles, params, per_chunk=rows)).to_stats()
+        return HardStats.combine(self.ctx.engine.map(hard_kernel, handles, params, per_chunk=rows))
 
     # -- initialisation (called by the estimator instead of its own k-means)
     def initialise(self) -> Posterior:

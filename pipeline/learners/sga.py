@@ -25,11 +25,11 @@ from pipeline.learners import register
 from pipeline.learners.base import FitContext
 from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
 from pipeline.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
-from vbcore.elbo import ElboTerms, elbo_terms
+from vbcore.elbo import ElboTerms, elbo_terms, minibatch_standard_error
 from vbcore.errors import ConfigError
 from vbcore.posterior import Posterior
 from vbcore.sga import Velocity, gradients, sga_step
-from vbcore.sga_stats import scale_stats
+from vbcore.sga_stats import map_params, row_bound, scale_stats
 
 ELBO_MODES = ("minibatch", "full")
 
@@ -51,6 +51,7 @@ class _SGA(HardMovesMixin, DPPointLearner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
+        self.se: float | None = None
         self.velocity: Velocity | None = None
 
     @classmethod
@@ -81,7 +82,14 @@ class _SGA(HardMovesMixin, DPPointLearner):
         assert self.point is not None and self.post is not None, "start() first"
         n = self.ctx.n_rows
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
-        stats = self.apply_moves(iteration, self.hard_pass(self.point, handles, rows), n / m)
+        estimate = self.opts["elbo"] == "minibatch"
+        # with an estimate, each row's share of the bound of the distribution entering the step is
+        # summed (and squared) in the same pass, for the estimate's standard error
+        bound = row_bound(self.point, self.sigma2, self.post, self.ctx.shift) if estimate else None
+        params = map_params(self.point, self.sigma2, self.ctx.shift, self.ctx.source.dtype, bound=bound)
+        raw = self.minibatch_pass(params, handles, rows)
+        entering = self.post
+        stats = self.apply_moves(iteration, raw.to_stats(), n / m)
         grad = gradients(stats, self.point, self.ctx.prior, self.sigma2, n, self.a0)
         new, vel = sga_step(self.point, grad, method=self.method, eta=float(self.opts["eta"]),
                             sigma2=self.sigma2, velocity=self.velocity,
@@ -89,10 +97,13 @@ class _SGA(HardMovesMixin, DPPointLearner):
         self.velocity = vel
         counts = stats.nk * (n / m)
         terms = None
-        if self.opts["elbo"] == "minibatch":
+        self.se = None
+        if estimate:
             # the distribution entering this step has not seen this minibatch: its bound estimated
             # here is unbiased (the stepped one was fitted to these rows and reads optimistically)
             terms = elbo_terms(scale_stats(stats, n / m), self.post, self.ctx.prior)
+            if self.post is entering:  # no merge this step: the rows' sums are of this distribution
+                self.se = minibatch_standard_error(n, m, raw.bound[1])
         self._set(new, counts)
         if terms is None:
             terms = self.exact_terms()
@@ -101,6 +112,9 @@ class _SGA(HardMovesMixin, DPPointLearner):
 
     def bound_kind(self) -> str:
         return "minibatch estimate" if self.opts["elbo"] == "minibatch" else "exact"
+
+    def bound_se(self) -> float | None:
+        return self.se
 
     def final_terms(self) -> ElboTerms | None:
         if self.bound_kind() == "exact":

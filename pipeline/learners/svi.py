@@ -19,7 +19,7 @@ from pipeline.learners import register
 from pipeline.learners.base import FitContext
 from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
 from pipeline.learners.sga import check_minibatch_options
-from vbcore.elbo import ElboTerms, elbo_terms
+from vbcore.elbo import ElboTerms, elbo_terms, minibatch_standard_error
 from vbcore.errors import ConfigError
 from vbcore.kernels import estep_params, vbem_kernel
 from vbcore.mstep import weight_posterior
@@ -37,6 +37,7 @@ class SVI(DPPointLearner):
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
         self.vb: Posterior | None = None
+        self.se: float | None = None
         # half a row of expected count, as the point learners' 1/(2N) stick threshold
         self.min_count = 0.5 if self.opts["prune_threshold"] is None else self.threshold * ctx.n_rows
 
@@ -88,6 +89,9 @@ class SVI(DPPointLearner):
     def bound_kind(self) -> str:
         return "minibatch estimate" if self.opts["elbo"] == "minibatch" else "exact"
 
+    def bound_se(self) -> float | None:
+        return self.se if self.bound_kind() != "exact" else None
+
     def final_terms(self) -> ElboTerms | None:
         if self.bound_kind() == "exact" or self.vb is None:
             return None
@@ -106,6 +110,7 @@ class SVI(DPPointLearner):
         if self.opts["elbo"] == "minibatch":
             # unbiased: the posterior entering the step has not seen this minibatch (pipeline.learners.sga)
             terms = elbo_terms(scale_stats(res.stats, n / m), self.vb, self.ctx.prior)
+            self.se = minibatch_standard_error(n, m, res.log_norm_m2)
             self.vb = self._prune(new)
         else:
             self.vb = self._prune(new)
