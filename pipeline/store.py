@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from pipeline import integrity
+from pipeline import integrity, leftovers
 from pipeline.atomic import fsync_dir, rename
 from vbcore.errors import InputError, StoreError
 from vbcore.limits import check_magnitude
@@ -182,6 +182,8 @@ class FeatureStore:
                 # a kill before the journal's rename (``.tmp``) or in the commit (``.done``) leaves
                 # only a leftover that does not describe the store: remove it
                 _rollback(p)
+            if mode == "r+":
+                leftovers.clean(p)  # temporaries of killed ingests beside the store
             integrity.check_metadata(path)  # a truncated zarr.json is named, not a Zarr traceback
         try:
             group = zarr.open_group(path, mode="r+" if mode == "r+" else "r")
@@ -286,10 +288,11 @@ class FeatureStore:
         return self.append_batches([(X, labels, ids)], source=source, on_nonfinite=on_nonfinite)
 
     def append_batches(self, batches: Iterable[tuple[Any, Any, Any]], *, source: str = "",
-                       on_nonfinite: str = "raise") -> int:
+                       on_nonfinite: str = "raise", record: dict[str, Any] | None = None) -> int:
         """Append batches ``(X, labels, ids)`` as ONE atomic transaction, streaming (only one
         batch is in memory at a time). Returns the number of rows written; with
-        ``on_nonfinite='drop'`` rows with NaN/inf are skipped and counted in the append record."""
+        ``on_nonfinite='drop'`` rows with NaN/inf are skipped and counted in the append record;
+        ``record`` adds entries to it (ingest's ``source_fingerprint``)."""
         if not self.writable:
             raise StoreError(f"{self.path} is open read-only; open it with mode='r+' to append")
         if _is_url(self.path):
@@ -329,7 +332,7 @@ class FeatureStore:
                 written += rows.shape[0]
             appends = list(self.group.attrs.get("appends", []))  # type: ignore[arg-type]
             appends.append({"rows": written, "dropped_nonfinite": dropped, "source": source,
-                            "time": _now()})
+                            "time": _now(), **(record or {})})
             self.group.attrs.update({"n_rows": old_n + written, "fingerprint": fp, "appends": appends})
         except BaseException as exc:
             _rollback(root)
