@@ -156,12 +156,13 @@ def clean(target: str | os.PathLike[str]) -> Cleaned:
     parent = target.parent
     if "://" in str(target) or not parent.is_dir():
         return done
-    prefix = f".{target.name}.tmp-"
+    prefix, old_prefix = f".{target.name}.tmp-", f".{target.name}.old-"
     try:
-        names = [e.name for e in os.scandir(parent) if e.name.startswith(prefix)]
+        listing = os.listdir(parent)
     except OSError:
         return done
-    old = [parent / n for n in os.listdir(parent) if n.startswith(f".{target.name}.old-")]
+    names = [n for n in listing if n.startswith(prefix)]
+    old = [parent / n for n in listing if n.startswith(old_prefix)]
     temps = {n.removesuffix(WRITER) for n in names
              if "." not in n[len(prefix):].removesuffix(WRITER)}  # not the temps' own journals
     writers_left = False
