@@ -46,7 +46,7 @@ from pipeline.ingest.numpy_files import read_npy, read_npz
 from pipeline.ingest.plan import Batch, Plan, as_int
 from pipeline.ingest.synthetic import SYNTHETIC_DEFAULTS, read_synthetic, synthetic_class_sizes
 from pipeline.ingest.tables import read_csv, read_parquet
-from pipeline.ingest.writer import check_replaceable, counted, occupied, write_plan
+from pipeline.ingest.writer import check_target, counted, write_plan
 from vbcore.errors import ConfigError, InputError, StoreError
 
 __all__ = ["ingest", "IngestReport", "bundled_images", "synthetic_class_sizes", "SYNTHETIC_DEFAULTS",
@@ -126,34 +126,21 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
     out = Path(out)
     chunk_rows = as_int("chunk_rows", chunk_rows, minimum=1)
     batch_chunks = as_int("batch_chunks", batch_chunks, minimum=1)
-    if append and overwrite:
-        raise ConfigError("--append (append=True) and --overwrite (overwrite=True) contradict each other; "
-                          "pass one of them")
-    if append and not out.exists():
-        raise StoreError(f"{out}: no feature store to append to; leave out append to create one")
-    if not append and occupied(out):
-        if not overwrite:
-            raise StoreError(f"{out} already exists; pass --append (append=True) to add rows to it or "
-                             "--overwrite (overwrite=True) to replace it")
-        check_replaceable(out)
+    check_target(out, append, overwrite)
     plan = open_source(str(source), labels, ids, dict(options), chunk_rows)
-    try:
-        fp = source_fingerprint(str(source), labels, ids, options, chunk_rows)
-        if append and not allow_duplicate:
-            refuse_duplicate(out, str(source), fp)
-    except BaseException:
-        plan.close()
-        raise
     if progress is not None:
         plan.blocks = counted(plan.blocks, progress)
-    on_nonfinite = "drop" if drop_nonfinite else "raise"
     # Every chunk written here is full of rows, so zarr's per-chunk "is it all fill value?" scan (a
     # third of the write time on dense features) is wasted work: skip it.
     with contextlib.ExitStack() as stack:
-        stack.enter_context(zarr.config.set({"array.write_empty_chunks": True}))
         stack.callback(plan.close)
+        fp = source_fingerprint(str(source), labels, ids, options, chunk_rows)
+        if append and not allow_duplicate:
+            refuse_duplicate(out, str(source), fp)
+        stack.enter_context(zarr.config.set({"array.write_empty_chunks": True}))
         store, written = write_plan(plan, out, str(source), append, chunk_rows, batch_chunks,
-                                    on_nonfinite, compression_level, {"source_fingerprint": fp})
+                                    "drop" if drop_nonfinite else "raise", compression_level,
+                                    {"source_fingerprint": fp})
     record = store.attrs["appends"][-1]
     return IngestReport(path=str(out), rows_written=int(written),
                         rows_dropped=int(record.get("dropped_nonfinite", 0)),

@@ -14,7 +14,7 @@ from pipeline import leftovers
 from pipeline.atomic import replace_dir
 from pipeline.ingest.plan import Batch, Plan
 from pipeline.store import FeatureStore, journal_paths
-from vbcore.errors import StoreError
+from vbcore.errors import ConfigError, StoreError
 
 
 def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int, batch_chunks: int,
@@ -61,6 +61,21 @@ def counted(blocks: Callable[[int, int], Iterator[Batch]],
 def occupied(path: Path) -> bool:
     """True when ``path`` exists and is not an empty directory."""
     return path.exists() and not (path.is_dir() and not any(path.iterdir()))
+
+
+def check_target(out: Path, append: bool, overwrite: bool) -> None:
+    """Refuse a target that does not fit the mode: an append needs a store, a new store a free path
+    (``overwrite`` replaces only a feature store)."""
+    if append and overwrite:
+        raise ConfigError("--append (append=True) and --overwrite (overwrite=True) contradict each other; "
+                          "pass one of them")
+    if append and not out.exists():
+        raise StoreError(f"{out}: no feature store to append to; leave out append to create one")
+    if not append and occupied(out):
+        if not overwrite:
+            raise StoreError(f"{out} already exists; pass --append (append=True) to add rows to it or "
+                             "--overwrite (overwrite=True) to replace it")
+        check_replaceable(out)
 
 
 def check_replaceable(out: Path) -> None:
