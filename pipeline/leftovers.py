@@ -138,7 +138,8 @@ def _describe(rec: dict[str, object]) -> str:
 def _remove_temp(tmp: Path, done: Cleaned) -> None:
     """Remove a temporary, everything named after it (its store's append journals), then its record
     last, so that a cleaner killed half-way leaves a record for the next one."""
-    targets = [tmp] + [p for p in tmp.parent.glob(f"{tmp.name}.*") if p.name != tmp.name + WRITER]
+    own = [n for n in os.listdir(tmp.parent) if n.startswith(tmp.name + ".") and n != tmp.name + WRITER]
+    targets = [tmp] + [tmp.parent / n for n in own]  # (no glob: a store's name may hold [ or *)
     for p in targets:
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)

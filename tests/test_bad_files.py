@@ -1,6 +1,8 @@
 """Run integrity and bad files (issue 14): readers of a run verify the recorded sha256; every damaged
 file, bad config and failed write is one line naming the file (exit 2 bad input, 1 environment);
-values too large for float32 accumulation are refused at ingest with the source's own value."""
+values too large for float32 accumulation are refused at ingest with the source's own value (every
+reader), and in arrays given to the estimator by the limit of their own dtype; a duplicate append is
+one line."""
 
 import errno
 import json
