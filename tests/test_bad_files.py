@@ -287,8 +287,14 @@ def test_values_beyond_float32_accumulation_are_refused_with_the_source_value(tm
 
 
 @pytest.mark.parametrize("kind", ["h5", "parquet", "csv"])
-def test_readers_report_the_source_value_not_its_float32_cast(cli, kind):
+def test_readers_report_the_source_value_not_its_float32_cast(fitted, cli, kind):
     """HDF5, Parquet and CSV are checked before the cast to float32: 1e300, not "inf"."""
+    from pipeline.ingest import ingest
+
+    d = fitted / "cli"
+    with pytest.raises(InputError, match=rf"big\.{kind}: value 1e\+300 at row 7, column 2 is too large"):
+        ingest(str(d / f"big.{kind}"), d / f"big_{kind}_api.zarr", chunk_rows=4)  # (several batches)
+    assert not (d / f"big_{kind}_api.zarr").exists()
     line = _one_line(cli, f"big_{kind}")
     assert re.search(rf"big\.{kind}: value 1e\+300 at row 7, column 2 is too large: float32 "
                      r"accumulation over 4 features overflows beyond \|x\| = 2\.55e\+16", line), line

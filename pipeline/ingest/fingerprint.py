@@ -7,7 +7,8 @@ A fingerprint is the sha256 of a canonical JSON description of the rows a source
   name: a copy of the same file is the same source), the sha256 of every side file (the ``labels``/
   ``ids`` .npy files of a .npy source) and the options that choose what is read (``key``,
   ``dataset``, ``labels``, ``ids`` column names, ``ignore_columns``, ``delimiter``); one sequential
-  read of the file, about 1 GB/s (SHA-NI), before it is ingested;
+  extra read of the file before it is ingested (about a tenth of the ingest time of a .npy,
+  docs/operations.md);
 * ``synthetic``: its parameters (``rows``, ``dim``, ``classes``, ``seed`` with their defaults, and
   ``chunk_rows``, which the generator's streams follow);
 * ``digits`` and ``image:NAME``: the name and the options.
