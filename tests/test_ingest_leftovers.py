@@ -190,3 +190,19 @@ def test_synthetic_sources_are_told_apart_by_their_parameters(tmp_path, first, s
             ingest("synthetic", out, chunk_rows=16, append=True, **second)
     else:
         assert ingest("synthetic", out, chunk_rows=16, append=True, **second).n_rows == 80
+
+
+def test_image_stores_record_and_release_their_writer_too(tmp_path):
+    """Image folders are built through the same temporaries (pipeline.image_store): nothing is left
+    beside the store after a create and an overwrite, and a killed one's temporary is cleaned."""
+    from _extract_helpers import make_images, write_tiny_cnn
+
+    model = tmp_path / "tiny.onnx"
+    write_tiny_cnn(model)
+    root, out = tmp_path / "imgs", tmp_path / "img.zarr"
+    make_images(root, 6, seed=0)
+    opts = dict(extractor="onnx", model=str(model), chunk_rows=4, batch_images=4, shard_images=4)
+    dead = _fake_temp(out, {"host": socket.gethostname(), "pid": _dead_pid()})
+    assert ingest(str(root), out, **opts).n_rows == 6 and not dead.exists()
+    assert ingest(str(root), out, overwrite=True, **opts).n_rows == 6
+    assert [p.name for p in _temps(out)] == []
