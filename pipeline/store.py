@@ -3,7 +3,8 @@ optional ``labels`` (int64) and ``ids`` (int64 or strings).
 
 Group attributes: ``format``, ``schema_version``, ``n_rows``, ``n_features``, ``chunk_rows``,
 ``source``, ``extractor``, ``extractor_params``, ``fingerprint`` (a sha256 chained over every
-append), ``appends`` (one record per append), ``created`` and ``checksums`` (``crc32c``). Every chunk
+append), ``appends`` (one record per append; ingest adds the ``source_fingerprint``), ``created``
+and ``checksums`` (``crc32c``). Every chunk
 ends with its CRC-32C; :attr:`FeatureStore.fingerprint` of such a store derives from the chunk
 checksums, found when it is opened (see :mod:`pipeline.integrity`).
 
@@ -18,7 +19,8 @@ checksums, found when it is opened (see :mod:`pipeline.integrity`).
 Opening a store for writing rolls back any journal left by a killed append: metadata restored,
 chunks beyond the old extent deleted, the partial chunk's old rows rewritten; it also removes a
 ``.tmp`` journal (a kill before the transaction started) or a ``.done`` one (a kill in the commit,
-after which the store already holds the new rows). A reader that finds
+after which the store already holds the new rows), and the temporaries of killed ingests beside
+the store whose writer is gone (:mod:`pipeline.leftovers`). A reader that finds
 a journal it may not roll back is refused with a clear message. Stores opened through an fsspec URL
 are readable; appends need a local path.
 """
