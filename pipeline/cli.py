@@ -176,6 +176,8 @@ def ingest(
     append: bool = typer.Option(False, help="Append to an existing store (atomically)."),
     overwrite: bool = typer.Option(False, help="Replace an existing store once the new one is complete."),
     drop_nonfinite: bool = typer.Option(False, help="Drop rows with NaN/inf (counted) instead of failing."),
+    allow_duplicate: bool = typer.Option(False, help="Append a source the store already holds (same "
+                                         "source fingerprint); refused otherwise."),
     rows: int | None = typer.Option(None, help="synthetic: number of rows."),
     dim: int | None = typer.Option(None, help="synthetic: number of features."),
     classes: int | None = typer.Option(None, help="synthetic: number of classes."),
@@ -204,7 +206,8 @@ def ingest(
             t = bar.add_task(source, total=None)
             report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
                                 overwrite=overwrite, drop_nonfinite=drop_nonfinite,
-                                progress=lambda n: bar.advance(t, n), **opts)
+                                allow_duplicate=allow_duplicate, progress=lambda n: bar.advance(t, n),
+                                **opts)
     except (VBClusterError, OSError) as exc:
         fail(exc)
         return

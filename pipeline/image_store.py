@@ -8,8 +8,6 @@ records ``held``, ``n_skipped`` and the ``skipped`` images' ids.
 
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import leftovers
+from pipeline.atomic import replace_dir
 from pipeline.extractors import FeatureExtractor
 from pipeline.image_sources import ImageSet
 from pipeline.store import JOURNAL, FeatureStore
@@ -66,7 +66,7 @@ def create_store(out: Path, blocks: Iterator[Batch], source: str, chunk_rows: in
             drop: bool, level: int, ext: FeatureExtractor, params: dict[str, Any], labels: bool,
             images: ImageSet, todo: list[int], skipped: list[str]) -> int:
     """Build the store at a temporary sibling path and move it into place once complete."""
-    tmp = out.with_name(f"{out.name}.tmp-{secrets.token_hex(4)}")
+    tmp = leftovers.make_temp(out)  # .OUT.tmp-<random>, its writer recorded (pipeline.leftovers)
     try:
         store = FeatureStore.create(tmp, ext.n_features, chunk_rows=chunk_rows, labels=labels, ids="str",
                                     source=source, extractor=ext.name, extractor_params=params,
@@ -75,17 +75,14 @@ def create_store(out: Path, blocks: Iterator[Batch], source: str, chunk_rows: in
         written = store.append_batches(aligned(blocks, size, size), source=source,
                                        on_nonfinite="drop" if drop else "raise")
         record_images(store, images, todo, skipped)
-        old = out.with_name(f"{out.name}.old-{secrets.token_hex(4)}") if out.exists() else None
-        if old is not None:
-            os.replace(out, old)
         for j in ("", ".tmp", ".done"):
             shutil.rmtree(out.parent / (out.name + JOURNAL + j), ignore_errors=True)
-        os.replace(tmp, out)
-        if old is not None:
-            _remove_store(old)
+        replace_dir(tmp, out, discard=_remove_store)  # an old store is renamed aside, then removed
     except BaseException:
         _remove_store(tmp)
+        leftovers.release(tmp)
         raise
+    leftovers.release(tmp)
     return written
 
 

@@ -3,7 +3,8 @@ optional ``labels`` (int64) and ``ids`` (int64 or strings).
 
 Group attributes: ``format``, ``schema_version``, ``n_rows``, ``n_features``, ``chunk_rows``,
 ``source``, ``extractor``, ``extractor_params``, ``fingerprint`` (a sha256 chained over every
-append), ``appends`` (one record per append), ``created`` and ``checksums`` (``crc32c``). Every chunk
+append), ``appends`` (one record per append; ingest adds the ``source_fingerprint``), ``created``
+and ``checksums`` (``crc32c``). Every chunk
 ends with its CRC-32C; :attr:`FeatureStore.fingerprint` of such a store derives from the chunk
 checksums, found when it is opened (see :mod:`pipeline.integrity`).
 
@@ -18,7 +19,8 @@ checksums, found when it is opened (see :mod:`pipeline.integrity`).
 Opening a store for writing rolls back any journal left by a killed append: metadata restored,
 chunks beyond the old extent deleted, the partial chunk's old rows rewritten; it also removes a
 ``.tmp`` journal (a kill before the transaction started) or a ``.done`` one (a kill in the commit,
-after which the store already holds the new rows). A reader that finds
+after which the store already holds the new rows), and the temporaries of killed ingests beside
+the store whose writer is gone (:mod:`pipeline.leftovers`). A reader that finds
 a journal it may not roll back is refused with a clear message. Stores opened through an fsspec URL
 are readable; appends need a local path.
 """
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from pipeline import integrity
+from pipeline import integrity, leftovers
 from pipeline.atomic import fsync_dir, rename
 from vbcore.errors import InputError, StoreError
 from vbcore.limits import check_magnitude
@@ -182,6 +184,8 @@ class FeatureStore:
                 # a kill before the journal's rename (``.tmp``) or in the commit (``.done``) leaves
                 # only a leftover that does not describe the store: remove it
                 _rollback(p)
+            if mode == "r+":
+                leftovers.clean(p)  # temporaries of killed ingests beside the store
             integrity.check_metadata(path)  # a truncated zarr.json is named, not a Zarr traceback
         try:
             group = zarr.open_group(path, mode="r+" if mode == "r+" else "r")
@@ -286,10 +290,11 @@ class FeatureStore:
         return self.append_batches([(X, labels, ids)], source=source, on_nonfinite=on_nonfinite)
 
     def append_batches(self, batches: Iterable[tuple[Any, Any, Any]], *, source: str = "",
-                       on_nonfinite: str = "raise") -> int:
+                       on_nonfinite: str = "raise", record: dict[str, Any] | None = None) -> int:
         """Append batches ``(X, labels, ids)`` as ONE atomic transaction, streaming (only one
         batch is in memory at a time). Returns the number of rows written; with
-        ``on_nonfinite='drop'`` rows with NaN/inf are skipped and counted in the append record."""
+        ``on_nonfinite='drop'`` rows with NaN/inf are skipped and counted in the append record;
+        ``record`` adds entries to it (ingest's ``source_fingerprint``)."""
         if not self.writable:
             raise StoreError(f"{self.path} is open read-only; open it with mode='r+' to append")
         if _is_url(self.path):
@@ -329,7 +334,7 @@ class FeatureStore:
                 written += rows.shape[0]
             appends = list(self.group.attrs.get("appends", []))  # type: ignore[arg-type]
             appends.append({"rows": written, "dropped_nonfinite": dropped, "source": source,
-                            "time": _now()})
+                            "time": _now(), **(record or {})})
             self.group.attrs.update({"n_rows": old_n + written, "fingerprint": fp, "appends": appends})
         except BaseException as exc:
             _rollback(root)

@@ -1,9 +1,12 @@
 """Run integrity and bad files (issue 14): readers of a run verify the recorded sha256; every damaged
 file, bad config and failed write is one line naming the file (exit 2 bad input, 1 environment);
-values too large for float32 accumulation are refused at ingest with the source's own value."""
+values too large for float32 accumulation are refused at ingest with the source's own value (every
+reader), and in arrays given to the estimator by the limit of their own dtype; a duplicate append is
+one line."""
 
 import errno
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -99,6 +102,11 @@ def cli(fitted):
             old.append(np.random.default_rng(1).normal(size=(40, 3)))
     (d / "resume").mkdir()
     (d / "resume" / "run.json").write_text('{"store": ')
+    _value_sources(d)
+    from pipeline.ingest import ingest
+
+    np.save(d / "small.npy", np.random.default_rng(2).normal(size=(30, 3)))
+    ingest(str(d / "small.npy"), d / "dup.zarr", chunk_rows=8)
     cases = {
         "swapped": ["assign", str(swapped)],
         "trunc": ["assign", str(trunc)],
@@ -109,10 +117,29 @@ def cli(fitted):
                  "-q"],
         "resume": ["resume", str(d / "resume")],
         "old": ["fit", str(d / "old.zarr"), "--run-dir", str(d / "r3"), "-k", "2", "--max-iter", "3", "-q"],
+        "dup": ["ingest", str(d / "small.npy"), "--out", str(d / "dup.zarr"), "--append", "-q"],
+        "dup_allowed": ["ingest", str(d / "small.npy"), "--out", str(d / "dup.zarr"), "--append",
+                        "--allow-duplicate", "-q"],
+        **{f"big_{kind}": ["ingest", str(d / f"big.{kind}"), "--out", str(d / f"big_{kind}.zarr"), "-q"]
+           for kind in ("h5", "parquet", "csv")},
     }
     res = subprocess.run([sys.executable, "-c", BATCH, json.dumps(cases)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.splitlines()[-1])
+
+
+def _value_sources(d):
+    """HDF5, Parquet and CSV sources holding a float64 1e300 at row 7, column 2 (20 x 4)."""
+    import h5py
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    X = np.random.default_rng(3).normal(size=(20, 4))
+    X[7, 2] = 1e300
+    with h5py.File(d / "big.h5", "w") as f:
+        f["x"] = X
+    pq.write_table(pa.table({f"c{j}": X[:, j] for j in range(4)}), d / "big.parquet", row_group_size=5)
+    np.savetxt(d / "big.csv", X, delimiter=",", header="c0,c1,c2,c3", comments="", fmt="%.17g")
 
 
 def _one_line(cli, name, code=2):
@@ -259,8 +286,24 @@ def test_values_beyond_float32_accumulation_are_refused_with_the_source_value(tm
     assert FeatureStore.open(tmp_path / "ok.zarr").n_rows == 20
 
 
-def test_values_at_the_limit_fit_and_beyond_it_do_not():
-    """The limit is real: a fit of rows as large as the limit works; 100 times larger does not."""
+@pytest.mark.parametrize("kind", ["h5", "parquet", "csv"])
+def test_readers_report_the_source_value_not_its_float32_cast(fitted, cli, kind):
+    """HDF5, Parquet and CSV are checked before the cast to float32: 1e300, not "inf"."""
+    from pipeline.ingest import ingest
+
+    d = fitted / "cli"
+    with pytest.raises(InputError, match=rf"big\.{kind}: value 1e\+300 at row 7, column 2 is too large"):
+        ingest(str(d / f"big.{kind}"), d / f"big_{kind}_api.zarr", chunk_rows=4)  # (several batches)
+    assert not (d / f"big_{kind}_api.zarr").exists()
+    line = _one_line(cli, f"big_{kind}")
+    assert re.search(rf"big\.{kind}: value 1e\+300 at row 7, column 2 is too large: float32 "
+                     r"accumulation over 4 features overflows beyond \|x\| = 2\.55e\+16", line), line
+
+
+def test_values_at_the_limit_fit_and_beyond_it_do_not(monkeypatch):
+    """The limit is real: float32 rows as large as the limit fit; 100 times larger, float32 sums
+    overflow (unchecked, the fit fails with a misleading prior error), so they are refused naming row,
+    column and value; as float64 the same rows compute in float64 and fit."""
     from pipeline import VBMixture
 
     rng = np.random.default_rng(0)
@@ -269,9 +312,45 @@ def test_values_at_the_limit_fit_and_beyond_it_do_not():
     lim = max_abs_value(8)
     m = VBMixture(3, covariance_type="diag", max_iter=20, random_state=0).fit((X * lim).astype(np.float32))
     assert np.isfinite(m.lower_bound_)
-    with pytest.raises(ConfigError), np.errstate(all="ignore"):
-        VBMixture(3, covariance_type="diag", max_iter=20, random_state=0).fit(
-            (X * lim * 100).astype(np.float32))
+    big = (X * lim * 100).astype(np.float32)
+    with monkeypatch.context() as mp, np.errstate(all="ignore"):  # what the refusal prevents
+        mp.setattr("vbcore.validation.check_magnitude", lambda *a, **k: None)
+        with pytest.raises(ConfigError, match="non-finite"):
+            VBMixture(3, covariance_type="diag", max_iter=20, random_state=0).fit(big)
+    row, col = np.unravel_index(np.argmax(np.abs(big) > lim), big.shape)
+    with pytest.raises(InputError, match=rf"X: value {re.escape(repr(big[row, col].item()))} at row {row}, "
+                       rf"column {col} is too large: float32 accumulation over 8 features .* or pass "
+                       r"float64 data \(X\.astype\(np\.float64\)\)"):
+        VBMixture(3, covariance_type="diag", max_iter=20, random_state=0).fit(big)
+    with pytest.raises(InputError, match=r"too large: float32 accumulation"):
+        m.predict(big)
+    m64 = VBMixture(3, covariance_type="diag", max_iter=20, random_state=0).fit(big.astype(np.float64))
+    assert np.isfinite(m64.lower_bound_)
+    np.testing.assert_array_equal(m64.predict(big.astype(np.float64)), m.predict(X * lim))
+
+
+@pytest.mark.parametrize("value, dtype, shown", [
+    (1e100, np.float64, None), (1e200, np.float64, "1e+200"), (10**200, object, "1e+200"),
+    (1e20, np.float32, "1.0000000200408773e+20"),
+])
+def test_arrays_meet_the_limit_of_their_own_dtype(value, dtype, shown):
+    """float64 arrays (and others, converted to float64) compute in float64: 1e100 fits, beyond about
+    1e150 (float64's largest over the accumulation, 3 features) is refused naming the value; float32
+    arrays meet the float32 limit."""
+    from vbcore.validation import check_array_2d
+
+    X = np.random.default_rng(0).normal(size=(6, 3)).astype(dtype)
+    X[4, 1] = value
+    if shown is None:
+        assert check_array_2d(X)[4, 1] == value
+        return
+    acc = "float32" if dtype == np.float32 else "float64"
+    limit = max_abs_value(3, acc)
+    assert limit < abs(float(value))
+    with pytest.raises(InputError, match=rf"X: value {re.escape(shown)} at row 4, column 1 is too large: "
+                       rf"{acc} accumulation over 3 features overflows beyond \|x\| = "
+                       rf"{re.escape(f'{limit:.3g}')}; rescale"):
+        check_array_2d(X)
 
 
 def test_truncated_run_json_is_one_line_naming_it(fitted, cli):
@@ -308,3 +387,13 @@ def test_store_without_checksums_warns_once_in_one_line(fitted, cli):
     assert warned[0] == (f"warning: {old} has no chunk checksums (written by an older vbcluster): "
                          f"corrupted chunks cannot be detected; run `vbcluster check {old} --upgrade` "
                          "to add them")
+
+
+def test_a_duplicate_append_is_one_line_through_the_cli(fitted, cli):
+    d = fitted / "cli"
+    line = _one_line(cli, "dup")
+    assert re.fullmatch(rf"error: {re.escape(str(d / 'dup.zarr'))}: {re.escape(str(d / 'small.npy'))} was "
+                        r"already appended to this store on \S+ \(30 rows, as '.*small\.npy'; same source "
+                        r"fingerprint [0-9a-f]{12}\); pass --allow-duplicate \(allow_duplicate=True\) to "
+                        r"append it again", line), line
+    assert cli["dup_allowed"][0] == 0 and FeatureStore.open(d / "dup.zarr").n_rows == 60

@@ -17,6 +17,7 @@ import numpy as np
 from scipy import sparse
 
 from vbcore.errors import InputError, InputTypeError
+from vbcore.limits import check_magnitude
 
 __all__ = ["NUMERIC_KINDS", "check_layout", "row_is_finite", "check_finite", "as_rows"]
 
@@ -91,7 +92,8 @@ def as_rows(X: Any, where: str = "X", *, min_rows: int = 1) -> np.ndarray:
     Parameters
     ----------
     X : array-like of shape (n_samples, n_features)
-        Dense data (a scipy sparse matrix is refused).
+        Dense data (a scipy sparse matrix is refused); finite values whose squares overflow the
+        accumulation of their dtype are refused (:mod:`vbcore.limits`).
     where : str
         The data's name in messages.
     min_rows : int
@@ -120,6 +122,11 @@ def as_rows(X: Any, where: str = "X", *, min_rows: int = 1) -> np.ndarray:
     check_layout(arr.shape, arr.dtype, where, min_rows=min_rows, reshape_hint=True)
     arr = np.ascontiguousarray(arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
     check_finite(arr, where)
+    # |x| whose squares overflow the accumulation of the array's own dtype (vbcore.limits): float64
+    # arrays compute in float64, so only float32 ones meet the float32 limit
+    check_magnitude(arr, where, accumulate=arr.dtype,
+                    hint=", or pass float64 data (X.astype(np.float64)), which is computed in float64"
+                    if arr.dtype == np.float32 else "")
     return arr
 
 

@@ -37,14 +37,16 @@ from typing import Any
 
 import zarr
 
+from pipeline import leftovers
 from pipeline.ingest.bundled import MAX_IMAGE_PIXELS, bundled_images, read_digits, read_image
+from pipeline.ingest.fingerprint import find_duplicate, source_fingerprint
 from pipeline.ingest.hdf5 import read_hdf5
 from pipeline.ingest.images import IMAGE_SUFFIXES
 from pipeline.ingest.numpy_files import read_npy, read_npz
 from pipeline.ingest.plan import Batch, Plan, as_int
 from pipeline.ingest.synthetic import SYNTHETIC_DEFAULTS, read_synthetic, synthetic_class_sizes
 from pipeline.ingest.tables import read_csv, read_parquet
-from pipeline.ingest.writer import check_replaceable, counted, occupied, write_plan
+from pipeline.ingest.writer import check_target, counted, write_plan
 from vbcore.errors import ConfigError, InputError, StoreError
 
 __all__ = ["ingest", "IngestReport", "bundled_images", "synthetic_class_sizes", "SYNTHETIC_DEFAULTS",
@@ -71,7 +73,8 @@ class IngestReport:
 def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, labels: str | None = None,
            ids: str | None = None, append: bool = False, drop_nonfinite: bool = False,
            overwrite: bool = False, compression_level: int = 1, batch_chunks: int = 1,
-           progress: Callable[[int], None] | None = None, **options: Any) -> IngestReport:
+           progress: Callable[[int], None] | None = None, allow_duplicate: bool = False,
+           **options: Any) -> IngestReport:
     """Stream ``source`` into the feature store ``out``.
 
     Parameters
@@ -97,6 +100,9 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
         so 2 uses two cores; memory grows with it (about 3 x batch_chunks chunks).
     progress : callable, optional
         ``progress(rows)`` after each batch read from the source, with the number of rows in it.
+    allow_duplicate : bool
+        Append a source that the store already holds (same source fingerprint,
+        :mod:`pipeline.ingest.fingerprint`); refused by default.
     **options
         Source options (``key``, ``dataset``, ``ignore_columns``, ``delimiter``, ``extractor``,
         ``skip_unreadable``, ``batch_images``, ``downsample``, ``rows``, ``dim``, ``classes``,
@@ -109,6 +115,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
     # ---- image sources (folders, tar shards, image lists): sharded extraction in pipeline/extract.py --
     from pipeline.extract import ingest_images, is_image_source
 
+    leftovers.clean(out)  # temporaries of killed ingests into ``out`` whose writer is gone
     if is_image_source(str(source)):
         return ingest_images(str(source), out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
                              drop_nonfinite=drop_nonfinite, overwrite=overwrite,
@@ -119,33 +126,39 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
     out = Path(out)
     chunk_rows = as_int("chunk_rows", chunk_rows, minimum=1)
     batch_chunks = as_int("batch_chunks", batch_chunks, minimum=1)
-    if append and overwrite:
-        raise ConfigError("--append (append=True) and --overwrite (overwrite=True) contradict each other; "
-                          "pass one of them")
-    if append and not out.exists():
-        raise StoreError(f"{out}: no feature store to append to; leave out append to create one")
-    if not append and occupied(out):
-        if not overwrite:
-            raise StoreError(f"{out} already exists; pass --append (append=True) to add rows to it or "
-                             "--overwrite (overwrite=True) to replace it")
-        check_replaceable(out)
+    check_target(out, append, overwrite)
     plan = open_source(str(source), labels, ids, dict(options), chunk_rows)
     if progress is not None:
         plan.blocks = counted(plan.blocks, progress)
-    on_nonfinite = "drop" if drop_nonfinite else "raise"
     # Every chunk written here is full of rows, so zarr's per-chunk "is it all fill value?" scan (a
     # third of the write time on dense features) is wasted work: skip it.
     with contextlib.ExitStack() as stack:
-        stack.enter_context(zarr.config.set({"array.write_empty_chunks": True}))
         stack.callback(plan.close)
+        fp = source_fingerprint(str(source), labels, ids, options, chunk_rows)
+        if append and not allow_duplicate:
+            refuse_duplicate(out, str(source), fp)
+        stack.enter_context(zarr.config.set({"array.write_empty_chunks": True}))
         store, written = write_plan(plan, out, str(source), append, chunk_rows, batch_chunks,
-                                    on_nonfinite, compression_level)
+                                    "drop" if drop_nonfinite else "raise", compression_level,
+                                    {"source_fingerprint": fp})
     record = store.attrs["appends"][-1]
     return IngestReport(path=str(out), rows_written=int(written),
                         rows_dropped=int(record.get("dropped_nonfinite", 0)),
                         n_features=store.n_features, source=str(source),
                         elapsed_s=time.perf_counter() - t0, n_rows=store.n_rows,
                         skipped_files=tuple(plan.skipped))
+
+
+def refuse_duplicate(out: Path, source: str, fingerprint: str) -> None:
+    """Refuse to append a source whose fingerprint the store at ``out`` already records."""
+    from pipeline.store import FeatureStore
+
+    rec = find_duplicate(list(FeatureStore.open(out, "r").attrs.get("appends", [])), fingerprint)
+    if rec is not None:
+        raise StoreError(f"{out}: {source} was already appended to this store on {rec.get('time')} "
+                         f"({rec.get('rows')} rows, as {rec.get('source')!r}; same source fingerprint "
+                         f"{fingerprint[:12]}); pass --allow-duplicate (allow_duplicate=True) to append "
+                         "it again")
 
 
 # ---- choosing the reader ------------------------------------------------------------------------

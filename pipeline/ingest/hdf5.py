@@ -66,7 +66,8 @@ def read_hdf5(path: Path, labels: str | None, ids: str | None, options: dict[str
 
     def blocks(first: int, size: int) -> Iterator[Batch]:
         for s, e in row_slices(n, first, size):
-            x = np.empty((e - s, X.shape[1]), dtype=np.float32)
+            # the source's own dtype: the magnitude check sees 1e300, not the inf of a float32 cast
+            x = np.empty((e - s, X.shape[1]), dtype=X.dtype)
             if e > s:
                 X.read_direct(x, source_sel=np.s_[s:e])
             yield (x, None if side["labels"] is None else np.asarray(side["labels"][s:e]),

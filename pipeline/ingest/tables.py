@@ -10,6 +10,7 @@ import numpy as np
 
 from pipeline.ingest.plan import Batch, Plan, as_int, as_list, no_more_options
 from vbcore.errors import ConfigError, InputError
+from vbcore.limits import check_magnitude
 
 
 # ---- Parquet and CSV ----------------------------------------------------------------------------
@@ -47,14 +48,23 @@ def _columns(where: str, schema: Any, labels: str | None, ids: str | None,
     return feats
 
 
-def _arrow_batch(batch: Any, feats: list[str], labels: str | None, ids: str | None) -> Batch:
+def _arrow_batch(batch: Any, feats: list[str], labels: str | None, ids: str | None, where: str,
+                 first_row: int) -> Batch:
+    """One Arrow record batch as float32 features (labels, ids); each column's magnitudes are checked
+    in the column's own type before the cast, so 1e300 is reported as 1e300 (:mod:`vbcore.limits`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     X = np.empty((batch.num_rows, len(feats)), dtype=np.float32)
     for j, c in enumerate(feats):
         col = batch.column(c)
-        X[:, j] = pc.cast(col, pa.float32(), safe=False).to_numpy(zero_copy_only=False)
+        t = col.type
+        if pa.types.is_floating(t) or (pa.types.is_integer(t) and col.null_count == 0):
+            v = col.to_numpy(zero_copy_only=False)  # float (nulls as NaN) or int, as the source has it
+        else:
+            v = pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+        check_magnitude(v.reshape(-1, 1), where, first_row, n_features=len(feats), first_col=j)
+        X[:, j] = v
     lab = None
     if labels is not None:
         lab = batch.column(labels).to_numpy(zero_copy_only=False)
@@ -92,8 +102,10 @@ def read_parquet(path: Path, labels: str | None, ids: str | None, options: dict[
     wanted = feats + [c for c in (labels, ids) if c is not None]
 
     def blocks(first: int, size: int) -> Iterator[Batch]:
+        row = 0
         for batch in pf.iter_batches(batch_size=size, columns=wanted, use_threads=True):
-            yield _arrow_batch(batch, feats, labels, ids)
+            yield _arrow_batch(batch, feats, labels, ids, str(path), row)
+            row += batch.num_rows
 
     return Plan(len(feats), labels is not None, _arrow_id_kind(schema, ids), blocks,
                  extractor_params={"file": path.name, "columns": feats}, close=pf.close)
@@ -128,8 +140,10 @@ def read_csv(path: Path, labels: str | None, ids: str | None, options: dict[str,
         try:
             with pcsv.open_csv(path, read_options=read, parse_options=parse,
                                convert_options=convert) as reader:
+                row = 0
                 for batch in reader:
-                    yield _arrow_batch(batch, feats, labels, ids)
+                    yield _arrow_batch(batch, feats, labels, ids, str(path), row)
+                    row += batch.num_rows
         except pa.ArrowInvalid as exc:
             raise InputError(f"{path}: {exc}") from None
 

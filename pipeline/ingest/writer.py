@@ -6,26 +6,30 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from pipeline.atomic import replace_dir, temp_dir
+from pipeline import leftovers
+from pipeline.atomic import replace_dir
 from pipeline.ingest.plan import Batch, Plan
 from pipeline.store import FeatureStore, journal_paths
-from vbcore.errors import StoreError
+from vbcore.errors import ConfigError, StoreError
 
 
 def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int, batch_chunks: int,
-               on_nonfinite: str, compression_level: int) -> tuple[FeatureStore, int]:
-    """Append the plan's rows to the store at ``out``, or build a new store and move it there."""
+               on_nonfinite: str, compression_level: int,
+               record: dict[str, Any] | None = None) -> tuple[FeatureStore, int]:
+    """Append the plan's rows to the store at ``out``, or build a new store and move it there;
+    ``record`` goes into the append record (the source fingerprint)."""
     if append:
         store = FeatureStore.open(out, "r+")
         size = store.chunk_rows * batch_chunks
         first = store.chunk_rows - store.n_rows % store.chunk_rows  # then whole chunks
         written = store.append_batches(_aligned(plan.blocks(first, size), first, size), source=source,
-                                       on_nonfinite=on_nonfinite)
+                                       on_nonfinite=on_nonfinite, record=record)
         return store, written
-    tmp = temp_dir(out)  # a private sibling: .OUT.tmp-<random>
+    tmp = leftovers.make_temp(out)  # a private sibling .OUT.tmp-<random>, its writer recorded
     try:
         store = FeatureStore.create(
             tmp, plan.n_features, chunk_rows=chunk_rows, labels=plan.labels, ids=plan.ids, source=source,
@@ -33,11 +37,13 @@ def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int
             compression_level=compression_level)
         size = chunk_rows * batch_chunks
         written = store.append_batches(_aligned(plan.blocks(size, size), size, size), source=source,
-                                       on_nonfinite=on_nonfinite)
+                                       on_nonfinite=on_nonfinite, record=record)
         _move_into_place(tmp, out)
     except BaseException:
         _remove_store(tmp)
+        leftovers.release(tmp)
         raise
+    leftovers.release(tmp)  # after the old store (renamed aside) is gone too
     return FeatureStore.open(out, "r"), written
 
 
@@ -55,6 +61,21 @@ def counted(blocks: Callable[[int, int], Iterator[Batch]],
 def occupied(path: Path) -> bool:
     """True when ``path`` exists and is not an empty directory."""
     return path.exists() and not (path.is_dir() and not any(path.iterdir()))
+
+
+def check_target(out: Path, append: bool, overwrite: bool) -> None:
+    """Refuse a target that does not fit the mode: an append needs a store, a new store a free path
+    (``overwrite`` replaces only a feature store)."""
+    if append and overwrite:
+        raise ConfigError("--append (append=True) and --overwrite (overwrite=True) contradict each other; "
+                          "pass one of them")
+    if append and not out.exists():
+        raise StoreError(f"{out}: no feature store to append to; leave out append to create one")
+    if not append and occupied(out):
+        if not overwrite:
+            raise StoreError(f"{out} already exists; pass --append (append=True) to add rows to it or "
+                             "--overwrite (overwrite=True) to replace it")
+        check_replaceable(out)
 
 
 def check_replaceable(out: Path) -> None:
