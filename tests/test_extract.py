@@ -138,7 +138,8 @@ def test_in_process_and_two_workers_give_the_same_store(tiny, tmp_path, client):
     with pytest.raises(InputError, match=r"c1/broken\.png: cannot read the image"):
         ingest(str(tmp_path / "imgs"), tmp_path / "strict", cluster=client,
                **{**opts, "skip_unreadable": False})
-    assert not (tmp_path / "strict").exists() and not list(tmp_path.glob("strict*"))
+    # nothing is left: no store, no temporary (.strict.tmp-*) and no writer record
+    assert not (tmp_path / "strict").exists() and not list(tmp_path.glob("*strict*"))
 
 
 def test_append_extracts_only_new_images(tiny, tmp_path):
