@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import betaln, digamma, gammaln
 
-from vbcore.elbo import kl_gamma, kl_wishart
+from vbcore.elbo import elbo_terms, kl_gamma, kl_wishart
 from vbcore.kernels import (
     BLOCK_ROWS,
     Array,
@@ -137,22 +137,27 @@ def weight_terms(nk: np.ndarray, prior: Prior) -> np.ndarray:
 
 
 def total_elbo(stats: SuffStats, prior: Prior, reg_covar: float) -> float:
-    """The exact ELBO of q(Z) summarised by ``stats`` and its M-step, from the split terms."""
+    """The exact ELBO of q(Z) summarised by ``stats`` and its M-step, from the split terms ('tied',
+    whose terms do not split by component: :func:`vbcore.elbo.elbo_terms`)."""
     post = m_step(stats, prior, reg_covar)
+    if stats.pooled:
+        return elbo_terms(stats, post, prior).total
     return float(component_terms(stats, post, prior).sum() + weight_terms(stats.nk, prior) - stats.sum_rlogr)
 
 
 # ---- merges from statistics -----------------------------------------------------------------------
 def take_components(stats: SuffStats, idx: np.ndarray) -> SuffStats:
-    """The statistics of components ``idx`` (repeats allowed), without ``sum r ln r``."""
+    """The statistics of components ``idx`` (repeats allowed), without ``sum r ln r`` (not for a
+    pooled scatter)."""
     return SuffStats(nk=stats.nk[idx], mean=stats.mean[idx], scatter=stats.scatter[idx],
                      sum_rlogr=0.0, n_rows=stats.n_rows, shift=stats.shift)
 
 
 def removes_components(prior: Prior) -> bool:
     """Whether a merged (deleted) component leaves the model (DP: the truncation shrinks, as DP
-    pruning does) or stays as an empty component (finite Dirichlet: K is part of the model)."""
-    return prior.weight_type == "dirichlet_process"
+    pruning does) or stays as an empty component (finite Dirichlet: K is part of the model; 'tied':
+    its shared ``q(Lambda)`` has ``nu = nu0 + N / K``, so K stays, as VB EM never prunes it)."""
+    return prior.weight_type == "dirichlet_process" and prior.covariance_type != "tied"
 
 
 def merged_nk(nk: np.ndarray, pairs: np.ndarray, remove: bool = True) -> np.ndarray:
@@ -176,7 +181,12 @@ def merge_gain_bound(stats: SuffStats, pairs: np.ndarray, prior: Prior, reg_cova
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return np.zeros(0)
-    merged = merged_nk(stats.nk, pairs, removes_components(prior))
+    remove = removes_components(prior)
+    if stats.pooled:  # 'tied': one M-step and ELBO per pair (the shared q(Lambda) sees every merge)
+        base = total_elbo(stats, prior, reg_covar)
+        return np.array([total_elbo(apply_merges(stats, p[None], np.zeros(1), remove), prior, reg_covar)
+                         - base for p in pairs])
+    merged = merged_nk(stats.nk, pairs, remove)
     return _local_gain(stats, pairs, prior, reg_covar) + weight_terms(merged, prior) - weight_terms(
         stats.nk, prior)
 
@@ -194,6 +204,8 @@ def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: boo
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return stats
+    if stats.pooled:
+        return _apply_pooled_merges(stats, pairs, h, remove)
     both = take_components(stats, pairs[:, 0]).merge(take_components(stats, pairs[:, 1]))
     nk, mean, scatter = stats.nk.copy(), stats.mean.copy(), stats.scatter.copy()
     nk[pairs[:, 0]], mean[pairs[:, 0]], scatter[pairs[:, 0]] = both.nk, both.mean, both.scatter
@@ -204,6 +216,28 @@ def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: boo
         nk[pairs[:, 1]], mean[pairs[:, 1]], scatter[pairs[:, 1]] = 0.0, 0.0, 0.0
     return SuffStats(nk=nk[keep], mean=mean[keep], scatter=scatter[keep],
                      sum_rlogr=stats.sum_rlogr + float(np.sum(h)), n_rows=stats.n_rows, shift=stats.shift)
+
+
+def _apply_pooled_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: bool) -> SuffStats:
+    """:func:`apply_merges` for a pooled ('tied') scatter: the pooled within-component scatter gains
+    each pair's between term ``N_a N_b / (N_a + N_b) (xbar_a - xbar_b)(xbar_a - xbar_b)^T`` (Chan et al.)."""
+    a, b = pairs[:, 0], pairs[:, 1]
+    na, nb = stats.nk[a], stats.nk[b]
+    n = na + nb
+    safe = np.where(n > 0, n, 1.0)
+    delta = stats.mean[b] - stats.mean[a]
+    between = ((na * nb / safe)[:, None] * delta).T @ delta
+    nk, mean = stats.nk.copy(), stats.mean.copy()
+    nk[a], mean[a] = n, stats.mean[a] + delta * (nb / safe)[:, None]
+    keep = np.ones(nk.shape[0], dtype=bool)
+    if remove:
+        keep[b] = False
+    else:
+        nk[b], mean[b] = 0.0, 0.0
+    scatter = stats.scatter + 0.5 * (between + between.T)[None]
+    return SuffStats(nk=nk[keep], mean=mean[keep], scatter=scatter,
+                     sum_rlogr=stats.sum_rlogr + float(np.sum(h)), n_rows=stats.n_rows, shift=stats.shift,
+                     pooled=True)
 
 
 def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Prior,
@@ -223,6 +257,15 @@ def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Pri
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return pairs, 0.0
+    if stats.pooled:  # 'tied': the exact total of a set from its merged statistics
+        base = total_elbo(stats, prior, reg_covar)
+        remove = removes_components(prior)
+
+        def pooled_total(trial: list[int]) -> float:
+            return total_elbo(apply_merges(stats, pairs[trial], h[trial], remove), prior, reg_covar) - base
+
+        return greedy_disjoint(pairs, merge_gain_bound(stats, pairs, prior, reg_covar) - h, stats.nk.shape[0],
+                               pooled_total)
     local = _local_gain(stats, pairs, prior, reg_covar) - h
     w_now = float(weight_terms(stats.nk, prior))
     remove = removes_components(prior)
@@ -287,6 +330,8 @@ def propose_pairs(stats: SuffStats, post: Posterior, prior: Prior, reg_covar: fl
     m = post.means
     if post.covariance_type == "full":
         p = 1.0 / np.diagonal(post.covariances, axis1=1, axis2=2)
+    elif post.covariance_type == "tied":
+        p = np.broadcast_to(1.0 / np.diagonal(post.covariances), m.shape)
     else:
         p = post.precision_diagonal()
     s = np.sum(p * m * m, axis=1)
@@ -357,7 +402,8 @@ def move_kernel(chunk: Chunk, params: MoveParams) -> MoveResult:
     for i in range(0, chunk.n_rows, BLOCK_ROWS):
         j = min(i + BLOCK_ROWS, chunk.n_rows)
         feats = None if chunk.feats is None else chunk.feats[i:j, :]
-        sub = Chunk(x=chunk.x[i:j, :], feats=feats, shift=chunk.shift, diagonal=chunk.diagonal)
+        sub = Chunk(x=chunk.x[i:j, :], feats=feats, shift=chunk.shift, diagonal=chunk.diagonal,
+                    pooled=chunk.pooled)
         lr = log_rho(sub, params.estep)
         resp, log_norm, rlogr = normalise(lr)
         alt, alt_h = None, np.zeros(params.keep_pairs.shape[0])
@@ -385,10 +431,14 @@ def expand_stats(stats: SuffStats, keep: np.ndarray, k: int) -> SuffStats:
     """Statistics of the components ``keep`` placed back among ``k`` (the others empty)."""
     nk = np.zeros(k)
     mean = np.zeros((k, *stats.mean.shape[1:]))
-    scatter = np.zeros((k, *stats.scatter.shape[1:]))
-    nk[keep], mean[keep], scatter[keep] = stats.nk, stats.mean, stats.scatter
+    nk[keep], mean[keep] = stats.nk, stats.mean
+    if stats.pooled:
+        scatter = stats.scatter
+    else:
+        scatter = np.zeros((k, *stats.scatter.shape[1:]))
+        scatter[keep] = stats.scatter
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=stats.sum_rlogr, n_rows=stats.n_rows,
-                     shift=stats.shift)
+                     shift=stats.shift, pooled=stats.pooled)
 
 
 def reindex_pairs(pairs: np.ndarray, keep: np.ndarray, k: int) -> np.ndarray:

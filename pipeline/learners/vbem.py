@@ -57,9 +57,6 @@ class VBEM(TruncatedLearner):
     def check_spec(cls, spec: Any) -> None:
         super().check_spec(spec)
         opts = spec.learner_options
-        if spec.covariance == "tied" and opts.get("moves", "none") != "none":
-            raise ConfigError(f"learner option 'moves' of {cls.name!r} does not support covariance 'tied' "
-                              "(its shared precision depends on K); use moves=none")
         if int(opts.get("candidates", 0)) > 0 and spec.covariance not in TRUNCATED_COVARIANCES:
             raise ConfigError(f"learner option 'candidates' of {cls.name!r} does not support covariance "
                               f"{spec.covariance!r} yet; use candidates=0")
