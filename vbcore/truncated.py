@@ -73,6 +73,10 @@ class TruncParams:
     min_rows: int = 64
     rank: np.ndarray | None = None  # (K,) :func:`cluster_order` of ``neighbours``
     threads: int = 1  # run the two fixed halves of a chunk's blocks on two threads
+    #: extra per-chunk quantities from the chunk's final candidates and float64 weights:
+    #: ``hook(chunk, idx, resp, rlogr, stats)`` returns an object with ``merge`` (e.g. the move
+    #: quantities of :class:`vbcore.trunc_moves.TruncMoveRequest`), or None
+    hook: Any = None
 
     @property
     def n_components(self) -> int:
@@ -104,10 +108,12 @@ class TruncResult:
     log_norm: float
     scores: NeighbourScores
     evaluations: int
+    extra: Any = None  # what ``TruncParams.hook`` returned
 
     def merge(self, other: TruncResult) -> TruncResult:
+        extra = None if self.extra is None else self.extra.merge(other.extra)
         return TruncResult(self.stats.merge(other.stats), self.log_norm + other.log_norm,
-                           self.scores.merge(other.scores), self.evaluations + other.evaluations)
+                           self.scores.merge(other.scores), self.evaluations + other.evaluations, extra)
 
 
 def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int, n_random: int,
@@ -290,8 +296,9 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     stats = (_diag_stats(nk, g, sum_rlogr, chunk) if g is not None
              else _full_stats(chunk, idx, resp, nk, sum_rlogr))
     scores = _scores(keys, sums, counts)
+    extra = None if params.hook is None else params.hook(chunk, idx, resp, rlogr, stats)
     new_state = CandidateState(state.start, idx, resp.astype(np.float32))
-    return new_state, TruncResult(stats, float(np.sum(log_norm)), scores, evaluations)
+    return new_state, TruncResult(stats, float(np.sum(log_norm)), scores, evaluations, extra)
 
 
 @dataclass
