@@ -18,6 +18,11 @@ regular statistics, the pairs' entropy changes and the delete proposal's statist
 whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO, recomputed
 from the chosen statistics; the M-step follows as usual, so the reported ELBO history stays monotone.
 No random draw is involved: the moves are a function of the pass results, the same on every engine.
+
+With the truncated E-step (``candidates`` > 0) the round is the iteration's truncated pass itself, with
+the move quantities gathered by its hook (:meth:`Moves.truncated_request`, :mod:`vbcore.trunc_moves`);
+after the choice the learner relabels the candidate state with :attr:`Moves.relabelling`. 'tied' is
+covered too (:func:`vbcore.moves.merge_gain_bound`: one M-step per pair).
 """
 
 from __future__ import annotations
