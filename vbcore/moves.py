@@ -146,6 +146,10 @@ def total_elbo(stats: SuffStats, prior: Prior, reg_covar: float) -> float:
 
 
 # ---- merges from statistics -----------------------------------------------------------------------
+#: pairs per block of merged M-steps (:func:`_local_gain`)
+PAIR_BLOCK = 1024
+
+
 def take_components(stats: SuffStats, idx: np.ndarray) -> SuffStats:
     """The statistics of components ``idx`` (repeats allowed), without ``sum r ln r`` (not for a
     pooled scatter)."""
@@ -192,10 +196,16 @@ def merge_gain_bound(stats: SuffStats, pairs: np.ndarray, prior: Prior, reg_cova
 
 
 def _local_gain(stats: SuffStats, pairs: np.ndarray, prior: Prior, reg_covar: float) -> np.ndarray:
-    """``C(a + b) - C(a) - C(b)`` per pair: one M-step of the K components and one of the P merged."""
-    both = take_components(stats, pairs[:, 0]).merge(take_components(stats, pairs[:, 1]))
+    """``C(a + b) - C(a) - C(b)`` per pair: one M-step of the K components and one of the P merged
+    (in blocks of ``PAIR_BLOCK`` pairs, so a round's memory stays O(PAIR_BLOCK D) for large P)."""
     c = component_terms(stats, m_step(stats, prior, reg_covar), prior)
-    return component_terms(both, m_step(both, prior, reg_covar), prior) - c[pairs[:, 0]] - c[pairs[:, 1]]
+    out = np.empty(pairs.shape[0])
+    for i in range(0, pairs.shape[0], PAIR_BLOCK):
+        p = pairs[i:i + PAIR_BLOCK]
+        both = take_components(stats, p[:, 0]).merge(take_components(stats, p[:, 1]))
+        merged = component_terms(both, m_step(both, prior, reg_covar), prior)
+        out[i:i + PAIR_BLOCK] = merged - c[p[:, 0]] - c[p[:, 1]]
+    return out
 
 
 def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: bool = True) -> SuffStats:

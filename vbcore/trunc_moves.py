@@ -77,30 +77,30 @@ def candidate_pair_entropy(idx: np.ndarray, resp: np.ndarray, pairs: np.ndarray,
 def _delta_moments(chunk: Chunk, rows: np.ndarray, idx: np.ndarray, delta: np.ndarray,
                    k: int) -> tuple[np.ndarray, np.ndarray]:
     """``sum_n delta_nk x_n`` (K, D) and ``sum_n delta_nk x_n x_n^T`` (K, D, D; its diagonal (K, D) for
-    the diagonal families) over ``rows`` (their candidates ``idx`` and weight changes ``delta``),
-    float64 sums of GEMMs in the data's dtype."""
-    xp = array_namespace(chunk.x)
-    dt = chunk.x.dtype
+    the diagonal families) over ``rows`` (their candidates ``idx`` and weight changes ``delta``), in
+    float64: a sparse (K x m) @ (m x D) product per block of rows (``C'`` non-zeros per row, so
+    O(m C' D) whatever K), and for 'full' one (D x m_k) @ (m_k x D) product per touched cluster."""
+    from scipy.sparse import csr_matrix
+
     d = chunk.x.shape[1]
     diag = chunk.is_diagonal
     first = np.zeros((k, d))
     second = np.zeros((k, d) if diag else (k, d, d))
+    xp = array_namespace(chunk.x)
     for i in range(0, rows.size, BLOCK_ROWS):
         sl = slice(i, min(i + BLOCK_ROWS, rows.size))
-        x = xp.take(chunk.x, xp.asarray(rows[sl]), axis=0)
-        u, pos = np.unique(idx[sl], return_inverse=True)
-        dense = np.zeros((u.size, x.shape[0]))
-        dense[pos.reshape(idx[sl].shape), np.arange(x.shape[0])[:, None]] = delta[sl]
-        w = xp.asarray(dense, dtype=dt)
-        first[u] += to_numpy(w @ x)
+        x = np.asarray(to_numpy(xp.take(chunk.x, xp.asarray(rows[sl]), axis=0)), dtype=np.float64)
+        m, c = idx[sl].shape
+        w = csr_matrix((delta[sl].ravel(), (idx[sl].ravel(), np.repeat(np.arange(m), c))), shape=(k, m))
+        first += w @ x
         if diag:
-            second[u] += to_numpy(w @ (x * x))
+            second += w @ (x * x)
             continue
-        for j, comp in enumerate(u):  # full: one (D x m) @ (m x D) product per touched cluster
-            cols = np.flatnonzero(dense[j])
-            xs = xp.take(x, xp.asarray(cols), axis=0)
-            xw = xs * xp.asarray(dense[j, cols][:, None], dtype=dt)
-            second[comp] += to_numpy(xp.matrix_transpose(xw) @ xs)
+        wc = w.tocsr()
+        for comp in np.flatnonzero(np.diff(wc.indptr)):  # full: one product per touched cluster
+            cols = wc.indices[wc.indptr[comp]:wc.indptr[comp + 1]]
+            vals = wc.data[wc.indptr[comp]:wc.indptr[comp + 1]]
+            second[comp] += (x[cols] * vals[:, None]).T @ x[cols]
     return first, second
 
 
