@@ -66,7 +66,7 @@ def _data(name: str, folder: Path, seed: int, quick: bool) -> tuple[Any, np.ndar
 
 def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, moves: str, seed: int,
             quick: bool, fixed_iterations: int | None = None,
-            options: dict[str, Any] | None = None) -> dict[str, Any]:
+            options: dict[str, Any] | None = None, init: str = "k-means++") -> dict[str, Any]:
     """Fit ``learner`` with ``moves`` and return the study's row (plus ``elbo``, ``predictions``)."""
     from sklearn.metrics import normalized_mutual_info_score
 
@@ -84,7 +84,7 @@ def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, 
     if fixed_iterations is not None:  # the cost of the same number of iterations: no convergence test
         iters, kw["tol"] = fixed_iterations, 0.0
     model = VBMixture(k, covariance_type=ct, max_iter=iters, random_state=seed, learner=learner,
-                      learner_options=opts, init_params="k-means++", **kw)
+                      learner_options=opts, init_params=init, **kw)
     cpu, wall = time.process_time(), time.perf_counter()
     model.fit(data)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
