@@ -73,10 +73,7 @@ class TruncParams:
     min_rows: int = 64
     rank: np.ndarray | None = None  # (K,) :func:`cluster_order` of ``neighbours``
     threads: int = 1  # run the two fixed halves of a chunk's blocks on two threads
-    #: extra per-chunk quantities from the chunk's final candidates and float64 weights:
-    #: ``hook(chunk, idx, resp, rlogr, stats)`` returns an object with ``merge`` (e.g. the move
-    #: quantities of :class:`vbcore.trunc_moves.TruncMoveRequest`), or None
-    hook: Any = None
+    hook: Any = None  # extra per-chunk results: hook(chunk, idx, resp, rlogr, stats) -> has .merge
 
     @property
     def n_components(self) -> int:
@@ -111,9 +108,9 @@ class TruncResult:
     extra: Any = None  # what ``TruncParams.hook`` returned
 
     def merge(self, other: TruncResult) -> TruncResult:
-        extra = None if self.extra is None else self.extra.merge(other.extra)
         return TruncResult(self.stats.merge(other.stats), self.log_norm + other.log_norm,
-                           self.scores.merge(other.scores), self.evaluations + other.evaluations, extra)
+                           self.scores.merge(other.scores), self.evaluations + other.evaluations,
+                           None if self.extra is None else self.extra.merge(other.extra))
 
 
 def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int, n_random: int,
