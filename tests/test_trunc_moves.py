@@ -166,3 +166,28 @@ def test_truncated_moves_same_bits_on_dask(client) -> None:
     local = _fit(x, opts, **kw)
     assert local.n_components_ < 40
     _same_bits(_fit(x, opts, engine=client, **kw), local)
+
+
+def test_partition_shares() -> None:
+    from pipeline.studies.moves_sun397 import partition_shares
+
+    y = np.array([0, 0, 0, 0, 1, 1, 2, 2])
+    pred = np.array([5, 5, 7, 7, 5, 5, 9, 9])  # class 0 split in two, cluster 5 holds classes 0 and 1
+    whole, purity = partition_shares(y, pred)
+    assert whole == pytest.approx((2 + 2 + 2) / 8) and purity == pytest.approx((2 + 2 + 2) / 8)
+    assert partition_shares(y, y + 3) == (1.0, 1.0)
+
+
+def test_sun397_study_entry_on_a_small_store(tmp_path) -> None:
+    from pipeline.ingest import ingest
+    from pipeline.studies import read_table
+    from pipeline.studies.moves_sun397 import run_sun397
+
+    store = str(tmp_path / "s.zarr")
+    ingest("synthetic", store, chunk_rows=600, rows=1200, dim=16, classes=6, seed=0)
+    folder = run_sun397(tmp_path, store, truncation=20, vbem_iterations=4, candidates=3, neighbours=4,
+                        learners=("vbem",))
+    columns, rows = read_table(folder / "results")
+    assert columns[:3] == ["learner", "moves", "iterations"] and len(rows) == 2
+    assert [r[1] for r in rows] == ["none", "merge,delete"] and all(r[2] == "4" for r in rows)
+    assert (folder / "elbo.png").exists()
