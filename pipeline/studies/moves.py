@@ -66,7 +66,8 @@ def _data(name: str, folder: Path, seed: int, quick: bool) -> tuple[Any, np.ndar
 
 def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, moves: str, seed: int,
             quick: bool, fixed_iterations: int | None = None,
-            options: dict[str, Any] | None = None, init: str = "k-means++") -> dict[str, Any]:
+            options: dict[str, Any] | None = None, init: str = "k-means++",
+            **model: Any) -> dict[str, Any]:
     """Fit ``learner`` with ``moves`` and return the study's row (plus ``elbo``, ``predictions``)."""
     from sklearn.metrics import normalized_mutual_info_score
 
@@ -76,7 +77,7 @@ def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, 
 
     ct = LEARNERS[learner][0]
     opts: dict[str, Any] = {"moves": moves, **(options or {})}
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = dict(model)
     if learner != "vbem":
         opts.setdefault("minibatch", min(2000, len(y) // 4))
         kw["fixed_variance"] = estimate_fixed_variance(np.asarray(sample, dtype=np.float64), k, seed)

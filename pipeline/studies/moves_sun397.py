@@ -45,7 +45,8 @@ def partition_shares(y: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
 
 def run_sun397(out: Path, store: str, *, seed: int = 0, truncation: int = 1000, vbem_iterations: int = 16,
                sga_iterations: int = 60, candidates: int = 8, neighbours: int = 16,
-               learners: tuple[str, ...] = ("vbem", "sga-f"), init: str = "random_from_data") -> Path:
+               learners: tuple[str, ...] = ("vbem", "sga-f"), init: str = "random_from_data",
+               vbem_dof_prior: float | None = None) -> Path:
     """Run the study into ``out/moves_sun397`` and return that folder (see the module docstring)."""
     from pipeline.sources import StoreSource
 
@@ -60,7 +61,10 @@ def run_sun397(out: Path, store: str, *, seed: int = 0, truncation: int = 1000, 
     for learner in learners:
         kinds, iters, opts = plan[learner]
         for moves in ("none", kinds):
-            res = fit_one(store, y, sample, learner, truncation, moves, seed, False, iters, opts, init)
+            model = ({} if learner != "vbem" or vbem_dof_prior is None
+                     else {"degrees_of_freedom_prior": vbem_dof_prior})
+            res = fit_one(store, y, sample, learner, truncation, moves, seed, False, iters, opts, init,
+                          **model)
             curves[f"{learner} moves={moves}"] = res.pop("elbo")
             whole, purity = partition_shares(y, res.pop("predictions"))
             rows.append({"learner": learner, "moves": moves, "class kept whole": whole,
@@ -101,10 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sga-iterations", type=int, default=60)
     ap.add_argument("--candidates", type=int, default=8)
     ap.add_argument("--learners", default="vbem,sga-f")
+    ap.add_argument("--vbem-dof-prior", type=float, default=None, help="VB EM's nu0 (default: D)")
     a = ap.parse_args(argv)
     folder = run_sun397(Path(a.out), a.store, seed=a.seed, vbem_iterations=a.vbem_iterations,
                         sga_iterations=a.sga_iterations, candidates=a.candidates,
-                        learners=tuple(a.learners.split(",")))
+                        learners=tuple(a.learners.split(",")), vbem_dof_prior=a.vbem_dof_prior)
     print(f"wrote {folder}/README.md")
 
 
