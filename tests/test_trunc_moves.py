@@ -191,3 +191,25 @@ def test_sun397_study_entry_on_a_small_store(tmp_path) -> None:
     assert columns[:3] == ["learner", "moves", "iterations"] and len(rows) == 2
     assert [r[1] for r in rows] == ["none", "merge,delete"] and all(r[2] == "4" for r in rows)
     assert (folder / "elbo.png").exists()
+
+
+def test_partition_bounds_match_a_direct_computation(tmp_path) -> None:
+    from pipeline.ingest import ingest
+    from pipeline.sources import StoreSource
+    from pipeline.studies.moves_sun397 import partition_bounds
+
+    store = str(tmp_path / "b.zarr")
+    ingest("synthetic", store, chunk_rows=500, rows=1000, dim=8, classes=4, seed=1)
+    got = partition_bounds(store, (None, 1.0), truncation=10)
+    src = StoreSource(store)
+    x = np.concatenate([src.load(i) for i in range(2)]).astype(np.float64)
+    y = src.labels()
+    order = np.argsort(-np.bincount(y), kind="stable")
+    resp = (y[:, None] == order[None, :]).astype(np.float64)
+    for nu0, key in ((None, "D"), (1.0, "1")):
+        prior = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=10,
+                              data_mean=x.mean(0), data_covariance=x.var(0), degrees_of_freedom=nu0)
+        ref = _brute(x, resp, "diag", prior, x.mean(0)) / len(y)
+        one = _brute(x, np.ones((len(y), 1)), "diag", prior, x.mean(0)) / len(y)
+        assert got[f"nu0={key}: 4 classes"] == pytest.approx(ref, rel=1e-9)
+        assert got[f"nu0={key}: one component"] == pytest.approx(one, rel=1e-9)

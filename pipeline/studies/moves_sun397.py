@@ -43,6 +43,53 @@ def partition_shares(y: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
     return float(table.max(1).sum() / y.size), float(table.max(0).sum() / y.size)
 
 
+def partition_bounds(store: str, dof_priors: tuple[float | None, ...] = (None, 64.0, 1.0),
+                     truncation: int = 1000) -> dict[str, float]:
+    """The exact ELBO per row of the diagonal DP mixture (VB EM's model, its M-step) at two hard
+    partitions, one component and the store's classes (in descending size, the DP's order), under
+    the default prior with ``nu0`` = each of ``dof_priors`` (None: the default ``D``). Statistics by a
+    sparse one-hot product per chunk, float64: two passes over the store, O(N D)."""
+    from scipy.sparse import csr_matrix
+
+    from pipeline.sources import StoreSource
+    from vbcore.moves import total_elbo
+    from vbcore.priors import default_prior
+    from vbcore.stats import SuffStats
+
+    src = StoreSource(store)
+    y = np.asarray(src.labels(), dtype=np.int64)
+    slices = src.chunk_slices()
+    s1, s2 = 0.0, 0.0
+    for i in range(len(slices)):
+        x = np.asarray(src.load(i), dtype=np.float64)
+        s1, s2 = s1 + x.sum(0), s2 + (x * x).sum(0)
+    n = y.size
+    mean = s1 / n
+    var = s2 / n - mean**2
+    k = int(y.max()) + 1
+    sums, squares = np.zeros((2, k, mean.size)), np.zeros((2, k, mean.size))
+    for i, sl in enumerate(slices):
+        x = np.asarray(src.load(i), dtype=np.float64) - mean
+        for j, lab in enumerate((np.zeros(x.shape[0], dtype=np.int64), y[sl])):
+            w = csr_matrix((np.ones(lab.size), (lab, np.arange(lab.size))), shape=(k, lab.size))
+            sums[j] += w @ x
+            squares[j] += w @ (x * x)
+    out = {}
+    for j, name in enumerate(("one component", f"{k} classes")):
+        nk = np.bincount(np.zeros(n, np.int64) if j == 0 else y, minlength=k).astype(np.float64)
+        keep = np.argsort(-nk, kind="stable")[: 1 if j == 0 else k]
+        nk = nk[keep]
+        m = sums[j][keep] / nk[:, None]
+        stats = SuffStats(nk=nk, mean=m, scatter=np.maximum(squares[j][keep] - nk[:, None] * m * m, 0.0),
+                          sum_rlogr=0.0, n_rows=n, shift=mean)
+        for nu0 in dof_priors:
+            prior = default_prior(covariance_type="diag", weight_type="dirichlet_process",
+                                  n_components=truncation, data_mean=mean, data_covariance=var,
+                                  degrees_of_freedom=nu0)
+            out[f"nu0={'D' if nu0 is None else f'{nu0:g}'}: {name}"] = total_elbo(stats, prior, 0.0) / n
+    return out
+
+
 def run_sun397(out: Path, store: str, *, seed: int = 0, truncation: int = 1000, vbem_iterations: int = 16,
                sga_iterations: int = 60, candidates: int = 8, neighbours: int = 16,
                learners: tuple[str, ...] = ("vbem", "sga-f"), init: str = "random_from_data",
@@ -106,7 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--candidates", type=int, default=8)
     ap.add_argument("--learners", default="vbem,sga-f")
     ap.add_argument("--vbem-dof-prior", type=float, default=None, help="VB EM's nu0 (default: D)")
+    ap.add_argument("--bounds", action="store_true", help="only the ELBO of one component and of the classes")
     a = ap.parse_args(argv)
+    if a.bounds:
+        print(json.dumps(partition_bounds(a.store), indent=1))
+        return
     folder = run_sun397(Path(a.out), a.store, seed=a.seed, vbem_iterations=a.vbem_iterations,
                         sga_iterations=a.sga_iterations, candidates=a.candidates,
                         learners=tuple(a.learners.split(",")), vbem_dof_prior=a.vbem_dof_prior)
