@@ -19,6 +19,7 @@ from vbcore.moves import (
     pair_entropy,
     propose_pairs,
     reindex_pairs,
+    removes_components,
     select_merges,
     total_elbo,
     weight_terms,
@@ -71,7 +72,7 @@ def test_split_terms_sum_to_the_elbo(ct: str, wt: str) -> None:
 
 
 @pytest.mark.parametrize("wt", WEIGHT_TYPES)
-@pytest.mark.parametrize("ct", COV_TYPES)
+@pytest.mark.parametrize("ct", [*COV_TYPES, "tied"])
 def test_merge_change_equals_brute_force(ct: str, wt: str) -> None:
     x, resp = _data(1, n=250, k=5)
     k = resp.shape[1]
@@ -79,10 +80,14 @@ def test_merge_change_equals_brute_force(ct: str, wt: str) -> None:
     shift = x.mean(0)
     stats = _stats(x, resp, ct, shift)
     base = _brute(x, resp, ct, prior, shift)
+    if ct == "tied":
+        assert total_elbo(stats, prior, 0.0) == pytest.approx(base, rel=1e-12)
     pairs = np.array([[a, b] for a in range(k) for b in range(a + 1, k)])
     h = pair_entropy(resp, pairs)
     bound = merge_gain_bound(stats, pairs, prior, 0.0)
-    remove = wt == "dirichlet_process"  # DP: b leaves the truncation; finite: b stays, empty
+    # DP: b leaves the truncation; finite (and 'tied', whose q(Lambda) depends on K): b stays, empty
+    remove = removes_components(prior)
+    assert remove == (wt == "dirichlet_process" and ct != "tied")
     for (a, b), hab, gab in zip(pairs, h, bound, strict=True):
         merged = resp.copy()
         merged[:, a] += resp[:, b]
@@ -96,7 +101,7 @@ def test_merge_change_equals_brute_force(ct: str, wt: str) -> None:
         assert got == pytest.approx(ref, abs=1e-9 * max(1.0, abs(base)))
 
 
-@pytest.mark.parametrize("ct", ["full", "diag"])
+@pytest.mark.parametrize("ct", ["full", "diag", "tied"])
 def test_selected_merges_raise_the_exact_elbo_and_only_then(ct: str) -> None:
     # two components sit on one blob: merging them must be accepted; well-separated pairs must not
     rng = np.random.default_rng(2)
@@ -118,7 +123,7 @@ def test_selected_merges_raise_the_exact_elbo_and_only_then(ct: str) -> None:
         merged = resp.copy()
         merged[:, 0] += resp[:, 3]
         merged[:, 3] = 0.0
-        if wt == "dirichlet_process":
+        if removes_components(prior):
             merged = merged[:, :3]
         assert gain > 0
         assert gain == pytest.approx(_brute(x, merged, ct, prior, shift) - base, abs=1e-8)
@@ -129,7 +134,7 @@ def test_selected_merges_raise_the_exact_elbo_and_only_then(ct: str) -> None:
             m = resp.copy()
             m[:, a] += resp[:, b]
             m[:, b] = 0.0
-            if wt == "dirichlet_process":
+            if removes_components(prior):
                 m = np.delete(m, b, axis=1)
             assert _brute(x, m, ct, prior, shift) < base
 
@@ -242,16 +247,17 @@ def _occupied(m) -> int:
     return int(np.sum(m.posterior_.mean_precision - m.prior_.mean_precision >= 1.0))
 
 
-@pytest.mark.parametrize("ct", ["full", "diag", "spherical"])
+@pytest.mark.parametrize("ct", ["full", "diag", "spherical", "tied"])
 def test_vbem_with_moves_recovers_k_and_stays_monotone(ct: str) -> None:
     x, lab = _planted()
-    k = 16 if ct == "full" else 40  # full: one Cholesky per component and M-step (a loaded machine)
+    # full: one Cholesky per component and M-step; tied: one M-step per proposed pair (a loaded machine)
+    k = 16 if ct in ("full", "tied") else 40
     with_moves = _fit(x, covariance_type=ct, n_components=k)
     h = with_moves.lower_bounds_
     assert np.all(np.diff(h) >= -1e-9 * abs(h[-1]))
     assert with_moves.converged_
     assert _occupied(with_moves) == 8
-    if ct == "full":
+    if ct in ("full", "tied"):
         return
     without = _fit(x, covariance_type=ct, n_components=k, learner_options={"moves": "none"},
                    max_iter=with_moves.n_iter_)
@@ -454,3 +460,18 @@ def test_a_round_keeps_the_best_exact_elbo(kinds: str) -> None:
     np.testing.assert_allclose(chosen.mean, ref.mean, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(chosen.scatter, ref.scatter, rtol=1e-8, atol=1e-8)
     assert chosen.sum_rlogr == pytest.approx(ref.sum_rlogr, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("wt", WEIGHT_TYPES)
+def test_tied_low_rank_gain_equals_full_recomputation_with_reg_covar(wt: str) -> None:
+    """'tied' merges are evaluated by a rank-2 update of the shared scale matrix; with reg_covar > 0
+    its Tr W term counts too. Against the ELBO of the merged statistics' own M-step."""
+    x, resp = _data(10, n=300, d=4, k=6)
+    prior = _prior(x, "tied", wt, 6)
+    stats = _stats(x, resp, "tied", x.mean(0))
+    pairs = np.array([[a, b] for a in range(6) for b in range(a + 1, 6)])
+    for reg in (0.0, 0.05):
+        base = total_elbo(stats, prior, reg)
+        ref = [total_elbo(apply_merges(stats, p[None], np.zeros(1), False), prior, reg) - base for p in pairs]
+        np.testing.assert_allclose(merge_gain_bound(stats, pairs, prior, reg), ref, rtol=1e-9,
+                                   atol=1e-9 * abs(base))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import betaln, digamma, gammaln
 
-from vbcore.elbo import kl_gamma, kl_wishart
+from vbcore.elbo import elbo_terms, kl_gamma, kl_wishart
 from vbcore.kernels import (
     BLOCK_ROWS,
     Array,
@@ -49,6 +49,7 @@ from vbcore.mstep import m_step
 from vbcore.posterior import LOG_2PI, Posterior
 from vbcore.priors import Prior
 from vbcore.stats import SuffStats
+from vbcore.tied_moves import apply_pooled_merges, tied_merge_gain
 
 
 # ---- the ELBO split by component ---------------------------------------------------------------------
@@ -137,22 +138,31 @@ def weight_terms(nk: np.ndarray, prior: Prior) -> np.ndarray:
 
 
 def total_elbo(stats: SuffStats, prior: Prior, reg_covar: float) -> float:
-    """The exact ELBO of q(Z) summarised by ``stats`` and its M-step, from the split terms."""
+    """The exact ELBO of q(Z) summarised by ``stats`` and its M-step, from the split terms ('tied',
+    whose terms do not split by component: :func:`vbcore.elbo.elbo_terms`)."""
     post = m_step(stats, prior, reg_covar)
+    if stats.pooled:
+        return elbo_terms(stats, post, prior).total
     return float(component_terms(stats, post, prior).sum() + weight_terms(stats.nk, prior) - stats.sum_rlogr)
 
 
 # ---- merges from statistics -----------------------------------------------------------------------
+#: pairs per block of merged M-steps (:func:`_local_gain`)
+PAIR_BLOCK = 1024
+
+
 def take_components(stats: SuffStats, idx: np.ndarray) -> SuffStats:
-    """The statistics of components ``idx`` (repeats allowed), without ``sum r ln r``."""
+    """The statistics of components ``idx`` (repeats allowed), without ``sum r ln r`` (not for a
+    pooled scatter)."""
     return SuffStats(nk=stats.nk[idx], mean=stats.mean[idx], scatter=stats.scatter[idx],
                      sum_rlogr=0.0, n_rows=stats.n_rows, shift=stats.shift)
 
 
 def removes_components(prior: Prior) -> bool:
     """Whether a merged (deleted) component leaves the model (DP: the truncation shrinks, as DP
-    pruning does) or stays as an empty component (finite Dirichlet: K is part of the model)."""
-    return prior.weight_type == "dirichlet_process"
+    pruning does) or stays as an empty component (finite Dirichlet: K is part of the model; 'tied':
+    its shared ``q(Lambda)`` has ``nu = nu0 + N / K``, so K stays, as VB EM never prunes it)."""
+    return prior.weight_type == "dirichlet_process" and prior.covariance_type != "tied"
 
 
 def merged_nk(nk: np.ndarray, pairs: np.ndarray, remove: bool = True) -> np.ndarray:
@@ -176,16 +186,26 @@ def merge_gain_bound(stats: SuffStats, pairs: np.ndarray, prior: Prior, reg_cova
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return np.zeros(0)
-    merged = merged_nk(stats.nk, pairs, removes_components(prior))
+    remove = removes_components(prior)
+    merged = merged_nk(stats.nk, pairs, remove)
+    if stats.pooled:
+        return tied_merge_gain(stats, pairs, prior, reg_covar) + weight_terms(merged, prior) - weight_terms(
+            stats.nk, prior)
     return _local_gain(stats, pairs, prior, reg_covar) + weight_terms(merged, prior) - weight_terms(
         stats.nk, prior)
 
 
 def _local_gain(stats: SuffStats, pairs: np.ndarray, prior: Prior, reg_covar: float) -> np.ndarray:
-    """``C(a + b) - C(a) - C(b)`` per pair: one M-step of the K components and one of the P merged."""
-    both = take_components(stats, pairs[:, 0]).merge(take_components(stats, pairs[:, 1]))
+    """``C(a + b) - C(a) - C(b)`` per pair: one M-step of the K components and one of the P merged
+    (in blocks of ``PAIR_BLOCK`` pairs, so a round's memory stays O(PAIR_BLOCK D) for large P)."""
     c = component_terms(stats, m_step(stats, prior, reg_covar), prior)
-    return component_terms(both, m_step(both, prior, reg_covar), prior) - c[pairs[:, 0]] - c[pairs[:, 1]]
+    out = np.empty(pairs.shape[0])
+    for i in range(0, pairs.shape[0], PAIR_BLOCK):
+        p = pairs[i:i + PAIR_BLOCK]
+        both = take_components(stats, p[:, 0]).merge(take_components(stats, p[:, 1]))
+        merged = component_terms(both, m_step(both, prior, reg_covar), prior)
+        out[i:i + PAIR_BLOCK] = merged - c[p[:, 0]] - c[p[:, 1]]
+    return out
 
 
 def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: bool = True) -> SuffStats:
@@ -194,6 +214,8 @@ def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: boo
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return stats
+    if stats.pooled:
+        return apply_pooled_merges(stats, pairs, h, remove)
     both = take_components(stats, pairs[:, 0]).merge(take_components(stats, pairs[:, 1]))
     nk, mean, scatter = stats.nk.copy(), stats.mean.copy(), stats.scatter.copy()
     nk[pairs[:, 0]], mean[pairs[:, 0]], scatter[pairs[:, 0]] = both.nk, both.mean, both.scatter
@@ -223,6 +245,15 @@ def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Pri
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     if pairs.shape[0] == 0:
         return pairs, 0.0
+    if stats.pooled:  # 'tied': the exact total of a set from its merged statistics
+        base = total_elbo(stats, prior, reg_covar)
+        remove = removes_components(prior)
+
+        def pooled_total(trial: list[int]) -> float:
+            return total_elbo(apply_merges(stats, pairs[trial], h[trial], remove), prior, reg_covar) - base
+
+        return greedy_disjoint(pairs, merge_gain_bound(stats, pairs, prior, reg_covar) - h, stats.nk.shape[0],
+                               pooled_total)
     local = _local_gain(stats, pairs, prior, reg_covar) - h
     w_now = float(weight_terms(stats.nk, prior))
     remove = removes_components(prior)
@@ -287,6 +318,8 @@ def propose_pairs(stats: SuffStats, post: Posterior, prior: Prior, reg_covar: fl
     m = post.means
     if post.covariance_type == "full":
         p = 1.0 / np.diagonal(post.covariances, axis1=1, axis2=2)
+    elif post.covariance_type == "tied":
+        p = np.broadcast_to(1.0 / np.diagonal(post.covariances), m.shape)
     else:
         p = post.precision_diagonal()
     s = np.sum(p * m * m, axis=1)
@@ -357,7 +390,8 @@ def move_kernel(chunk: Chunk, params: MoveParams) -> MoveResult:
     for i in range(0, chunk.n_rows, BLOCK_ROWS):
         j = min(i + BLOCK_ROWS, chunk.n_rows)
         feats = None if chunk.feats is None else chunk.feats[i:j, :]
-        sub = Chunk(x=chunk.x[i:j, :], feats=feats, shift=chunk.shift, diagonal=chunk.diagonal)
+        sub = Chunk(x=chunk.x[i:j, :], feats=feats, shift=chunk.shift, diagonal=chunk.diagonal,
+                    pooled=chunk.pooled)
         lr = log_rho(sub, params.estep)
         resp, log_norm, rlogr = normalise(lr)
         alt, alt_h = None, np.zeros(params.keep_pairs.shape[0])
@@ -385,10 +419,14 @@ def expand_stats(stats: SuffStats, keep: np.ndarray, k: int) -> SuffStats:
     """Statistics of the components ``keep`` placed back among ``k`` (the others empty)."""
     nk = np.zeros(k)
     mean = np.zeros((k, *stats.mean.shape[1:]))
-    scatter = np.zeros((k, *stats.scatter.shape[1:]))
-    nk[keep], mean[keep], scatter[keep] = stats.nk, stats.mean, stats.scatter
+    nk[keep], mean[keep] = stats.nk, stats.mean
+    if stats.pooled:
+        scatter = stats.scatter
+    else:
+        scatter = np.zeros((k, *stats.scatter.shape[1:]))
+        scatter[keep] = stats.scatter
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=stats.sum_rlogr, n_rows=stats.n_rows,
-                     shift=stats.shift)
+                     shift=stats.shift, pooled=stats.pooled)
 
 
 def reindex_pairs(pairs: np.ndarray, keep: np.ndarray, k: int) -> np.ndarray:

@@ -73,6 +73,7 @@ class TruncParams:
     min_rows: int = 64
     rank: np.ndarray | None = None  # (K,) :func:`cluster_order` of ``neighbours``
     threads: int = 1  # run the two fixed halves of a chunk's blocks on two threads
+    hook: Any = None  # extra per-chunk results: hook(chunk, idx, resp, rlogr, stats) -> has .merge
 
     @property
     def n_components(self) -> int:
@@ -104,10 +105,12 @@ class TruncResult:
     log_norm: float
     scores: NeighbourScores
     evaluations: int
+    extra: Any = None  # what ``TruncParams.hook`` returned
 
     def merge(self, other: TruncResult) -> TruncResult:
         return TruncResult(self.stats.merge(other.stats), self.log_norm + other.log_norm,
-                           self.scores.merge(other.scores), self.evaluations + other.evaluations)
+                           self.scores.merge(other.scores), self.evaluations + other.evaluations,
+                           None if self.extra is None else self.extra.merge(other.extra))
 
 
 def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int, n_random: int,
@@ -290,8 +293,9 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     stats = (_diag_stats(nk, g, sum_rlogr, chunk) if g is not None
              else _full_stats(chunk, idx, resp, nk, sum_rlogr))
     scores = _scores(keys, sums, counts)
+    extra = None if params.hook is None else params.hook(chunk, idx, resp, rlogr, stats)
     new_state = CandidateState(state.start, idx, resp.astype(np.float32))
-    return new_state, TruncResult(stats, float(np.sum(log_norm)), scores, evaluations)
+    return new_state, TruncResult(stats, float(np.sum(log_norm)), scores, evaluations, extra)
 
 
 @dataclass

@@ -18,6 +18,11 @@ regular statistics, the pairs' entropy changes and the delete proposal's statist
 whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO, recomputed
 from the chosen statistics; the M-step follows as usual, so the reported ELBO history stays monotone.
 No random draw is involved: the moves are a function of the pass results, the same on every engine.
+
+With the truncated E-step (``candidates`` > 0) the round is the iteration's truncated pass itself, with
+the move quantities gathered by its hook (:meth:`Moves.truncated_request`, :mod:`vbcore.trunc_moves`);
+after the choice the learner relabels the candidate state with :attr:`Moves.relabelling`. 'tied' is
+covered too (:func:`vbcore.moves.merge_gain_bound`: one M-step per pair).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from vbcore.moves import (
 from vbcore.posterior import Posterior
 from vbcore.sga_stats import DPPoint, scale_stats, take_stats
 from vbcore.stats import SuffStats
+from vbcore.trunc_moves import TruncMoveRequest
 
 MOVE_KINDS = ("merge", "delete")
 #: the move options every learner with moves accepts, and their defaults
@@ -103,6 +109,8 @@ class Moves:
         #: what the last round did: merges accepted, components deleted, exact ELBO gain
         self.last_round: dict[str, float] = {}
         self.accepted = _EMPTY
+        #: (kept, moved) of the last round, old indices (see :func:`_relabelling`)
+        self.relabelling: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), _EMPTY)
 
     @property
     def active(self) -> bool:
@@ -149,43 +157,66 @@ class Moves:
         return True
 
     # -- the round -------------------------------------------------------------------------------
-    def run(self, ctx: Any, post: Posterior) -> SuffStats:
-        """One move round: the E-step pass with the move quantities, then the best exact ELBO."""
-        k = post.n_components
+    def _prepare(self, k: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """The proposals for a posterior of ``k`` components: (kept by the delete proposal or None,
+        the merge pairs in its indexing)."""
         self.pairs = self.pairs[(self.pairs < k).all(axis=1)]  # proposals are for this posterior's K
         self.deletes = self.deletes[self.deletes < k]
-        keep = None
-        if self.deletes.size:
-            keep = np.setdiff1d(np.arange(k), self.deletes)
-        keep_pairs = _EMPTY if keep is None else reindex_pairs(self.pairs, keep, k)
+        keep = np.setdiff1d(np.arange(k), self.deletes) if self.deletes.size else None
+        return keep, (_EMPTY if keep is None else reindex_pairs(self.pairs, keep, k))
+
+    def run(self, ctx: Any, post: Posterior) -> SuffStats:
+        """One move round: the E-step pass with the move quantities, then the best exact ELBO."""
+        keep, keep_pairs = self._prepare(post.n_components)
         params = MoveParams(estep_params(post, ctx.shift), self.pairs, keep, keep_pairs)
         res = ctx.engine.map_reduce(move_kernel, ctx.handles, params)
+        return self.choose(ctx, res.stats, res.h, res.alt, res.alt_h, keep, keep_pairs)
+
+    def truncated_request(self, k: int) -> TruncMoveRequest:
+        """The hook of a truncated pass that is a move round (:mod:`vbcore.trunc_moves`)."""
+        keep, keep_pairs = self._prepare(k)
+        return TruncMoveRequest(self.pairs, keep, keep_pairs)
+
+    def choose_truncated(self, ctx: Any, result: Any) -> SuffStats:
+        """The round's choice from a truncated pass run with :meth:`truncated_request`'s hook; a delete
+        proposal that leaves a row without a kept candidate is not a truncated q and is dropped."""
+        extra = result.extra
+        keep, keep_pairs = self._prepare(result.stats.nk.shape[0])
+        alt = extra.alt if extra.orphans == 0 else None
+        return self.choose(ctx, result.stats, extra.h, alt, extra.alt_h, keep, keep_pairs)
+
+    def choose(self, ctx: Any, stats: SuffStats, h: np.ndarray, alt: SuffStats | None, alt_h: np.ndarray,
+               keep: np.ndarray | None, keep_pairs: np.ndarray) -> SuffStats:
+        """Keep whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO.
+        Sets :attr:`relabelling` (kept components, moved ones) for the truncated E-step's state."""
         prior, reg = ctx.prior, ctx.reg_covar
+        k = stats.nk.shape[0]
         remove = removes_components(prior)
-        base = total_elbo(res.stats, prior, reg)
-        options = [(base, res.stats, _EMPTY, 0)]  # (exact ELBO, statistics, merged pairs, deleted)
-        acc, gain = select_merges(res.stats, self.pairs, res.h, prior, reg)
+        base = total_elbo(stats, prior, reg)
+        options = [(base, stats, _EMPTY, 0)]  # (exact ELBO, statistics, merged pairs, deleted)
+        acc, gain = select_merges(stats, self.pairs, h, prior, reg)
         if acc.shape[0]:
-            merged = apply_merges(res.stats, acc, res.h[_rows(self.pairs, acc)], remove)
-            options.append((base + gain, merged, acc, 0))
-        if res.alt is not None and keep is not None:
-            alt = res.alt if remove else expand_stats(res.alt, keep, k)
+            options.append((base + gain, apply_merges(stats, acc, h[_rows(self.pairs, acc)], remove), acc, 0))
+        alt_pairs = _EMPTY
+        if alt is not None and keep is not None:
+            alt = alt if remove else expand_stats(alt, keep, k)
             alt_pairs = keep_pairs if remove else keep[keep_pairs]
-            acc2, _ = select_merges(alt, alt_pairs, res.alt_h, prior, reg)
-            alt = apply_merges(alt, acc2, res.alt_h[_rows(alt_pairs, acc2)], remove)
+            acc2, _ = select_merges(alt, alt_pairs, alt_h, prior, reg)
+            alt = apply_merges(alt, acc2, alt_h[_rows(alt_pairs, acc2)], remove)
             options.append((total_elbo(alt, prior, reg), alt, acc2, int(self.deletes.size)))
         best = max(range(len(options)), key=lambda i: (options[i][0], -i))
-        value, stats, accepted, deleted = options[best]
-        if best and not total_elbo(stats, prior, reg) > base:  # re-verified on the chosen statistics
-            value, stats, accepted, deleted = options[0]
+        value, chosen, accepted, deleted = options[best]
+        if best and not total_elbo(chosen, prior, reg) > base:  # re-verified on the chosen statistics
+            value, chosen, accepted, deleted = options[0]
         if keep is not None:
             self.delete_limit = int(self.opts["delete_max"]) if deleted else max(1, self.delete_limit // 2)
         self.pending = bool(accepted.shape[0] or deleted)
         self.force = False
         #: the merged pairs of the last round (indices after its deletions, for the DP) and a summary
         self.accepted = accepted
+        self.relabelling = _relabelling(k, accepted, self.deletes if deleted else None, keep, remove)
         self.last_round = {"merges": int(accepted.shape[0]), "deleted": deleted, "gain": value - base}
-        return stats
+        return chosen
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
@@ -201,6 +232,24 @@ class Moves:
         self.deletes = np.asarray(state["moves_deletes"], dtype=np.int64).reshape(-1)
         pending, force, limit = (int(v) for v in np.asarray(state["moves_flags"]))
         self.pending, self.force, self.delete_limit = bool(pending), bool(force), limit
+
+
+def _relabelling(k: int, accepted: np.ndarray, deleted: np.ndarray | None, keep: np.ndarray | None,
+                 remove: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, moved) of a round in the old indexing (:meth:`pipeline.learners.truncated.TruncatedEStep.
+    relabel`): merged b -> a, deleted -> -1; ``accepted`` is in the indexing after the deletion when
+    components are removed."""
+    acc = np.asarray(accepted, dtype=np.int64).reshape(-1, 2)
+    moved = [np.zeros((0, 2), np.int64)]
+    survivors = np.arange(k)
+    if deleted is not None:
+        assert keep is not None
+        moved.append(np.stack((deleted, np.full(deleted.size, -1)), axis=1))
+        if remove:
+            survivors, acc = keep, keep[acc]
+    moved.append(acc[:, ::-1])
+    kept = np.setdiff1d(survivors, acc[:, 1]) if remove else np.arange(k)
+    return kept, np.concatenate(moved).astype(np.int64)
 
 
 def _rows(pairs: np.ndarray, chosen: np.ndarray) -> np.ndarray:

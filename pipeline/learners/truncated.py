@@ -21,6 +21,7 @@ moves through the neighbour lists every iteration.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -121,24 +122,32 @@ class TruncatedEStep:
                        pivot_clusters(k, self.candidates, self.n_neighbours, ctx.rng(RANDOM_TAG, 0)))
         self.remap = None
 
-    def run(self, post: Posterior, iteration: int) -> TruncResult:
-        """One pass: new candidate sets (kept on the engine), their statistics; new neighbour lists."""
+    def run(self, post: Posterior, iteration: int, hook: Any = None) -> TruncResult:
+        """One pass: new candidate sets (kept on the engine), their statistics; new neighbour lists.
+        ``hook``: extra per-chunk quantities (:attr:`vbcore.truncated.TruncParams.hook`, e.g. moves)."""
         ctx = self.ctx
         params = truncated_params(estep_params(post, ctx.shift), self.neighbours, self.candidates,
                                   self.n_random, ctx.seed, iteration, self.pivots, self.remap,
                                   self.search, self.block_rows, self.threads)
+        if hook is not None:
+            params = replace(params, hook=hook)
         self.states, result = ctx.engine.map_keep(one_thread_kernel, ctx.handles, self.states, params)
         self.remap = None
         self.evaluations = result.evaluations
         self.neighbours = update_neighbours(result.scores, self.neighbours)
         return result
 
-    def relabel(self, kept: np.ndarray) -> None:
-        """The components were reduced to ``kept`` (old indices of the new ones, in new order)."""
+    def relabel(self, kept: np.ndarray, moved: np.ndarray | None = None) -> None:
+        """The components were reduced to ``kept`` (old indices of the new ones, in new order).
+        ``moved`` (M, 2) old indices ``(j, t)``: the candidates j of the rows become t (a merge of j
+        into t), or are dropped where t is -1 (a delete), whether or not j is kept."""
         kept = np.asarray(kept, dtype=np.int64)
-        if kept.size == self.neighbours.shape[0] and np.array_equal(kept, np.arange(kept.size)):
+        moved = np.zeros((0, 2), np.int64) if moved is None else np.asarray(moved, np.int64).reshape(-1, 2)
+        same = kept.size == self.neighbours.shape[0] and np.array_equal(kept, np.arange(kept.size))
+        if same and moved.shape[0] == 0:
             return
         self.neighbours, remap = relabel_neighbours(self.neighbours, kept)
+        remap[moved[:, 0]] = np.where(moved[:, 1] >= 0, remap[np.maximum(moved[:, 1], 0)], -1)
         self.remap = compose_remaps(self.remap, remap)
         pivots = remap[self.pivots]
         self.pivots = pivots[pivots >= 0] if np.any(pivots >= 0) else np.arange(1)
@@ -208,10 +217,11 @@ class TruncatedLearner(Learner):
         if self.truncated is not None:
             self.truncated.start(post)
 
-    def relabel_components(self, kept: np.ndarray) -> None:
-        """The components are now ``kept`` (old indices, in their new order)."""
+    def relabel_components(self, kept: np.ndarray, moved: np.ndarray | None = None) -> None:
+        """The components are now ``kept`` (old indices, in their new order); ``moved`` as
+        :meth:`TruncatedEStep.relabel` (merges and deletes)."""
         if self.truncated is not None:
-            self.truncated.relabel(kept)
+            self.truncated.relabel(kept, moved)
 
     def state(self) -> dict[str, np.ndarray]:
         out = super().state()

@@ -3,7 +3,7 @@
 Options beyond the plain algorithm: the truncated E-step over candidate clusters per row
 (``candidates``, :mod:`pipeline.learners.truncated`; Forster & Lücke 2018) and merge/delete moves on
 the exact ELBO (``moves``, :mod:`pipeline.learners.moves`; Hughes & Sudderth 2013). Both are off by
-default; they are not combined yet.
+default; they combine (:mod:`vbcore.trunc_moves`).
 """
 
 from __future__ import annotations
@@ -49,17 +49,11 @@ class VBEM(TruncatedLearner):
     def check_options(cls, opts: dict[str, Any]) -> None:
         check_truncated_options(cls.name, opts)
         check_move_options(cls.name, opts)
-        if int(opts["candidates"]) > 0 and opts["moves"] != "none":
-            raise ConfigError(f"learner options 'candidates' and 'moves' of {cls.name!r} cannot be combined "
-                              "yet; use candidates=0 or moves=none")
 
     @classmethod
     def check_spec(cls, spec: Any) -> None:
         super().check_spec(spec)
         opts = spec.learner_options
-        if spec.covariance == "tied" and opts.get("moves", "none") != "none":
-            raise ConfigError(f"learner option 'moves' of {cls.name!r} does not support covariance 'tied' "
-                              "(its shared precision depends on K); use moves=none")
         if int(opts.get("candidates", 0)) > 0 and spec.covariance not in TRUNCATED_COVARIANCES:
             raise ConfigError(f"learner option 'candidates' of {cls.name!r} does not support covariance "
                               f"{spec.covariance!r} yet; use candidates=0")
@@ -71,7 +65,12 @@ class VBEM(TruncatedLearner):
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
         trunc = self.truncated
-        if trunc is not None:
+        if trunc is not None and self.moves.due(iteration):
+            k = self.post.n_components
+            stats = self.moves.choose_truncated(self.ctx, trunc.run(self.post, iteration,
+                                                                    self.moves.truncated_request(k)))
+            self.relabel_components(*self.moves.relabelling)
+        elif trunc is not None:
             stats = trunc.run(self.post, iteration).stats
         elif self.moves.due(iteration):
             stats = self.moves.run(self.ctx, self.post)

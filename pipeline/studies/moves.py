@@ -13,8 +13,8 @@ Per fit: K found (components holding at least one row), NMI, ACC, the ELBO per r
 and wall seconds, and CPU seconds per iteration (the moves' cost against the same learner without
 them). ``quick=True`` runs digits only with few iterations (seconds; the tests use it).
 
-The SUN397-shaped store (397 classes, 108,754 x 4096, truncation 1000) is too slow for a shared
-2-core machine; its command is in docs/studies.md.
+The SUN397-shaped store (397 classes, 108,754 x 4096, truncation 1000) has its own entry,
+:mod:`pipeline.studies.moves_sun397` (tens of minutes).
 """
 
 from __future__ import annotations
@@ -64,8 +64,11 @@ def _data(name: str, folder: Path, seed: int, quick: bool) -> tuple[Any, np.ndar
     return str(path), y, src.load(0)
 
 
-def _fit(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, moves: str, seed: int,
-         quick: bool, fixed_iterations: int | None = None) -> dict[str, Any]:
+def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, moves: str, seed: int,
+            quick: bool, fixed_iterations: int | None = None,
+            options: dict[str, Any] | None = None, init: str = "k-means++",
+            **model: Any) -> dict[str, Any]:
+    """Fit ``learner`` with ``moves`` and return the study's row (plus ``elbo``, ``predictions``)."""
     from sklearn.metrics import normalized_mutual_info_score
 
     from pipeline import VBMixture
@@ -73,16 +76,16 @@ def _fit(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, mov
     from vbcore.metrics import acc
 
     ct = LEARNERS[learner][0]
-    opts: dict[str, Any] = {"moves": moves}
-    kw: dict[str, Any] = {}
+    opts: dict[str, Any] = {"moves": moves, **(options or {})}
+    kw: dict[str, Any] = dict(model)
     if learner != "vbem":
-        opts["minibatch"] = min(2000, len(y) // 4)
+        opts.setdefault("minibatch", min(2000, len(y) // 4))
         kw["fixed_variance"] = estimate_fixed_variance(np.asarray(sample, dtype=np.float64), k, seed)
     iters = 8 if quick else (100 if learner == "vbem" else 60)
     if fixed_iterations is not None:  # the cost of the same number of iterations: no convergence test
         iters, kw["tol"] = fixed_iterations, 0.0
     model = VBMixture(k, covariance_type=ct, max_iter=iters, random_state=seed, learner=learner,
-                      learner_options=opts, init_params="k-means++", **kw)
+                      learner_options=opts, init_params=init, **kw)
     cpu, wall = time.process_time(), time.perf_counter()
     model.fit(data)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -97,7 +100,7 @@ def _fit(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, mov
             "NMI": float(normalized_mutual_info_score(y, pred)), "ACC": float(acc(y, pred)),
             "ELBO/row": float(model.lower_bound_ / len(y)), "iterations": int(model.n_iter_),
             "CPU s": cpu, "wall s": wall, "CPU s/iter": cpu / max(1, int(model.n_iter_)),
-            "elbo": [float(v) / len(y) for v in model.lower_bounds_]}
+            "elbo": [float(v) / len(y) for v in model.lower_bounds_], "predictions": pred}
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 0) -> Path:
@@ -111,15 +114,16 @@ def run(out: Path, *, quick: bool = False, seed: int = 0) -> Path:
         data, y, sample = _data(name, folder, seed, quick)
         for learner, (_, kinds) in LEARNERS.items():
             for moves in ("none", kinds):
-                res = _fit(data, y, sample, learner, k, moves, seed, quick)
+                res = fit_one(data, y, sample, learner, k, moves, seed, quick)
                 curves[f"{name} K={k} {learner} moves={moves}"] = res.pop("elbo")
+                res.pop("predictions")
                 rows.append({"data": name, "classes": classes, "truncation": k, "learner": learner,
                              "moves": moves, **res})
                 print(f"moves {name} K={k} {learner} moves={moves}: K found {res['K found']}, "
                       f"NMI {res['NMI']:.3f}, {res['wall s']:.1f} s", flush=True)
             if k == plan[-1][2] or (name == "planted" and k == 400):
                 n_it = 4 if quick else 20
-                cpu = [_fit(data, y, sample, learner, k, m, seed, quick, n_it)["CPU s"]
+                cpu = [fit_one(data, y, sample, learner, k, m, seed, quick, n_it)["CPU s"]
                        for m in ("none", kinds)]
                 cost.append([name, k, learner, kinds, n_it, cpu[0], cpu[1], cpu[1] / cpu[0]])
     (folder / "curves.json").write_text(json.dumps(curves))
