@@ -19,10 +19,12 @@
    bytes each pass moves between processes from Dask's own counters (every worker's
    ``transfer_outgoing_count_total`` and ``transfer_outgoing_bytes_total``: to peers and to the
    driver), against the model of docs/scaling.md (cross-worker merges of the fixed tree x the
-   statistics' size, plus the state fetched once per worker, plus the root to the driver).
+   statistics' size, plus the state fetched once per worker, plus the root to the driver);
+8. kernel-threads: the kernel in the main thread vs a pool thread, with minor page faults per call,
+   one fresh process per malloc / OpenBLAS environment setting.
 
-Run: `python bench/bench_engine.py [--only streaming,scaling,overhead,sun397,inworker,threads,many]
-[--workdir DIR]`.
+Run: `python bench/bench_engine.py [--only streaming,scaling,overhead,sun397,inworker,threads,many,
+kernel-threads] [--workdir DIR]`.
 """
 
 from __future__ import annotations
@@ -392,6 +394,56 @@ def many(workdir: str, n_workers: int = 8, rows_per_chunk: int = 32, d: int = 32
         cluster.close()
 
 
+def _kernel_threads_child(path: str, rounds: int = 3, repeat: int = 10) -> None:
+    """In this process: the kernel on the first chunk in the main thread and in a pool thread, with
+    the minor page faults per call (``RUSAGE_THREAD``); prints one line."""
+    import resource
+
+    from pipeline.sources import StoreSource
+    from vbcore.kernels import prepare_chunk
+
+    source = StoreSource(path)
+    shift, params = _params(source, 100)
+    chunk = prepare_chunk(source.load(0), shift, "diag")
+
+    def timed() -> tuple[float, float]:
+        faults = []
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        t = _time_kernel_here(chunk, params, repeat)
+        faults.append((resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before) / (repeat + 1))
+        return statistics.median(t), faults[0]
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    main_t, pool_t = [], []
+    for _ in range(rounds):  # interleaved
+        main_t.append(timed())
+        pool_t.append(pool.submit(timed).result())
+    m, p = (statistics.median(t for t, _ in x) for x in (main_t, pool_t))
+    fm, fp = (statistics.median(f for _, f in x) for x in (main_t, pool_t))
+    env = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                   if k.startswith(("MALLOC_", "OPENBLAS_"))) or "default environment"
+    print(f"  {env}: main thread {m * 1e3:.0f} ms ({fm:.0f} page faults per call), pool thread "
+          f"{p * 1e3:.0f} ms ({fp:.0f}) = {p / m:.2f}x", flush=True)
+
+
+def kernel_threads(workdir: str) -> None:
+    """The kernel in the main thread vs a pool thread, one fresh process per malloc/BLAS setting."""
+    import subprocess
+    import sys
+
+    path = os.path.join(workdir, "scale.zarr")
+    _make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)
+    print("kernel-threads: VB EM kernel on one 4,096 x 512 chunk, K=100, one BLAS thread")
+    settings = [{}, {"MALLOC_TRIM_THRESHOLD_": "65536"}, {"MALLOC_ARENA_MAX": "1"},
+                {"MALLOC_TRIM_THRESHOLD_": "1073741824", "MALLOC_MMAP_THRESHOLD_": "33554432"},
+                {"OPENBLAS_NUM_THREADS": "1"}, {"OPENBLAS_NUM_THREADS": "2"}]
+    code = f"import bench.bench_engine as b; b._kernel_threads_child({path!r})"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for extra in settings:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "OPENBLAS_"))}
+        subprocess.run([sys.executable, "-c", code], env={**env, **extra}, cwd=root, check=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="streaming,scaling,sun397")
@@ -415,6 +467,8 @@ def main() -> None:
             threads(workdir)
         if "many" in only:
             many(workdir)
+        if "kernel-threads" in only:
+            kernel_threads(workdir)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
