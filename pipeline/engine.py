@@ -16,6 +16,15 @@ One interface, two engines, one result:
   Dask) while the results are reduced as in ``map_reduce``: per-chunk learner state (NCG's logits
   and search direction) never travels to the driver. ``fetch_states`` gathers it (checkpoints) and
   ``place_states`` puts gathered state back (resume).
+
+**The same bits whatever the threads.** OpenBLAS splits a large GEMM differently for different thread
+counts, so its last bits depend on them. Every kernel therefore runs with one BLAS thread -- in
+process inside :func:`one_blas_thread` (held by the driver for the whole pass), on a Dask worker
+pinned for the worker's life (:func:`pin_one_blas_thread`) -- and the engines parallelise over chunks
+instead: the in-process engine with a pool of ``threads`` threads (NumPy releases the GIL in its
+GEMMs), a Dask cluster with its workers x threads. Chunk results are reduced over the fixed tree in
+chunk order, so a pass depends only on the data, the state and the chunking -- not on the BLAS
+threads, the pool's threads, nor how many workers there are.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +41,11 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from pipeline.blas import default_threads, one_blas_thread, pin_one_blas_thread
 from vbcore.errors import ConfigError
+
+__all__ = ["DaskEngine", "LocalEngine", "default_threads", "make_engine", "one_blas_thread",
+           "pin_one_blas_thread", "tree_pairs", "tree_reduce"]
 
 R = TypeVar("R", bound="Mergeable")
 
@@ -59,6 +73,31 @@ def _on_backend(array_backend: str, prep: Callable[..., Any], rows: Any, *args: 
 
         rows = cupy.asarray(rows)
     return prep(rows, *args)
+
+
+def _register_sizes() -> None:
+    """Teach Dask the size of dataclass results (chunk statistics, prepared chunks, learner state).
+
+    Dask's ``sizeof`` falls back to ``sys.getsizeof`` for objects it does not know: a 65 MB K x D
+    ``SuffStats`` counted as ~56 bytes, so its memory limits, spilling, transfer counters and the
+    choice of where a merge runs ignored the arrays inside. Registered for ``object``, it sums the
+    fields of dataclasses and falls back to ``sys.getsizeof`` for anything else, as Dask's default
+    does. Runs where this module is imported: the driver, and every worker on its first kernel.
+    """
+    try:
+        from dask.sizeof import sizeof
+    except ImportError:  # the in-process engine does not need Dask
+        return
+    import dataclasses
+
+    @sizeof.register(object)
+    def _sizeof_object(o: Any) -> int:
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            return 64 + sum(int(sizeof(getattr(o, f.name))) for f in dataclasses.fields(o))
+        return int(sys.getsizeof(o))
+
+
+_register_sizes()
 
 
 class Mergeable(Protocol):
@@ -130,18 +169,33 @@ def _materialise(handle: Any) -> Any:
     if isinstance(handle, Lazy):
         return handle.get()
     if isinstance(handle, tuple) and handle and handle[0] == "prep-rows":
-        # ("prep-rows", rows, prep, args): rows were scattered once; Dask resolved the future
+        # ("prep-rows", rows, prep, args): the rows are a task's result; Dask resolved the future
         _, rows, prep, args = handle
         return prep(rows, *args)
     return handle
 
 
 def _apply(kernel: Callable[..., Any], handle: Any, *args: Any) -> Any:
-    return kernel(_materialise(handle), *args)
+    chunk = _materialise(handle)
+    with one_blas_thread():
+        return kernel(chunk, *args)
 
 
 def _apply_item(kernel: Callable[..., Any], handle: Any, item: Any, *args: Any) -> Any:
-    return kernel(_materialise(handle), item, *args)
+    chunk = _materialise(handle)
+    with one_blas_thread():
+        return kernel(chunk, item, *args)
+
+
+def _apply_pinned(kernel: Callable[..., Any], handle: Any, *args: Any) -> Any:
+    """:func:`_apply` on a Dask worker: BLAS pinned to one thread for the worker's life."""
+    pin_one_blas_thread()
+    return _apply(kernel, handle, *args)
+
+
+def _apply_item_pinned(kernel: Callable[..., Any], handle: Any, item: Any, *args: Any) -> Any:
+    pin_one_blas_thread()
+    return _apply_item(kernel, handle, item, *args)
 
 
 def _identity(value: Any) -> Any:
@@ -157,18 +211,33 @@ def prepared_nbytes(source: Any, expansion: float) -> float:
 
 
 class LocalEngine:
-    """Runs kernels in this process, chunk after chunk."""
+    """Runs kernels in this process, ``threads`` chunks at a time, each with one BLAS thread.
+
+    Parameters
+    ----------
+    persist : {'always', 'auto', 'never'}
+    memory_limit : float
+        Bytes; ``persist='auto'`` keeps prepared chunks when they take at most half of it.
+    array_backend : {'numpy', 'cupy'}
+    threads : int, optional
+        Chunks processed at once (default: the cores this process may use). The result does not
+        depend on it (see the module's docstring); one chunk is one thread's work, so a source with
+        fewer chunks than threads leaves some threads idle.
+    """
 
     name = "local"
 
     def __init__(self, persist: str = "always", memory_limit: float = 4e9,
-                 array_backend: str = "numpy") -> None:
+                 array_backend: str = "numpy", threads: int | None = None) -> None:
         if persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r}")
         _check_backend(array_backend)
+        if threads is not None and (isinstance(threads, bool) or int(threads) != threads or threads < 1):
+            raise ConfigError(f"threads must be an integer >= 1, got {threads!r}")
         self.persist = persist
         self.memory_limit = memory_limit
         self.array_backend = array_backend
+        self.threads = default_threads() if threads is None else int(threads)
 
     def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0) -> list[Any]:
         if self.array_backend != "numpy":
@@ -189,10 +258,19 @@ class LocalEngine:
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
             per_chunk: Sequence[Any] | None = None) -> list[Any]:
-        """``kernel(chunk, *args)``, or ``kernel(chunk, per_chunk[i], *args)``, for every chunk."""
+        """``kernel(chunk, *args)``, or ``kernel(chunk, per_chunk[i], *args)``, for every chunk; the
+        results in chunk order."""
         if per_chunk is None:
-            return [_apply(kernel, h, *args) for h in handles]
-        return [_apply_item(kernel, h, item, *args) for h, item in zip(handles, per_chunk, strict=True)]
+            calls = [functools.partial(_apply, kernel, h, *args) for h in handles]
+        else:
+            calls = [functools.partial(_apply_item, kernel, h, item, *args)
+                     for h, item in zip(handles, per_chunk, strict=True)]
+        workers = min(self.threads, len(calls))
+        with one_blas_thread():  # held for the whole pass: the kernels' own entries only count
+            if workers <= 1:
+                return [call() for call in calls]
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vbcluster-pass") as pool:
+                return list(pool.map(lambda call: call(), calls))
 
     def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
                    per_chunk: Sequence[Any] | None = None) -> R:
@@ -225,22 +303,27 @@ class DaskEngine:
 
     Prepared chunks are persisted in worker memory when they fit (``persist='auto'``: at most half
     of the workers' total memory limit), otherwise every pass loads them from the source on the
-    workers (Zarr stores are read by the workers themselves; in-memory arrays are scattered once).
+    workers (Zarr stores are read by the workers themselves; in-memory arrays are sent once, as
+    tasks that Dask can rerun). ``contiguous`` (default) asks Dask to keep contiguous ranges of
+    chunks on each worker, so that most merges of the fixed tree are local (a hint; it never
+    changes the result).
     """
 
     name = "dask"
 
     def __init__(self, client: Any, persist: str = "auto", owns_client: bool = False,
-                 cluster: Any = None, array_backend: str = "numpy") -> None:
+                 cluster: Any = None, array_backend: str = "numpy", contiguous: bool = True) -> None:
         if persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r}")
         if array_backend not in ARRAY_BACKENDS:  # CuPy is checked on the workers, where it runs
             raise ConfigError(f"array_backend must be one of {ARRAY_BACKENDS}, got {array_backend!r}")
         self.array_backend = array_backend
+        self.contiguous = contiguous
         self.client = client
         self.persist = persist
         self.owns_client = owns_client
         self.cluster = cluster
+        self.code_checked = False  # the cluster runs this driver's code (checked on first prepare)
 
     def _worker_memory(self) -> float:
         workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
@@ -248,8 +331,20 @@ class DaskEngine:
         return float(sum(limits)) if all(limits) else float("inf")
 
     def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0) -> list[Any]:
-        from pipeline.sources import ArraySource, StoreSource
+        """Prepared chunks on the workers, each with a lineage Dask can replay when its worker dies.
 
+        * store: every task carries the (small) source and reads its chunk;
+        * in-memory array: every chunk's rows are the payload of a task (they travel to the
+          scheduler with it, as a scatter's do, and stay there while the fit holds the chunk), so a
+          chunk lost with a worker is rebuilt from them -- scattered data had no lineage;
+        * dask array: its blocks are computed on the cluster from the array's own graph.
+        """
+        from pipeline.codecheck import check_cluster_code
+        from pipeline.sources import ArraySource, DaskArraySource
+
+        if not self.code_checked:
+            check_cluster_code(self.client)
+            self.code_checked = True
         if self.array_backend != "numpy":
             prep = functools.partial(_on_backend, self.array_backend, prep)
 
@@ -258,29 +353,49 @@ class DaskEngine:
             self.persist == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self._worker_memory()
         )
         c = self.client
+        place = self._placement(n)
         if isinstance(source, ArraySource):
-            # the rows live on the driver: ship each chunk once; workers keep them
-            raw = c.scatter([source.load(i) for i in range(n)], hash=False)
+            raw = self._tasks([source.load(i) for i in range(n)], place)
             if not keep:
                 return [("prep-rows", f, prep, args) for f in raw]
-            return c.map(prep, raw, *[[a] * n for a in args], pure=False)
-        if not keep:
+            return self._each(prep, [(f, *args) for f in raw], place)
+        if not keep:  # every task carries the source and loads its chunk itself
             return [Lazy(source, i, prep, args) for i in range(n)]
+        if isinstance(source, DaskArraySource):
+            raw = c.compute(source.block_tasks())
+            return self._each(prep, [(f, *args) for f in raw], place)
         # A store source is a path and a few numbers: every task carries its own copy, so a chunk
-        # lost with a dead worker is recomputed from its lineage. Scattered data has none (and
-        # the Active Memory Manager trims a broadcast to one replica): lost, it stays lost.
-        src = source if isinstance(source, StoreSource) else c.scatter(source, broadcast=True, hash=False)
-        return c.map(_load_prep, [src] * n, range(n), [prep] * n, *[[a] * n for a in args], pure=False)
+        # lost with a dead worker is recomputed from its lineage.
+        return self._each(_load_prep, [(source, i, prep, *args) for i in range(n)], place)
 
-    def _broadcast(self, args: tuple[Any, ...]) -> list[Any]:
-        # Each piece of state is one task that returns it (its value travels to the scheduler in
-        # the task, as a scatter's does), so Dask recomputes it when the worker holding it dies.
-        # Scattered data has no lineage, and scatter(broadcast=True) waits forever for a worker
-        # that dies while the data is replicated. The scheduler keeps the state until the pass
-        # is done, knowingly: no "large graph" advice for states over 10 MB.
+    def _placement(self, n: int) -> list[list[str] | None]:
+        """Where chunk ``i`` should live: contiguous ranges of chunks per worker (in address order),
+        so the lower levels of the fixed reduction tree merge on one worker and only about one
+        result per worker crosses the network. A hint only (``allow_other_workers``): a lost
+        chunk is rebuilt anywhere, and the bits never depend on where a task ran."""
+        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"]) if self.contiguous else []
+        if not workers:
+            return [None] * n
+        return [[workers[i * len(workers) // n]] for i in range(n)]
+
+    def _each(self, func: Callable[..., Any], calls: Sequence[tuple[Any, ...]],
+              place: Sequence[list[str] | None]) -> list[Any]:
+        return [self.client.submit(func, *call, workers=w, allow_other_workers=w is not None, pure=False)
+                for call, w in zip(calls, place, strict=True)]
+
+    def _tasks(self, values: Sequence[Any], place: Sequence[list[str] | None] | None = None) -> list[Any]:
+        """One task per value that returns it: the value travels in the task, and Dask reruns the
+        task when the worker holding its result dies (scattered data has no lineage)."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-            return [self.client.submit(_identity, a, pure=False) for a in args]
+            return self._each(_identity, [(v,) for v in values], place or [None] * len(values))
+
+    def _broadcast(self, args: tuple[Any, ...]) -> list[Any]:
+        # Each piece of state is one task that returns it (see _tasks), so Dask recomputes it when
+        # the worker holding it dies; scatter(broadcast=True) also waited forever for a worker that
+        # died while the data was replicated. The scheduler keeps the state until the pass is done,
+        # knowingly: no "large graph" advice for states over 10 MB.
+        return self._tasks(args)
 
     def _submit(self, kernel: Callable[..., Any], handles: Sequence[Any], args: tuple[Any, ...],
                 per_chunk: Sequence[Any] | None) -> list[Any]:
@@ -288,8 +403,8 @@ class DaskEngine:
         futs = self._broadcast(args)
         rest = [[f] * n for f in futs]
         if per_chunk is None:
-            return self.client.map(_apply, [kernel] * n, list(handles), *rest, pure=False)
-        return self.client.map(_apply_item, [kernel] * n, list(handles), list(per_chunk), *rest,
+            return self.client.map(_apply_pinned, [kernel] * n, list(handles), *rest, pure=False)
+        return self.client.map(_apply_item_pinned, [kernel] * n, list(handles), list(per_chunk), *rest,
                                pure=False)
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
@@ -325,13 +440,17 @@ class DaskEngine:
         return list(self.client.gather(list(states)))
 
     def place_states(self, states: Sequence[Any], handles: Sequence[Any]) -> list[Any]:
-        """Scatter gathered per-chunk states, each to the worker holding its chunk when it is
-        persisted (elsewhere Dask moves it on first use)."""
+        """Send gathered per-chunk states, each to the worker holding its chunk when it is persisted
+        (elsewhere Dask moves it on first use), as tasks that return them: a state lost with its
+        worker is sent again from the scheduler's copy (see :meth:`_tasks`)."""
         where = self.client.who_has([h for h in handles if hasattr(h, "key")]) if handles else {}
         out = []
-        for state, h in zip(states, handles, strict=True):
-            workers = list(where.get(h.key, ())) if hasattr(h, "key") else []
-            out.append(self.client.scatter(state, workers=workers or None, hash=False))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+            for state, h in zip(states, handles, strict=True):
+                workers = list(where.get(h.key, ())) if hasattr(h, "key") else []
+                out.append(self.client.submit(_identity, state, workers=workers or None,
+                                              allow_other_workers=bool(workers), pure=False))
         return out
 
     def release(self, handles: Sequence[Any]) -> None:

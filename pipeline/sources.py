@@ -124,6 +124,11 @@ class DaskArraySource(_ArrayRows):
     def load(self, i: int) -> np.ndarray:
         return np.asarray(self.array.blocks[i].compute(scheduler="sync"), dtype=self.dtype)
 
+    def block_tasks(self) -> list[Any]:
+        """The row blocks as ``dask.delayed`` objects in the source's dtype, in row order: computed
+        on a cluster, each keeps the array's graph as its lineage."""
+        return list(self.array.astype(self.dtype).to_delayed().ravel())
+
     def describe(self) -> str:
         return f"dask array of shape {self.array.shape}"
 

@@ -14,6 +14,10 @@ process that dies; ``nanny=False`` passes ``--no-nanny``, so the ``dask worker``
 worker itself and one that dies stays dead. Such a worker gets the environment a nanny would set
 (``distributed.nanny.pre-spawn-environ``: one OpenMP/MKL/OpenBLAS thread), so both kinds compute
 the same bits.
+
+Every process gets the code under test first on ``PYTHONPATH`` (``code_root``: by default the
+checkout this process imported ``pipeline`` from), not the checkout that the virtual environment's
+editable install points at: a scheduler running other code cannot unpickle the driver's graphs.
 """
 
 from __future__ import annotations
@@ -61,12 +65,26 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         proc.wait()
 
 
-def _no_nanny_env() -> dict[str, str]:
-    """This environment plus what a nanny sets before it spawns its worker process."""
+def _code_env(code_root: str | None) -> dict[str, str]:
+    """This environment with ``code_root`` (default: where this process imported ``pipeline`` from)
+    first on ``PYTHONPATH``, so the processes run the code under test, not whatever checkout the
+    virtual environment's editable install points at (the scheduler unpickles every graph, a worker
+    every task, by importing the project's modules)."""
+    if code_root is None:
+        import pipeline
+
+        code_root = str(Path(pipeline.__file__ or "").resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (code_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _no_nanny_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` plus what a nanny sets before it spawns its worker process."""
     import dask
     import distributed  # noqa: F401 - loads distributed's config defaults
 
-    env = dict(os.environ)
+    env = dict(env)
     env.update({k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()})
     return env
 
@@ -85,8 +103,12 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
 
 
 @contextmanager
-def dask_scheduler_and_workers(n_workers: int = 2, nanny: bool = True) -> Iterator[str]:
-    """Start ``dask scheduler`` and ``n_workers`` ``dask worker`` processes; yield the scheduler address."""
+def dask_scheduler_and_workers(n_workers: int = 2, nanny: bool = True,
+                               code_root: str | None = None) -> Iterator[str]:
+    """Start ``dask scheduler`` and ``n_workers`` ``dask worker`` processes; yield the scheduler address.
+
+    They import the project from ``code_root`` (default: the code this process runs)."""
+    code_env = _code_env(code_root)
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     dask_cli = [sys.executable, "-m", "dask"]
@@ -94,7 +116,7 @@ def dask_scheduler_and_workers(n_workers: int = 2, nanny: bool = True) -> Iterat
     with tempfile.TemporaryDirectory(prefix="vbcluster-dask-") as tmp:
         logs = Path(tmp)
 
-        def spawn(name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        def spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
             with open(logs / f"{name}.log", "wb") as out:
                 proc = subprocess.Popen(
                     [*dask_cli, *args],
@@ -113,6 +135,7 @@ def dask_scheduler_and_workers(n_workers: int = 2, nanny: bool = True) -> Iterat
                 "scheduler",
                 ["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard",
                  "--dashboard-address", "127.0.0.1:0"],
+                code_env,
             )  # fmt: skip
             _wait_for_port(port, scheduler, logs / "scheduler.log")
             for i in range(n_workers):
@@ -123,7 +146,7 @@ def dask_scheduler_and_workers(n_workers: int = 2, nanny: bool = True) -> Iterat
                         "--host", "127.0.0.1", "--local-directory", tmp,
                         *([] if nanny else ["--no-nanny"]),
                     ],
-                    env=None if nanny else _no_nanny_env(),
+                    env=code_env if nanny else _no_nanny_env(code_env),
                 )  # fmt: skip
             yield address
         finally:
