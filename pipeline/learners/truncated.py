@@ -126,7 +126,7 @@ class TruncatedEStep:
         ctx = self.ctx
         params = truncated_params(estep_params(post, ctx.shift), self.neighbours, self.candidates,
                                   self.n_random, ctx.seed, iteration, self.pivots, self.remap,
-                                  self.search, self.block_rows, self.threads)
+                                  self.search, self.block_rows, self.threads, ctx.source.dtype)
         self.states, result = ctx.engine.map_keep(one_thread_kernel, ctx.handles, self.states, params)
         self.remap = None
         self.evaluations = result.evaluations
