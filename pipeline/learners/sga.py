@@ -25,6 +25,7 @@ from pipeline.learners import register
 from pipeline.learners.base import FitContext
 from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
 from pipeline.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
+from pipeline.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.posterior import Posterior
@@ -47,7 +48,7 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
 class _SGA(HardMovesMixin, DPPointLearner):
     method = "sga"
     options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch",
-               **HARD_MOVE_OPTIONS}  # merges: pipeline.learners.moves
+               **HARD_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS}  # merges: pipeline.learners.moves
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
@@ -80,6 +81,7 @@ class _SGA(HardMovesMixin, DPPointLearner):
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.point is not None and self.post is not None, "start() first"
         n = self.ctx.n_rows
+        self._iteration = iteration
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
         stats = self.apply_moves(iteration, self.hard_pass(self.point, handles, rows), n / m)
         grad = gradients(stats, self.point, self.ctx.prior, self.sigma2, n, self.a0)
