@@ -11,9 +11,11 @@
    time per iteration of scikit-learn's BayesianGaussianMixture and of our truncated and exact
    E-steps, and the NMI / ELBO difference truncated vs exact after ``--iters`` iterations;
 4. ``curve``: time per iteration for ``--curve-k`` at fixed N, D, exact and truncated (a PNG with
-   ``--plot``).
+   ``--plot``);
+5. ``sgaf``: sga-f with the candidate MAP search, ``--sgaf-iters`` iterations including loading
+   (``--sgaf-exact``: also without candidates).
 
-Run: ``python bench/bench_truncated.py [--parts sun,converge,sklearn,curve] [--rows 108754 --dim 4096]
+Run: ``python bench/bench_truncated.py [--parts sun,converge,sklearn,curve,sgaf] [--rows 108754 --dim 4096]
 [--workdir DIR] [--candidates 4 --neighbours 16]``. The store is made once in ``--workdir``.
 """
 
@@ -188,6 +190,27 @@ def part_sklearn(args, trunc: dict) -> None:
           f"ELBO/row {tr[1]:.4f} vs {ex[1]:.4f}", flush=True)
 
 
+def part_sgaf(args, trunc: dict) -> None:
+    """sga-f on the store, ``--sgaf-iters`` iterations from its own start, wall time including loading
+    the store, with and without the candidate search (same seed)."""
+    from pipeline import VBMixture
+    from pipeline.sources import StoreSource
+
+    store = _store(args.workdir, args.rows, args.dim, args.classes)
+    labels = StoreSource(store).labels()
+    print(f"\n[sgaf] sga-f, K={args.k}, {args.sgaf_iters} iterations, minibatch 4000, wall incl. loading")
+    runs = [("candidates", {"candidates": trunc["candidates"], "neighbours": trunc["neighbours"]})]
+    if args.sgaf_exact:
+        runs.append(("exact", {}))
+    for name, opts in runs:
+        t0 = time.perf_counter()
+        m = VBMixture(args.k, learner="sga-f", max_iter=args.sgaf_iters, tol=0.0, random_state=0,
+                      learner_options=opts).fit(store)
+        wall = time.perf_counter() - t0
+        print(f"  {name:10s}: {wall:6.1f} s wall (goal <= 30 s), NMI {_nmi(m, store, labels):.4f}, "
+              f"clusters {m.n_components_}, ELBO/row {m.lower_bound_ / len(labels):.4f}", flush=True)
+
+
 def part_curve(args, trunc: dict) -> None:
     store = _store(args.workdir, args.rows, args.dim, args.classes)
     print(f"\n[curve] seconds per iteration at N={args.rows}, D={args.dim} ({args.curve_iters} iterations, "
@@ -233,6 +256,8 @@ def main() -> None:
                     default=[100, 300, 1000, 3000])
     ap.add_argument("--curve-iters", type=int, default=4)
     ap.add_argument("--plot", default=None, help="write the cost curve here (PNG)")
+    ap.add_argument("--sgaf-iters", type=int, default=30)
+    ap.add_argument("--sgaf-exact", action="store_true", help="sgaf: also run sga-f without candidates")
     ap.add_argument("--start-cache", default=None, help="pickle the k-means starts here and reuse them")
     ap.add_argument("--no-exact-1t", dest="exact_1t", action="store_false",
                     help="sun: leave out the exact fit on one BLAS thread")
@@ -248,7 +273,8 @@ def main() -> None:
     trunc = {"candidates": args.candidates, "neighbours": args.neighbours, "search": args.search,
              "block_rows": args.block_rows}
     print(f"truncated E-step options: {trunc}")
-    parts = {"sun": part_sun, "converge": part_converge, "sklearn": part_sklearn, "curve": part_curve}
+    parts = {"sun": part_sun, "converge": part_converge, "sklearn": part_sklearn, "curve": part_curve,
+             "sgaf": part_sgaf}
     for name in args.parts.split(","):
         parts[name](args, trunc)
 
