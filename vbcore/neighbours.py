@@ -66,6 +66,9 @@ def update_neighbours(scores: NeighbourScores, previous: np.ndarray) -> np.ndarr
     out = np.full((k, g), -1, dtype=np.int32)
     out[:, 0] = np.arange(k)
     out[c[take], 1 + rank[take]] = s[take]
+    # clusters without scores (most of them after a minibatch pass) keep their previous list whole
+    alone = np.flatnonzero((out[:, 1:] < 0).all(axis=1) & (previous[:, 0] == np.arange(k)))
+    out[alone] = previous[alone]
     for j in np.flatnonzero((out < 0).any(axis=1)):
         have = out[j][out[j] >= 0]
         extra = [p for p in previous[j] if p >= 0 and p not in have]

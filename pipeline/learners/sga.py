@@ -63,6 +63,7 @@ class _SGA(HardMovesMixin, DPPointLearner):
             check_range(cls.name, "alpha", opts["alpha"], 0.0, 1.0)
 
     def _reorder(self, order: np.ndarray) -> None:
+        super()._reorder(order)  # the candidate search's stored candidates
         if self.velocity is not None:
             self.velocity = self.velocity.take(order)
 
