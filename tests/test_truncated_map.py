@@ -106,7 +106,8 @@ def _same_bits(a, b):
     assert a.n_iter_ == b.n_iter_
 
 
-@pytest.mark.parametrize(("learner", "extra"), [("mm", {}), ("sga-f", {"minibatch": 150})])
+@pytest.mark.parametrize(("learner", "extra"), [("mm", {}), ("sga-f", {"minibatch": 150}),
+                                                ("sga-f", {"minibatch": 150, "first_search": "pivots"})])
 def test_resume_is_bitwise(tmp_path, blobs, learner, extra):
     opts = {**extra, "candidates": 2, "neighbours": 4}
     kw = dict(n_components=20, tol=0.0, random_state=0, chunk_rows=200, learner=learner, learner_options=opts)
@@ -138,5 +139,7 @@ def test_options_are_checked(blobs):
         VBMixture(3, learner="mm", learner_options={"candidates": -1}).fit(blobs)
     with pytest.raises(ConfigError, match=r"learner option 'extra_steps' of 'sga-f' must be an integer >= 0"):
         VBMixture(3, learner="sga-f", learner_options={"candidates": 2, "extra_steps": -1}).fit(blobs)
+    with pytest.raises(ConfigError, match=r"learner option 'first_search' of 'sga' must be one of"):
+        VBMixture(3, learner="sga", learner_options={"candidates": 2, "first_search": "some"}).fit(blobs)
     with pytest.raises(ConfigError, match=r"options 'candidates' and 'moves' of 'mm' cannot be combined"):
         VBMixture(3, learner="mm", learner_options={"candidates": 2, "moves": "merge"}).fit(blobs)

@@ -197,8 +197,11 @@ def truncated_e_step(name: str, ctx: Any, opts: Mapping[str, Any]) -> TruncatedE
 
 #: the options of the MAP learners' candidate search (0 candidates: the exact argmax over all K);
 #: ``extra_steps``: searches more for rows that start from the pivots (never visited, or pruned)
+#: ``first_search``: how a row without candidates starts: 'all' (its exact argmax over all K, the
+#: default) or 'pivots' (ceil(sqrt(K G)) clusters from the seed, then ``extra_steps`` more searches:
+#: cheaper, but measured to find the exact label for only 35-53% of fresh rows, docs/benchmarks.md)
 MAP_SEARCH_OPTIONS: dict[str, Any] = {"candidates": 0, "neighbours": 16, "random_clusters": 1,
-                                      "block_rows": 64, "extra_steps": 1}
+                                      "block_rows": 64, "extra_steps": 1, "first_search": "all"}
 
 
 def check_map_search_options(name: str, opts: Mapping[str, Any]) -> None:
@@ -208,6 +211,9 @@ def check_map_search_options(name: str, opts: Mapping[str, Any]) -> None:
         if opts[key] < low:
             raise ConfigError(f"learner option {key!r} of {name!r} must be an integer >= {low}, "
                               f"got {opts[key]!r}")
+    if opts["first_search"] not in FIRST_SEARCH:
+        raise ConfigError(f"learner option 'first_search' of {name!r} must be one of {FIRST_SEARCH}, "
+                          f"got {opts['first_search']!r}")
     if int(opts["candidates"]) > 0 and opts.get("moves", "none") != "none":
         raise ConfigError(f"learner options 'candidates' and 'moves' of {name!r} cannot be combined "
                           "yet; use candidates=0 or moves=none")
@@ -239,7 +245,8 @@ class MapSearch(TruncatedEStep):
         mp = map_params(point, self.sigma2, ctx.shift)
         self.neighbours = map_initial_neighbours(mp.weights, mp.const, point.means - ctx.shift[None, :],
                                                  self.n_neighbours)
-        self.pivots = pivot_clusters(k, self.candidates, self.n_neighbours, ctx.rng(RANDOM_TAG, 0))
+        self.pivots = (np.arange(k) if self.first_search == "all" else
+                       pivot_clusters(k, self.candidates, self.n_neighbours, ctx.rng(RANDOM_TAG, 0)))
         self.states = [CandidateState(s) for s in self._starts()]
         self.remap = None
 
