@@ -5,7 +5,9 @@ neighbour lists ``G_c`` (``c`` first) of its best cluster (``search='best'``) or
 (``'all'``), and random clusters from the fit's seed (Hirschberger et al. 2022). The new ``K_n`` is
 the top ``C'`` of ``S_n`` by ``ln rho_nk`` (Kuusela et al. 2009 eq. 36) with ``q(z_n = k) = rho_nk /
 sum_{j in K_n} rho_nj`` there and zero elsewhere; the statistics (eqs. 30-32) have ``C'`` non-zeros
-per row and fill the same :class:`~vbcore.stats.SuffStats`, ``sum r ln r`` over the restricted q.
+per row: raw float64 sums (:class:`DiagSums`, diagonal families) or a :class:`~vbcore.stats.SuffStats`
+('full'), ``sum r ln r`` over the restricted q. The driver side (neighbour lists, pivots,
+relabelling) is :mod:`vbcore.neighbours`.
 
 Mean-field VB on the same model with a smaller family for q(Z): the exact ELBO is a true lower
 bound, and since ``S_n`` contains the previous ``K_n`` (worth ``ln sum_{k in K_n} rho_nk``), it

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.learners.base import FitContext, Learner
+from pipeline.learners.truncated import map_search
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.kernels import Chunk, array_namespace, to_numpy
@@ -138,8 +139,6 @@ class DPPointLearner(Learner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
-        from pipeline.learners.truncated import map_search
-
         #: the candidate search of the MAP labels (option ``candidates`` > 0), else None
         self.search = map_search(self.name, ctx, self.opts) if "candidates" in self.opts else None
         self._iteration = 0
