@@ -143,3 +143,20 @@ def test_options_are_checked(blobs):
         VBMixture(3, learner="sga", learner_options={"candidates": 2, "first_search": "some"}).fit(blobs)
     with pytest.raises(ConfigError, match=r"options 'candidates' and 'moves' of 'mm' cannot be combined"):
         VBMixture(3, learner="mm", learner_options={"candidates": 2, "moves": "merge"}).fit(blobs)
+
+
+@pytest.mark.parametrize("learner", ["mm", "sga-m"])
+def test_pruning_relabels_the_search_instead_of_restarting_it(blobs, monkeypatch, learner):
+    """Pruned and re-ordered clusters are relabelled in the stored candidates; the search starts
+    once per fit (a restart every iteration would forget every row's candidates)."""
+    from pipeline.learners.truncated import MapSearch
+
+    calls = []
+    original = MapSearch.start_point
+    monkeypatch.setattr(MapSearch, "start_point", lambda self, point: (calls.append(point.n_components),
+                                                                        original(self, point))[1])
+    m = VBMixture(n_components=20, max_iter=8, tol=0.0, random_state=0, chunk_rows=200, learner=learner,
+                  learner_options={"minibatch": 150, "candidates": 2, "neighbours": 4} if learner != "mm"
+                  else {"candidates": 2, "neighbours": 4}).fit(blobs)
+    assert m.n_components_ < 20
+    assert calls == [20]
