@@ -5,7 +5,9 @@ neighbour lists ``G_c`` (``c`` first) of its best cluster (``search='best'``) or
 (``'all'``), and random clusters from the fit's seed (Hirschberger et al. 2022). The new ``K_n`` is
 the top ``C'`` of ``S_n`` by ``ln rho_nk`` (Kuusela et al. 2009 eq. 36) with ``q(z_n = k) = rho_nk /
 sum_{j in K_n} rho_nj`` there and zero elsewhere; the statistics (eqs. 30-32) have ``C'`` non-zeros
-per row and fill the same :class:`~vbcore.stats.SuffStats`, ``sum r ln r`` over the restricted q.
+per row: raw float64 sums (:class:`DiagSums`, diagonal families) or a :class:`~vbcore.stats.SuffStats`
+('full'), ``sum r ln r`` over the restricted q. The driver side (neighbour lists, pivots,
+relabelling) is :mod:`vbcore.neighbours`.
 
 Mean-field VB on the same model with a smaller family for q(Z): the exact ELBO is a true lower
 bound, and since ``S_n`` contains the previous ``K_n`` (worth ``ln sum_{k in K_n} rho_nk``), it
@@ -25,6 +27,13 @@ from typing import Any
 import numpy as np
 
 from vbcore.kernels import BLOCK_ROWS, Chunk, EStepParams, array_namespace, to_numpy
+from vbcore.neighbours import (  # noqa: F401  (re-exported: the driver side of the search)
+    compose_remaps,
+    initial_neighbours,
+    pivot_clusters,
+    relabel_neighbours,
+    update_neighbours,
+)
 from vbcore.stats import SuffStats
 
 #: spawn-key tag of the random search clusters (kept apart from the other draws of a fit)
@@ -97,27 +106,67 @@ class NeighbourScores:
 
 
 @dataclass(frozen=True)
+class DiagSums:
+    """Raw float64 sums of the diagonal families' statistics over some chunks (rows shifted by
+    ``shift``): merged by plain adds (one pass over K x 2D), centred once by :meth:`to_stats`. The
+    pairwise-centred merge of :class:`~vbcore.stats.SuffStats` cost ~0.2 s per chunk at K = 1000,
+    D = 4096: more than the truncated E-step's GEMMs of the chunk."""
+
+    nk: np.ndarray  # (K,)
+    g: np.ndarray  # (K, 2D): [sum r x^2, sum r x]
+    sum_rlogr: float
+    n_rows: int
+    shift: np.ndarray  # (D,)
+
+    def merge(self, other: DiagSums) -> DiagSums:
+        if not (self.shift is other.shift or np.array_equal(self.shift, other.shift)):
+            raise ValueError("cannot merge statistics computed with different shifts")
+        return DiagSums(self.nk + other.nk, self.g + other.g, self.sum_rlogr + other.sum_rlogr,
+                        self.n_rows + other.n_rows, self.shift)
+
+    def to_stats(self) -> SuffStats:
+        """Centred statistics: ``mean = sum r x / N_k``, ``scatter = sum r x^2 - N_k mean^2``."""
+        nk, g = self.nk, self.g
+        d = g.shape[1] // 2
+        safe = np.where(nk > 0, nk, 1.0)
+        mean = g[:, d:] / safe[:, None]
+        scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
+        mean[nk <= 0] = 0.0
+        scatter[nk <= 0] = 0.0
+        return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=self.sum_rlogr, n_rows=self.n_rows,
+                         shift=self.shift)
+
+
+@dataclass(frozen=True)
 class TruncResult:
-    """What one truncated pass returns per chunk: statistics, ``sum_n ln sum_{k in K_n} rho_nk``, the
+    """What one truncated pass returns per chunk: statistics (raw :class:`DiagSums` for the diagonal
+    families, :class:`~vbcore.stats.SuffStats` for 'full'), ``sum_n ln sum_{k in K_n} rho_nk``, the
     neighbour scores and the number of (row, cluster) log-responsibilities evaluated."""
 
-    stats: SuffStats
+    sums: SuffStats | DiagSums
     log_norm: float
     scores: NeighbourScores
     evaluations: int
     extra: Any = None  # what ``TruncParams.hook`` returned
 
+    @property
+    def stats(self) -> SuffStats:
+        """The centred statistics (computed on each access)."""
+        return self.sums.to_stats() if isinstance(self.sums, DiagSums) else self.sums
+
     def merge(self, other: TruncResult) -> TruncResult:
-        return TruncResult(self.stats.merge(other.stats), self.log_norm + other.log_norm,
+        return TruncResult(self.sums.merge(other.sums), self.log_norm + other.log_norm,  # type: ignore[arg-type]
                            self.scores.merge(other.scores), self.evaluations + other.evaluations,
                            None if self.extra is None else self.extra.merge(other.extra))
 
 
 def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int, n_random: int,
                      seed: int | None, iteration: int, pivots: np.ndarray, remap: np.ndarray | None = None,
-                     search: str = "best", min_rows: int = 64, threads: int = 1) -> TruncParams:
-    """Bundle the posterior's E-step fold with the search settings (see :class:`TruncParams`)."""
-    wt = None if estep.weights is None else np.ascontiguousarray(estep.weights.T)
+                     search: str = "best", min_rows: int = 64, threads: int = 1,
+                     dtype: Any = np.float64) -> TruncParams:
+    """Bundle the posterior's E-step fold with the search settings (see :class:`TruncParams`);
+    ``dtype`` the data's (the diagonal weights are cast once here, not in every chunk)."""
+    wt = None if estep.weights is None else np.ascontiguousarray(estep.weights.T, dtype=dtype)
     k = int(estep.const.shape[0])
     nb = np.asarray(neighbours, dtype=np.int32)
     return TruncParams(estep, wt, nb, min(int(candidates), k), int(n_random), seed, int(iteration),
@@ -156,22 +205,22 @@ def _group_logits(chunk: Chunk, rows: np.ndarray, search: np.ndarray, params: Tr
     return const[None, :] - 0.5 * out
 
 
-def _search_set(prev: np.ndarray, bests: np.ndarray, params: TruncParams,
-                rng: np.random.Generator) -> np.ndarray:
-    """Sorted union of a block's candidates, the neighbour lists of its rows' best clusters
-    (``search='best'``) or of all their candidates (``search='all'``), and ``n_random`` random
-    clusters (more when the union has fewer than C' clusters)."""
-    k = params.n_components
+def search_set(prev: np.ndarray, bests: np.ndarray, neighbours: np.ndarray, candidates: int, n_random: int,
+               search: str, rng: np.random.Generator) -> np.ndarray:
+    """Sorted union of a block's candidates ``prev`` (m, C'), the neighbour lists (K, G) of its rows'
+    best clusters (``search='best'``) or of all their candidates (``search='all'``), and ``n_random``
+    random clusters (more when the union has fewer than C' clusters)."""
+    k = neighbours.shape[0]
     cand = prev[prev >= 0]
-    nb = params.neighbours[bests if params.search == "best" else cand].ravel()
-    parts = [cand, nb[nb >= 0], rng.integers(0, k, size=params.n_random)]
-    search = np.unique(np.concatenate(parts))
-    while search.size < params.candidates:
-        search = np.unique(np.concatenate((search, rng.integers(0, k, size=params.candidates))))
-    return search
+    nb = neighbours[bests if search == "best" else cand].ravel()
+    parts = [cand, nb[nb >= 0], rng.integers(0, k, size=n_random)]
+    out = np.unique(np.concatenate(parts))
+    while out.size < candidates:
+        out = np.unique(np.concatenate((out, rng.integers(0, k, size=candidates))))
+    return out
 
 
-def _top(logits: np.ndarray, c: int) -> np.ndarray:
+def top_columns(logits: np.ndarray, c: int) -> np.ndarray:
     """Column indices of each row's ``c`` largest values, largest first (ties: lower column)."""
     if c < logits.shape[1]:
         part = np.argpartition(-logits, c - 1, axis=1)[:, :c]
@@ -182,7 +231,7 @@ def _top(logits: np.ndarray, c: int) -> np.ndarray:
     return np.take_along_axis(part, np.argsort(-vals, axis=1, kind="stable"), axis=1)
 
 
-def _blocks(skey: np.ndarray, k: int, min_rows: int) -> list[tuple[int, int, np.ndarray]]:
+def row_blocks(skey: np.ndarray, k: int, min_rows: int) -> list[tuple[int, int, np.ndarray]]:
     """Row blocks of a chunk sorted by ``skey`` (the rank of each row's best cluster; ``k``: none):
     consecutive groups of one best cluster are joined until a block has ``min_rows`` rows. Returns
     (first, stop, starts of its groups relative to first)."""
@@ -269,7 +318,7 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     key = np.where(best >= 0, rank[np.maximum(best, 0)], k)
     order = np.argsort(key, kind="stable")
     out = _Out(np.empty((n, c), dtype=np.int32), np.empty((n, c)), np.empty(n), np.empty(n))
-    blocks = _blocks(key[order], k, params.min_rows)
+    blocks = row_blocks(key[order], k, params.min_rows)
     half = next((i for i, b in enumerate(blocks) if b[0] >= n // 2), len(blocks))
     parts = [blocks[:half], blocks[half:]]  # a fixed split: the same bits on 1 or 2 threads
 
@@ -290,10 +339,11 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     idx, resp, log_norm, rlogr = out.idx, out.resp, out.log_norm, out.rlogr
     nk = np.bincount(idx.ravel(), weights=resp.ravel(), minlength=k)
     sum_rlogr = float(np.sum(rlogr))
-    stats = (_diag_stats(nk, g, sum_rlogr, chunk) if g is not None
+    stats = (DiagSums(nk, g, sum_rlogr, chunk.n_rows, chunk.shift) if g is not None
              else _full_stats(chunk, idx, resp, nk, sum_rlogr))
     scores = _scores(keys, sums, counts)
-    extra = None if params.hook is None else params.hook(chunk, idx, resp, rlogr, stats)
+    extra = None if params.hook is None else params.hook(
+        chunk, idx, resp, rlogr, stats.to_stats() if isinstance(stats, DiagSums) else stats)
     new_state = CandidateState(state.start, idx, resp.astype(np.float32))
     return new_state, TruncResult(stats, float(np.sum(log_norm)), scores, evaluations, extra)
 
@@ -329,11 +379,12 @@ def _run_blocks(chunk: Chunk, blocks: list[tuple[int, int, np.ndarray]], order: 
     for first, stop, sub in blocks:
         rows = order[first:stop]
         bests = prev[rows[sub], 0]
-        search = np.arange(k) if bests[0] < 0 else _search_set(prev[rows], bests, params, rng)
+        search = np.arange(k) if bests[0] < 0 else search_set(
+            prev[rows], bests, params.neighbours, c, params.n_random, params.search, rng)
         feats = _features(chunk, rows) if diag else None
         logits = _group_logits(chunk, rows, search, params, w, feats)
         part.evaluations += logits.size
-        top = _top(logits, c)
+        top = top_columns(logits, c)
         sel = np.take_along_axis(logits, top, axis=1)
         mx = sel[:, :1]
         lse = mx[:, 0] + np.log(np.sum(np.exp(sel - mx), axis=1))
@@ -368,19 +419,8 @@ def _add_group_moments(g: np.ndarray, feats: Any, cand: np.ndarray, r: np.ndarra
     # weights under the dtype's normal range add nothing representable to the sums, and subnormal
     # operands slow the GEMM down 50x: they are left out of it
     dense[dense < np.finfo(dt).tiny] = 0.0
-    g[u] += to_numpy(xp.asarray(dense, dtype=dt) @ feats)
-
-
-def _diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:
-    """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of shifted rows."""
-    d = g.shape[1] // 2
-    safe = np.where(nk > 0, nk, 1.0)
-    mean = g[:, d:] / safe[:, None]
-    scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
-    mean[nk <= 0] = 0.0
-    scatter[nk <= 0] = 0.0
-    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
-                     shift=chunk.shift)
+    part = xp.asarray(dense, dtype=dt) @ feats
+    g[u] += part if xp is np else to_numpy(part)
 
 
 def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
@@ -411,88 +451,3 @@ def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
     scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
                      shift=chunk.shift)
-
-
-# ---- driver side: neighbour lists, pivots, relabelling -----------------------------------------------
-def initial_neighbours(post_means: np.ndarray, estep: EStepParams, shift: np.ndarray, covariance_type: str,
-                       n_neighbours: int) -> np.ndarray:
-    """First neighbour lists: ``G_j`` is ``j`` and the ``G - 1`` components under which mean ``m_j``
-    has the largest ``ln rho`` (one (K x 2D) @ (2D x K) GEMM on the driver, O(K^2 D); the
-    Mahalanobis form of the E-step, so no extra metric).
-
-    Returns
-    -------
-    ndarray of shape (K, G) int32, -1 padded when K < G
-    """
-    from vbcore.kernels import log_rho, prepare_chunk
-
-    k = post_means.shape[0]
-    g = int(n_neighbours)
-    scores = np.asarray(log_rho(prepare_chunk(np.asarray(post_means, dtype=np.float64), shift,
-                                              covariance_type), estep), dtype=np.float64)
-    np.fill_diagonal(scores, -np.inf)
-    ranked = np.argsort(-scores, axis=1, kind="stable")[:, : max(0, min(g, k) - 1)]
-    out = np.full((k, g), -1, dtype=np.int32)
-    out[:, 0] = np.arange(k)
-    out[:, 1 : 1 + ranked.shape[1]] = ranked
-    return out
-
-
-def update_neighbours(scores: NeighbourScores, previous: np.ndarray) -> np.ndarray:
-    """New neighbour lists from a pass's scores: ``G_c`` is ``c`` and the ``G - 1`` searched clusters
-    with the largest mean ``ln rho_ns - max_j ln rho_nj`` over the rows whose best cluster is ``c``
-    (ties: lower index); slots left over keep ``previous`` entries, in their order.
-
-    Parameters
-    ----------
-    scores : NeighbourScores
-    previous : ndarray of shape (K, G) int32
-
-    Returns
-    -------
-    ndarray of shape (K, G) int32
-    """
-    k, g = previous.shape
-    c, s = scores.keys // k, scores.keys % k
-    mean = scores.sums / np.maximum(scores.counts, 1)
-    keep = s != c
-    c, s, mean = c[keep], s[keep], mean[keep]
-    order = np.lexsort((s, -mean, c))
-    c, s = c[order], s[order]
-    rank = np.arange(c.size) - np.searchsorted(c, c, side="left")
-    take = rank < g - 1
-    out = np.full((k, g), -1, dtype=np.int32)
-    out[:, 0] = np.arange(k)
-    out[c[take], 1 + rank[take]] = s[take]
-    for j in np.flatnonzero((out < 0).any(axis=1)):
-        have = out[j][out[j] >= 0]
-        extra = [p for p in previous[j] if p >= 0 and p not in have]
-        fill = np.asarray((list(have) + extra)[:g], dtype=np.int32)
-        out[j, : fill.size] = fill
-    return out
-
-
-def pivot_clusters(k: int, candidates: int, n_neighbours: int, rng: np.random.Generator) -> np.ndarray:
-    """The clusters every row searches before it has candidates: ``min(K, max(C', ceil(sqrt(K G))))``
-    drawn without replacement, sorted. Their first pass costs O(n sqrt(K G) D) per chunk instead
-    of the exact E-step's O(n K D)."""
-    p = min(k, max(int(candidates), int(np.ceil(np.sqrt(k * max(1, int(n_neighbours)))))))
-    return np.sort(rng.choice(k, size=p, replace=False))
-
-
-def relabel_neighbours(neighbours: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Neighbour lists after the components were reduced to ``kept`` (old indices of the new ones,
-    in their new order), and the map old -> new (-1: dropped) for the stored candidates."""
-    remap = np.full(neighbours.shape[0], -1, dtype=np.int32)
-    remap[kept] = np.arange(kept.size, dtype=np.int32)
-    nb = neighbours[kept]
-    nb = np.where(nb >= 0, remap[np.maximum(nb, 0)], -1)
-    order = np.argsort(nb < 0, axis=1, kind="stable")
-    return np.take_along_axis(nb, order, axis=1).astype(np.int32), remap
-
-
-def compose_remaps(first: np.ndarray | None, second: np.ndarray) -> np.ndarray:
-    """The map of applying ``first`` then ``second`` (both old -> new, -1 dropped)."""
-    if first is None:
-        return second
-    return np.where(first >= 0, second[np.maximum(first, 0)], -1).astype(np.int32)

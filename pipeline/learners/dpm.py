@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.learners.base import FitContext, Learner
+from pipeline.learners.truncated import map_search
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
 from vbcore.kernels import Chunk, array_namespace, to_numpy
@@ -146,6 +147,9 @@ class DPPointLearner(Learner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
+        #: the candidate search of the MAP labels (option ``candidates`` > 0), else None
+        self.search = map_search(self.name, ctx, self.opts) if "candidates" in self.opts else None
+        self._iteration = 0
         thr = self.opts.get("prune_threshold")
         self.threshold = default_threshold(ctx.n_rows) if thr is None else float(thr)
         assert ctx.prior.fixed_variance is not None
@@ -165,6 +169,13 @@ class DPPointLearner(Learner):
     def hard_pass(self, point: DPPoint, handles: list[Any] | None = None,
                   rows: list[np.ndarray] | None = None) -> SuffStats:
         """MAP assignments (eq. 19) and hard statistics of all rows, or of a minibatch."""
+        if self.search is not None:  # candidates: the same labels wherever the argmax is searched
+            by_start = None
+            if rows is not None:
+                start_of = {id(h): int(s) for h, s in zip(self.ctx.handles, chunk_bounds(self.ctx)[:-1],
+                                                           strict=False)}
+                by_start = {start_of[id(h)]: r for h, r in zip(handles or [], rows, strict=True)}
+            return self.search.hard_pass(point, self._iteration, by_start).to_stats()
         params = map_params(point, self.sigma2, self.ctx.shift, self.ctx.source.dtype)
         if rows is None:
             return self.ctx.engine.map_reduce(hard_kernel, self.ctx.handles, None, params).to_stats()
@@ -214,7 +225,10 @@ class DPPointLearner(Learner):
         self._reorder(order)
 
     def _reorder(self, order: np.ndarray) -> None:
-        """Subclasses re-order their own per-cluster state (momentum)."""
+        """Subclasses re-order their own per-cluster state (momentum); the candidate search's stored
+        candidates follow (here)."""
+        if self.search is not None:
+            self.search.relabel(order)
 
     def posterior(self) -> Posterior:
         assert self.point is not None
@@ -222,6 +236,8 @@ class DPPointLearner(Learner):
 
     def start(self, post: Posterior) -> None:
         if self.point is not None and post is self.post:  # straight after initialise()
+            if self.search is not None:
+                self.search.start_point(self.point)
             return
         if post.covariance_type != "fixed" or post.weight_type != "dirichlet_process":
             raise ConfigError(f"learner {self.name!r} cannot start from a {post.covariance_type!r}/"
@@ -229,15 +245,26 @@ class DPPointLearner(Learner):
         a, b = post.weight_concentration
         self._set(DPPoint(post.means.copy(), a / (a + b)), a - 1.0)
         self.post = self.posterior()
+        if self.search is not None:
+            assert self.point is not None
+            self.search.start_point(self.point)
 
     def state(self) -> dict[str, np.ndarray]:
         assert self.point is not None
-        return {"sticks": self.point.sticks, "counts": self.counts}
+        out = {"sticks": self.point.sticks, "counts": self.counts}
+        return out if self.search is None else {**out, **self.search.state()}
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         self.point = DPPoint(post.means.copy(), np.asarray(state["sticks"], dtype=np.float64))
         self.counts = np.asarray(state["counts"], dtype=np.float64)
         self.post = self.posterior()
+        if self.search is not None:
+            self.search.load_state(post, state)
+
+    def close(self) -> None:
+        if self.search is not None:
+            self.search.close()
+        super().close()
 
     def exact_terms(self) -> ElboTerms:
         """The exact ELBO of the current distribution: one full pass for its MAP q(z)."""

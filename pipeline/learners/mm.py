@@ -14,6 +14,7 @@ import numpy as np
 from pipeline.learners import register
 from pipeline.learners.dpm import DPPointLearner
 from pipeline.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
+from pipeline.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.posterior import Posterior
 from vbcore.sga import map_bound, mm_sticks, mm_update, prune_order
@@ -27,15 +28,20 @@ class MM(HardMovesMixin, DPPointLearner):
     The reported ELBO is that of (the assignments of this iteration's pass, the distribution around
     the updated point), exact."""
 
-    options = {"prune_threshold": None, **HARD_MOVE_OPTIONS}  # merges: pipeline.learners.moves
+    #: merges: pipeline.learners.moves; ``candidates`` > 0: the MAP labels searched over candidate
+    #: clusters (pipeline.learners.truncated.MapSearch)
+    options = {"prune_threshold": None, **HARD_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS}
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.point is not None, "start() first"
+        self._iteration = iteration
         stats = self.apply_moves(iteration, self.hard_pass(self.point))
         keep = prune_order(mm_sticks(stats.nk, self.a0), self.threshold)
         # re-order by descending count, then the MM update in that order (section 4.5): the sticks
         # are the MAP of the new order, and the stick part of the bound is largest for it
         order = keep[np.argsort(-stats.nk[keep], kind="stable")]
+        if self.search is not None:
+            self.search.relabel(order)
         kept = take_stats(stats, order)
         self.point, self.counts = mm_update(kept, self.ctx.prior, self.a0), kept.nk
         #: ln p(x, z, mu, v) at the point (Lim & Jiang 2024 eqs. 23-26), for monitoring

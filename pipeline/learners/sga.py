@@ -25,6 +25,7 @@ from pipeline.learners import register
 from pipeline.learners.base import FitContext
 from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
 from pipeline.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
+from pipeline.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.elbo import ElboTerms, elbo_terms, minibatch_standard_error
 from vbcore.errors import ConfigError
 from vbcore.posterior import Posterior
@@ -47,7 +48,7 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
 class _SGA(HardMovesMixin, DPPointLearner):
     method = "sga"
     options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch",
-               **HARD_MOVE_OPTIONS}  # merges: pipeline.learners.moves
+               **HARD_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS}  # merges: pipeline.learners.moves
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
@@ -63,6 +64,7 @@ class _SGA(HardMovesMixin, DPPointLearner):
             check_range(cls.name, "alpha", opts["alpha"], 0.0, 1.0)
 
     def _reorder(self, order: np.ndarray) -> None:
+        super()._reorder(order)  # the candidate search's stored candidates
         if self.velocity is not None:
             self.velocity = self.velocity.take(order)
 
@@ -81,15 +83,21 @@ class _SGA(HardMovesMixin, DPPointLearner):
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.point is not None and self.post is not None, "start() first"
         n = self.ctx.n_rows
+        self._iteration = iteration
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
         estimate = self.opts["elbo"] == "minibatch"
-        # with an estimate, each row's share of the bound of the distribution entering the step is
-        # summed (and squared) in the same pass, for the estimate's standard error
-        bound = row_bound(self.point, self.sigma2, self.post, self.ctx.shift) if estimate else None
-        params = map_params(self.point, self.sigma2, self.ctx.shift, self.ctx.source.dtype, bound=bound)
-        raw = self.minibatch_pass(params, handles, rows)
+        spread = None
+        if estimate and self.search is None:
+            # each row's share of the bound of the distribution entering the step is summed with
+            # its spread in the same pass, for the estimate's standard error
+            bound = row_bound(self.point, self.sigma2, self.post, self.ctx.shift)
+            params = map_params(self.point, self.sigma2, self.ctx.shift, self.ctx.source.dtype, bound=bound)
+            raw = self.minibatch_pass(params, handles, rows)
+            first, spread = raw.to_stats(), raw.bound[1]
+        else:  # exact bounds, or the candidate search (which does not sum the rows' shares)
+            first = self.hard_pass(self.point, handles, rows)
         entering = self.post
-        stats = self.apply_moves(iteration, raw.to_stats(), n / m)
+        stats = self.apply_moves(iteration, first, n / m)
         grad = gradients(stats, self.point, self.ctx.prior, self.sigma2, n, self.a0)
         new, vel = sga_step(self.point, grad, method=self.method, eta=float(self.opts["eta"]),
                             sigma2=self.sigma2, velocity=self.velocity,
@@ -102,8 +110,8 @@ class _SGA(HardMovesMixin, DPPointLearner):
             # the distribution entering this step has not seen this minibatch: its bound estimated
             # here is unbiased (the stepped one was fitted to these rows and reads optimistically)
             terms = elbo_terms(scale_stats(stats, n / m), self.post, self.ctx.prior)
-            if self.post is entering:  # no merge this step: the rows' sums are of this distribution
-                self.se = minibatch_standard_error(n, m, raw.bound[1])
+            if spread is not None and self.post is entering:  # no merge: the sums are of this distribution
+                self.se = minibatch_standard_error(n, m, spread)
         self._set(new, counts)
         if terms is None:
             terms = self.exact_terms()

@@ -30,6 +30,7 @@ from pipeline.learners.base import FitContext, Learner
 from vbcore.errors import ConfigError
 from vbcore.kernels import estep_params
 from vbcore.posterior import Posterior
+from vbcore.sga_stats import DPPoint, HardStats, map_params
 from vbcore.truncated import (
     RANDOM_TAG,
     CandidateState,
@@ -42,6 +43,7 @@ from vbcore.truncated import (
     truncated_params,
     update_neighbours,
 )
+from vbcore.truncated_map import map_initial_neighbours, map_search_kernel, map_search_params
 
 #: the learner options of the truncated E-step and their defaults (0 candidates: the exact E-step)
 TRUNCATED_OPTIONS: dict[str, Any] = {"candidates": 0, "neighbours": 16, "random_clusters": 1,
@@ -128,7 +130,7 @@ class TruncatedEStep:
         ctx = self.ctx
         params = truncated_params(estep_params(post, ctx.shift), self.neighbours, self.candidates,
                                   self.n_random, ctx.seed, iteration, self.pivots, self.remap,
-                                  self.search, self.block_rows, self.threads)
+                                  self.search, self.block_rows, self.threads, ctx.source.dtype)
         if hook is not None:
             params = replace(params, hook=hook)
         self.states, result = ctx.engine.map_keep(one_thread_kernel, ctx.handles, self.states, params)
@@ -200,6 +202,108 @@ def truncated_e_step(name: str, ctx: Any, opts: Mapping[str, Any]) -> TruncatedE
         raise ConfigError(f"learner option 'candidates' of {name!r} does not support covariance_type "
                           f"{ctx.covariance_type!r} yet; use candidates=0")
     return TruncatedEStep(ctx, opts)
+
+
+#: the options of the MAP learners' candidate search (0 candidates: the exact argmax over all K);
+#: ``extra_steps``: searches more for rows that start from the pivots (never visited, or pruned)
+#: ``first_search``: how a row without candidates starts: 'all' (its exact argmax over all K, the
+#: default) or 'pivots' (ceil(sqrt(K G)) clusters from the seed, then ``extra_steps`` more searches:
+#: cheaper, but measured to find the exact label for only 35-53% of fresh rows, docs/benchmarks.md)
+MAP_SEARCH_OPTIONS: dict[str, Any] = {"candidates": 0, "neighbours": 16, "random_clusters": 1,
+                                      "block_rows": 64, "extra_steps": 1, "first_search": "all"}
+
+
+def check_map_search_options(name: str, opts: Mapping[str, Any]) -> None:
+    """One line per bad value of :data:`MAP_SEARCH_OPTIONS`."""
+    for key, low in (("candidates", 0), ("neighbours", 1), ("random_clusters", 0), ("block_rows", 1),
+                     ("extra_steps", 0)):
+        if opts[key] < low:
+            raise ConfigError(f"learner option {key!r} of {name!r} must be an integer >= {low}, "
+                              f"got {opts[key]!r}")
+    if opts["first_search"] not in FIRST_SEARCH:
+        raise ConfigError(f"learner option 'first_search' of {name!r} must be one of {FIRST_SEARCH}, "
+                          f"got {opts['first_search']!r}")
+    if int(opts["candidates"]) > 0 and opts.get("moves", "none") != "none":
+        raise ConfigError(f"learner options 'candidates' and 'moves' of {name!r} cannot be combined "
+                          "yet; use candidates=0 or moves=none")
+
+
+def one_thread_map_kernel(chunk: Any, state: CandidateState, params: Any) -> tuple[CandidateState, Any]:
+    """:func:`vbcore.truncated_map.map_search_kernel` with one BLAS thread (small GEMMs)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        return map_search_kernel(chunk, state, params)
+
+
+class MapSearch(TruncatedEStep):
+    """The candidate MAP search of a hard-assignment learner (:mod:`vbcore.truncated_map`): the
+    per-chunk candidates on the engine, neighbour lists, pivots and relabelling of
+    :class:`TruncatedEStep` (so the same checkpoints and relabelling)."""
+
+    def __init__(self, ctx: Any, opts: Mapping[str, Any]) -> None:
+        super().__init__(ctx, {**TRUNCATED_OPTIONS, **opts})
+        self.extra_steps = int(opts["extra_steps"])
+        self.sigma2 = float(ctx.prior.fixed_variance)
+
+    def start_point(self, point: DPPoint) -> None:
+        """Forget the candidates; neighbour lists from the point's means; draw the pivots."""
+        self.close()
+        ctx = self.ctx
+        k = point.n_components
+        mp = map_params(point, self.sigma2, ctx.shift)
+        self.neighbours = map_initial_neighbours(mp.weights, mp.const, point.means - ctx.shift[None, :],
+                                                 self.n_neighbours)
+        self.pivots = (np.arange(k) if self.first_search == "all" else
+                       pivot_clusters(k, self.candidates, self.n_neighbours, ctx.rng(RANDOM_TAG, 0)))
+        self.states = [CandidateState(s) for s in self._starts()]
+        self.remap = None
+
+    def relabel(self, kept: np.ndarray, moved: np.ndarray | None = None) -> None:
+        """As :meth:`TruncatedEStep.relabel`; before the first start there is nothing to relabel."""
+        kept = np.asarray(kept, dtype=np.int64)
+        if self.neighbours.shape[0] == 0 or (kept.size and int(kept.max()) >= self.neighbours.shape[0]):
+            return  # :meth:`hard_pass` restarts the search when the sizes disagree
+        super().relabel(kept, moved)
+
+    def start(self, post: Posterior) -> None:
+        """From a posterior (a resume without search state): its means and expected sticks."""
+        a, b = post.weight_concentration
+        self.start_point(DPPoint(post.means, a / (a + b)))
+
+    def hard_pass(self, point: DPPoint, iteration: int, rows: dict[int, np.ndarray] | None) -> HardStats:
+        """MAP labels of ``rows`` (chunk start -> positions; None: all rows) and their statistics."""
+        ctx = self.ctx
+        if self.neighbours.shape[0] != point.n_components or self.pivots.max() >= point.n_components:
+            self.start_point(point)  # not told of a change of the components: start afresh
+        mp = map_params(point, self.sigma2, ctx.shift, ctx.source.dtype)
+        params = map_search_params(mp.weights, mp.const, self.neighbours, self.candidates, self.n_random,
+                                   ctx.seed, iteration, self.pivots, rows, self.remap, self.extra_steps,
+                                   self.block_rows)
+        self.states, result = ctx.engine.map_keep(one_thread_map_kernel, ctx.handles, self.states, params)
+        self.remap = None
+        self.evaluations = result.evaluations
+        self.neighbours = update_neighbours(result.scores, self.neighbours)
+        return result.hard
+
+    def state(self) -> dict[str, np.ndarray]:
+        """As :meth:`TruncatedEStep.state`; chunks never visited store -1 candidates."""
+        parts = self.ctx.engine.fetch_states(self.states, _host)
+        if any(p.idx is None for p in parts) and not all(p.idx is None for p in parts):
+            slices = self.ctx.source.chunk_slices()
+            c = self.candidates
+            parts = [p if p.idx is not None else
+                     CandidateState(p.start, np.full((s.stop - s.start, c), -1, np.int32),
+                                    np.zeros((s.stop - s.start, c), np.float32))
+                     for p, s in zip(parts, slices, strict=True)]
+            self.states = self.ctx.engine.place_states(parts, self.ctx.handles)
+        return super().state()
+
+
+def map_search(name: str, ctx: Any, opts: Mapping[str, Any]) -> MapSearch | None:
+    """The candidate MAP search of a learner with :data:`MAP_SEARCH_OPTIONS`, or None (exact)."""
+    check_map_search_options(name, opts)
+    return MapSearch(ctx, opts) if int(opts["candidates"]) > 0 else None
 
 
 class TruncatedLearner(Learner):

@@ -59,7 +59,7 @@ def partition_bounds(store: str, dof_priors: tuple[float | None, ...] = (None, 6
     src = StoreSource(store)
     y = np.asarray(src.labels(), dtype=np.int64)
     slices = src.chunk_slices()
-    s1, s2 = 0.0, 0.0
+    s1, s2 = np.zeros(src.n_features), np.zeros(src.n_features)
     for i in range(len(slices)):
         x = np.asarray(src.load(i), dtype=np.float64)
         s1, s2 = s1 + x.sum(0), s2 + (x * x).sum(0)
