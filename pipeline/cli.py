@@ -253,6 +253,11 @@ def fit(
     init: str | None = typer.Option(None, help=spec_help("init")),
     n_init: int | None = typer.Option(None, help=spec_help("n_init")),
     fixed_variance: float | None = typer.Option(None, help=spec_help("fixed_variance")),
+    weight_concentration_prior: float | None = typer.Option(
+        None, help=spec_help("weight_concentration_prior")),
+    mean_precision_prior: float | None = typer.Option(None, help=spec_help("mean_precision_prior")),
+    degrees_of_freedom_prior: float | None = typer.Option(None, help=spec_help("degrees_of_freedom_prior")),
+    reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
     chunk_rows: int | None = typer.Option(None, help=spec_help("chunk_rows")),
     checkpoint_every: int | None = typer.Option(None, help=spec_help("checkpoint_every")),
@@ -271,7 +276,9 @@ def fit(
     try:
         spec = make_spec(store, learner=learner, components=components, covariance=covariance,
                          weights=weights, max_iter=max_iter, tol=tol, seed=seed, init=init, n_init=n_init,
-                         fixed_variance=fixed_variance, cluster=cluster, chunk_rows=chunk_rows,
+                         fixed_variance=fixed_variance, weight_concentration_prior=weight_concentration_prior,
+                         mean_precision_prior=mean_precision_prior, reg_covar=reg_covar, cluster=cluster,
+                         degrees_of_freedom_prior=degrees_of_freedom_prior, chunk_rows=chunk_rows,
                          checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                          keep=keep, learner_options=key_values(learner_option))
     except VBClusterError as exc:

@@ -115,6 +115,18 @@ def default_fixed_variance(X: np.ndarray, k: int, random_state: Any) -> float:
     return float(var)
 
 
+def check_prior_settings(spec: FitSpec, d: int) -> None:
+    """The prior settings checked against the number of features alone, before any data pass or
+    write (:func:`pipeline.fitting.check_fit`): the prior is built with stand-in data moments (zero
+    mean, unit variances), so every message is :func:`vbcore.priors.validate_prior`'s."""
+    assert spec.covariance is not None, "resolve the spec first"
+    wishart = spec.covariance in ("full", "tied")
+    stand_in = SuffStats(nk=np.array([2.0]), mean=np.zeros((1, d)),
+                         scatter=np.eye(d)[None] if wishart else np.ones((1, d)), sum_rlogr=0.0,
+                         n_rows=2, shift=np.zeros(d))
+    build_prior(spec, stand_in, d, spec.fixed_variance or 1.0)
+
+
 def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float | None) -> Prior:
     """The prior of the spec, with data-dependent defaults from the moments (scikit-learn's)."""
     n = max(moments.n_rows - 1, 1)

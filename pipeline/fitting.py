@@ -29,6 +29,7 @@ from pipeline.atomic import write_file as write_atomic
 from pipeline.checkpoint import RunLock
 from pipeline.engine import make_engine
 from pipeline.estimator import VBMixture
+from pipeline.fit_setup import check_prior_settings
 from pipeline.runs import load_model, read_result, save_run
 from pipeline.sources import StoreSource
 from pipeline.spec import FitSpec
@@ -116,7 +117,8 @@ def check_fit(run_dir: str | Path, spec: FitSpec, warm_from: str | Path | None =
     :func:`run_dir_state`."""
     if spec.store is None:
         raise ConfigError("a run needs a store (the feature store to fit)")
-    StoreSource(spec.store)  # a missing or bad store fails before anything is written
+    source = StoreSource(spec.store)  # a missing or bad store fails before anything is written
+    check_prior_settings(spec, source.n_features)
     if warm_from is not None:
         problem = warm_start_problem(warm_from, spec)
         if problem:

@@ -157,6 +157,36 @@ def test_refused_fit_changes_no_file(store, good_run, args, message):
     assert tree_digest(good_run) == before
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--degrees-of-freedom-prior", "-3"], "degrees_of_freedom_prior must be a finite number > 0, got -3.0"),
+    (["--covariance", "full", "--degrees-of-freedom-prior", "1"],
+     "degrees_of_freedom_prior must be > n_features - 1 ="),
+    (["--weight-concentration-prior", "0"], "weight_concentration_prior (--weight-concentration-prior) "
+                                             "must be a number > 0"),
+    (["--reg-covar", "-1"], "must be a number >= 0"),
+])
+def test_prior_settings_are_checked_before_anything_is_written(store, tmp_path, args, message):
+    """The prior flags are checked against the store's dimension before a file is written."""
+    res = CliRunner().invoke(app, ["fit", store, "--run-dir", str(tmp_path / "new"), "-k", "4", *args])
+    assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "new").exists()
+
+
+def test_prior_flags_reach_the_fit(store, tmp_path):
+    run = tmp_path / "run"
+    res = CliRunner().invoke(app, ["fit", store, "--run-dir", str(run), "-k", "4", "--max-iter", "3", "-q",
+                                   "--degrees-of-freedom-prior", "7.5", "--mean-precision-prior", "0.5",
+                                   "--weight-concentration-prior", "2", "--reg-covar", "1e-5"])
+    assert res.exit_code == 0, res.output
+    got = json.loads((run / "result.json").read_text())["settings"]
+    assert (got["degrees_of_freedom_prior"], got["mean_precision_prior"], got["weight_concentration_prior"],
+            got["reg_covar"]) == (7.5, 0.5, 2.0, 1e-5)
+    with np.load(run / "posterior.npz") as z:
+        meta = json.loads(str(z["meta"]))
+    assert (meta["degrees_of_freedom"], meta["mean_precision"], meta["weight_concentration"]) == (
+        7.5, 0.5, 2.0)
+
+
 def test_refused_fit_into_a_new_directory_leaves_nothing(store, tmp_path):
     res = CliRunner().invoke(app, ["fit", store, "--run-dir", str(tmp_path / "new"), "-k", "0"])
     assert res.exit_code == 2 and not (tmp_path / "new").exists()
