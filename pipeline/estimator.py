@@ -321,6 +321,9 @@ class VBMixture(DensityMixin, BaseEstimator):
 
     def _check_X(self, X: Any) -> np.ndarray:
         check_is_fitted(self, "posterior_")
+        if is_store_path(X):
+            raise InputError(f"{X}: a feature store; this method takes arrays (predict(STORE) gives the "
+                             "labels of a store chunk by chunk, `vbcluster assign` writes them)")
         self._check_names(X, reset=False)
         X = check_array_2d(X)
         if X.shape[1] != self.n_features_in_:
@@ -347,6 +350,13 @@ class VBMixture(DensityMixin, BaseEstimator):
         return resp
 
     def predict(self, X: Any) -> np.ndarray:
+        """The most responsible component of each row; ``X`` may also be a feature store (a path, as
+        :meth:`fit` takes), read chunk by chunk."""
+        if is_store_path(X):
+            check_is_fitted(self, "posterior_")
+            src = open_source(X, int(self.chunk_rows))
+            parts = [self.predict(src.load(i)) for i in range(len(src.chunk_slices()))]
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return self.predict_proba(X).argmax(axis=1)
 
     def score_samples(self, X: Any) -> np.ndarray:

@@ -336,3 +336,20 @@ def test_max_iter_zero_with_resp_init(iris, ct):
     np.testing.assert_allclose(m.means_, expected, rtol=1e-12)
     p = m.predict_proba(iris)
     np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
+
+
+def test_predict_reads_a_store_chunk_by_chunk(iris, tmp_path):
+    """fit takes a store path, so predict does: the labels of the store's rows, chunk by chunk,
+    equal those of the same rows as an array; the array-only methods refuse a store in one line."""
+    from pipeline.ingest import ingest
+    from vbcore.errors import InputError
+
+    np.save(tmp_path / "iris.npy", iris.astype(np.float32))
+    store = str(tmp_path / "iris.zarr")
+    ingest(str(tmp_path / "iris.npy"), store, chunk_rows=40)  # 4 chunks, the last one short
+    m = VBMixture(n_components=3, covariance_type="diag", max_iter=20, random_state=0).fit(store)
+    labels = m.predict(store)
+    assert labels.shape == (iris.shape[0],)
+    np.testing.assert_array_equal(labels, m.predict(iris.astype(np.float32)))
+    with pytest.raises(InputError, match=r"iris\.zarr: a feature store; this method takes arrays"):
+        m.predict_proba(store)
