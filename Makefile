@@ -36,7 +36,7 @@ demo: venv
 	@mkdir -p .vbcluster/prefect
 	PREFECT_HOME=$(CURDIR)/.vbcluster/prefect $(TEST_ENV) $(VPY) -m flows.demo --out .vbcluster/demo
 
-# All benchmarks (about 15-20 minutes on 2 cores by the parts; the synthetic stores are kept in bench/out/).
+# All benchmarks (about 20-25 minutes on 2 cores by the parts; the synthetic stores are kept in bench/out/).
 bench: venv
 	$(VPY) bench/bench_vbem.py
 	$(VPY) bench/bench_ingest.py
@@ -44,6 +44,7 @@ bench: venv
 	$(VPY) bench/bench_checkpoint.py --workdir bench/out
 	$(VPY) bench/bench_ncg.py --workdir bench/out
 	$(VPY) bench/bench_sga.py --workdir bench/out --vbem-iter 5
+	$(VPY) bench/bench_converge.py --store bench/out/sun397.zarr
 	$(VPY) bench/bench_extract.py --workdir bench/out --images 64
 
 # One VB EM iteration against scikit-learn and the GEMM share (about 1 minute).
