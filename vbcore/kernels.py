@@ -284,15 +284,20 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
 
 
 def _diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:
-    """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of shifted rows."""
+    """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of a chunk's shifted rows."""
+    return diag_stats(nk, g, sum_rlogr, chunk.n_rows, chunk.shift)
+
+
+def diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, n_rows: int, shift: np.ndarray) -> SuffStats:
+    """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of ``n_rows`` rows shifted by
+    ``shift``: ``mean = sum r x / N_k``, ``scatter = sum r x^2 - N_k mean^2`` (0 where N_k = 0)."""
     d = g.shape[1] // 2
     safe = np.where(nk > 0, nk, 1.0)
     mean = g[:, d:] / safe[:, None]
     scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
     mean[nk <= 0] = 0.0
     scatter[nk <= 0] = 0.0
-    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
-                     shift=chunk.shift)
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=n_rows, shift=shift)
 
 
 class _PooledSums:

@@ -28,10 +28,16 @@ def initial_neighbours(post_means: np.ndarray, estep: EStepParams, shift: np.nda
     """
     from vbcore.kernels import log_rho, prepare_chunk
 
-    k = post_means.shape[0]
     g = int(n_neighbours)
     scores = np.asarray(log_rho(prepare_chunk(np.asarray(post_means, dtype=np.float64), shift,
                                               covariance_type), estep), dtype=np.float64)
+    return rank_neighbours(scores, g)
+
+
+def rank_neighbours(scores: np.ndarray, n_neighbours: int) -> np.ndarray:
+    """Neighbour lists from cluster-to-cluster scores (K, K), float64, changed in place: each
+    cluster first, then the others by descending score (stable); (K, G) int32, -1 padded when K < G."""
+    k, g = scores.shape[0], int(n_neighbours)
     np.fill_diagonal(scores, -np.inf)
     ranked = np.argsort(-scores, axis=1, kind="stable")[:, : max(0, min(g, k) - 1)]
     out = np.full((k, g), -1, dtype=np.int32)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from vbcore.kernels import BLOCK_ROWS, Chunk, EStepParams, array_namespace, to_numpy
+from vbcore.kernels import BLOCK_ROWS, Chunk, EStepParams, array_namespace, diag_stats, to_numpy
 from vbcore.neighbours import (  # noqa: F401  (re-exported: the driver side of the search)
     compose_remaps,
     initial_neighbours,
@@ -125,16 +125,8 @@ class DiagSums:
                         self.n_rows + other.n_rows, self.shift)
 
     def to_stats(self) -> SuffStats:
-        """Centred statistics: ``mean = sum r x / N_k``, ``scatter = sum r x^2 - N_k mean^2``."""
-        nk, g = self.nk, self.g
-        d = g.shape[1] // 2
-        safe = np.where(nk > 0, nk, 1.0)
-        mean = g[:, d:] / safe[:, None]
-        scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
-        mean[nk <= 0] = 0.0
-        scatter[nk <= 0] = 0.0
-        return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=self.sum_rlogr, n_rows=self.n_rows,
-                         shift=self.shift)
+        """Centred statistics (:func:`vbcore.kernels.diag_stats`)."""
+        return diag_stats(self.nk, self.g, self.sum_rlogr, self.n_rows, self.shift)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vbcore.kernels import BLOCK_ROWS, Chunk, array_namespace, to_numpy
+from vbcore.neighbours import rank_neighbours
 from vbcore.sga_stats import HardStats
 from vbcore.truncated import (
     RANDOM_TAG,
@@ -241,12 +242,5 @@ def map_initial_neighbours(weights: np.ndarray, const: np.ndarray, shifted_means
     -------
     ndarray of shape (K, G) int32, -1 padded when K < G
     """
-    k, g = const.shape[0], int(n_neighbours)
     means = np.asarray(shifted_means, dtype=np.float64)
-    scores = means @ np.asarray(weights, dtype=np.float64) + const[None, :]
-    np.fill_diagonal(scores, -np.inf)
-    ranked = np.argsort(-scores, axis=1, kind="stable")[:, : max(0, min(g, k) - 1)]
-    out = np.full((k, g), -1, dtype=np.int32)
-    out[:, 0] = np.arange(k)
-    out[:, 1 : 1 + ranked.shape[1]] = ranked
-    return out
+    return rank_neighbours(means @ np.asarray(weights, dtype=np.float64) + const[None, :], n_neighbours)
