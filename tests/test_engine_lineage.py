@@ -70,8 +70,11 @@ def test_checkpoints_bound_the_states_lineage(tmp_path, X, client, plain):
     checkpointed = _fit(X, client, str(tmp_path),
                         lambda info: bounded.append(client.run_on_scheduler(_tasks)))
     assert len(grows) == len(bounded) == FIT["max_iter"]
-    assert grows[-1] > grows[1] + 50, grows  # the chain: ~10 tasks per gradient pass
-    assert max(bounded[2:]) <= bounded[1], bounded
+    growth = grows[-1] - grows[1]
+    assert growth > 50, grows  # the chain: ~10 tasks per gradient pass
+    # with checkpoints the count only fluctuates by the tasks in flight (released asynchronously, so
+    # a count taken after an iteration may still hold a pass's worth): far less than the chain's growth
+    assert max(bounded[2:]) - bounded[1] < growth / 2, (bounded, grows)
     _same_bits(checkpointed, model)
 
 
