@@ -130,6 +130,11 @@ def _merge(a: R, b: R) -> R:
     return a.merge(b)
 
 
+def _merge_owned(a: Any, b: Any) -> Any:
+    """``a.merge_owned(b)`` (into ``a``'s buffers, same bits) where it exists: local results only."""
+    return getattr(a, "merge_owned", a.merge)(b)
+
+
 def tree_pairs(n: int) -> list[list[tuple[int, int] | int]]:
     """The fixed reduction tree: per level, pairs of positions to merge (or a lone position)."""
     levels: list[list[tuple[int, int] | int]] = []
@@ -274,14 +279,14 @@ class LocalEngine:
 
     def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
                    per_chunk: Sequence[Any] | None = None) -> R:
-        return tree_reduce(self.map(kernel, handles, *args, per_chunk=per_chunk))
+        return tree_reduce(self.map(kernel, handles, *args, per_chunk=per_chunk), _merge_owned)
 
     def map_keep(self, kernel: Callable[..., tuple[Any, R]], handles: Sequence[Any], states: Sequence[Any],
                  *args: Any) -> tuple[list[Any], R]:
         """``kernel(chunk, state, *args) -> (new_state, result)`` on every chunk: the new states (in
         chunk order) and the results reduced over the fixed tree."""
         pairs = self.map(kernel, handles, *args, per_chunk=states)
-        return [p[0] for p in pairs], tree_reduce([p[1] for p in pairs])
+        return [p[0] for p in pairs], tree_reduce([p[1] for p in pairs], _merge_owned)
 
     def fetch_states(self, states: Sequence[Any], convert: Callable[[Any], Any] | None = None) -> list[Any]:
         """The per-chunk states (``convert`` applied to each, where it lives), in chunk order."""

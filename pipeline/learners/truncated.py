@@ -47,9 +47,7 @@ from vbcore.truncated_map import map_initial_neighbours, map_search_kernel, map_
 
 #: the learner options of the truncated E-step and their defaults (0 candidates: the exact E-step)
 TRUNCATED_OPTIONS: dict[str, Any] = {"candidates": 0, "neighbours": 16, "random_clusters": 1,
-                                     "first_search": "all", "search": "best", "block_rows": 64, "threads": 1}
-#: ``threads=2`` runs the two fixed halves of a chunk's blocks on two threads (the same bits as one);
-#: measured slower on the loaded 2-core machine (1.54 s against 1.11 s per pass), so 1 by default
+                                     "first_search": "all", "search": "best", "block_rows": 64}
 #: how the first pass finds the first candidate sets: 'all' scores every cluster (one exact E-step,
 #: O(N K D)); 'pivots' scores ceil(sqrt(K G)) clusters drawn from the seed (O(N sqrt(K G) D)), which
 #: can leave rows far from their best cluster for many iterations (docs/algorithms.md)
@@ -63,8 +61,7 @@ _PREFIX = "trunc_"
 
 def check_truncated_options(name: str, opts: Mapping[str, Any]) -> None:
     """One line per bad value: which option of which learner, what it must be."""
-    for key, low in (("candidates", 0), ("neighbours", 1), ("random_clusters", 0), ("block_rows", 1),
-                     ("threads", 1)):
+    for key, low in (("candidates", 0), ("neighbours", 1), ("random_clusters", 0), ("block_rows", 1)):
         if opts[key] < low:
             raise ConfigError(f"learner option {key!r} of {name!r} must be an integer >= {low}, "
                               f"got {opts[key]!r}")
@@ -101,7 +98,6 @@ class TruncatedEStep:
         self.first_search = str(opts["first_search"])
         self.search = str(opts["search"])
         self.block_rows = int(opts["block_rows"])
-        self.threads = int(opts["threads"])
         self.states: list[Any] = []
         self.neighbours = np.zeros((0, self.n_neighbours), dtype=np.int32)
         self.pivots = np.zeros(0, dtype=np.int64)
@@ -130,7 +126,7 @@ class TruncatedEStep:
         ctx = self.ctx
         params = truncated_params(estep_params(post, ctx.shift), self.neighbours, self.candidates,
                                   self.n_random, ctx.seed, iteration, self.pivots, self.remap,
-                                  self.search, self.block_rows, self.threads, ctx.source.dtype)
+                                  self.search, self.block_rows, ctx.source.dtype)
         if hook is not None:
             params = replace(params, hook=hook)
         self.states, result = ctx.engine.map_keep(one_thread_kernel, ctx.handles, self.states, params)
