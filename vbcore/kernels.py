@@ -157,15 +157,23 @@ class EStepParams:
     prec_chol: np.ndarray | None  # (K, D, D) full, (D, D) tied
 
 
+def _base_const(post: Posterior) -> np.ndarray:
+    d = post.n_features
+    return (post.expected_log_weights() + 0.5 * post.expected_log_det_precision() - 0.5 * d * LOG_2PI
+            - 0.5 * d / post.mean_precision)
+
+
+def estep_const(post: Posterior, shift: np.ndarray) -> np.ndarray:
+    """``estep_params(post, shift).const`` (the same bits) without the K x D weights."""
+    if post.covariance_type in ("full", "tied"):
+        return estep_params(post, shift).const
+    m = post.means - shift[None, :]
+    return _base_const(post) - 0.5 * np.sum(post.precision_diagonal() * m * m, axis=1)
+
+
 def estep_params(post: Posterior, shift: np.ndarray) -> EStepParams:
     """Fold the posterior into the small arrays the E-step GEMMs use (Kuusela et al. 2009 eqs. 33-36)."""
-    d = post.n_features
-    const = (
-        post.expected_log_weights()
-        + 0.5 * post.expected_log_det_precision()
-        - 0.5 * d * LOG_2PI
-        - 0.5 * d / post.mean_precision
-    )
+    const = _base_const(post)
     m = post.means - shift[None, :]
     if post.covariance_type == "full":
         return EStepParams("full", const, None, m, post.precisions_cholesky)

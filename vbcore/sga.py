@@ -84,13 +84,32 @@ def gradients(stats: SuffStats, point: DPPoint, prior: Prior, sigma2: float, n_t
     n = float(n_total)
     lam0 = prior.mean_precision
     nk = stats.nk
+    nkc = nk[:, None]
     mu = point.means - stats.shift[None, :]
-    delta = np.where(nk[:, None] > 0, stats.mean - mu, 0.0)  # xbar_k - mu_k
-    c = lam0 * (mu - (prior.mean - stats.shift)[None, :]) / (n * sigma2)  # prior part, per row
-    g_mu = nk[:, None] * delta / (m_rows * sigma2) - c
+    # the K x D terms in place, in the order of the formulas above (one temporary at a time: these
+    # run on the driver every minibatch, ~4x fewer passes over K x D than the plain expressions)
+    delta = np.subtract(stats.mean, mu)  # xbar_k - mu_k
+    delta[nk <= 0] = 0.0
+    c = mu
+    c -= (prior.mean - stats.shift)[None, :]
+    c *= lam0
+    c /= n * sigma2  # the prior part, per row
+    g_mu = nkc * delta
+    g_mu /= m_rows * sigma2
+    g_mu -= c
     # sum_n z (x - mu)^2 = S_k + n_k delta^2, sum_n z (x - mu) = n_k delta
-    f_mu = ((stats.scatter + nk[:, None] * delta**2) / sigma2**2
-            - 2.0 * c * nk[:, None] * delta / sigma2) / m_rows + c * c
+    f_mu = np.square(delta)
+    f_mu *= nkc
+    f_mu += stats.scatter
+    f_mu /= sigma2**2
+    t = 2.0 * c
+    t *= nkc
+    t *= delta
+    t /= sigma2
+    f_mu -= t
+    f_mu /= m_rows
+    np.square(c, out=t)
+    f_mu += t
     curv_mu = nk / (m_rows * sigma2) + lam0 / (n * sigma2)
 
     v = np.clip(point.sticks, STICK_EPS, 1.0 - STICK_EPS)

@@ -158,7 +158,7 @@ class TruncResult:
 
     def merge_owned(self, other: TruncResult) -> TruncResult:
         """:meth:`merge`, adding into this result's sums where they allow it (the same bits)."""
-        return self._with(getattr(self.sums, "merge_owned", self.sums.merge)(other.sums), other)
+        return self._with(getattr(self.sums, "merge_owned", self.sums.merge)(other.sums), other)  # type: ignore[arg-type]
 
     def _with(self, sums: SuffStats | DiagSums, other: TruncResult) -> TruncResult:
         return TruncResult(sums, self.log_norm + other.log_norm, self.scores.merge(other.scores),

@@ -125,11 +125,17 @@ def _stored(state: CandidateState, n: int, params: MapSearchParams) -> np.ndarra
 
 
 def _pivot_candidates(x: object, params: MapSearchParams) -> np.ndarray:
-    """The best C' pivots of each row (one GEMM per BLOCK_ROWS rows)."""
+    """The best C' pivots of each row (one GEMM per BLOCK_ROWS rows; the pivots' weights gathered
+    once, not at all when they are every cluster: a K x D gather per call cost more than its GEMM)."""
+    xp = array_namespace(x)
+    piv = params.pivots
+    every = piv.size == params.n_components and np.array_equal(piv, np.arange(piv.size))
+    wt = xp.matrix_transpose(xp.asarray(params.weights if every else params.weights[piv]))
+    const = params.const[piv][None, :]
     out = np.empty((int(x.shape[0]), params.candidates), dtype=np.int32)  # type: ignore[attr-defined]
     for i in range(0, out.shape[0], BLOCK_ROWS):
-        s = _scores_of(x[i : i + BLOCK_ROWS], params.pivots, params)  # type: ignore[index]
-        out[i : i + BLOCK_ROWS] = params.pivots[top_columns(s, params.candidates)]
+        s = to_numpy(x[i : i + BLOCK_ROWS] @ wt) + const  # type: ignore[index]
+        out[i : i + BLOCK_ROWS] = piv[top_columns(s, params.candidates)]
     return out
 
 
