@@ -277,8 +277,9 @@ def test_fit_bound_never_decreases_and_is_close_to_exact(blobs, wt, search):
 
 
 def test_options_are_checked():
-    with pytest.raises(ConfigError, match=r"learner option 'candidates' of 'vbem' must be an integer >= 0"):
-        VBMixture(2, learner_options={"candidates": -1}).fit(np.random.default_rng(0).normal(size=(20, 2)))
+    with pytest.raises(ConfigError, match=r"learner option 'candidates' of 'vbem' must be an integer >= -1 "
+                       r"\(-1: automatic, 0: the exact E-step\), got -2"):
+        VBMixture(2, learner_options={"candidates": -2}).fit(np.random.default_rng(0).normal(size=(20, 2)))
     with pytest.raises(ConfigError, match=r"learner option 'neighbours' of 'vbem' must be an integer >= 1"):
         VBMixture(2, learner_options={"candidates": 2, "neighbours": 0}).fit(np.ones((20, 2)))
     with pytest.raises(ConfigError, match=r"option 'search' of 'vbem' must be one of \('best', 'all'\)"):
@@ -327,3 +328,29 @@ def test_dask_resume_matches_local_run(tmp_path, client, store):
     VBMixture(max_iter=3, engine=client, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(store)
     resumed = VBMixture(max_iter=5, engine=client, checkpoint_dir=str(tmp_path), **kw).fit(store)
     _same_bits(resumed, VBMixture(max_iter=5, **kw).fit(store))
+
+
+def test_automatic_candidates_rule():
+    from pipeline.learners.truncated import AUTO_CANDIDATES, AUTO_MIN_COMPONENTS, auto_candidates
+
+    k = AUTO_MIN_COMPONENTS
+    assert auto_candidates(k, "diag") == AUTO_CANDIDATES == 3
+    assert auto_candidates(k, "spherical") == auto_candidates(k, "fixed") == 3
+    assert auto_candidates(k - 1, "diag") == 0  # small K: the exact E-step (measured 1.3x at K = 100)
+    assert auto_candidates(10 * k, "full") == auto_candidates(10 * k, "tied") == 0
+
+
+@pytest.mark.parametrize("k, truncated", [(299, False), (300, True)])
+def test_default_candidates_follow_the_rule(k, truncated):
+    """The default (-1) is the truncated E-step with C' = 3 from K = 300 (diag) and the exact one
+    below: the fit's evaluations per row say which ran (K for the exact pass, fewer for C' = 3)."""
+    x = np.random.default_rng(3).normal(size=(900, 2))
+    exact = VBMixture(k, covariance_type="diag", max_iter=3, tol=0.0, random_state=0,
+                      learner_options={"candidates": 0}).fit(x)
+    auto = VBMixture(k, covariance_type="diag", max_iter=3, tol=0.0, random_state=0).fit(x)
+    explicit = VBMixture(k, covariance_type="diag", max_iter=3, tol=0.0, random_state=0,
+                         learner_options={"candidates": 3}).fit(x)
+    same_as = explicit if truncated else exact
+    other = exact if truncated else explicit
+    np.testing.assert_array_equal(auto.lower_bounds_, same_as.lower_bounds_)
+    assert not np.array_equal(auto.lower_bounds_, other.lower_bounds_)
