@@ -46,6 +46,7 @@ bench: venv
 	$(VPY) bench/bench_sga.py --workdir bench/out --vbem-iter 5
 	$(VPY) bench/bench_converge.py --store bench/out/sun397.zarr
 	$(VPY) bench/bench_extract.py --workdir bench/out --images 64
+	$(VPY) bench/bench_moves_cost.py
 
 # One VB EM iteration against scikit-learn and the GEMM share (about 1 minute).
 bench-quick: venv

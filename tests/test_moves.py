@@ -197,6 +197,8 @@ def test_delete_candidates() -> None:
     assert delete_candidates(nk, 0.1, 8).tolist() == [1, 3, 4]
     assert delete_candidates(nk, 0.1, 2).tolist() == [1, 3]
     assert delete_candidates(np.array([1.0, 1.0]), 10.0, 8).tolist() == [0]  # never all
+    # components under the floor (emptied by earlier merges, kept by 'tied') are not proposed
+    assert delete_candidates(np.array([500.0, 0.0, 3.0, 1e-9, 400.0]), 0.1, 8, floor=1e-6).tolist() == [2]
 
 
 @pytest.mark.parametrize("a0", [500.0, 1.0, 0.5])
@@ -278,22 +280,25 @@ def _same_bits(a, b) -> None:
     assert a.n_iter_ == b.n_iter_
 
 
-def test_moves_resume_bitwise(tmp_path) -> None:
+@pytest.mark.parametrize("ct", ["diag", "tied"])
+def test_moves_resume_bitwise(tmp_path, ct) -> None:
     x, _ = _planted(seed=2)
-    kw = dict(tol=0.0, learner_options={"moves": "merge,delete", "move_every": 4})
+    kw = dict(tol=0.0, covariance_type=ct, learner_options={"moves": "merge,delete", "move_every": 4})
     _fit(x, max_iter=7, checkpoint_dir=str(tmp_path), checkpoint_every=7, **kw)  # pairs pending for 8
     resumed = _fit(x, max_iter=14, checkpoint_dir=str(tmp_path), **kw)
     assert resumed.resumed_from_.endswith("ckpt-00000007")
     straight = _fit(x, max_iter=14, **kw)
     _same_bits(resumed, straight)
-    assert straight.n_components_ < 40
+    # 'tied' keeps all K (merged components stay, empty): moves were accepted if fewer are occupied
+    assert (straight.n_components_ if ct != "tied" else _occupied(straight)) < 40
 
 
-def test_moves_same_bits_on_dask(client) -> None:
+@pytest.mark.parametrize("ct", ["diag", "tied"])
+def test_moves_same_bits_on_dask(client, ct) -> None:
     x, _ = _planted(seed=3)
-    kw = dict(max_iter=7, learner_options={"moves": "merge,delete", "move_every": 3})
+    kw = dict(max_iter=7, covariance_type=ct, learner_options={"moves": "merge,delete", "move_every": 3})
     local = _fit(x, **kw)
-    assert local.n_components_ < 40
+    assert (local.n_components_ if ct != "tied" else _occupied(local)) < 40
     _same_bits(_fit(x, engine=client, **kw), local)
 
 

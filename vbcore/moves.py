@@ -406,11 +406,12 @@ def move_kernel(chunk: Chunk, params: MoveParams) -> MoveResult:
     return out
 
 
-def delete_candidates(nk: np.ndarray, share: float, limit: int) -> np.ndarray:
+def delete_candidates(nk: np.ndarray, share: float, limit: int, floor: float = 0.0) -> np.ndarray:
     """The (at most ``limit``) smallest components holding less than ``share`` of the mean count of
-    the components, ascending by index; never all of them."""
+    the components and at least ``floor`` rows, ascending by index; never all of them. (``floor``:
+    components emptied by earlier moves but kept, as 'tied' keeps them, have nothing to move.)"""
     k = nk.shape[0]
-    small = np.flatnonzero(nk < share * nk.sum() / max(k, 1))
+    small = np.flatnonzero((nk < share * nk.sum() / max(k, 1)) & (nk >= floor))
     small = small[np.argsort(nk[small], kind="stable")][: min(limit, k - 1)]
     return np.sort(small)
 

@@ -144,7 +144,9 @@ class Moves:
             self.pairs = propose_pairs(stats, post, self._prior, self._reg, int(self.opts["move_neighbours"]),
                                        int(self.opts["move_pairs"]))
         if "delete" in self.kinds:
-            self.deletes = delete_candidates(stats.nk, float(self.opts["delete_share"]), self.delete_limit)
+            # below the pruning threshold a component has nothing to move ('tied' keeps such components)
+            floor = float(self.opts.get("prune_below", 0.0))
+            self.deletes = delete_candidates(stats.nk, float(self.opts["delete_share"]), self.delete_limit, floor)
 
     def converged(self, base: bool) -> bool:
         """The learner's rule ``base``, held back once when moves may still raise the ELBO."""
