@@ -146,7 +146,8 @@ class Moves:
         if "delete" in self.kinds:
             # below the pruning threshold a component has nothing to move ('tied' keeps such components)
             floor = float(self.opts.get("prune_below", 0.0))
-            self.deletes = delete_candidates(stats.nk, float(self.opts["delete_share"]), self.delete_limit, floor)
+            share = float(self.opts["delete_share"])
+            self.deletes = delete_candidates(stats.nk, share, self.delete_limit, floor)
 
     def converged(self, base: bool) -> bool:
         """The learner's rule ``base``, held back once when moves may still raise the ELBO."""
