@@ -55,7 +55,7 @@ def test_vbem_rejects_options_before_fitting():
     model = VBMixture(3, learner_options={"eta": 1})
     with pytest.raises(ConfigError, match="learner 'vbem' has no option 'eta'; its options: block_rows, "
                                           "candidates, delete_max, .*, prune_below, random_clusters, "
-                                          "reorder, search, threads"):
+                                          "reorder, search"):
         model.fit(X)
     assert not hasattr(model, "posterior_")
     with pytest.raises(ConfigError, match="learner_options must be a dict, got 'eta=1'"):
