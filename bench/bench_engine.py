@@ -23,9 +23,9 @@
 8. kernel-threads: the kernel in the main thread vs a pool thread, with minor page faults per call,
    one fresh process per malloc / OpenBLAS environment setting.
 
-Run: `python bench/bench_engine.py [--only streaming,scaling,scaling-notrim,overhead,sun397,inworker,
-threads,many,kernel-threads] [--workdir DIR]` (``scaling-notrim``: the scaling pass with the workers'
-``MALLOC_TRIM_THRESHOLD_`` unset).
+Run: `python bench/bench_engine.py [--only streaming,scaling,scaling-notrim,scaling-mmap,overhead,sun397,
+inworker,threads,many,kernel-threads] [--workdir DIR]` (``scaling-notrim``: the scaling pass with the
+workers' ``MALLOC_TRIM_THRESHOLD_`` unset; ``scaling-mmap``: kept, with ``MALLOC_MMAP_THRESHOLD_`` 32 MiB).
 """
 
 from __future__ import annotations
@@ -58,13 +58,15 @@ def _peak_rss_sampler(pids_fn, stop: threading.Event, out: list[float]) -> None:
     out.append(peak)
 
 
-def _cluster(n_workers: int, memory_limit: str = "4GiB", trim: bool = True):
+def _cluster(n_workers: int, memory_limit: str = "4GiB", trim: bool = True, mmap: str | None = None):
     """A LocalCluster of single-thread workers; ``trim=False`` drops the nanny's
-    ``MALLOC_TRIM_THRESHOLD_`` from the workers' environment."""
+    ``MALLOC_TRIM_THRESHOLD_`` from the workers' environment; ``mmap`` sets ``MALLOC_MMAP_THRESHOLD_``."""
     import dask
     from distributed import Client, LocalCluster
 
     env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if mmap is not None:
+        env["MALLOC_MMAP_THRESHOLD_"] = mmap
     pre = {k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
            if trim or k != "MALLOC_TRIM_THRESHOLD_"}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": pre}):
@@ -151,7 +153,7 @@ def _task_compute_seconds(task_stream: list[dict]) -> float:
                if ss["action"] == "compute")
 
 
-def scaling_and_overhead(workdir: str, trim: bool = True) -> None:
+def scaling_and_overhead(workdir: str, trim: bool = True, mmap: str | None = None) -> None:
     from threadpoolctl import threadpool_limits
 
     from pipeline.engine import DaskEngine, LocalEngine
@@ -171,7 +173,7 @@ def scaling_and_overhead(workdir: str, trim: bool = True) -> None:
 
     times, compute = {}, {}
     for n in (1, 2):
-        cluster, client = _cluster(n, memory_limit="8GiB", trim=trim)
+        cluster, client = _cluster(n, memory_limit="8GiB", trim=trim, mmap=mmap)
         try:
             eng = DaskEngine(client, persist="always")
             h = eng.prepare(source, prepare_chunk, shift, "diag")
@@ -187,7 +189,8 @@ def scaling_and_overhead(workdir: str, trim: bool = True) -> None:
     busy, wall = compute[1]
     print(f"scaling: compute-bound pass ({source.n_rows} x 512, K=100, 100 chunks, 4,096 rows each): "
           f"2 workers are {times[1] / times[2]:.2f}x faster than 1 worker (target >= 1.8x; workers' "
-          f"MALLOC_TRIM_THRESHOLD_ {'as the nanny sets it' if trim else 'unset'})")
+          f"MALLOC_TRIM_THRESHOLD_ {'as the nanny sets it' if trim else 'unset'}"
+          f"{'' if mmap is None else ', MALLOC_MMAP_THRESHOLD_ ' + mmap})")
     print(f"overhead: 1 worker, 100 chunks: {1 - busy / wall:.1%} of the pass is outside task compute "
           f"(scheduling, transfers, merges on the driver side; target <= 10%); the same kernels take "
           f"{busy / t_local:.2f}x as long inside the worker as in-process with one BLAS thread "
@@ -469,6 +472,8 @@ def main() -> None:
             scaling_and_overhead(workdir)
         if "scaling-notrim" in only:
             scaling_and_overhead(workdir, trim=False)
+        if "scaling-mmap" in only:  # the nanny's trim threshold kept, glibc's mmap threshold raised
+            scaling_and_overhead(workdir, mmap=str(32 * 2**20))
         if "sun397" in only:
             sun397(workdir)
         if "inworker" in only:
