@@ -309,8 +309,16 @@ class ClusterConfig:
 
         cls = self.resolve_cluster_class()
         _check_cluster_kwargs(self.source, cls, self.cluster_class or "", self.cluster_kwargs)
-        with dask.config.set(worker_environ()):  # the workers started here and by scale()
-            return self._start(cls)
+        drop = worker_environ()
+        # a nanny started earlier in this process left Dask's value in os.environ, which the new
+        # workers would inherit (distributed.nanny sets os.environ before spawning): hidden meanwhile
+        hidden = os.environ.pop("MALLOC_TRIM_THRESHOLD_", None) if drop else None
+        try:
+            with dask.config.set(drop):  # the workers started here and by scale()
+                return self._start(cls)
+        finally:
+            if hidden is not None:
+                os.environ["MALLOC_TRIM_THRESHOLD_"] = hidden
 
     def _start(self, cls: type) -> Any:
         try:
@@ -385,12 +393,14 @@ DASK_TRIM_DEFAULT = "65536"
 
 def worker_environ() -> dict[str, Any]:
     """Dask config for the nannies vbcluster starts: Dask's default ``MALLOC_TRIM_THRESHOLD_`` left
-    out; a value the user configured (or ``cluster_kwargs.env``, which nannies apply after it) is kept."""
+    out; another value the user configured or exported (or ``cluster_kwargs.env``, which nannies apply
+    after it) is kept."""
     import dask
 
     key = "distributed.nanny.pre-spawn-environ"
     env = dask.config.get(key, default={}) or {}
-    if str(env.get("MALLOC_TRIM_THRESHOLD_")) == DASK_TRIM_DEFAULT:
+    own = os.environ.get("MALLOC_TRIM_THRESHOLD_", DASK_TRIM_DEFAULT)  # Dask's value, or the user's export
+    if str(env.get("MALLOC_TRIM_THRESHOLD_")) == DASK_TRIM_DEFAULT and own == DASK_TRIM_DEFAULT:
         return {key + ".MALLOC_TRIM_THRESHOLD_": None}  # None unsets it (distributed.nanny)
     return {}
 
