@@ -20,6 +20,7 @@ import numpy as np
 from vbcore.kernels import (
     BLOCK_ROWS,
     Chunk,
+    add_rows,
     array_namespace,
     estep_const,
     merge_spread,
@@ -176,10 +177,10 @@ class HardStats:
         idx = functools.reduce(np.union1d, [p.idx for p in parts])
         d = parts[0].shift.shape[0]
         s1, s2 = np.zeros((idx.size, d)), np.zeros((idx.size, d))
-        for p in parts:  # row by row: ~2x faster than s1[pos] += p.s1 (the same adds, measured)
-            for i, j in enumerate(np.searchsorted(idx, p.idx).tolist()):
-                s1[j] += p.s1[i]
-                s2[j] += p.s2[i]
+        for p in parts:
+            pos = np.searchsorted(idx, p.idx)
+            add_rows(s1, pos, p.s1)
+            add_rows(s2, pos, p.s2)
         nk = functools.reduce(np.add, [p.nk for p in parts])
         return HardStats(nk, idx, s1, s2, sum(p.n_rows for p in parts), parts[0].shift, _add_bounds(parts))
 
