@@ -6,8 +6,9 @@ settings are a :class:`pipeline.spec.FitSpec` (validated there before any data i
 checkpoints and resume are :mod:`pipeline.fit_driver`'s, the preparation, prior and initialisation
 :mod:`pipeline.fit_setup`'s. The fitted attributes carry scikit-learn's names, plus
 ``lower_bounds_`` (the ELBO after every iteration: exact, or for the minibatch learners an estimate
-whose standard error is in ``lower_bounds_se_``; ``bound_kind_`` says which) and ``elbo_terms_``
-(always exact).
+whose standard error is in ``lower_bounds_se_``; ``bound_kind_`` says which), ``elbo_terms_``
+(always exact) and ``learner_options_`` (every learner option as the fit used it, automatic values
+such as ``candidates=-1`` resolved).
 """
 
 from __future__ import annotations
@@ -221,6 +222,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.n_passes_ = best.passes
         #: what lower_bounds_ holds ('exact' or 'minibatch estimate'); lower_bound_ is always exact
         self.bound_kind_ = best.bound_kind
+        #: the learner options the fit used: defaults filled in, automatic values (candidates=-1) resolved
+        self.learner_options_ = best.options
         self.wall_seconds_ = best.wall_seconds  # summed over the attempts a resume continued
         self.resumed_from_ = best.resumed_from
         self.skipped_checkpoints_ = best.skipped

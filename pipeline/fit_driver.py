@@ -51,6 +51,8 @@ class FitOutcome:
     #: the standard error of each ``history`` entry that is a minibatch estimate (None where exact
     #: or not known)
     history_se: list[float | None] = field(default_factory=list)
+    #: the learner's options as the fit used them (defaults filled in, automatic values resolved)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 class StopRequest:
@@ -228,7 +230,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
                 loop.terms, post = final, learner.post
             if loop.terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
                 loop.terms = elbo_terms(vbem_pass(ctx, post).stats, post, ctx.prior)
-            passes, kind = learner.passes, learner.bound_kind()
+            passes, kind, options = learner.passes, learner.bound_kind(), dict(learner.opts)
         finally:
             learner.close()
     finally:
@@ -236,7 +238,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
                       None if loaded is None else str(loaded.path),
                       [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall(),
-                      loop.history_se)
+                      loop.history_se, options)
 
 
 def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,

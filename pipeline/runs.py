@@ -62,6 +62,7 @@ def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[s
     result: dict[str, Any] = {
         "learner": model.learner,
         "settings": {k: jsonable(v) for k, v in model.get_params().items() if k != "engine"},
+        "learner_options": {k: jsonable(v) for k, v in getattr(model, "learner_options_", {}).items()},
         "store": str(Path(store).resolve()) if "://" not in store else store,
         "store_fingerprint": src.fingerprint,
         "n_rows": src.n_rows,
@@ -111,6 +112,7 @@ def _write_posterior(f: Any, model: VBMixture) -> None:
             "fixed_variance": prior.fixed_variance, "n_iter": int(model.n_iter_),
             "converged": bool(model.converged_), "elbo_terms": model.elbo_terms_,
             "settings": {k: jsonable(v) for k, v in model.get_params().items() if k != "engine"},
+        "learner_options": {k: jsonable(v) for k, v in getattr(model, "learner_options_", {}).items()},
         })),
     }
     if prior.covariance is not None:

@@ -227,6 +227,35 @@ def test_hard_merge_gain_equals_map_bound_difference(a0: float) -> None:
         assert g == pytest.approx(ref, abs=1e-8 * abs(bound(stats)))
 
 
+def test_minibatch_merges_need_rows_of_both_clusters() -> None:
+    """A cluster with no rows in a minibatch reads as free to merge (its scaled statistics are those
+    of zero rows); HardMoves merges only clusters the minibatch saw. Three well separated classes,
+    cluster 1's rows left out of the "minibatch": with the rule nothing merges, without it 1 joins
+    its nearest neighbour although the full data's bound (cluster 1 holds a class) forbids it."""
+    from pipeline.learners.moves import HardMoves
+    from vbcore.hard_moves import select_hard_merges
+    from vbcore.sga_stats import scale_stats
+
+    rng = np.random.default_rng(9)
+    centres = 8.0 * np.eye(3, 8)  # in 8 dimensions a mean's prior term outweighs the sticks' ln a0
+    lab = np.repeat(np.arange(3), 200)
+    x = centres[lab] + rng.normal(size=(600, 8))
+    prior = default_prior(covariance_type="fixed", weight_type="dirichlet_process", n_components=3,
+                          data_mean=x.mean(0), data_covariance=x.var(0), weight_concentration=2.0,
+                          fixed_variance=1.0)
+    shift = x.mean(0)
+    full = _stats(x, np.eye(3)[lab], "fixed", shift)
+    pairs = np.array([[0, 1], [0, 2], [1, 2]])
+    assert select_hard_merges(full, pairs, prior, 1.0, 2.0)[0].shape[0] == 0  # the data: no merge
+    batch = rng.permutation(np.flatnonzero(lab != 1))[:60]  # a minibatch of 60 rows that misses 1
+    mini = _stats(x[batch], np.eye(3)[lab[batch]], "fixed", shift)
+    sized = scale_stats(mini, 600 / 60)
+    assert mini.nk[1] == 0 and select_hard_merges(sized, pairs, prior, 1.0, 2.0)[0].shape[0] == 1
+    moves = HardMoves("sga-f", {"moves": "merge", "move_every": 1, "move_pairs": 8, "move_neighbours": 2})
+    assert moves.select(sized, centres, prior, 1.0, 2.0, seen=mini.nk > 0).shape[0] == 0
+    assert moves.select(sized, centres, prior, 1.0, 2.0).shape[0] == 1  # the estimate alone merges
+
+
 # ---- the learner option ---------------------------------------------------------------------------
 def _planted(n: int = 3000, d: int = 6, k: int = 8, seed: int = 0):
     rng = np.random.default_rng(seed)
@@ -340,6 +369,29 @@ def test_hard_learners_with_merges_recover_k(learner: str) -> None:
     assert merged.n_components_ == 10 < plain.n_components_
     assert normalized_mutual_info_score(lab, merged.predict(x)) > 0.99
     assert merged.lower_bound_ > plain.lower_bound_
+
+
+def test_full_data_merge_check_of_the_study() -> None:
+    """The study's check of a minibatch fit against all rows: merges the full data's MAP bound accepts
+    at the final point, with their gain equal to hard_merge_gain's on the same statistics."""
+    from pipeline.studies.moves import full_data_merges
+    from vbcore.hard_moves import nearest_pairs
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(scale=3.0, size=(10, 16))
+    x = centres[rng.integers(0, 10, size=4000)] + rng.normal(size=(4000, 16))
+    plain = _hard_fit(x, "sga-f", "none")
+    pred = plain.predict(x)
+    got = full_data_merges(plain, x, pred)
+    assert got["full-data merges"] >= 1 and got["full-data merge gain/row"] > 0  # it kept split classes
+    k = plain.posterior_.means.shape[0]
+    stats = _stats(x, np.eye(k)[pred], "fixed", plain.prior_.mean)
+    pairs = nearest_pairs(plain.posterior_.means, 8)
+    gains = hard_merge_gain(stats, pairs, plain.prior_, float(plain.prior_.fixed_variance),
+                            float(plain.prior_.weight_concentration))
+    assert got["full-data merge gain/row"] * 4000 >= gains.max() - 1e-9 * abs(gains.max())
+    merged = _hard_fit(x, "sga-f", "merge")
+    assert full_data_merges(merged, x, merged.predict(x))["full-data merges"] == 0
 
 
 def test_hard_merges_resume_bitwise(tmp_path) -> None:

@@ -181,6 +181,9 @@ def test_prior_flags_reach_the_fit(store, tmp_path):
     got = json.loads((run / "result.json").read_text())["settings"]
     assert (got["degrees_of_freedom_prior"], got["mean_precision_prior"], got["weight_concentration_prior"],
             got["reg_covar"]) == (7.5, 0.5, 2.0, 1e-5)
+    # the learner options as used: defaults filled in, candidates=-1 resolved (K = 4: the exact E-step)
+    used = json.loads((run / "result.json").read_text())["learner_options"]
+    assert used["candidates"] == 0 and used["neighbours"] == 8
     with np.load(run / "posterior.npz") as z:
         meta = json.loads(str(z["meta"]))
     assert (meta["degrees_of_freedom"], meta["mean_precision"], meta["weight_concentration"]) == (

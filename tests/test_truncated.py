@@ -354,3 +354,6 @@ def test_default_candidates_follow_the_rule(k, truncated):
     other = exact if truncated else explicit
     np.testing.assert_array_equal(auto.lower_bounds_, same_as.lower_bounds_)
     assert not np.array_equal(auto.lower_bounds_, other.lower_bounds_)
+    # the fit reports the C' it resolved -1 to (result.json's learner_options come from here)
+    assert auto.learner_options_["candidates"] == (3 if truncated else 0)
+    assert explicit.learner_options_["candidates"] == 3

@@ -328,6 +328,9 @@ class TruncatedLearner(Learner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
+        check_truncated_options(self.name, self.opts)
+        if int(self.opts["candidates"]) < 0:  # resolved here, so the fit reports the C' it used
+            self.opts["candidates"] = auto_candidates(int(ctx.prior.n_components), ctx.covariance_type)
         self.truncated = truncated_e_step(self.name, ctx, self.opts)
 
     def start(self, post: Posterior) -> None:

@@ -66,20 +66,22 @@ def _data(name: str, folder: Path, seed: int, quick: bool) -> tuple[Any, np.ndar
 
 def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, moves: str, seed: int,
             quick: bool, fixed_iterations: int | None = None,
-            options: dict[str, Any] | None = None, init: str = "k-means++",
+            options: dict[str, Any] | None = None, init: str = "k-means++", merge_check: bool = False,
             **model: Any) -> dict[str, Any]:
-    """Fit ``learner`` with ``moves`` and return the study's row (plus ``elbo``, ``predictions``)."""
+    """Fit ``learner`` with ``moves`` and return the study's row (plus ``elbo``, ``predictions``;
+    with ``merge_check``, a hard learner's row adds :func:`full_data_merges` of its final point)."""
     from sklearn.metrics import normalized_mutual_info_score
 
     from pipeline import VBMixture
     from pipeline.learners.dpm import estimate_fixed_variance
     from vbcore.metrics import acc
 
-    ct = LEARNERS[learner][0]
+    ct = "diag" if learner == "vbem" else "fixed"
     opts: dict[str, Any] = {"moves": moves, **(options or {})}
     kw: dict[str, Any] = dict(model)
     if learner != "vbem":
-        opts.setdefault("minibatch", min(2000, len(y) // 4))
+        if learner.startswith("sga"):
+            opts.setdefault("minibatch", min(2000, len(y) // 4))
         kw["fixed_variance"] = estimate_fixed_variance(np.asarray(sample, dtype=np.float64), k, seed)
     iters = 8 if quick else (100 if learner == "vbem" else 60)
     if fixed_iterations is not None:  # the cost of the same number of iterations: no convergence test
@@ -96,11 +98,41 @@ def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, 
         pred = np.concatenate([model.predict(src.load(i)) for i in range(len(src.chunk_slices()))])
     else:
         pred = model.predict(data)
-    return {"K found": int(model.n_effective_), "K kept": int(model.n_components_),
+    extra = {} if not merge_check or learner == "vbem" else full_data_merges(model, data, pred)
+    return {**extra, "K found": int(model.n_effective_), "K kept": int(model.n_components_),
             "NMI": float(normalized_mutual_info_score(y, pred)), "ACC": float(acc(y, pred)),
             "ELBO/row": float(model.lower_bound_ / len(y)), "iterations": int(model.n_iter_),
             "CPU s": cpu, "wall s": wall, "CPU s/iter": cpu / max(1, int(model.n_iter_)),
             "elbo": [float(v) / len(y) for v in model.lower_bounds_], "predictions": pred}
+
+
+def full_data_merges(model: Any, data: Any, pred: np.ndarray, neighbours: int = 8) -> dict[str, float]:
+    """The merges the full data's MAP bound accepts at a hard learner's final point: the hard
+    statistics of every row under ``pred`` (one pass, float64), pairs among each cluster's
+    ``neighbours`` nearest means, :func:`vbcore.hard_moves.select_hard_merges` (the minibatch
+    learners judge their merges on a minibatch; this says what all rows say)."""
+    from vbcore.hard_moves import nearest_pairs, select_hard_merges
+    from vbcore.kernels import chunk_statistics, prepare_chunk
+
+    prior, means = model.prior_, model.posterior_.means
+    k = means.shape[0]
+    if isinstance(data, str):
+        from pipeline.sources import StoreSource
+
+        src = StoreSource(data)
+        parts = [(np.asarray(src.load(i), dtype=np.float64), sl) for i, sl in enumerate(src.chunk_slices())]
+    else:
+        parts = [(np.asarray(data, dtype=np.float64), slice(0, len(pred)))]
+    stats = None
+    for x, sl in parts:
+        onehot = np.eye(k)[pred[sl]]
+        part = chunk_statistics(prepare_chunk(x, prior.mean, "fixed"), onehot, np.zeros(x.shape[0]))
+        stats = part if stats is None else stats.merge(part)
+    assert stats is not None
+    pairs = nearest_pairs(means, neighbours)
+    acc, gain = select_hard_merges(stats, pairs, prior, float(prior.fixed_variance),
+                                   float(prior.weight_concentration), 256)
+    return {"full-data merges": int(acc.shape[0]), "full-data merge gain/row": gain / len(pred)}
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 0) -> Path:
