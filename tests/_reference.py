@@ -89,6 +89,8 @@ def brute_log_rho(X, post):
     for k in range(post.n_components):
         if post.covariance_type == "full":
             prec = np.linalg.inv(post.covariances[k])
+        elif post.covariance_type == "tied":
+            prec = np.linalg.inv(post.covariances)
         else:
             prec = np.diag(post.precision_diagonal()[k])
         diff = X - post.means[k]

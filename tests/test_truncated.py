@@ -22,7 +22,7 @@ from vbcore.truncated import (
     update_neighbours,
 )
 
-TYPES = ["full", "diag", "spherical", "fixed"]
+TYPES = ["full", "tied", "diag", "spherical", "fixed"]
 WEIGHTS = ["dirichlet_process", "dirichlet_distribution"]
 
 
@@ -101,7 +101,7 @@ def test_sparse_statistics_match_float64_bruteforce(data, ct):
     nk, mean, scat = brute_stats(X - shift, dense)
     np.testing.assert_allclose(res.stats.nk, nk, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(res.stats.mean[nk > 0], mean[nk > 0], rtol=1e-9, atol=1e-9)
-    want = scat if ct == "full" else np.diagonal(scat, axis1=1, axis2=2)
+    want = {"full": scat, "tied": scat.sum(0, keepdims=True)}.get(ct, np.diagonal(scat, axis1=1, axis2=2))
     np.testing.assert_allclose(res.stats.scatter, want, rtol=1e-9, atol=1e-8)
     assert res.log_norm == pytest.approx(lse.sum(), rel=1e-12)
     assert res.stats.sum_rlogr == pytest.approx(np.sum(q * np.log(q)), rel=1e-9, abs=1e-9)
@@ -152,7 +152,7 @@ def test_truncated_bound_is_below_the_exact_one_for_the_same_q_theta(data, ct):
         assert res.log_norm <= exact.log_norm + 1e-9 * abs(exact.log_norm)
 
 
-@pytest.mark.parametrize("ct", ["diag", "full"])
+@pytest.mark.parametrize("ct", ["diag", "full", "tied"])
 def test_float32_data_close_to_float64(data, ct):
     k = 8
     X = data + 1e3
@@ -288,23 +288,29 @@ def test_options_are_checked():
         VBMixture(2, learner_options={"block_rows": 0}).fit(np.ones((20, 2)))
     with pytest.raises(ConfigError, match=r"learner option 'first_search' of 'vbem' must be one of"):
         VBMixture(2, learner_options={"first_search": "some"}).fit(np.ones((20, 2)))
+    with pytest.raises(ConfigError, match=r"options 'candidates' and 'moves' of 'vbem' cannot be combined "
+                       r"for covariance 'tied' yet; use candidates=0 \(the exact E-step\) with moves"):
+        VBMixture(2, covariance_type="tied",
+                  learner_options={"candidates": 2, "moves": "merge"}).fit(np.ones((20, 2)))
     with pytest.raises(ConfigError, match=r"option 'candidates' of 'vbem' must be an integer, got 1.5"):
         VBMixture(2, learner_options={"candidates": 1.5}).fit(np.ones((20, 2)))
 
 
-@pytest.mark.parametrize("first_search", ["all", "pivots"])
-@pytest.mark.parametrize("reorder", [False, True])
-def test_resume_is_bitwise(tmp_path, blobs, first_search, reorder):
+@pytest.mark.parametrize(("first_search", "reorder", "ct"), [
+    ("all", False, "diag"), ("all", True, "diag"), ("pivots", False, "diag"), ("pivots", True, "diag"),
+    ("all", True, "tied")])
+def test_resume_is_bitwise(tmp_path, blobs, first_search, reorder, ct):
     opts = {"candidates": 3, "neighbours": 4, "first_search": first_search, "reorder": reorder,
             "prune_below": 0.5}
-    kw = dict(n_components=20, covariance_type="diag", tol=0.0, random_state=0, chunk_rows=200,
+    kw = dict(n_components=20, covariance_type=ct, tol=0.0, random_state=0, chunk_rows=200,
               learner_options=opts)
     VBMixture(max_iter=5, checkpoint_dir=str(tmp_path), checkpoint_every=5, **kw).fit(blobs)
     resumed = VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), **kw).fit(blobs)
     assert resumed.resumed_from_.endswith("ckpt-00000005")
     whole = VBMixture(max_iter=12, **kw).fit(blobs)
     _same_bits(resumed, whole)
-    assert whole.n_components_ < 20  # components were pruned: the relabelling was exercised
+    # components were pruned: the relabelling was exercised ('tied' keeps all K; its re-ordering relabels)
+    assert whole.n_components_ < 20 or ct == "tied"
 
 
 @pytest.fixture(scope="module")
@@ -315,8 +321,9 @@ def store(tmp_path_factory, blobs):
     return str(path)
 
 
-def test_local_and_dask_engines_are_bitwise_identical(client, store):
-    kw = dict(n_components=10, covariance_type="full", max_iter=3, tol=0.0, random_state=0,
+@pytest.mark.parametrize("ct", ["full", "tied"])
+def test_local_and_dask_engines_are_bitwise_identical(client, store, ct):
+    kw = dict(n_components=10, covariance_type=ct, max_iter=3, tol=0.0, random_state=0,
               learner_options={"candidates": 3, "neighbours": 4, "prune_below": 0.5, "block_rows": 8})
     local2 = VBMixture(engine=LocalEngine(threads=2), **kw).fit(store)  # two chunks at a time
     _same_bits(VBMixture(engine=client, **kw).fit(store), local2)

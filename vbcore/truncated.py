@@ -6,8 +6,8 @@ neighbour lists ``G_c`` (``c`` first) of its best cluster (``search='best'``) or
 the top ``C'`` of ``S_n`` by ``ln rho_nk`` (Kuusela et al. 2009 eq. 36) with ``q(z_n = k) = rho_nk /
 sum_{j in K_n} rho_nj`` there and zero elsewhere; the statistics (eqs. 30-32) have ``C'`` non-zeros
 per row: raw float64 sums (:class:`DiagSums`, diagonal families) or a :class:`~vbcore.stats.SuffStats`
-('full'), ``sum r ln r`` over the restricted q. The driver side (neighbour lists, pivots,
-relabelling) is :mod:`vbcore.neighbours`.
+('full'; 'tied' with the pooled scatter), ``sum r ln r`` over the restricted q. The driver side
+(neighbour lists, pivots, relabelling) is :mod:`vbcore.neighbours`.
 
 Mean-field VB on the same model with a smaller family for q(Z): the exact ELBO is a true lower
 bound, and since ``S_n`` contains the previous ``K_n`` (worth ``ln sum_{k in K_n} rho_nk``), it
@@ -171,7 +171,8 @@ def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int
                      search: str = "best", min_rows: int = 64, dtype: Any = np.float64) -> TruncParams:
     """Bundle the posterior's E-step fold with the search settings (see :class:`TruncParams`);
     ``dtype`` the data's (the diagonal weights are cast once here, not in every chunk)."""
-    wt = None if estep.weights is None else np.ascontiguousarray(estep.weights.T, dtype=dtype)
+    w = estep.weights
+    wt = None if w is None or estep.covariance_type == "tied" else np.ascontiguousarray(w.T, dtype=dtype)
     k = int(estep.const.shape[0])
     nb = np.asarray(neighbours, dtype=np.int32)
     return TruncParams(estep, wt, nb, min(int(candidates), k), int(n_random), seed, int(iteration),
@@ -199,9 +200,15 @@ def _group_logits(chunk: Chunk, rows: np.ndarray, search: np.ndarray, params: Tr
     if feats is not None:  # diagonal families: one (m x 2D) @ (2D x |S|) GEMM
         ws = xp.take(w, xp.asarray(search), axis=0)
         return to_numpy(feats @ xp.matrix_transpose(ws)) + const[None, :]
-    assert est.means is not None and est.prec_chol is not None
     x = xp.take(chunk.x, xp.asarray(rows), axis=0)
     dt = chunk.x.dtype
+    if est.covariance_type == "tied":  # y = x U once, then one (m x D) @ (D x |S|) GEMM
+        assert est.weights is not None and est.prec_chol is not None
+        y = x @ xp.asarray(est.prec_chol, dtype=dt)
+        ws = xp.asarray(est.weights[:, search], dtype=dt)
+        half_sq = 0.5 * to_numpy(xp.sum(y * y, axis=1, dtype=xp.float64))
+        return to_numpy(y @ ws) + const[None, :] - half_sq[:, None]
+    assert est.means is not None and est.prec_chol is not None
     out = np.empty((rows.size, search.size))
     for j, s in enumerate(search):  # full: one (m x D) @ (D x D) GEMM per searched cluster
         u = xp.asarray(est.prec_chol[s], dtype=dt)
@@ -332,7 +339,7 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     nk = np.bincount(idx.ravel(), weights=resp.ravel(), minlength=k)
     sum_rlogr = float(np.sum(rlogr))
     stats = (DiagSums(nk, g, sum_rlogr, chunk.n_rows, chunk.shift) if g is not None
-             else _full_stats(chunk, idx, resp, nk, sum_rlogr))
+             else _full_stats(chunk, idx, resp, nk, sum_rlogr, params.estep.covariance_type == "tied"))
     scores = _scores(done.keys, done.sums, done.counts)
     extra = None if params.hook is None else params.hook(
         chunk, idx, resp, rlogr, stats.to_stats() if isinstance(stats, DiagSums) else stats)
@@ -417,14 +424,15 @@ def _add_group_moments(g: np.ndarray, feats: Any, cand: np.ndarray, r: np.ndarra
 
 
 def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
-                sum_rlogr: float) -> SuffStats:
+                sum_rlogr: float, pooled: bool = False) -> SuffStats:
     """Means and exactly centred scatters, per cluster over the rows that have it as a candidate
-    (two passes, as :func:`vbcore.kernels.chunk_statistics`)."""
+    (two passes, as :func:`vbcore.kernels.chunk_statistics`); ``pooled`` ('tied'): their sum
+    ``sum_k N_k S_k``, added cluster by cluster in index order."""
     xp = array_namespace(chunk.x)
     dt = chunk.x.dtype
     k, d = nk.shape[0], chunk.x.shape[1]
     mean = np.zeros((k, d))
-    scatter = np.zeros((k, d, d))
+    scatter = np.zeros((1 if pooled else k, d, d))  # pooled: one group, as the exact kernel stores it
     flat = idx.ravel()
     order = np.argsort(flat, kind="stable")
     comps = flat[order]
@@ -440,7 +448,7 @@ def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
         rr = xp.asarray(r[:, None], dtype=dt)
         mean[j] = to_numpy(xp.sum(x * rr, axis=0, dtype=xp.float64)) / nk[j]
         xc = x - xp.asarray(mean[j], dtype=dt)
-        scatter[j] = to_numpy(xp.matrix_transpose(xc * rr) @ xc)
+        scatter[0 if pooled else j] += to_numpy(xp.matrix_transpose(xc * rr) @ xc)
     scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
-                     shift=chunk.shift)
+                     shift=chunk.shift, pooled=pooled)

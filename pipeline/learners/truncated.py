@@ -52,8 +52,10 @@ TRUNCATED_OPTIONS: dict[str, Any] = {"candidates": -1, "neighbours": 8, "random_
 #: ``candidates=-1`` turns the truncated E-step on (C' = 3) from K = 300 components for the diagonal
 #: families: measured on the SUN397-shaped store (108,754 x 4096, nu0 = 64, same start), 3.4x per
 #: iteration at K = 300 and 2.9x at K = 1000 with the same NMI and the bound within 0.002%, but only
-#: 1.3x at K = 100 (docs/benchmarks.md); 'full' was not measured at scale, 'tied' is not supported
+#: 1.3x at K = 100 (docs/benchmarks.md); 'full' and 'tied' were not measured at scale
 AUTO_MIN_COMPONENTS = 300
+#: the covariance types the truncated E-step supports (all of VB EM's)
+TRUNCATED_COVARIANCES = ("full", "tied", "diag", "spherical", "fixed")
 AUTO_CANDIDATES = 3
 AUTO_COVARIANCES = ("diag", "spherical", "fixed")
 
@@ -212,7 +214,7 @@ def truncated_e_step(name: str, ctx: Any, opts: Mapping[str, Any]) -> TruncatedE
         opts = {**opts, "candidates": auto_candidates(int(ctx.prior.n_components), ctx.covariance_type)}
     if int(opts["candidates"]) == 0:
         return None
-    if ctx.covariance_type not in ("full", "diag", "spherical", "fixed"):
+    if ctx.covariance_type not in TRUNCATED_COVARIANCES:
         raise ConfigError(f"learner option 'candidates' of {name!r} does not support covariance_type "
                           f"{ctx.covariance_type!r} yet; use candidates=0")
     return TruncatedEStep(ctx, opts)
