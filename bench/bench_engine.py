@@ -23,9 +23,12 @@
 8. kernel-threads: the kernel in the main thread vs a pool thread, with minor page faults per call,
    one fresh process per malloc / OpenBLAS environment setting.
 
-Run: `python bench/bench_engine.py [--only streaming,scaling,scaling-notrim,scaling-mmap,overhead,sun397,
-inworker,threads,many,kernel-threads] [--workdir DIR]` (``scaling-notrim``: the scaling pass with the
-workers' ``MALLOC_TRIM_THRESHOLD_`` unset; ``scaling-mmap``: kept, with ``MALLOC_MMAP_THRESHOLD_`` 32 MiB).
+Run: `python bench/bench_engine.py [--only streaming,scaling,scaling-notrim,scaling-mmap,scaling-large,
+overhead,sun397,inworker,threads,many,kernel-threads] [--workdir DIR]` (``scaling-notrim``: the scaling
+pass with the workers' ``MALLOC_TRIM_THRESHOLD_`` unset; ``scaling-mmap``: kept, with
+``MALLOC_MMAP_THRESHOLD_`` 32 MiB; ``scaling-large``: unset, 25 chunks of 16,384 rows). Each scaling
+run also prints the in-process 2-thread ceiling and the CPU seconds per pass of the workers and of the
+driver + scheduler.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -41,76 +45,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-
-def _peak_rss_sampler(pids_fn, stop: threading.Event, out: list[float]) -> None:
-    import psutil
-
-    peak = 0.0
-    while not stop.is_set():
-        total = 0.0
-        for pid in pids_fn():
-            try:
-                total += psutil.Process(pid).memory_info().rss
-            except psutil.Error:
-                pass
-        peak = max(peak, total)
-        time.sleep(0.05)
-    out.append(peak)
-
-
-def _cluster(n_workers: int, memory_limit: str = "4GiB", trim: bool = True, mmap: str | None = None):
-    """A LocalCluster of single-thread workers; ``trim=False`` drops the nanny's
-    ``MALLOC_TRIM_THRESHOLD_`` from the workers' environment; ``mmap`` sets ``MALLOC_MMAP_THRESHOLD_``."""
-    import dask
-    from distributed import Client, LocalCluster
-
-    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if mmap is not None:
-        env["MALLOC_MMAP_THRESHOLD_"] = mmap
-    pre = {k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
-           if trim or k != "MALLOC_TRIM_THRESHOLD_"}
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": pre}):
-        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                               memory_limit=memory_limit, dashboard_address=None, host="127.0.0.1",
-                               env=env)
-    return cluster, Client(cluster)
-
-
-def _pass_time(engine, handles, params, repeat=3, warmup=2) -> float:
-    from vbcore.kernels import vbem_kernel
-
-    for _ in range(warmup):
-        engine.map_reduce(vbem_kernel, handles, params)
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        engine.map_reduce(vbem_kernel, handles, params)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def _params(source, k: int, seed: int = 0):
-    from vbcore.kernels import chunk_statistics, estep_params, prepare_chunk
-    from vbcore.mstep import m_step
-    from vbcore.priors import default_prior
-
-    x0 = source.load(0)
-    shift = x0[0].astype(np.float64)
-    prior = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=k,
-                          data_mean=x0.mean(0, dtype=np.float64), data_covariance=x0.var(0, dtype=np.float64))
-    r = np.random.default_rng(seed).dirichlet(np.ones(k), size=x0.shape[0]).astype(np.float32)
-    post = m_step(chunk_statistics(prepare_chunk(x0, shift, "diag"), r), prior, 1e-6)
-    return shift, estep_params(post, shift)
-
-
-def _make_store(path: str, rows: int, dim: int, classes: int, chunk_rows: int) -> None:
-    from pipeline.ingest import ingest
-
-    if os.path.exists(path):
-        return
-    t = time.perf_counter()
-    rep = ingest("synthetic", path, chunk_rows=chunk_rows, rows=rows, dim=dim, classes=classes, seed=0)
-    print(f"  made {path}: {rep.n_rows} x {rep.n_features} in {time.perf_counter() - t:.0f}s")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_helpers import (  # noqa: E402  (a sibling module of this script)
+    cpu_split,
+    local_cluster,
+    make_store,
+    pass_params,
+    pass_time,
+    peak_rss_sampler,
+    task_compute_seconds,
+)
 
 
 def streaming(workdir: str) -> None:
@@ -119,13 +63,13 @@ def streaming(workdir: str) -> None:
     from vbcore.kernels import prepare_chunk
 
     path = os.path.join(workdir, "stream2g.zarr")
-    _make_store(path, rows=250_000, dim=2048, classes=50, chunk_rows=8192)
+    make_store(path, rows=250_000, dim=2048, classes=50, chunk_rows=8192)
     source = StoreSource(path)
     size = source.n_rows * source.n_features * 4
-    cluster, client = _cluster(2)
+    cluster, client = local_cluster(2)
     try:
         engine = DaskEngine(client, persist="never")
-        shift, params = _params(source, 20)
+        shift, params = pass_params(source, 20)
         handles = engine.prepare(source, prepare_chunk, shift, "diag")
 
         worker_pids = list(client.run(os.getpid).values())
@@ -134,9 +78,9 @@ def streaming(workdir: str) -> None:
             return [os.getpid(), *worker_pids]
 
         stop, out = threading.Event(), []
-        th = threading.Thread(target=_peak_rss_sampler, args=(pids, stop, out))
+        th = threading.Thread(target=peak_rss_sampler, args=(pids, stop, out))
         th.start()
-        t = _pass_time(engine, handles, params, repeat=2)
+        t = pass_time(engine, handles, params, repeat=2)
         stop.set()
         th.join()
         print(f"streaming: store {size / 2**30:.2f} GiB ({source.n_rows} x {source.n_features}, "
@@ -148,57 +92,59 @@ def streaming(workdir: str) -> None:
         cluster.close()
 
 
-def _task_compute_seconds(task_stream: list[dict]) -> float:
-    return sum(ss["stop"] - ss["start"] for t in task_stream for ss in t["startstops"]
-               if ss["action"] == "compute")
-
-
-def scaling_and_overhead(workdir: str, trim: bool = True, mmap: str | None = None) -> None:
+def scaling_and_overhead(workdir: str, trim: bool = True, mmap: str | None = None,
+                         chunk_rows: int = 4096) -> None:
     from threadpoolctl import threadpool_limits
 
     from pipeline.engine import DaskEngine, LocalEngine
     from pipeline.sources import StoreSource
     from vbcore.kernels import prepare_chunk, vbem_kernel
 
-    path = os.path.join(workdir, "scale.zarr")
-    _make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)  # 100 chunks
+    path = os.path.join(workdir, "scale.zarr" if chunk_rows == 4096 else f"scale-{chunk_rows}.zarr")
+    make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=chunk_rows)  # 100 chunks of 4096
+    n_chunks = -(-100 * 4096 // chunk_rows)
     source = StoreSource(path)
-    shift, params = _params(source, 100)
+    shift, params = pass_params(source, 100)
     with threadpool_limits(1):
         local = LocalEngine(persist="always", threads=1)  # one kernel at a time, as one worker
         lh = local.prepare(source, prepare_chunk, shift, "diag")
-        t_local = _pass_time(local, lh, params)
+        t_local = pass_time(local, lh, params)
         # the machine's own ceiling for this pass: the same kernels on 2 threads of this process
         # (no scheduler, no transfers): what 2 workers can reach at best
         both = LocalEngine(persist="always", threads=2)
-        t_local2 = _pass_time(both, both.prepare(source, prepare_chunk, shift, "diag"), params)
+        t_local2 = pass_time(both, both.prepare(source, prepare_chunk, shift, "diag"), params)
     del lh  # free the driver's copy before the clusters run
     from distributed import get_task_stream
 
-    times, compute = {}, {}
+    times, compute, split = {}, {}, {}
     for n in (1, 2):
-        cluster, client = _cluster(n, memory_limit="8GiB", trim=trim, mmap=mmap)
+        cluster, client = local_cluster(n, memory_limit="8GiB", trim=trim, mmap=mmap)
         try:
             eng = DaskEngine(client, persist="always")
             h = eng.prepare(source, prepare_chunk, shift, "diag")
-            times[n] = _pass_time(eng, h, params, repeat=5)
+            times[n] = pass_time(eng, h, params, repeat=5)
             with get_task_stream(client) as ts:
                 t = time.perf_counter()
                 eng.map_reduce(vbem_kernel, h, params)
                 wall = time.perf_counter() - t
-            compute[n] = (_task_compute_seconds(ts.data), wall)
+            compute[n] = (task_compute_seconds(ts.data), wall)
+            split[n] = cpu_split(client, eng, h, params)
         finally:
             client.close()
             cluster.close()
     busy, wall = compute[1]
-    print(f"scaling: compute-bound pass ({source.n_rows} x 512, K=100, 100 chunks, 4,096 rows each): "
+    print(f"scaling: compute-bound pass ({source.n_rows} x 512, K=100, {n_chunks} chunks, "
+          f"{chunk_rows:,} rows each): "
           f"2 workers are {times[1] / times[2]:.2f}x faster than 1 worker (target >= 1.8x; workers' "
           f"MALLOC_TRIM_THRESHOLD_ {'as the nanny sets it' if trim else 'unset'}"
           f"{'' if mmap is None else ', MALLOC_MMAP_THRESHOLD_ ' + mmap}); the same pass in-process on 2 "
           f"threads is {t_local / t_local2:.2f}x faster than on 1 (the machine's ceiling; {t_local:.2f}s "
           f"vs {t_local2:.2f}s), so the engine reaches "
           f"{times[1] / times[2] / (t_local / t_local2):.0%} of it")
-    print(f"overhead: 1 worker, 100 chunks: {1 - busy / wall:.1%} of the pass is outside task compute "
+    for n, (w, cw, cd) in split.items():
+        print(f"cpu: {n} worker(s): a pass takes {w:.2f}s; CPU per pass: workers {cw:.2f}s, driver + "
+              f"scheduler {cd:.2f}s: {(cw + cd) / w:.2f} of the machine's {os.cpu_count()} cores busy")
+    print(f"overhead: 1 worker, {n_chunks} chunks: {1 - busy / wall:.1%} of the pass is outside task compute "
           f"(scheduling, transfers, merges on the driver side; target <= 10%); the same kernels take "
           f"{busy / t_local:.2f}x as long inside the worker as in-process with one BLAS thread "
           f"(1 worker: {t_local:.2f}s in-process vs {busy:.2f}s of task compute)")
@@ -211,9 +157,9 @@ def sun397_setup(workdir: str, k: int = 1000):
     from vbcore.kernels import prepare_chunk
 
     path = os.path.join(workdir, "sun397.zarr")
-    _make_store(path, rows=108_754, dim=4096, classes=397, chunk_rows=8192)
+    make_store(path, rows=108_754, dim=4096, classes=397, chunk_rows=8192)
     source = StoreSource(path)
-    shift, params = _params(source, k)
+    shift, params = pass_params(source, k)
     engine = LocalEngine(persist="always")
     handles = engine.prepare(source, prepare_chunk, shift, "diag")
     return source, engine, handles, params
@@ -224,7 +170,7 @@ def sun397(workdir: str) -> None:
     t = time.perf_counter()
     source, engine, handles, params = sun397_setup(workdir, k)
     t_prep = time.perf_counter() - t
-    t_pass = _pass_time(engine, handles, params, repeat=2)
+    t_pass = pass_time(engine, handles, params, repeat=2)
     a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
     a @ a
     t0 = time.perf_counter()
@@ -261,9 +207,9 @@ def inworker(workdir: str, rounds: int = 5, repeat: int = 5) -> None:
     from vbcore.kernels import prepare_chunk
 
     path = os.path.join(workdir, "scale.zarr")
-    _make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)
+    make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)
     source = StoreSource(path)
-    shift, params = _params(source, 100)
+    shift, params = pass_params(source, 100)
     chunk = prepare_chunk(source.load(0), shift, "diag")
     default = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
     no_trim = {k: v for k, v in default.items() if k != "MALLOC_TRIM_THRESHOLD_"}
@@ -306,9 +252,9 @@ def threads(workdir: str, repeat: int = 3, n_chunks: int = 16) -> None:
     from vbcore.kernels import prepare_chunk, vbem_kernel
 
     path = os.path.join(workdir, "scale.zarr")
-    _make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)
+    make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)
     source = StoreSource(path)
-    shift, params = _params(source, 100)
+    shift, params = pass_params(source, 100)
     engine = LocalEngine(persist="always")
     handles = engine.prepare(source, prepare_chunk, shift, "diag")[:n_chunks]
     cores = default_threads()
@@ -376,7 +322,7 @@ def many(workdir: str, n_workers: int = 8, rows_per_chunk: int = 32, d: int = 32
             rng = np.random.default_rng(0)
             X = rng.normal(size=(n_chunks * rows_per_chunk, d)).astype(np.float32)
             source = ArraySource(X, rows_per_chunk)
-            shift, params = _params(source, k)
+            shift, params = pass_params(source, k)
             handles = engine.prepare(source, prepare_chunk, shift, "diag")
             wait(handles)
             who = client.who_has(handles)
@@ -421,7 +367,7 @@ def _kernel_threads_child(path: str, rounds: int = 3, repeat: int = 10) -> None:
     from vbcore.kernels import prepare_chunk
 
     source = StoreSource(path)
-    shift, params = _params(source, 100)
+    shift, params = pass_params(source, 100)
     chunk = prepare_chunk(source.load(0), shift, "diag")
 
     def timed() -> tuple[float, float]:
@@ -450,7 +396,7 @@ def kernel_threads(workdir: str) -> None:
     import sys
 
     path = os.path.join(workdir, "scale.zarr")
-    _make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)
+    make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)
     print("kernel-threads: VB EM kernel on one 4,096 x 512 chunk, K=100, one BLAS thread")
     settings = [{}, {"MALLOC_TRIM_THRESHOLD_": "65536"}, {"MALLOC_ARENA_MAX": "1"},
                 {"MALLOC_TRIM_THRESHOLD_": "1073741824", "MALLOC_MMAP_THRESHOLD_": "33554432"},
@@ -481,6 +427,8 @@ def main() -> None:
             scaling_and_overhead(workdir, trim=False)
         if "scaling-mmap" in only:  # the nanny's trim threshold kept, glibc's mmap threshold raised
             scaling_and_overhead(workdir, mmap=str(32 * 2**20))
+        if "scaling-large" in only:  # 25 chunks of 16,384 rows: a quarter of the tasks per pass
+            scaling_and_overhead(workdir, trim=False, chunk_rows=16384)
         if "sun397" in only:
             sun397(workdir)
         if "inworker" in only:
