@@ -114,3 +114,26 @@ def brute_stats(X, resp):
             diff = X - mean[j]
             scat[j] = (resp[:, j, None, None] * diff[:, :, None] * diff[:, None, :]).sum(0)
     return nk, mean, scat
+
+
+def stats_of(x: np.ndarray, resp: np.ndarray, ct: str, shift: np.ndarray):
+    """The kernels' statistics of rows ``x`` under the responsibilities ``resp`` (with ``sum r ln r``)."""
+    from vbcore.kernels import chunk_statistics, prepare_chunk
+
+    rlogr = np.sum(np.where(resp > 0, resp * np.log(np.where(resp > 0, resp, 1.0)), 0.0), axis=1)
+    return chunk_statistics(prepare_chunk(x, shift, ct), resp, rlogr)
+
+
+def planted_blobs(n: int = 3000, d: int = 6, k: int = 8, seed: int = 0):
+    """``n`` rows of ``k`` unit-variance Gaussian classes in ``d`` dimensions, and their labels."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=6.0, size=(k, d))
+    lab = rng.integers(0, k, size=n)
+    return centres[lab] + rng.normal(size=(n, d)), lab
+
+
+def same_fit_bits(a, b) -> None:
+    """Two fitted VBMixture models have the same bits (means, covariances, weights, ELBO history)."""
+    for name in ("means_", "covariances_", "weights_", "lower_bounds_"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.n_iter_ == b.n_iter_
