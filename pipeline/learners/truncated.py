@@ -207,11 +207,12 @@ class TruncatedEStep:
         self.states = []
 
 
-def truncated_e_step(name: str, ctx: Any, opts: Mapping[str, Any]) -> TruncatedEStep | None:
-    """The truncated E-step of a learner with :data:`TRUNCATED_OPTIONS`, or None for the exact one."""
+def truncated_e_step(name: str, ctx: Any, opts: dict[str, Any]) -> TruncatedEStep | None:
+    """The truncated E-step of a learner with :data:`TRUNCATED_OPTIONS`, or None for the exact one.
+    ``candidates=-1`` is resolved here, in ``opts`` (so the fit reports the C' it used)."""
     check_truncated_options(name, opts)
     if int(opts["candidates"]) < 0:
-        opts = {**opts, "candidates": auto_candidates(int(ctx.prior.n_components), ctx.covariance_type)}
+        opts["candidates"] = auto_candidates(int(ctx.prior.n_components), ctx.covariance_type)
     if int(opts["candidates"]) == 0:
         return None
     if ctx.covariance_type not in TRUNCATED_COVARIANCES:
@@ -330,10 +331,7 @@ class TruncatedLearner(Learner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
-        check_truncated_options(self.name, self.opts)
-        if int(self.opts["candidates"]) < 0:  # resolved here, so the fit reports the C' it used
-            self.opts["candidates"] = auto_candidates(int(ctx.prior.n_components), ctx.covariance_type)
-        self.truncated = truncated_e_step(self.name, ctx, self.opts)
+        self.truncated = truncated_e_step(self.name, ctx, self.opts)  # resolves candidates=-1 in opts
 
     def start(self, post: Posterior) -> None:
         super().start(post)
