@@ -13,10 +13,13 @@
 4. ``curve``: time per iteration for ``--curve-k`` at fixed N, D, exact and truncated (a PNG with
    ``--plot``);
 5. ``sgaf``: sga-f with the candidate MAP search, ``--sgaf-iters`` iterations including loading
-   (``--sgaf-exact``: also without candidates).
+   (``--sgaf-exact``: also without candidates);
+6. ``tied``: 'tied' covariance on Gaussian blobs (N = 20,000, 100 classes; D = 64, K = 300 and
+   D = 512, K = 1000), the same start: median time per iteration exact vs truncated, NMI, ELBO per row.
 
-Run: ``python bench/bench_truncated.py [--parts sun,converge,sklearn,curve,sgaf] [--rows 108754 --dim 4096]
-[--workdir DIR] [--candidates 4 --neighbours 16]``. The store is made once in ``--workdir``.
+Run: ``python bench/bench_truncated.py [--parts sun,converge,sklearn,curve,sgaf,tied]
+[--rows 108754 --dim 4096] [--workdir DIR] [--candidates 4 --neighbours 16]``. The store is made once
+in ``--workdir``.
 """
 
 from __future__ import annotations
@@ -228,6 +231,28 @@ def part_sgaf(args, trunc: dict) -> None:
               f"clusters {m.n_components_}, ELBO/row {m.lower_bound_ / len(labels):.4f}", flush=True)
 
 
+def part_tied(args, trunc: dict) -> None:
+    from pipeline import VBMixture
+    from vbcore.metrics import nmi
+
+    for d, k in ((64, 300), (512, 1000)):
+        rng = np.random.default_rng(0)
+        centres = rng.normal(scale=4.0, size=(100, d))
+        y = rng.integers(0, 100, size=20_000)
+        X = (centres[y] + rng.normal(size=(20_000, d))).astype(np.float32)
+        print(f"\n[tied] N=20000 D={d} K={k}, 100 classes, {args.iters} iterations from the same start")
+        out = {}
+        for name, opts in (("exact", EXACT), ("truncated", trunc)):
+            secs: list[float] = []
+            m = VBMixture(k, covariance_type="tied", max_iter=args.iters, tol=0.0, random_state=0,
+                          init_params="random_from_data", learner_options=opts)
+            m.fit(X, callback=lambda info, s=secs: s.append(info["seconds"]))
+            out[name] = (_per_iter(secs), float(nmi(y, m.predict(X))), m.lower_bound_ / len(X))
+            t, score, bound = out[name]
+            print(f"  {name}: {t:.3f} s/iteration, NMI {score:.4f}, ELBO/row {bound:.4f}")
+        print(f"  exact / truncated per iteration: {out['exact'][0] / out['truncated'][0]:.2f}x", flush=True)
+
+
 def part_curve(args, trunc: dict) -> None:
     store = _store(args.workdir, args.rows, args.dim, args.classes)
     print(f"\n[curve] seconds per iteration at N={args.rows}, D={args.dim} ({args.curve_iters} iterations, "
@@ -296,7 +321,7 @@ def main() -> None:
              "block_rows": args.block_rows}
     print(f"truncated E-step options: {trunc}; prior nu0 {_DOF or 'D'} (store fits)")
     parts = {"sun": part_sun, "converge": part_converge, "sklearn": part_sklearn, "curve": part_curve,
-             "sgaf": part_sgaf}
+             "sgaf": part_sgaf, "tied": part_tied}
     for name in args.parts.split(","):
         parts[name](args, trunc)
 

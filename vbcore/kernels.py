@@ -325,16 +325,20 @@ class _PooledSums:
         self.xx += to_numpy(xp.matrix_transpose(xb * w) @ xb)
 
     def stats(self, sum_rlogr: float, chunk: Chunk) -> SuffStats:
-        """Means and the pooled scatter ``sum_k N_k S_k = sum_n w_n x_n x_n^T - sum_k N_k xbar_k xbar_k^T``,
-        stored with a leading axis of length 1 (shape (1, D, D): one pooled group)."""
-        nk = self.nk
-        safe = np.where(nk > 0, nk, 1.0)
-        mean = self.sx / safe[:, None]
-        mean[nk <= 0] = 0.0
-        pooled = self.xx - (nk[:, None] * mean).T @ mean
-        pooled = 0.5 * (pooled + pooled.T)
-        return SuffStats(nk=nk, mean=mean, scatter=pooled[None], sum_rlogr=sum_rlogr,
-                         n_rows=chunk.n_rows, shift=chunk.shift, pooled=True)
+        return pooled_stats(self.nk, self.sx, self.xx, sum_rlogr, chunk)
+
+
+def pooled_stats(nk: np.ndarray, sx: np.ndarray, xx: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:
+    """'tied' statistics from float64 sums ``N_k``, ``sum_n r_nk x_n`` (K, D) and ``sum_n w_n x_n x_n^T``
+    (D, D; ``w_n = sum_k r_nk``): means and the pooled scatter ``sum_k N_k S_k = sum_n w_n x_n x_n^T -
+    sum_k N_k xbar_k xbar_k^T``, stored with a leading axis of length 1 (one pooled group)."""
+    safe = np.where(nk > 0, nk, 1.0)
+    mean = sx / safe[:, None]
+    mean[nk <= 0] = 0.0
+    pooled = xx - (nk[:, None] * mean).T @ mean
+    pooled = 0.5 * (pooled + pooled.T)
+    return SuffStats(nk=nk, mean=mean, scatter=pooled[None], sum_rlogr=sum_rlogr,
+                     n_rows=chunk.n_rows, shift=chunk.shift, pooled=True)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from vbcore.kernels import BLOCK_ROWS, Chunk, EStepParams, add_rows, array_namespace, diag_stats, to_numpy
+from vbcore.kernels import (
+    BLOCK_ROWS,
+    Chunk,
+    EStepParams,
+    add_rows,
+    array_namespace,
+    diag_stats,
+    pooled_stats,
+    to_numpy,
+)
 from vbcore.neighbours import (  # noqa: F401  (re-exported: the driver side of the search)
     compose_remaps,
     initial_neighbours,
@@ -426,13 +435,14 @@ def _add_group_moments(g: np.ndarray, feats: Any, cand: np.ndarray, r: np.ndarra
 def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
                 sum_rlogr: float, pooled: bool = False) -> SuffStats:
     """Means and exactly centred scatters, per cluster over the rows that have it as a candidate
-    (two passes, as :func:`vbcore.kernels.chunk_statistics`); ``pooled`` ('tied'): their sum
-    ``sum_k N_k S_k``, added cluster by cluster in index order."""
+    (two passes, as :func:`vbcore.kernels.chunk_statistics`); ``pooled`` ('tied'): the per-cluster
+    sums ``sum_n r_nk x_n`` and one ``sum_n w_n x_n x_n^T`` per block of rows, the pooled scatter
+    by the exact kernel's formula (:func:`vbcore.kernels.pooled_stats`; O(N C' D + N D^2))."""
     xp = array_namespace(chunk.x)
     dt = chunk.x.dtype
     k, d = nk.shape[0], chunk.x.shape[1]
     mean = np.zeros((k, d))
-    scatter = np.zeros((1 if pooled else k, d, d))  # pooled: one group, as the exact kernel stores it
+    scatter = np.zeros((0 if pooled else k, d, d))
     flat = idx.ravel()
     order = np.argsort(flat, kind="stable")
     comps = flat[order]
@@ -446,9 +456,19 @@ def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
             continue
         x = xp.take(chunk.x, xp.asarray(rows), axis=0)
         rr = xp.asarray(r[:, None], dtype=dt)
-        mean[j] = to_numpy(xp.sum(x * rr, axis=0, dtype=xp.float64)) / nk[j]
+        mean[j] = to_numpy(xp.sum(x * rr, axis=0, dtype=xp.float64))  # the sum; divided below
+        if pooled:
+            continue
+        mean[j] /= nk[j]
         xc = x - xp.asarray(mean[j], dtype=dt)
-        scatter[0 if pooled else j] += to_numpy(xp.matrix_transpose(xc * rr) @ xc)
+        scatter[j] = to_numpy(xp.matrix_transpose(xc * rr) @ xc)
+    if pooled:
+        w = resp.sum(axis=1)
+        xx = np.zeros((d, d))
+        for i in range(0, chunk.n_rows, BLOCK_ROWS):
+            xb = chunk.x[i : min(i + BLOCK_ROWS, chunk.n_rows), :]
+            xx += to_numpy(xp.matrix_transpose(xb * xp.asarray(w[i : i + BLOCK_ROWS, None], dtype=dt)) @ xb)
+        return pooled_stats(nk, mean, xx, sum_rlogr, chunk)
     scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
-                     shift=chunk.shift, pooled=pooled)
+                     shift=chunk.shift)

@@ -52,7 +52,8 @@ TRUNCATED_OPTIONS: dict[str, Any] = {"candidates": -1, "neighbours": 8, "random_
 #: ``candidates=-1`` turns the truncated E-step on (C' = 3) from K = 300 components for the diagonal
 #: families: measured on the SUN397-shaped store (108,754 x 4096, nu0 = 64, same start), 3.4x per
 #: iteration at K = 300 and 2.9x at K = 1000 with the same NMI and the bound within 0.002%, but only
-#: 1.3x at K = 100 (docs/benchmarks.md); 'full' and 'tied' were not measured at scale
+#: 1.3x at K = 100 (docs/benchmarks.md); 'full' was not measured at scale, 'tied' gains 1.1-1.6x
+#: (its x U and x^T x products are the exact E-step's too; docs/algorithms.md), so neither is on by default
 AUTO_MIN_COMPONENTS = 300
 #: the covariance types the truncated E-step supports (all of VB EM's)
 TRUNCATED_COVARIANCES = ("full", "tied", "diag", "spherical", "fixed")
