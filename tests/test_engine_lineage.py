@@ -50,8 +50,9 @@ def _same_bits(got: VBMixture, want: VBMixture) -> None:
     assert got.n_iter_ == want.n_iter_
 
 
-def _fit(X: np.ndarray, client: Client, checkpoint_dir: str | None, on_iteration: Any = None) -> VBMixture:
-    return VBMixture(engine=client, checkpoint_dir=checkpoint_dir, checkpoint_every=2, **FIT).fit(
+def _fit(X: np.ndarray, client: Client, checkpoint_dir: str | None, on_iteration: Any = None,
+         fit: dict[str, Any] | None = None) -> VBMixture:
+    return VBMixture(engine=client, checkpoint_dir=checkpoint_dir, checkpoint_every=2, **(fit or FIT)).fit(
         X, callback=on_iteration)
 
 
@@ -62,16 +63,19 @@ def plain(X, client) -> tuple[VBMixture, list[int]]:
     return _fit(X, client, None, lambda info: seen.append(client.run_on_scheduler(_tasks))), seen
 
 
-def test_checkpoints_bound_the_states_lineage(tmp_path, X, client, plain):
-    """Without checkpoints the scheduler's graph grows with every gradient pass (the lineage); with a
-    checkpoint every 2 iterations it stays at its size after the first ones. Same bits either way."""
-    model, grows = plain
+@pytest.mark.parametrize("which", ["ncg", "truncated"])
+def test_checkpoints_bound_the_states_lineage(tmp_path, X, client, request, which):
+    """Without checkpoints the scheduler's graph grows with every pass that updates the states (the
+    lineage); with a checkpoint every 2 iterations it stays at its size after the first ones. Same
+    bits either way. NCG's logits and the truncated E-step's candidate sets alike."""
+    model, grows = request.getfixturevalue("plain" if which == "ncg" else "plain_truncated")
     bounded: list[int] = []
     checkpointed = _fit(X, client, str(tmp_path),
-                        lambda info: bounded.append(client.run_on_scheduler(_tasks)))
+                        lambda info: bounded.append(client.run_on_scheduler(_tasks)),
+                        FIT if which == "ncg" else TRUNCATED)
     assert len(grows) == len(bounded) == FIT["max_iter"]
     growth = grows[-1] - grows[1]
-    assert growth > 50, grows  # the chain: ~10 tasks per gradient pass
+    assert growth > 30, grows  # the chain: NCG ~10 tasks per gradient pass, the truncated E-step ~8
     # with checkpoints the count only fluctuates by the tasks in flight (released asynchronously, so
     # a count taken after an iteration may still hold a pass's worth): far less than the chain's growth
     assert max(bounded[2:]) - bounded[1] < growth / 2, (bounded, grows)
@@ -82,7 +86,28 @@ def test_a_killed_worker_rebuilds_ncg_states_from_the_last_checkpoint(tmp_path, 
     """SIGKILL a worker process holding half the chunks' states right after iteration 5 (the last
     checkpoint: iteration 4): the nanny restarts it, Dask rebuilds its states from the checkpoint's
     tasks and the passes since, and the fit ends with the bits of an uninterrupted one."""
-    reference = plain[0]
+    _kill_after_5_gives_the_same_bits(tmp_path, X, client, FIT, plain[0])
+
+
+#: VB EM with the truncated E-step: its per-chunk candidate sets live on the workers like NCG's state
+TRUNCATED = dict(FIT, learner="vbem", learner_options={"candidates": 2, "neighbours": 3})
+
+
+@pytest.fixture(scope="module")
+def plain_truncated(X, client) -> tuple[VBMixture, list[int]]:
+    """As ``plain``, for the truncated E-step."""
+    seen: list[int] = []
+    return _fit(X, client, None, lambda info: seen.append(client.run_on_scheduler(_tasks)), TRUNCATED), seen
+
+
+def test_a_killed_worker_rebuilds_candidate_sets_from_the_last_checkpoint(tmp_path, X, client,
+                                                                         plain_truncated):
+    """As for NCG: the truncated E-step's candidate sets of the killed worker's chunks are rebuilt
+    from the checkpoint of iteration 4 (put back as tasks when it was written) and the pass since."""
+    _kill_after_5_gives_the_same_bits(tmp_path, X, client, TRUNCATED, plain_truncated[0])
+
+
+def _kill_after_5_gives_the_same_bits(tmp_path, X, client, fit: dict[str, Any], reference: VBMixture) -> None:
     pids = client.run(os.getpid)
     victim = sorted(pids)[0]
     killed: list[int] = []
@@ -94,7 +119,7 @@ def test_a_killed_worker_rebuilds_ncg_states_from_the_last_checkpoint(tmp_path, 
             os.kill(pids[victim], signal.SIGKILL)
             killed.append(pids[victim])
 
-    model = _fit(X, client, str(tmp_path), kill_after_5)
+    model = _fit(X, client, str(tmp_path), kill_after_5, fit=fit)
     assert killed, "the kill did not happen"
     _same_bits(model, reference)
     deadline = time.monotonic() + 60

@@ -195,3 +195,18 @@ class Learner:
         """Release per-chunk state held by the engine."""
 
 
+def restart_lineage(ctx: FitContext, states: list[Any], parts: list[Any]) -> list[Any]:
+    """The per-chunk states to keep after gathering them (``parts``) for a checkpoint: on a Dask
+    cluster, the gathered copies put back as new tasks; elsewhere ``states`` as they are.
+
+    A placed state is the end of a chain of tasks, one per pass since it was placed, which Dask keeps
+    (each with that pass's global parameters) to rebuild the states of a dead worker. Placing the
+    checkpoint's copy instead rebuilds them from the last checkpoint, and bounds what the scheduler
+    holds to the passes since then (the same values: the bits do not change). Device (CuPy) states
+    stay as they are: placing host copies would cost a pass to move them. The old chain is released,
+    not cancelled, when its last future goes.
+    """
+    engine = ctx.engine
+    if getattr(engine, "name", "local") != "dask" or getattr(engine, "array_backend", "numpy") != "numpy":
+        return states
+    return list(engine.place_states(parts, ctx.handles))

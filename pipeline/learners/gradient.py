@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.learners import register
-from pipeline.learners.base import FitContext, Learner
+from pipeline.learners.base import FitContext, Learner, restart_lineage
 from pipeline.learners.state import LearnerState
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError
@@ -298,28 +298,13 @@ class GradientLearner(Learner):
         """Per-chunk logits, gradient and direction gathered in row order, plus the driver's state."""
         assert self.s.stats is not None
         parts = self.ctx.engine.fetch_states(self.states, _host_state)
-        self._restart_lineage(parts)
+        self.states = restart_lineage(self.ctx, self.states, parts)
         out = self.s.to_arrays(prefix="driver.")
         for name in ("log_r", "h", "p"):
             arrays = [getattr(part, name) for part in parts]
             if all(a is not None for a in arrays):
                 out[f"chunk_{name}"] = np.concatenate(arrays)
         return out
-
-    def _restart_lineage(self, parts: list[LogitState]) -> None:
-        """On a Dask cluster, put the states just gathered for a checkpoint back as new tasks.
-
-        A placed state is the end of a chain of tasks, one per gradient pass since it was placed,
-        which Dask keeps (each with that pass's global state) to rebuild the states of a dead worker.
-        Placing the checkpoint's copy instead rebuilds them from the last checkpoint, and bounds
-        what the scheduler holds to the passes since then (same values: the bits do not change).
-        Device (CuPy) states stay as they are: placing host copies would cost a pass to move them.
-        """
-        engine = self.ctx.engine
-        if getattr(engine, "name", "local") != "dask" or getattr(engine, "array_backend", "numpy") != "numpy":
-            return
-        # the old chain is released, not cancelled, when its last future goes
-        self.states = engine.place_states(parts, self.ctx.handles)
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         if "chunk_log_r" not in state:  # a checkpoint of another learner: start afresh from post

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.learners.base import FitContext, Learner
+from pipeline.learners.base import FitContext, Learner, restart_lineage
 from vbcore.errors import ConfigError
 from vbcore.kernels import estep_params
 from vbcore.posterior import Posterior
@@ -171,8 +171,11 @@ class TruncatedEStep:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
-        """Candidate sets gathered in row order, neighbour lists, pivots and pending relabelling."""
+        """Candidate sets gathered in row order, neighbour lists, pivots and pending relabelling; on a
+        Dask cluster the gathered sets go back as new tasks, so a dead worker's sets are rebuilt from
+        this checkpoint (:func:`pipeline.learners.base.restart_lineage`)."""
         parts = self.ctx.engine.fetch_states(self.states, _host)
+        self.states = restart_lineage(self.ctx, self.states, parts)
         out: dict[str, np.ndarray] = {
             _PREFIX + "neighbours": self.neighbours, _PREFIX + "pivots": self.pivots,
             _PREFIX + "remap": np.zeros(0, np.int32) if self.remap is None else self.remap}
