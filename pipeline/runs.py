@@ -112,7 +112,7 @@ def _write_posterior(f: Any, model: VBMixture) -> None:
             "fixed_variance": prior.fixed_variance, "n_iter": int(model.n_iter_),
             "converged": bool(model.converged_), "elbo_terms": model.elbo_terms_,
             "settings": {k: jsonable(v) for k, v in model.get_params().items() if k != "engine"},
-        "learner_options": {k: jsonable(v) for k, v in getattr(model, "learner_options_", {}).items()},
+            "learner_options": {k: jsonable(v) for k, v in getattr(model, "learner_options_", {}).items()},
         })),
     }
     if prior.covariance is not None:

@@ -441,7 +441,7 @@ def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
     xp = array_namespace(chunk.x)
     dt = chunk.x.dtype
     k, d = nk.shape[0], chunk.x.shape[1]
-    mean = np.zeros((k, d))
+    sums, mean = np.zeros((k, d)), np.zeros((k, d))  # sum_n r_nk x_n, and (full) the means
     scatter = np.zeros((0 if pooled else k, d, d))
     flat = idx.ravel()
     order = np.argsort(flat, kind="stable")
@@ -456,10 +456,10 @@ def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
             continue
         x = xp.take(chunk.x, xp.asarray(rows), axis=0)
         rr = xp.asarray(r[:, None], dtype=dt)
-        mean[j] = to_numpy(xp.sum(x * rr, axis=0, dtype=xp.float64))  # the sum; divided below
+        sums[j] = to_numpy(xp.sum(x * rr, axis=0, dtype=xp.float64))
         if pooled:
             continue
-        mean[j] /= nk[j]
+        mean[j] = sums[j] / nk[j]
         xc = x - xp.asarray(mean[j], dtype=dt)
         scatter[j] = to_numpy(xp.matrix_transpose(xc * rr) @ xc)
     if pooled:
@@ -468,7 +468,7 @@ def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
         for i in range(0, chunk.n_rows, BLOCK_ROWS):
             xb = chunk.x[i : min(i + BLOCK_ROWS, chunk.n_rows), :]
             xx += to_numpy(xp.matrix_transpose(xb * xp.asarray(w[i : i + BLOCK_ROWS, None], dtype=dt)) @ xb)
-        return pooled_stats(nk, mean, xx, sum_rlogr, chunk)
+        return pooled_stats(nk, sums, xx, sum_rlogr, chunk)
     scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
                      shift=chunk.shift)

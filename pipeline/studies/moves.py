@@ -76,7 +76,7 @@ def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, 
     from pipeline.learners.dpm import estimate_fixed_variance
     from vbcore.metrics import acc
 
-    ct = "diag" if learner == "vbem" else "fixed"
+    ct = LEARNERS.get(learner, ("fixed",))[0]  # mm: 'fixed', as the SGA learners
     opts: dict[str, Any] = {"moves": moves, **(options or {})}
     kw: dict[str, Any] = dict(model)
     if learner != "vbem":
