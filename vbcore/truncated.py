@@ -418,15 +418,18 @@ def _scores(keys: list[np.ndarray], sums: list[np.ndarray], counts: list[np.ndar
 
 
 def _add_group_moments(g: np.ndarray, feats: Any, cand: np.ndarray, r: np.ndarray, xp: Any) -> None:
-    """``g[u] += R_u^T [x*x, x]`` for the union ``u`` of a group's candidates: one (|u| x m) @ (m x 2D)
-    GEMM in the data's dtype, accumulated in float64."""
-    u, pos = np.unique(cand, return_inverse=True)
+    """``g[u] += R_u^T [x*x, x]`` for the clusters ``u`` that hold a weight of the group: one
+    (|u| x m) @ (m x 2D) GEMM in the data's dtype, accumulated in float64.
+
+    Weights under the dtype's normal range add nothing representable to the sums, and subnormal
+    operands slow the GEMM down 50x: they are left out, and so are the clusters that hold no other
+    weight (in high dimension most rows put all their weight on one cluster, so ``u`` is a few of
+    the group's best clusters, not the union of all the candidates: 2-5x fewer rows to add)."""
     dt = feats.dtype
+    keep = r >= np.finfo(dt).tiny
+    u, pos = np.unique(cand[keep], return_inverse=True)
     dense = np.zeros((u.size, cand.shape[0]))
-    dense[pos.reshape(cand.shape), np.arange(cand.shape[0])[:, None]] = r  # a row's candidates differ
-    # weights under the dtype's normal range add nothing representable to the sums, and subnormal
-    # operands slow the GEMM down 50x: they are left out of it
-    dense[dense < np.finfo(dt).tiny] = 0.0
+    dense[pos, np.nonzero(keep)[0]] = r[keep]  # a row's candidates differ
     part = xp.asarray(dense, dtype=dt) @ feats
     part = part if xp is np else to_numpy(part)
     add_rows(g, u, part)
