@@ -116,16 +116,6 @@ def split_rows(x: np.ndarray, chunk_rows: int) -> list[np.ndarray]:
     return [x[s] for s in row_slices(x.shape[0], chunk_rows)]
 
 
-def reduce_in_order(results: Sequence[R]) -> R:
-    """Left fold of ``merge`` in the given (chunk) order."""
-    if not results:
-        raise ValueError("nothing to reduce: there are no chunks")
-    out = results[0]
-    for r in results[1:]:
-        out = out.merge(r)
-    return out
-
-
 def _merge(a: R, b: R) -> R:
     return a.merge(b)
 
@@ -282,11 +272,13 @@ class LocalEngine:
         return tree_reduce(self.map(kernel, handles, *args, per_chunk=per_chunk), _merge_owned)
 
     def map_keep(self, kernel: Callable[..., tuple[Any, R]], handles: Sequence[Any], states: Sequence[Any],
-                 *args: Any) -> tuple[list[Any], R]:
+                 *args: Any, combine: Callable[[list[R]], R] | None = None) -> tuple[list[Any], R]:
         """``kernel(chunk, state, *args) -> (new_state, result)`` on every chunk: the new states (in
-        chunk order) and the results reduced over the fixed tree."""
+        chunk order) and the results reduced over the fixed tree, or ``combine``d on the driver in
+        chunk order (for results whose pairwise merges rewrite growing unions: a minibatch's)."""
         pairs = self.map(kernel, handles, *args, per_chunk=states)
-        return [p[0] for p in pairs], tree_reduce([p[1] for p in pairs], _merge_owned)
+        res = [p[1] for p in pairs]
+        return [p[0] for p in pairs], tree_reduce(res, _merge_owned) if combine is None else combine(res)
 
     def fetch_states(self, states: Sequence[Any], convert: Callable[[Any], Any] | None = None) -> list[Any]:
         """The per-chunk states (``convert`` applied to each, where it lives), in chunk order."""
@@ -423,9 +415,10 @@ class DaskEngine:
         return root.result()
 
     def map_keep(self, kernel: Callable[..., tuple[Any, R]], handles: Sequence[Any], states: Sequence[Any],
-                 *args: Any) -> tuple[list[Any], R]:
+                 *args: Any, combine: Callable[[list[R]], R] | None = None) -> tuple[list[Any], R]:
         """As :meth:`LocalEngine.map_keep`; the new states are futures that stay on the worker that
-        computed them (next to a persisted chunk), the results merge on the workers.
+        computed them (next to a persisted chunk), the results merge on the workers (``combine``:
+        gathered and combined on the driver).
 
         Per-chunk state has no lineage beyond the pass that made it: a worker lost between passes
         loses its chunks' states (resume from a checkpoint), unlike the prepared chunks themselves.
@@ -434,6 +427,8 @@ class DaskEngine:
         pairs = self._submit(kernel, handles, args, states)
         new_states = self.client.map(operator.getitem, pairs, [0] * n, pure=False)
         results = self.client.map(operator.getitem, pairs, [1] * n, pure=False)
+        if combine is not None:
+            return new_states, combine(self.client.gather(results))
         root = tree_reduce(results, lambda a, b: self.client.submit(_merge, a, b, pure=False))
         return new_states, root.result()
 

@@ -1,9 +1,11 @@
 """Chunk kernels against float64 brute force; statistics merge; float32 accuracy."""
 
+import functools
+
 import numpy as np
 import pytest
 
-from pipeline.engine import reduce_in_order, split_rows
+from pipeline.engine import split_rows
 from tests._reference import TOL, brute_log_rho, brute_stats
 from vbcore.kernels import chunk_statistics, estep_params, log_rho, normalise, prepare_chunk
 from vbcore.mstep import m_step
@@ -56,7 +58,7 @@ def test_statistics_match_bruteforce_and_do_not_depend_on_chunking(data, ct, dty
     nk, mean, scat = brute_stats(X.astype(np.float64), R.astype(np.float64))
     shift = X.astype(np.float64).mean(0)
     whole = chunk_statistics(prepare_chunk(X, shift, ct), R)
-    parts = reduce_in_order([chunk_statistics(prepare_chunk(x, shift, ct), r)
+    parts = functools.reduce(lambda a, b: a.merge(b), [chunk_statistics(prepare_chunk(x, shift, ct), r)
                              for x, r in zip(split_rows(X, 17), split_rows(R, 17), strict=True)])
     tol = TOL[dtype]
     for s in (whole, parts):

@@ -15,7 +15,7 @@ from vbcore.kernels import prepare_chunk
 from vbcore.neighbours import pivot_clusters
 from vbcore.sga_stats import DPPoint, hard_kernel, map_params
 from vbcore.truncated import CandidateState
-from vbcore.truncated_map import map_initial_neighbours, map_search_kernel, map_search_params
+from vbcore.truncated_map import MapSearchResult, map_initial_neighbours, map_search_kernel, map_search_params
 
 warnings.filterwarnings("ignore", message="Best performing initialization did not converge")
 
@@ -87,6 +87,36 @@ def test_search_never_loses_the_previous_label_and_keeps_unvisited_rows(blobs):
     assert res.evaluations < sel.size * k  # fewer scores than the exact argmax
     rest = np.setdiff1d(np.arange(blobs.shape[0]), sel)
     np.testing.assert_array_equal(state2.idx[rest], state.idx[rest])
+
+
+def test_minibatch_results_combine_to_their_pairwise_merges(blobs):
+    """A minibatch's chunk results summed at once (MapSearchResult.combine, used by the minibatch
+    passes) equal the fixed tree of pairwise merges: the same clusters, counts and score keys, sums
+    to float64 rounding; and the sums of the rows computed in one piece."""
+    k = 24
+    shift = blobs[0].astype(np.float64)
+    point = _point(blobs, k)
+    chunks = [prepare_chunk(blobs[a : a + 180], shift, "fixed", squares=False) for a in range(0, 720, 180)]
+    rows = {0: np.arange(0, 180, 3), 180: np.arange(1, 180, 4), 360: np.arange(5, 90),
+            540: np.arange(0, 180, 7)}
+    _, params = _params(point, shift, 2, 3, rows=rows)
+    parts = [map_search_kernel(c, CandidateState(a), params)[1] for c, a in zip(chunks, rows, strict=True)]
+    at_once = MapSearchResult.combine(parts)
+    paired = parts[0].merge(parts[1]).merge(parts[2].merge(parts[3]))
+    np.testing.assert_array_equal(at_once.hard.idx, paired.hard.idx)
+    np.testing.assert_array_equal(at_once.hard.nk, paired.hard.nk)
+    np.testing.assert_allclose(at_once.hard.s1, paired.hard.s1, rtol=1e-13, atol=1e-12)
+    np.testing.assert_allclose(at_once.hard.s2, paired.hard.s2, rtol=1e-13, atol=1e-12)
+    np.testing.assert_array_equal(at_once.scores.keys, paired.scores.keys)
+    np.testing.assert_array_equal(at_once.scores.counts, paired.scores.counts)
+    np.testing.assert_allclose(at_once.scores.sums, paired.scores.sums, rtol=1e-13, atol=1e-12)
+    assert at_once.evaluations == paired.evaluations
+    sel = np.concatenate([a + r for a, r in rows.items()])
+    labels = np.concatenate([map_search_kernel(c, CandidateState(a), params)[0].idx[r, 0]
+                             for c, (a, r) in zip(chunks, rows.items(), strict=True)])
+    x = blobs[sel] - shift
+    for j, lab in enumerate(at_once.hard.idx):
+        np.testing.assert_allclose(at_once.hard.s1[j], x[labels == lab].sum(axis=0), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(("learner", "extra"), [("mm", {}), ("sga-f", {"minibatch": 200}), ("sga", {})])

@@ -229,6 +229,28 @@ def _block_sums(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray) -> tuple
     return uniq, z @ xb, z @ (xb * xb)
 
 
+def label_sums(x: np.ndarray, feats: np.ndarray | None, labels: np.ndarray, k: int, shift: np.ndarray,
+               bound: tuple[float, float] = (0.0, 0.0)) -> HardStats:
+    """:class:`HardStats` of rows ``x`` (shifted, NumPy; ``feats`` their ``[x*x, x]`` or None) with
+    the given labels: :func:`_block_sums` per BLOCK_ROWS rows in the data's dtype, float64 across
+    blocks; a single block's sums stay in its dtype (exact in float64: no K x D float64 arrays to
+    fill and add for a minibatch's few hundred rows of a chunk)."""
+    n, d = x.shape
+    nk = np.bincount(labels, minlength=k).astype(np.float64)
+    used = np.flatnonzero(nk)
+    if 0 < n <= BLOCK_ROWS:
+        _, g1, g2 = _block_sums(x, feats, labels)
+        return HardStats(nk=nk, idx=used, s1=g1, s2=g2, n_rows=n, shift=shift, bound=bound)
+    s1, s2 = np.zeros((used.size, d)), np.zeros((used.size, d))
+    for a in range(0, n, BLOCK_ROWS):
+        b = min(a + BLOCK_ROWS, n)
+        uniq, g1, g2 = _block_sums(x[a:b], None if feats is None else feats[a:b], labels[a:b])
+        pos = np.searchsorted(used, uniq)
+        s1[pos] += g1  # float32 within the block, float64 across blocks
+        s2[pos] += g2
+    return HardStats(nk=nk, idx=used, s1=s1, s2=s2, n_rows=n, shift=shift, bound=bound)
+
+
 def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> HardStats:
     """MAP assignments (eq. 19) of some rows of a chunk and their hard statistics.
 
@@ -267,20 +289,8 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
             if params.bound is not None:
                 part = row_bound_sums(x[a:b], scores, labs[-1], params.bound)
                 spread = merge_spread(spread, (b - a, *part))
-        bsum = spread[1:]
-        nk = np.bincount(np.concatenate(labs), minlength=k).astype(np.float64) if labs else np.zeros(k)
-        used = np.flatnonzero(nk)
-        if len(blocks) == 1:  # one block (a minibatch's rows of a chunk): its sums, exact in float64
-            _, g1, g2 = _block_sums(x, feats, labs[0])
-            return HardStats(nk=nk, idx=used, s1=g1, s2=g2, n_rows=n, shift=chunk.shift, bound=bsum)
-        s1 = np.zeros((used.size, d))
-        s2 = np.zeros((used.size, d))
-        for (a, b), lab in zip(blocks, labs, strict=True):
-            uniq, g1, g2 = _block_sums(x[a:b], None if feats is None else feats[a:b], lab)
-            pos = np.searchsorted(used, uniq)
-            s1[pos] += g1  # float32 within the block, float64 across blocks
-            s2[pos] += g2
-        return HardStats(nk=nk, idx=used, s1=s1, s2=s2, n_rows=n, shift=chunk.shift, bound=bsum)
+        labels = np.concatenate(labs) if labs else np.zeros(0, np.int64)
+        return label_sums(x, feats, labels, k, chunk.shift, spread[1:])
     # other namespaces (CuPy): one-hot GEMM, float32 per block, float64 across blocks, on the device
     acc = xp.zeros((k, 2 * d), dtype=xp.float64)
     nk_dev = xp.zeros((k,), dtype=xp.float64)

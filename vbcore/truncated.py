@@ -106,9 +106,14 @@ class NeighbourScores:
     counts: np.ndarray  # int64
 
     def merge(self, other: NeighbourScores) -> NeighbourScores:
-        keys, inv = np.unique(np.concatenate((self.keys, other.keys)), return_inverse=True)
-        sums = np.bincount(inv, weights=np.concatenate((self.sums, other.sums)), minlength=keys.size)
-        counts = np.bincount(inv, weights=np.concatenate((self.counts, other.counts)), minlength=keys.size)
+        return NeighbourScores.combine([self, other])
+
+    @staticmethod
+    def combine(parts: list[NeighbourScores]) -> NeighbourScores:
+        """The scores of ``parts`` summed per key, in list order."""
+        keys, inv = np.unique(np.concatenate([p.keys for p in parts]), return_inverse=True)
+        sums = np.bincount(inv, weights=np.concatenate([p.sums for p in parts]), minlength=keys.size)
+        counts = np.bincount(inv, weights=np.concatenate([p.counts for p in parts]), minlength=keys.size)
         return NeighbourScores(keys, sums, counts.astype(np.int64))
 
 

@@ -43,7 +43,7 @@ from vbcore.truncated import (
     truncated_params,
     update_neighbours,
 )
-from vbcore.truncated_map import map_initial_neighbours, map_search_kernel, map_search_params
+from vbcore.truncated_map import MapSearchResult, map_initial_neighbours, map_search_kernel, map_search_params
 
 #: the learner options of the truncated E-step and their defaults (0 candidates: the exact E-step;
 #: -1, the default: :data:`AUTO_CANDIDATES` where :func:`auto_candidates` says, else the exact one)
@@ -301,7 +301,8 @@ class MapSearch(TruncatedEStep):
         params = map_search_params(mp.weights, mp.const, self.neighbours, self.candidates, self.n_random,
                                    ctx.seed, iteration, self.pivots, rows, self.remap, self.extra_steps,
                                    self.block_rows)
-        self.states, result = ctx.engine.map_keep(one_thread_map_kernel, ctx.handles, self.states, params)
+        self.states, result = ctx.engine.map_keep(one_thread_map_kernel, ctx.handles, self.states, params,
+                                                  combine=None if rows is None else MapSearchResult.combine)
         self.remap = None
         self.evaluations = result.evaluations
         self.neighbours = update_neighbours(result.scores, self.neighbours)
