@@ -133,19 +133,44 @@ def _stored(state: CandidateState, n: int, params: MapSearchParams) -> np.ndarra
     return prev
 
 
-def _pivot_candidates(x: object, params: MapSearchParams) -> np.ndarray:
-    """The best C' pivots of each row (one GEMM per BLOCK_ROWS rows; the pivots' weights gathered
-    once, not at all when they are every cluster: a K x D gather per call cost more than its GEMM)."""
+def _pivot_candidates(x: object, params: MapSearchParams, rng: np.random.Generator,
+                      acc: list[np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """The best C' pivots of each row and their scores (one GEMM per BLOCK_ROWS rows; the pivots'
+    weights gathered once, not at all when they are every cluster: a K x D gather per call cost more
+    than its GEMM). With ``acc`` (the pivots are every cluster) the rows' neighbour scores are read
+    off the same scores (:func:`_row_pairs`) instead of a second, searched GEMM."""
     xp = array_namespace(x)
     piv = params.pivots
     every = piv.size == params.n_components and np.array_equal(piv, np.arange(piv.size))
     wt = xp.matrix_transpose(xp.asarray(params.weights if every else params.weights[piv]))
     const = params.const[piv][None, :]
-    out = np.empty((int(x.shape[0]), params.candidates), dtype=np.int32)  # type: ignore[attr-defined]
-    for i in range(0, out.shape[0], BLOCK_ROWS):
+    n = int(x.shape[0])  # type: ignore[attr-defined]
+    out = np.empty((n, params.candidates), dtype=np.int32)
+    val = np.empty((n, params.candidates))
+    for i in range(0, n, BLOCK_ROWS):
         s = to_numpy(x[i : i + BLOCK_ROWS] @ wt) + const  # type: ignore[index]
-        out[i : i + BLOCK_ROWS] = piv[top_columns(s, params.candidates)]
-    return out
+        top = top_columns(s, params.candidates)
+        out[i : i + BLOCK_ROWS], val[i : i + BLOCK_ROWS] = piv[top], np.take_along_axis(s, top, axis=1)
+        if acc is not None:
+            _row_pairs(s, piv[top], params, rng, acc)
+    return out, val
+
+
+def _row_pairs(scores: np.ndarray, cand: np.ndarray, params: MapSearchParams, rng: np.random.Generator,
+               acc: list[np.ndarray]) -> None:
+    """Neighbour-score triples (as :func:`_search` appends) of rows scored against every cluster:
+    for each row, the pairs (best, s) for s in its own search set (its C' best, the neighbour list
+    of its best, ``n_random`` random clusters), ``score_s - max``, one row each."""
+    m, k = scores.shape
+    best = cand[:, 0]
+    sets = np.sort(np.concatenate((cand, params.neighbours[best],
+                                   rng.integers(0, k, size=(m, params.n_random))), axis=1), axis=1)
+    ok = sets >= 0
+    ok[:, 1:] &= sets[:, 1:] != sets[:, :-1]
+    r = np.nonzero(ok)[0]
+    s = sets[ok]
+    top = np.max(scores, axis=1)
+    acc += [best[r].astype(np.int64) * k + s, scores[r, s] - top[r], np.ones(r.size, np.int64)]
 
 
 def _search(x: object, prev: np.ndarray, params: MapSearchParams, rng: np.random.Generator,
@@ -197,15 +222,20 @@ def map_search_kernel(chunk: Chunk, state: CandidateState,
     x = np.asarray(x, dtype=chunk.x.dtype)
     prev = stored[sel]
     fresh = np.flatnonzero(prev[:, 0] < 0)
-    evaluations = 0
-    if fresh.size:
-        prev[fresh] = _pivot_candidates(x[fresh], params)
-        evaluations += fresh.size * params.pivots.size
+    every = params.pivots.size == k  # fresh rows get their exact labels from the pivots: no search
     rng = np.random.default_rng(np.random.SeedSequence(
         params.seed, spawn_key=(RANDOM_TAG, params.iteration, state.start, 1)))
     acc: list[np.ndarray] = []
-    idx, val, ev = _search(x, prev, params, rng, acc)
-    evaluations += ev
+    idx, val = prev.copy(), np.empty(prev.shape)
+    evaluations = fresh.size * params.pivots.size
+    if fresh.size:
+        rows = x if fresh.size == sel.size else x[fresh]
+        idx[fresh], val[fresh] = _pivot_candidates(rows, params, rng, acc if every else None)
+    todo = np.flatnonzero(prev[:, 0] >= 0) if every else np.arange(sel.size)
+    if todo.size:
+        part = x if todo.size == sel.size else x[todo]
+        idx[todo], val[todo], ev = _search(part, idx[todo], params, rng, acc)
+        evaluations += ev
     steps = params.extra_steps if fresh.size and params.pivots.size < k else 0
     for _ in range(steps):  # descent for the rows from the pivots (none when the pivots are all K)
         idx[fresh], val[fresh], ev = _search(x[fresh], idx[fresh], params, rng, acc)
