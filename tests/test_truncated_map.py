@@ -4,6 +4,7 @@ searched, never a worse label than the previous one, bitwise resume and engine e
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -87,6 +88,32 @@ def test_search_never_loses_the_previous_label_and_keeps_unvisited_rows(blobs):
     assert res.evaluations < sel.size * k  # fewer scores than the exact argmax
     rest = np.setdiff1d(np.arange(blobs.shape[0]), sel)
     np.testing.assert_array_equal(state2.idx[rest], state.idx[rest])
+
+
+def test_rows_scored_against_every_cluster_give_their_neighbour_scores(blobs):
+    """Fresh rows with every cluster as pivot: labels and neighbour scores are read off the all-K
+    scores. For each label c and each s of G_c (in every such row's search set, counted once per
+    row): the count is the rows labelled c, the sum that of score_s - max over them (brute force)."""
+    k, g = 24, 4
+    shift = blobs[0].astype(np.float64)
+    chunk = prepare_chunk(blobs, shift, "fixed", squares=False)
+    point = _point(blobs, k)
+    mp, params = _params(point, shift, 2, g)
+    params = replace(params, pivots=np.arange(k))
+    state, res = map_search_kernel(chunk, CandidateState(0), params)
+    scores = (blobs - shift) @ mp.weights + mp.const
+    lab = state.idx[:, 0]
+    np.testing.assert_array_equal(lab, np.argmax(scores, axis=1))
+    assert res.evaluations == blobs.shape[0] * k  # one all-K GEMM, no second search
+    pairs = zip(res.scores.sums, res.scores.counts, strict=True)
+    got = dict(zip(res.scores.keys.tolist(), pairs, strict=True))
+    for c in np.unique(lab):
+        rows = lab == c
+        for s_ in params.neighbours[c]:
+            total, count = got[int(c) * k + int(s_)]
+            assert count == rows.sum()
+            np.testing.assert_allclose(total, np.sum(scores[rows, s_] - scores[rows].max(axis=1)),
+                                       rtol=1e-10, atol=1e-9)
 
 
 def test_minibatch_results_combine_to_their_pairwise_merges(blobs):
