@@ -179,6 +179,10 @@ def test_update_neighbours_takes_the_best_mean_scores():
     np.testing.assert_array_equal(out[0], [0, 1, 3])
     np.testing.assert_array_equal(out[1], [1, 2, 0])  # filled from the previous list
     np.testing.assert_array_equal(out[2], [2, 3, 1])  # no scores: the previous list
+    # equal means: the lower cluster first, whatever the order of the keys' means
+    ties = NeighbourScores(np.array([3 * k + 0, 3 * k + 1, 3 * k + 2], dtype=np.int64),
+                           np.array([-4.0, -2.0, -1.0]), np.array([4, 2, 1], dtype=np.int64))
+    np.testing.assert_array_equal(update_neighbours(ties, prev)[3], [3, 0, 1])
     left = NeighbourScores(keys[:2], sums[:2], counts[:2])
     merged = left.merge(NeighbourScores(keys[1:], sums[1:], counts[1:]))
     np.testing.assert_array_equal(merged.keys, keys)
