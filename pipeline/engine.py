@@ -13,7 +13,8 @@ One interface, two engines, one result:
   on the workers (only the final K x D statistics travel to the driver);
 * ``map_keep(kernel, handles, states, *args)`` runs ``kernel(chunk, state, *args) -> (new_state,
   result)`` and keeps every ``new_state`` where its chunk was processed (objects in-process, futures on
-  Dask) while the results are reduced as in ``map_reduce``: per-chunk learner state (NCG's logits
+  Dask) while the results are reduced as in ``map_reduce`` (or, with ``combine``, summed once on the
+  driver in chunk order: a minibatch's sparse sums): per-chunk learner state (NCG's logits
   and search direction) never travels to the driver. ``fetch_states`` gathers it (checkpoints) and
   ``place_states`` puts gathered state back (resume).
 

@@ -5,10 +5,11 @@ The hard-assignment learners (MM, SGA, SGA+M, SGA+F) assign each row to ``argmax
 ``C'`` best clusters of its last visit, the neighbour lists of the best of them and ``n_random``
 random clusters (Forster & Lücke 2018; Hirschberger et al. 2022), grouped into blocks as in the
 truncated E-step (:mod:`vbcore.truncated`): one ``(m x D) @ (D x |S|)`` GEMM per block. A row
-without stored candidates (never visited, or all of them pruned) first scores the pivots (all K
-clusters by default, so its label is exact; or ``P`` clusters drawn from the fit's seed), keeps
-their best ``C'``, then searches as above (``1 + extra_steps`` times when the pivots are fewer than
-K: a descent along the neighbour lists).
+without stored candidates (never visited, or all of them pruned) first scores the pivots: all K
+clusters by default, so its label is exact and its candidates and neighbour scores are read off
+those scores (no search); or ``P`` clusters drawn from the fit's seed, whose best ``C'`` it keeps
+and then searches as above (``1 + extra_steps`` times: a descent along the neighbour lists). A
+minibatch's chunk results are combined once on the driver (:meth:`MapSearchResult.combine`).
 
 Guarantees: the label is the exact MAP label whenever that label lies in ``S_n``; the previous label
 is always in ``S_n`` (when it survived pruning), so a batch pass never lowers ``ln p(x, z, mu, v)``
