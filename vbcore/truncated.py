@@ -110,7 +110,9 @@ class NeighbourScores:
 
     @staticmethod
     def combine(parts: list[NeighbourScores]) -> NeighbourScores:
-        """The scores of ``parts`` summed per key, in list order."""
+        """The scores of ``parts`` summed per key, in list order (none: no scores)."""
+        if not parts:
+            return NeighbourScores(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
         keys, inv = np.unique(np.concatenate([p.keys for p in parts]), return_inverse=True)
         sums = np.bincount(inv, weights=np.concatenate([p.sums for p in parts]), minlength=keys.size)
         counts = np.bincount(inv, weights=np.concatenate([p.counts for p in parts]), minlength=keys.size)
@@ -354,7 +356,8 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     sum_rlogr = float(np.sum(rlogr))
     stats = (DiagSums(nk, g, sum_rlogr, chunk.n_rows, chunk.shift) if g is not None
              else _full_stats(chunk, idx, resp, nk, sum_rlogr, params.estep.covariance_type == "tied"))
-    scores = _scores(done.keys, done.sums, done.counts)
+    scores = NeighbourScores.combine([NeighbourScores(*t) for t in zip(done.keys, done.sums, done.counts,
+                                                                       strict=True)])
     extra = None if params.hook is None else params.hook(
         chunk, idx, resp, rlogr, stats.to_stats() if isinstance(stats, DiagSums) else stats)
     new_state = CandidateState(state.start, idx, resp.astype(np.float32))
@@ -413,13 +416,6 @@ def _run_blocks(chunk: Chunk, blocks: list[tuple[int, int, np.ndarray]], order: 
         if part.g is not None:
             _add_group_moments(part.g, feats, search[top], r, xp)
     return part
-
-
-def _scores(keys: list[np.ndarray], sums: list[np.ndarray], counts: list[np.ndarray]) -> NeighbourScores:
-    if not keys:
-        return NeighbourScores(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
-    return NeighbourScores(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)).merge(
-        NeighbourScores(np.concatenate(keys), np.concatenate(sums), np.concatenate(counts)))
 
 
 def _add_group_moments(g: np.ndarray, feats: Any, cand: np.ndarray, r: np.ndarray, xp: Any) -> None:

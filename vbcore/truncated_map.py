@@ -77,6 +77,12 @@ class MapSearchParams:
     def n_components(self) -> int:
         return int(self.const.shape[0])
 
+    @property
+    def every_pivot(self) -> bool:
+        """The pivots are every cluster, in order: a fresh row's label is its exact argmax."""
+        k = self.n_components
+        return self.pivots.size == k and bool(np.array_equal(self.pivots, np.arange(k)))
+
 
 def map_search_params(weights: np.ndarray, const: np.ndarray, neighbours: np.ndarray, candidates: int,
                       n_random: int, seed: int | None, iteration: int, pivots: np.ndarray,
@@ -106,7 +112,7 @@ class MapSearchResult:
     def combine(parts: list[MapSearchResult]) -> MapSearchResult:
         """The results of a minibatch's chunks summed in list order at once (:meth:`HardStats.combine`,
         :meth:`NeighbourScores.combine`): a tree of pairwise merges would rewrite the growing unions
-        of clusters and pairs at every level (3.5x the adds; measured)."""
+        of clusters and pairs at every level (sga-f, 30 iterations: 1,608 row-add calls instead of 888)."""
         return MapSearchResult(HardStats.combine([p.hard for p in parts]),
                                NeighbourScores.combine([p.scores for p in parts]),
                                sum(p.evaluations for p in parts))
@@ -142,8 +148,7 @@ def _pivot_candidates(x: object, params: MapSearchParams, rng: np.random.Generat
     off the same scores (:func:`_row_pairs`) instead of a second, searched GEMM."""
     xp = array_namespace(x)
     piv = params.pivots
-    every = piv.size == params.n_components and np.array_equal(piv, np.arange(piv.size))
-    wt = xp.matrix_transpose(xp.asarray(params.weights if every else params.weights[piv]))
+    wt = xp.matrix_transpose(xp.asarray(params.weights if params.every_pivot else params.weights[piv]))
     const = params.const[piv][None, :]
     n = int(x.shape[0])  # type: ignore[attr-defined]
     out = np.empty((n, params.candidates), dtype=np.int32)
@@ -223,7 +228,7 @@ def map_search_kernel(chunk: Chunk, state: CandidateState,
     x = np.asarray(x, dtype=chunk.x.dtype)
     prev = stored[sel]
     fresh = np.flatnonzero(prev[:, 0] < 0)
-    every = params.pivots.size == k  # fresh rows get their exact labels from the pivots: no search
+    every = params.every_pivot  # fresh rows get their exact labels from the pivots: no search
     rng = np.random.default_rng(np.random.SeedSequence(
         params.seed, spawn_key=(RANDOM_TAG, params.iteration, state.start, 1)))
     acc: list[np.ndarray] = []
@@ -245,10 +250,8 @@ def map_search_kernel(chunk: Chunk, state: CandidateState,
     e = np.exp(val - val[:, :1])
     resp[sel] = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
     hard = label_sums(x, None, idx[:, 0].astype(np.int64), k, chunk.shift)
-    keys = np.concatenate(acc[0::3]) if acc else np.zeros(0, np.int64)
-    scores = NeighbourScores(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)).merge(
-        NeighbourScores(keys, np.concatenate(acc[1::3]) if acc else np.zeros(0),
-                        np.concatenate(acc[2::3]) if acc else np.zeros(0, np.int64)))
+    scores = NeighbourScores.combine([NeighbourScores(*t) for t in zip(acc[0::3], acc[1::3], acc[2::3],
+                                                                       strict=True)])
     return CandidateState(state.start, stored, resp), MapSearchResult(hard, scores, evaluations)
 
 
