@@ -11,8 +11,9 @@ A checkpoint is written into ``.ckpt-00000012.tmp-*/``, fsynced, and renamed int
 reports every newer one it had to skip (truncated, corrupted, half-written). Learners with
 per-sample state will add Zarr arrays beside ``state.npz`` (see docs/operations.md).
 
-A run lock (``.lock``: pid, host, start time, token; published whole by ``link``) keeps two
-processes out of one run directory; a lock whose process is gone (same host) is stale and taken over.
+A run lock (``.lock``: pid, host, the process's start time and boot id, token; published whole by
+``link``) keeps two processes out of one run directory; a lock whose process is gone (same host: no
+such pid, or the pid now belongs to another process, or the machine rebooted) is stale and taken over.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import leftovers
 from pipeline.atomic import replace_dir, temp_dir
 from vbcore.errors import CheckpointError, RunLockedError
 
@@ -207,7 +208,7 @@ class RunLock:
     def acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         token = os.urandom(8).hex()
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "token": token}
+        me = {**leftovers.process_record(), "started": time.time(), "token": token}
         tmp = self.path.with_name(f".lock.tmp-{os.getpid()}-{token}")
         with open(tmp, "w") as f:
             f.write(json.dumps(me))
@@ -289,18 +290,10 @@ class RunLock:
 
     @staticmethod
     def _alive(holder: dict[str, Any]) -> bool:
-        if holder.get("host") != socket.gethostname():
-            return True  # cannot check another host: assume it is alive
-        pid = holder.get("pid")
-        if not isinstance(pid, int):
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        """Whether the lock's process still runs: its pid exists on this host *and* is the same
+        process (start time and boot id, :func:`pipeline.leftovers.writer_alive`), so a pid reused by
+        another process does not keep the lock; a holder on another host cannot be checked: alive."""
+        return leftovers.writer_alive(holder) is not False
 
     def release(self) -> None:
         """Remove the lock if this object holds it (its token is in the file)."""

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from pipeline.atomic import fsync_dir, write_bytes
 
-__all__ = ["WRITER", "make_temp", "release", "clean", "Cleaned", "writer_alive"]
+__all__ = ["WRITER", "make_temp", "release", "clean", "Cleaned", "writer_alive", "process_record"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,10 @@ def _start_token(pid: int) -> str | None:
     return stat[stat.rfind(")") + 2:].split()[19]
 
 
-def _record() -> dict[str, object]:
+def process_record() -> dict[str, object]:
+    """This process as :func:`writer_alive` checks it later: host, pid, the process's start time and
+    the boot id (so a reused pid or a reboot is told apart from the recorded process). The store's
+    temporaries and the run lock (:class:`pipeline.checkpoint.RunLock`) record it."""
     pid = os.getpid()
     return {"host": socket.gethostname(), "pid": pid, "start": _start_token(pid), "boot": _boot_id(),
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
@@ -72,7 +75,7 @@ def make_temp(target: str | os.PathLike[str]) -> Path:
     (this process) recorded first (the parent is created if needed)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps(_record(), sort_keys=True)
+    payload = json.dumps(process_record(), sort_keys=True)
     while True:
         tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(6)}"
         rec = record_path(tmp)

@@ -162,3 +162,30 @@ def test_file_systems_without_hard_links_fall_back_to_exclusive_create(tmp_path,
         with pytest.raises(RunLockedError, match=r"in use by pid"):
             RunLock(tmp_path).acquire()
     assert not (tmp_path / ".lock").exists()
+
+
+def test_a_reused_pid_does_not_keep_the_lock(tmp_path):
+    """A lock left by a dead process whose pid now belongs to another, live process (issue 29): the
+    start time recorded in the lock differs from the live process's, so the lock is stale."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with open(f"/proc/{other.pid}/stat") as f:  # field 22: start time in clock ticks since boot
+            start = f.read().rsplit(")", 1)[1].split()[19]
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        same = {"host": socket.gethostname(), "pid": other.pid, "start": start, "boot": boot, "started": 0,
+                "token": "x"}
+        (tmp_path / ".lock").write_text(json.dumps(same))  # the live process itself: respected
+        with pytest.raises(RunLockedError, match=rf"in use by pid {other.pid} on host"):
+            RunLock(tmp_path).acquire()
+        reused = dict(same, start=str(int(same["start"]) - 1))  # an earlier process under that pid
+        (tmp_path / ".lock").write_text(json.dumps(reused))
+        assert not RunLock(tmp_path).is_held()
+        lock = RunLock(tmp_path).acquire()
+        assert lock.taken_over == reused
+        body = json.loads((tmp_path / ".lock").read_text())
+        assert body["pid"] == os.getpid() and body["start"] and body["boot"]
+        lock.release()
+    finally:
+        other.kill()
+        other.wait()
