@@ -42,6 +42,8 @@ import zarr
 
 from pipeline.extractors import FeatureExtractor, make_extractor
 from pipeline.image_sources import ImageSet, is_image_source, label_codes, list_images, read_images
+from pipeline.idx_images import is_idx_loc
+from pipeline.idx_images import shown as idx_shown
 from pipeline.image_store import Batch, append_store, create_store, read_manifest
 from pipeline.ingest import IngestReport
 from pipeline.ingest.plan import as_int
@@ -53,7 +55,7 @@ __all__ = ["ExtractReport", "ingest_images", "is_image_source", "refresh_images"
 log = logging.getLogger("vbcluster.extract")
 EXTRACTOR_OPTIONS = ("size", "bins", "orientations", "pixels_per_cell", "cells_per_block", "weights", "arch",
                      "layer", "input_size", "device", "model", "output", "mean", "std", "layout", "resize",
-                     "threads")
+                     "threads", "scale", "interpolation")
 INT_OPTIONS = ("size", "bins", "orientations", "pixels_per_cell", "cells_per_block", "input_size", "threads")
 
 
@@ -157,7 +159,7 @@ def run_shard(recipe: Any, locs: list[str], batch_images: int, skip_unreadable: 
 
 
 def _shown(loc: str) -> str:
-    return loc.replace("::", "/")
+    return idx_shown(loc) if is_idx_loc(loc) else loc.replace("::", "/")
 
 
 # ---- options ------------------------------------------------------------------------------------
@@ -235,7 +237,7 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
     if st.cluster is not None and isinstance(probe, list) and probe[1].get("device") == "cuda":
         probe = [probe[0], {**probe[1], "device": "auto"}]  # the driver may have no GPU; the workers must
     ext = cached_extractor(probe)
-    codes, classes = (label_codes(images.labels, images.kind != "list" and labels != "cls")
+    codes, classes = (label_codes(images.labels, images.kind in ("folder", "tar") and labels != "cls")
                       if images.labels is not None else (None, None))
     params = dict(ext.params)
     if classes is not None:

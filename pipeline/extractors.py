@@ -207,41 +207,52 @@ def _import_onnxruntime() -> Any:
 
 
 def _triple(label: str, value: Any) -> tuple[float, float, float]:
-    """Three per-channel floats from a sequence, a number or a comma-separated string."""
+    """Three per-channel floats from a sequence, a number or a comma-separated string (one number:
+    the same for the three channels)."""
     items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else value
     try:
         vals = [float(items)] * 3 if isinstance(items, int | float) else [float(v) for v in items]
     except (TypeError, ValueError):
         raise ConfigError(f"OnnxExtractor: {label} must be 3 numbers (R, G, B), got {value!r}") from None
+    if len(vals) == 1:  # one number for every channel ("127" on the command line)
+        vals = vals * 3
     if len(vals) != 3 or not all(np.isfinite(vals)):
         raise ConfigError(f"OnnxExtractor: {label} must be 3 finite numbers (R, G, B), got {value!r}")
     return vals[0], vals[1], vals[2]
 
 
-def resize_rgb(image: np.ndarray, size: tuple[int, int], mode: str = "stretch") -> np.ndarray:
+INTERPOLATIONS = ("bilinear", "nearest")
+
+
+def resize_rgb(image: np.ndarray, size: tuple[int, int], mode: str = "stretch",
+               interpolation: str = "bilinear") -> np.ndarray:
     """``image`` (RGB uint8, (h, w, 3)) resized to ``size`` = (height, width) with Pillow's bilinear
-    filter: ``'stretch'`` resizes to the size directly; ``'crop'`` scales the shorter side to the larger
-    of the two target sides and cuts the centre out. Returns uint8 (height, width, 3)."""
+    (or nearest-neighbour) filter: ``'stretch'`` resizes to the size directly; ``'crop'`` scales the
+    shorter side to the larger of the two target sides and cuts the centre out. Nearest-neighbour
+    upsampling by a whole factor repeats every pixel. Returns uint8 (height, width, 3)."""
     from PIL import Image
 
     h, w = size
+    resample = Image.Resampling.NEAREST if interpolation == "nearest" else Image.Resampling.BILINEAR
     im = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8))
     if mode == "crop":
         side = max(h, w)
         scale = side / min(im.width, im.height)
         sw, sh = max(w, round(im.width * scale)), max(h, round(im.height * scale))
-        im = im.resize((sw, sh), Image.Resampling.BILINEAR)
+        im = im.resize((sw, sh), resample)
         left, top = (sw - w) // 2, (sh - h) // 2
         return np.asarray(im.crop((left, top, left + w, top + h)))
-    return np.asarray(im.resize((w, h), Image.Resampling.BILINEAR))
+    return np.asarray(im.resize((w, h), resample))
 
 
 class OnnxExtractor:
     """Activations of an ONNX network (a local ``.onnx`` file) at ``output``, run with ONNX Runtime.
 
     Each image is resized to ``input_size`` (``resize='stretch'``, or ``'crop'``: shorter side scaled
-    to fit, centre cut out) with Pillow's bilinear filter, scaled to [0, 1], normalised per channel
-    with ``(x - mean) / std`` (ImageNet's by default) and fed in float32 as one batch of shape
+    to fit, centre cut out) with Pillow's bilinear filter (``interpolation='nearest'``: nearest
+    neighbour), scaled by ``scale`` (``1/255`` by default: 0..255 -> [0, 1]), normalised per channel
+    with ``(x - mean) / std`` (ImageNet's by default; a network trained on ``(x - 127) / 128`` of
+    0..255 pixels takes ``scale=1, mean=127, std=128``) and fed in float32 as one batch of shape
     (n, 3, H, W) (``layout='nchw'``) or (n, H, W, 3) (``'nhwc'``). The tensor named ``output`` (a graph
     output, or any intermediate tensor, e.g. VGG16's fc7 or ResNet's pooled features; default: the
     only graph output) is flattened to (n, n_features) float32.
@@ -258,14 +269,15 @@ class OnnxExtractor:
     def __init__(self, model_path: str | Path, output: str | None = None, *,
                  input_size: int | tuple[int, int] | None = None, mean: Any = _MEAN, std: Any = _STD,
                  layout: str = "nchw", resize: str = "stretch", device: str = "cpu",
-                 threads: int = 0) -> None:
+                 threads: int = 0, scale: float | str | None = None, interpolation: str = "bilinear") -> None:
         _import_onnxruntime()
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise ConfigError(f"OnnxExtractor: model file {self.model_path} does not exist (models are "
                               "never downloaded: export one to ONNX first, see docs/ingest.md)")
         for label, v, ok in (("layout", layout, ("nchw", "nhwc")), ("resize", resize, ("stretch", "crop")),
-                             ("device", device, ("cpu", "cuda", "auto"))):
+                             ("device", device, ("cpu", "cuda", "auto")),
+                             ("interpolation", interpolation, INTERPOLATIONS)):
             if v not in ok:
                 raise ConfigError(f"OnnxExtractor: {label} must be one of {ok}, got {v!r}")
         if int(threads) < 0:
@@ -274,6 +286,13 @@ class OnnxExtractor:
         if min(self.std) <= 0:
             raise ConfigError(f"OnnxExtractor: std must be positive, got {self.std}")
         self.layout, self.resize, self.device, self.threads = layout, resize, device, int(threads)
+        self.interpolation = interpolation
+        try:
+            self.scale = 1.0 / 255.0 if scale is None else float(scale)
+        except (TypeError, ValueError):
+            raise ConfigError(f"OnnxExtractor: scale must be a number, got {scale!r}") from None
+        if not (np.isfinite(self.scale) and self.scale > 0):
+            raise ConfigError(f"OnnxExtractor: scale must be a finite number > 0, got {scale!r}")
         raw = self.model_path.read_bytes()
         self.sha256 = hashlib.sha256(raw).hexdigest()
         self._session: Any = None
@@ -286,6 +305,11 @@ class OnnxExtractor:
         self.params = {"model": self.model_path.name, "model_sha256": self.sha256, "output": self.output,
                        "input_size": list(self.input_size), "mean": list(self.mean), "std": list(self.std),
                        "layout": layout, "resize": resize, "n_features": self.n_features}
+        # recorded only when set, so stores extracted before these options existed keep their params
+        if scale is not None:
+            self.params["scale"] = self.scale
+        if interpolation != "bilinear":
+            self.params["interpolation"] = interpolation
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -366,7 +390,8 @@ class OnnxExtractor:
         return size
 
     def _run(self, pixels: np.ndarray) -> np.ndarray:
-        x: np.ndarray = pixels.astype(np.float32) / np.float32(255.0)
+        x: np.ndarray = (pixels.astype(np.float32) / np.float32(255.0) if self.scale == 1.0 / 255.0
+                         else pixels.astype(np.float32) * np.float32(self.scale))
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         if self.layout == "nchw":
             x = x.transpose(0, 3, 1, 2)
@@ -381,20 +406,25 @@ class OnnxExtractor:
     def __call__(self, images: list[np.ndarray]) -> np.ndarray:
         if not images:
             return np.empty((0, self.n_features), dtype=np.float32)
-        pixels = np.stack([resize_rgb(im, self.input_size, self.resize) for im in images])
+        pixels = np.stack([resize_rgb(im, self.input_size, self.resize, self.interpolation) for im in images])
         return self._run(pixels)
 
 
 def make_extractor(spec: Any, **options: Any) -> FeatureExtractor:
     """An extractor from ``spec``: an object satisfying :class:`FeatureExtractor`, ``'color-hog'``
-    (options ``size``, ``bins``, ...), ``'onnx'`` (options ``model``, ``output``, ``input_size``,
-    ``mean``, ``std``, ``layout``, ``resize``, ``device``, ``threads``) or ``'torch'`` (options
+    (options ``size``, ``bins``, ...), ``'onnx'`` (options ``model``, ``output``, ``input_size`` or
+    ``size``, ``mean``, ``std``, ``scale``, ``layout``, ``resize``, ``interpolation``, ``device``,
+    ``threads``) or ``'torch'`` (options
     ``weights``, ``arch``, ``layer``, ``input_size``, ``device``)."""
     if spec is None or spec in ("color-hog", "colorhog"):
         return ColorHogExtractor(**options)
     if spec == "onnx":
         if "model" not in options:
             raise ConfigError("the onnx extractor needs model=PATH (a local .onnx file)")
+        if "size" in options:  # the image side, as for color-hog
+            if "input_size" in options:
+                raise ConfigError("the onnx extractor takes size or input_size (the same thing), not both")
+            options["input_size"] = options.pop("size")
         return OnnxExtractor(options.pop("model"), **options)
     if spec == "torch":
         if "weights" not in options:

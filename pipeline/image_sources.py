@@ -15,6 +15,9 @@ unpacked to disk).
                                 (WebDataset: the member ``KEY.cls`` holds the label of ``KEY.jpg``)
 ``LIST.txt`` / ``LIST.lst``     one image path per line (relative to the list's folder, ``#`` comments),
                                 optionally followed by a tab or spaces and a label: ``labels='list'``
+``DIR`` of idx files            MNIST-format ``*-images-idx3-ubyte[.gz]`` files (a folder holding any,
+``*-images-idx3-ubyte[.gz]``    or one such file), grey images as RGB; ids ``PREFIX/INDEX``; labels from
+                                the paired ``*-labels-idx1-ubyte[.gz]`` (:mod:`pipeline.idx_images`)
 ==============================  =======================================================================
 """
 
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.idx_images import is_idx_images, is_idx_loc, is_idx_source, list_idx, read_idx_images
 from vbcore.errors import ConfigError, InputError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
@@ -40,7 +44,7 @@ TAR_SEP = "::"  # a location inside a tar file: "ARCHIVE::MEMBER"
 class ImageSet:
     """The images of a source, in extraction order (all lists have one entry per image)."""
 
-    kind: str                   # 'folder', 'tar' or 'list'
+    kind: str                   # 'folder', 'tar', 'list' or 'idx'
     ids: list[str]
     sizes: list[int]            # bytes
     mtimes: list[int]           # nanoseconds since the epoch (tar members: whole seconds)
@@ -52,17 +56,21 @@ class ImageSet:
 
 
 def is_image_source(source: str) -> bool:
-    """True for a folder, a ``.tar`` file or pattern, or a ``.txt``/``.lst`` list of images."""
+    """True for a folder, a ``.tar`` file or pattern, a ``.txt``/``.lst`` list of images, or an idx
+    images file."""
     s = str(source)
     if "://" in s or s in ("digits", "synthetic") or s.startswith("image:"):
         return False
     p = Path(s)
-    return p.is_dir() or s.endswith(".tar") or (p.suffix.lower() in LIST_SUFFIXES and p.is_file())
+    return (p.is_dir() or s.endswith(".tar") or (p.suffix.lower() in LIST_SUFFIXES and p.is_file())
+            or (p.is_file() and is_idx_images(p.name)))
 
 
 def list_images(source: str, labels: str | None = None) -> ImageSet:
     """The images of ``source`` (see the module docstring), with their labels when asked for."""
     s = str(source)
+    if is_idx_source(s):
+        return ImageSet("idx", *list_idx(s, labels))
     if Path(s).is_dir():
         return _folder(Path(s), labels)
     if s.endswith(".tar"):
@@ -209,6 +217,9 @@ def read_images(locs: list[str]) -> Iterator[tuple[int, np.ndarray | Exception]]
 
     Files are read in order; the members of a tar file are collected in one pass over the archive.
     """
+    if locs and all(is_idx_loc(loc) for loc in locs):
+        yield from read_idx_images(locs)
+        return
     in_tar: dict[str, dict[str, int]] = {}
     for i, loc in enumerate(locs):
         if TAR_SEP in loc:
