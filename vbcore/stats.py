@@ -80,8 +80,9 @@ class SuffStats:
         if self.pooled:  # sum_k w_k delta_k delta_k^T as one (D x K) @ (K x D) product
             correction = (weight[:, None] * delta).T @ delta
             correction = 0.5 * (correction + correction.T)
-        elif self.full:
+        elif self.full:  # symmetrised: (w d_i) d_j and (w d_j) d_i round differently
             correction = weight[:, None, None] * delta[:, :, None] * delta[:, None, :]
+            correction = 0.5 * (correction + correction.transpose(0, 2, 1))
         else:
             correction = weight[:, None] * delta * delta
         return SuffStats(
