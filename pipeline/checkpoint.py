@@ -4,7 +4,8 @@ Layout of a checkpoint directory (``CHECKPOINT_DIR/ckpt-00000012/``)::
 
     state.npz       the learner's global state (for VB EM: every posterior array), float64
     manifest.json   iteration, learner, config hash and settings, store fingerprint, RNG record,
-                    ELBO history, sha256 of every file; written last
+                    ELBO history, sha256 of every file, and its own sha256 (``manifest_sha256``,
+                    over its other keys); written last
 
 A checkpoint is written into ``.ckpt-00000012.tmp-*/``, fsynced, and renamed into place; the last
 ``keep`` checkpoints are kept. Loading takes the newest checkpoint whose files match their sha256 and
@@ -37,6 +38,8 @@ from vbcore.errors import CheckpointError, RunLockedError
 MANIFEST = "manifest.json"
 STATE = "state.npz"
 PREFIX = "ckpt-"
+#: the manifest's own sha256 (over its other keys, canonical JSON), a key of the manifest
+MANIFEST_SHA = "manifest_sha256"
 #: fault injection for tests: seconds to pause between writing the state and the manifest
 PAUSE_ENV = "VBCLUSTER_CHECKPOINT_PAUSE"
 
@@ -47,6 +50,13 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def manifest_digest(body: dict[str, Any]) -> str:
+    """sha256 of a manifest's content other than its own checksum, as JSON reads it back (keys made
+    strings, then sorted: the digest does not depend on the order they were written in)."""
+    rest = json.loads(json.dumps({k: v for k, v in body.items() if k != MANIFEST_SHA}))
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
 
 
 def config_hash(settings: dict[str, Any]) -> str:
@@ -97,6 +107,7 @@ class Checkpointer:
                 time.sleep(pause)
             body = dict(manifest, iteration=int(iteration), files={STATE: sha256_file(tmp / STATE)},
                         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            body[MANIFEST_SHA] = manifest_digest(body)
             with open(tmp / MANIFEST, "w") as f:
                 f.write(json.dumps(body, indent=1))
                 f.flush()
@@ -148,6 +159,12 @@ def _verify(path: Path) -> str | None:
         return "no manifest (the write was interrupted)"
     except (OSError, ValueError) as exc:
         return f"unreadable manifest ({exc})"
+    if not isinstance(manifest, dict):
+        return "the manifest is not a JSON object"
+    # manifests of vbcluster before issue 29 carry no checksum of their own: read as they are
+    if MANIFEST_SHA in manifest and manifest[MANIFEST_SHA] != manifest_digest(manifest):
+        return (f"{MANIFEST} does not match its {MANIFEST_SHA} (edited or corrupted: its ELBO history, "
+                "settings or RNG record would be resumed wrong)")
     files = manifest.get("files", {})
     if STATE not in files:
         return "the manifest lists no state file"

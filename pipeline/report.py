@@ -18,7 +18,6 @@ import base64
 import html
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import leftovers
+from pipeline.atomic import named_oserror
 from pipeline.report_curves import bound_label, data_passes, elbo_figures, model_label, run_prior
 from pipeline.runs import (
     ASSIGNMENTS,
@@ -54,7 +55,20 @@ def _check_run(run_dir: Path) -> dict[str, Any]:
         raise InputError(f"{run_dir}: no {' or '.join(missing)}: not a finished vbcluster run directory "
                          "(run `vbcluster fit` or `vbcluster resume` first)")
     verify_posterior(run_dir)  # the posterior is the one result.json describes (its sha256)
-    return read_result(run_dir)
+    r = read_result(run_dir)
+    for key in ("n_rows", "n_features", "n_components"):  # numbers the page and the plots compute with
+        v = r.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise InputError(f"{run_dir / RESULT}: {key} must be a positive integer, got {v!r:.60}; "
+                             "the file was edited or damaged: refit the run")
+    return r
+
+
+def display(text: str) -> str:
+    """A path or name as the page and the plots show it: undecodable bytes (a run directory whose
+    name is not UTF-8, read by Python as surrogate escapes) become U+FFFD instead of failing the
+    UTF-8 page."""
+    return os.fsencode(text).decode("utf-8", errors="replace")
 
 
 def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
@@ -79,28 +93,41 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[
         raise InputError("report: no run directory given")
     results = [_check_run(d) for d in dirs]  # every run checked before anything is written
     target = Path(out) if out is not None else dirs[0] / REPORT_DIR
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        sections = []
-        panels = elbo_figures(dirs, results, [_name(d, r) for d, r in zip(dirs, results, strict=True)], tmp)
-        figures = [(name, caption) for name, caption, _ in panels]
-        for i, (d, r) in enumerate(zip(dirs, results, strict=True)):
-            sections.append(_run_section(i, d, r, tmp, sample, seed))
-        panel = {i: (name[5:-4] or "-") if len(panels) > 1 else "-" for name, _, members in panels
-                 for i in members}
-        page = _html(dirs, results, figures, sections, tmp, panel)
-        (tmp / REPORT_HTML).write_text(page, encoding="utf-8")
+        leftovers.clean(target)  # the .report.tmp-* of a killed report (its writer is gone)
+        tmp = leftovers.make_temp(target)  # its writer recorded, for the next report to clean
+    except OSError as exc:  # disk full, permission denied: the file named
+        raise named_oserror(exc, target) from exc
+    try:
+        with matplotlib.rc_context({"text.parse_math": False}):  # a '$' in a name is text, not TeX
+            _write_pages(dirs, results, tmp, sample, seed)
         publish_dir(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        leftovers.release(tmp)
+        if isinstance(exc, OSError):  # disk full while writing a plot or the page: name the report
+            raise named_oserror(exc, target) from exc
         raise
+    leftovers.release(tmp)
     return target / REPORT_HTML
+
+
+def _write_pages(dirs: list[Path], results: list[dict[str, Any]], tmp: Path, sample: int, seed: int) -> None:
+    """The plots and the page, into the temporary report directory ``tmp``."""
+    sections = []
+    panels = elbo_figures(dirs, results, [_name(d, r) for d, r in zip(dirs, results, strict=True)], tmp)
+    figures = [(name, caption) for name, caption, _ in panels]
+    for i, (d, r) in enumerate(zip(dirs, results, strict=True)):
+        sections.append(_run_section(i, d, r, tmp, sample, seed))
+    panel = {i: (name[5:-4] or "-") if len(panels) > 1 else "-" for name, _, members in panels
+             for i in members}
+    page = _html(dirs, results, figures, sections, tmp, panel)
+    (tmp / REPORT_HTML).write_text(page, encoding="utf-8")
 
 
 # ---- plots --------------------------------------------------------------------------------------
 def _name(d: Path, r: dict[str, Any]) -> str:
-    return f"{d.resolve().name} ({r.get('learner', '?')})"
+    return display(f"{d.resolve().name} ({r.get('learner', '?')})")
 
 
 def sizes_title(r: dict[str, Any]) -> str:
@@ -237,7 +264,7 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
     from pipeline.sources import StoreSource
     from pipeline.store import FeatureStore
 
-    title = d.resolve().name
+    title = display(d.resolve().name)
     figs: list[tuple[str, str]] = []
     notes: list[str] = []
     sizes_plot(r, title, tmp / f"run{i}-sizes.png")
@@ -323,7 +350,7 @@ def _row(d: Path, r: dict[str, Any], panel: str) -> str:
     m = r.get("metrics") or {}
     passes, _ = data_passes(d, r)
     elbo = float(r["elbo"]) / float(r["n_rows"]) if r.get("n_rows") else None
-    cells = (d.resolve().name, r.get("learner"), model_label(r, run_prior(d)), bound_label(r), panel,
+    cells = (display(d.resolve().name), r.get("learner"), model_label(r, run_prior(d)), bound_label(r), panel,
              r.get("n_iter"),
              _fmt(float(passes[-1]), ".3g"), r.get("n_components"), r.get("n_effective"),
              m.get("clusters_used"), _fmt(elbo, ".6g"), _fmt(m.get("nmi"), ".3f"), _fmt(m.get("acc"), ".3f"),
@@ -356,9 +383,9 @@ def _html(dirs: list[Path], results: list[dict[str, Any]], figures: list[tuple[s
     parts += ["<div class='panels'>", *(_img(tmp, n, c) for n, c in figures), "</div>"]
     for s in sections:
         r = s["result"]
-        parts.append(f"<h2>{html.escape(_name(s['dir'], r))}</h2><p>store {html.escape(str(r['store']))}, "
-                     f"{r['n_rows']} rows x {r['n_features']} features; run directory "
-                     f"{html.escape(str(s['dir'].resolve()))}</p>")
+        parts.append(f"<h2>{html.escape(_name(s['dir'], r))}</h2><p>store {_fmt(display(str(r['store'])))}, "
+                     f"{_fmt(r['n_rows'])} rows x {_fmt(r['n_features'])} features; run directory "
+                     f"{_fmt(display(str(s['dir'].resolve())))}</p>")
         parts += [f"<p><em>{html.escape(n)}</em></p>" for n in s["notes"]]
         parts += [_img(tmp, n, c) for n, c in s["figs"]]
     parts.append("</body></html>")

@@ -115,7 +115,8 @@ def _logged_passes(run_dir: Path, n_iter: int) -> np.ndarray | None:
     if not path.is_file():
         return None
     by_iter: dict[int, float] = {}
-    for line in path.read_text().splitlines():
+    # bytes that are not UTF-8 (a damaged or edited log) make their line unreadable, not the report
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             rec = json.loads(line)
             by_iter[int(rec["iteration"])] = float(rec["passes"])

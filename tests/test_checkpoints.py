@@ -214,3 +214,31 @@ def test_sigkill_and_resume_is_bitwise(tmp_path, learner):
     result = json.loads((run / "result.json").read_text())
     assert result["elbo_history"] == json.loads((ref / "result.json").read_text())["elbo_history"]
     print(f"{kills} kills, {in_write} during a checkpoint write")
+
+
+def test_an_edited_manifest_is_refused_in_one_line(tmp_path, X):
+    """The manifest carries its own sha256 (issue 29): an ELBO history edited by hand is not resumed;
+    the previous checkpoint is, and the fit ends where the uninterrupted one does."""
+    VBMixture(max_iter=6, checkpoint_dir=str(tmp_path), checkpoint_every=3, **KW).fit(X)
+    path = tmp_path / "ckpt-00000006" / "manifest.json"
+    man = json.loads(path.read_text())
+    assert len(man["manifest_sha256"]) == 64
+    man["elbo_history"][-1] += 1.0  # edited, keeping valid JSON and the state's sha256
+    path.write_text(json.dumps(man, indent=1))
+    msg = (r"skipped checkpoint ckpt-00000006: manifest.json does not match its manifest_sha256 \(edited "
+           r"or corrupted")
+    with pytest.warns(UserWarning, match=msg):
+        m = VBMixture(max_iter=9, checkpoint_dir=str(tmp_path), checkpoint_every=3, **KW).fit(X)
+    assert m.resumed_from_.endswith("ckpt-00000003")
+    _same_bits(m, VBMixture(max_iter=9, **KW).fit(X))
+
+
+def test_a_manifest_without_its_own_checksum_still_resumes(tmp_path, X):
+    """Checkpoints written before the manifests carried a checksum are read as they are."""
+    VBMixture(max_iter=3, checkpoint_dir=str(tmp_path), checkpoint_every=3, **KW).fit(X)
+    path = tmp_path / "ckpt-00000003" / "manifest.json"
+    man = json.loads(path.read_text())
+    del man["manifest_sha256"]
+    path.write_text(json.dumps(man))
+    m = VBMixture(max_iter=6, checkpoint_dir=str(tmp_path), checkpoint_every=3, **KW).fit(X)
+    assert m.resumed_from_.endswith("ckpt-00000003")
