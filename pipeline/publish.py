@@ -101,12 +101,32 @@ def unfinished_version(out: str | os.PathLike[str], fingerprint: str,
 
 
 def latest(out: str | os.PathLike[str]) -> Path | None:
-    """The published version ``OUT/latest`` points at, or None before the first publication."""
-    link = Path(out) / LATEST
+    """The published version ``OUT/latest`` points at, or None before the first publication.
+
+    ``latest`` is only ever a symbolic link into ``OUT/versions`` that vbcluster made; anything else
+    there (a plain directory or file, a link to nothing, a link out of ``OUT/versions``) is refused
+    in one line naming it, so that a scheduled refresh never cold-fits, skips or publishes on the
+    strength of a pointer vbcluster did not write.
+    """
+    out = Path(out)
+    link = out / LATEST
     if not link.is_symlink():
+        if link.exists():
+            raise InputError(f"{link} is a {'directory' if link.is_dir() else 'file'}, not the symbolic link "
+                             f"vbcluster publishes; move it away, then `ln -s {VERSIONS}/vNNNN-... {link}` "
+                             "to the version to build on (or leave it absent for a cold start)")
         return None
     target = link.resolve()
-    return target if target.is_dir() else None
+    versions = (out / VERSIONS).resolve()
+    if target.parent != versions or not _NAME.match(target.name):
+        raise InputError(f"{link} points at {os.readlink(link)}, which is not a version directory of "
+                         f"{out / VERSIONS}; point it at one (`ln -sfn {VERSIONS}/vNNNN-... {link}`) or "
+                         "remove it for a cold start")
+    if not target.is_dir():
+        raise InputError(f"{link} points at {os.readlink(link)}, which does not exist (removed by hand?); "
+                         f"point it at a version (`ln -sfn {VERSIONS}/vNNNN-... {link}`) or remove it for "
+                         "a cold start")
+    return target
 
 
 def publish(out: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> Path:
@@ -119,6 +139,8 @@ def publish(out: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> Pat
     if run_dir.resolve().parent != (out / VERSIONS).resolve():
         raise InputError(f"{run_dir} is not a version directory of {out} (expected {out / VERSIONS}/...)")
     link = out / LATEST
+    if link.exists() and not link.is_symlink():  # not ours: never replaced (latest() says so too)
+        latest(out)
     # relative: the output directory may move; rename(2) over the old link: readers see the old or
     # the new, never none
     replace_symlink(link, Path(VERSIONS) / run_dir.name)

@@ -77,3 +77,39 @@ def test_plan_refresh_and_warm_start(tmp_path):
     assert "n_components 4 -> 5" in warm_start_problem(v1, make_spec(store, components=5))
     with pytest.raises(ConfigError, match=r"cannot warm-start from .*n_components 4 -> 5"):
         fit_run(tmp_path / "bad", make_spec(store, components=5), warm_from=v1)
+
+
+def test_a_latest_that_vbcluster_did_not_write_is_refused(tmp_path):
+    """`latest` dangling, pointing out of OUT/versions, or a plain directory (issue 29): the refresh
+    plan refuses in one line naming it, instead of a cold fit, a skip for ever or an unpublished version."""
+    import os
+
+    store = _store(tmp_path / "s.zarr", 300)
+    out = tmp_path / "out"
+    v1 = claim_version(out, "a")
+    fit_run(v1, make_spec(store, components=4, max_iter=10))
+    link = out / "latest"
+    # a finished run elsewhere whose store matches: the plan said "skip" for ever
+    other = tmp_path / "elsewhere"
+    fit_run(other, make_spec(store, components=4, max_iter=5))
+    os.symlink(other, link)
+    with pytest.raises(InputError, match=r"out/latest points at .*elsewhere, which is not a version "
+                                         r"directory of .*out/versions; point it at one"):
+        plan_refresh(out, store)
+    link.unlink()
+    os.symlink("versions/v0009-gone", link)  # dangling: the plan said "cold"
+    with pytest.raises(InputError, match=r"out/latest points at versions/v0009-gone, which does not exist"):
+        plan_refresh(out, store)
+    link.unlink()
+    link.mkdir()  # a plain directory: a cold fit, and a publication that failed
+    (link / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match=r"out/latest is a directory, not the symbolic link vbcluster "
+                                         r"publishes; move it away"):
+        plan_refresh(out, store)
+    with pytest.raises(InputError, match=r"out/latest is a directory"):
+        publish(out, v1)
+    assert (link / "notes.txt").read_text() == "mine"
+    link.joinpath("notes.txt").unlink()
+    link.rmdir()
+    publish(out, v1)  # the link vbcluster writes is accepted
+    assert latest(out) == v1.resolve() and plan_refresh(out, store).action == "skip"
