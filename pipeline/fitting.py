@@ -44,7 +44,23 @@ def make_spec(store: str | None, **settings: Any) -> FitSpec:
     """A resolved, validated spec: the defaults of :class:`FitSpec` updated by ``settings``
     (``None`` values mean "the default")."""
     values = {k: v for k, v in settings.items() if v is not None}
-    return FitSpec.from_dict({"store": store, **values}).resolved("pipeline")
+    return absolute_paths(FitSpec.from_dict({"store": store, **values}).resolved("pipeline"))
+
+
+def absolute_paths(spec: FitSpec) -> FitSpec:
+    """``spec`` with its local store and cluster config as absolute paths, so that the run.json it
+    becomes resumes from any working directory (URLs, 'local' and scheduler addresses unchanged)."""
+    from dataclasses import replace
+
+    def local(path: str | None) -> bool:
+        return path is not None and "://" not in path and not Path(path).is_absolute()
+
+    changes: dict[str, Any] = {}
+    if local(spec.store):
+        changes["store"] = str(Path(str(spec.store)).resolve())
+    if local(spec.cluster) and str(spec.cluster).endswith((".yaml", ".yml")):
+        changes["cluster"] = str(Path(str(spec.cluster)).resolve())
+    return replace(spec, **changes) if changes else spec
 
 
 def read_spec(run_dir: str | Path) -> FitSpec:
@@ -59,7 +75,15 @@ def read_spec(run_dir: str | Path) -> FitSpec:
                          "into a new directory") from None
     if not isinstance(values, dict):
         raise InputError(f"{path}: not a JSON object of settings")
-    return FitSpec.from_dict(values, where=str(path)).resolved("pipeline")
+    spec = FitSpec.from_dict(values, where=str(path)).resolved("pipeline")
+    store = spec.store
+    if store is not None and "://" not in store and not Path(store).is_absolute() \
+            and not Path(store).exists():
+        raise InputError(f"{path} names the store {store!r} relative to the directory the fit was started "
+                         f"in (written by a vbcluster before issue 29), and {Path(store).resolve()} does "
+                         "not exist: resume from that directory, or write the store's absolute path into "
+                         f"{RUN_SPEC}")
+    return spec
 
 
 def model_from_spec(spec: FitSpec, engine: Any, checkpoint_dir: str | None, verbose: int = 0) -> VBMixture:
