@@ -268,6 +268,26 @@ def test_memory_stays_within_a_few_chunks(tmp_path):
     assert peak < 6 * chunk * d * 4, f"peak {peak / 2**20:.0f} MiB for {chunk * d * 4 / 2**20:.0f} MiB chunks"
 
 
+def test_a_chunk_larger_than_the_source_is_capped(tmp_path):
+    """--chunk-rows 50000000 on 10 rows (issue 29): the store's chunk is capped (the default chunk,
+    room for appends), so writing 10 rows does not build a 50,000,000-row chunk (1.8 GB) in memory."""
+    np.save(tmp_path / "ten.npy", np.arange(90, dtype=np.float32).reshape(10, 9))
+    tracemalloc.start()
+    try:
+        rep = ingest(str(tmp_path / "ten.npy"), tmp_path / "s", chunk_rows=50_000_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    store = FeatureStore.open(tmp_path / "s")
+    assert rep.rows_written == 10 and store.chunk_rows == 8192
+    np.testing.assert_array_equal(store.read(), np.arange(90, dtype=np.float32).reshape(10, 9))
+    assert peak < 20 * 2**20, f"peak {peak / 2**20:.0f} MiB for 10 rows"
+    big = np.zeros((9000, 2), dtype=np.float32)  # a source of more rows than the default: its own size
+    np.save(tmp_path / "big.npy", big)
+    ingest(str(tmp_path / "big.npy"), tmp_path / "b", chunk_rows=50_000_000)
+    assert FeatureStore.open(tmp_path / "b").chunk_rows == 9000
+
+
 def test_nonfinite_rejected_with_row_and_nothing_written(tmp_path):
     X = _X(1000)
     X[777, 2] = np.nan

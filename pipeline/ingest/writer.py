@@ -3,6 +3,7 @@ target and moved into place whole; batches re-cut to whole store chunks."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,10 @@ from pipeline.store import FeatureStore, journal_paths
 from vbcore.errors import ConfigError, StoreError
 
 
+#: the chunk of a store made from a source smaller than the ``chunk_rows`` asked for (the default)
+SMALL_SOURCE_CHUNK_ROWS = 8192
+
+
 def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int, batch_chunks: int,
                on_nonfinite: str, compression_level: int,
                record: dict[str, Any] | None = None) -> tuple[FeatureStore, int]:
@@ -29,14 +34,19 @@ def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int
         written = store.append_batches(_aligned(plan.blocks(first, size), first, size), source=source,
                                        on_nonfinite=on_nonfinite, record=record)
         return store, written
+    size = chunk_rows * batch_chunks
+    blocks, short = _peek_rows(plan.blocks(size, size), chunk_rows)
+    if short is not None:  # a source smaller than one chunk (issue 29): no chunk larger than the
+        # source, or than the default chunk when the source is smaller (room for appends)
+        chunk_rows = min(chunk_rows, max(short, SMALL_SOURCE_CHUNK_ROWS))
+        size = chunk_rows * batch_chunks
     tmp = leftovers.make_temp(out)  # a private sibling .OUT.tmp-<random>, its writer recorded
     try:
         store = FeatureStore.create(
             tmp, plan.n_features, chunk_rows=chunk_rows, labels=plan.labels, ids=plan.ids, source=source,
             extractor=plan.extractor, extractor_params=plan.extractor_params,
             compression_level=compression_level)
-        size = chunk_rows * batch_chunks
-        written = store.append_batches(_aligned(plan.blocks(size, size), size, size), source=source,
+        written = store.append_batches(_aligned(blocks, size, size), source=source,
                                        on_nonfinite=on_nonfinite, record=record)
         _move_into_place(tmp, out)
     except BaseException:
@@ -112,6 +122,21 @@ def _concat(pieces: list[Batch]) -> Batch:
     lab = None if pieces[0][1] is None else np.concatenate([p[1] for p in pieces])  # type: ignore[misc]
     idv = None if pieces[0][2] is None else np.concatenate([p[2] for p in pieces])  # type: ignore[misc]
     return X, lab, idv
+
+
+def _peek_rows(blocks: Iterator[Batch], chunk_rows: int) -> tuple[Iterator[Batch], int | None]:
+    """Read ahead until ``chunk_rows`` rows are seen or the source ends; returns the same batches and,
+    when the whole source holds fewer rows than one chunk, its row count (else None). Zarr builds a
+    whole chunk in memory to write a partial one: 10 rows into a 50,000,000-row chunk allocated
+    1.8 GB at 9 features, so :func:`write_plan` caps the chunk of a new store by the source."""
+    head: list[Batch] = []
+    rows = 0
+    for block in blocks:
+        head.append(block)
+        rows += len(block[0])
+        if rows >= chunk_rows:
+            return itertools.chain(head, blocks), None
+    return iter(head), rows
 
 
 def _aligned(blocks: Iterator[Batch], first: int, size: int) -> Iterator[Batch]:
