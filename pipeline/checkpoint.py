@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import leftovers
-from pipeline.atomic import replace_dir, temp_dir
+from pipeline.atomic import named_oserror, replace_dir, temp_dir
 from vbcore.errors import CheckpointError, RunLockedError
 
 MANIFEST = "manifest.json"
@@ -227,10 +227,14 @@ class RunLock:
         token = os.urandom(8).hex()
         me = {**leftovers.process_record(), "started": time.time(), "token": token}
         tmp = self.path.with_name(f".lock.tmp-{os.getpid()}-{token}")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(me))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "w") as f:
+                f.write(json.dumps(me))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:  # disk full, permission denied: nothing left behind, the lock named
+            tmp.unlink(missing_ok=True)
+            raise named_oserror(exc, self.path) from exc
         try:
             for _ in range(20):
                 try:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.atomic import replace_dir as publish_dir  # pipeline/report.py imports it from here
-from pipeline.atomic import temp_dir, write_file
+from pipeline.atomic import named_oserror, temp_dir, write_file
 from pipeline.checkpoint import sha256_file
 from pipeline.engine import LocalEngine, make_engine
 from pipeline.estimator import VBMixture
@@ -233,18 +233,36 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
     import zarr
 
     name = name or Path(run_dir).resolve().name
-    target = Path(store) / ASSIGNMENTS / name
-    if not (Path(store) / ASSIGNMENTS / "zarr.json").exists():
-        zarr.open_group(str(Path(store) / ASSIGNMENTS), mode="a")
-    tmp = temp_dir(target)
+    group = Path(store) / ASSIGNMENTS
+    target = group / name
+    made_group = not group.exists()
+    tmp: Path | None = None
     try:
+        if not (group / "zarr.json").exists():
+            zarr.open_group(str(group), mode="a")
+        tmp = temp_dir(target)
         g = zarr.open_group(str(tmp), mode="w")
         chunks = (FeatureStore.open(store).chunk_rows,)
         g.create_array("labels", data=labels, chunks=chunks)
         g.create_array("probability", data=prob, chunks=chunks)
         g.attrs.update(attrs)
         publish_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if made_group:  # the assignments group this call began: gone again if it holds nothing else
+            _remove_if_bare(group)
+        if isinstance(exc, OSError):  # disk full, permission denied: the assignments named
+            raise named_oserror(exc, target) from exc
         raise
     return target
+
+
+def _remove_if_bare(group: Path) -> None:
+    """Remove an assignments group that holds nothing but its own ``zarr.json``."""
+    try:
+        if {p.name for p in group.iterdir()} <= {"zarr.json"}:
+            (group / "zarr.json").unlink(missing_ok=True)
+            group.rmdir()
+    except OSError:
+        pass
