@@ -58,14 +58,14 @@ def data():
 
 @contextmanager
 def _float64_spy(xps, monkeypatch) -> Iterator[list[tuple[int, ...]]]:
-    """Record the shape of every float64 strict array created, other than by ``xp.sum(...,
-    dtype=xp.float64)``. Hooks array-api-strict's private constructor ``Array._new``, through which
+    """Record the shape of every float64 strict array created, other than by a call that names float64:
+    ``xp.sum(..., dtype=xp.float64)``, ``xp.zeros(..., dtype=xp.float64)`` and ``xp.astype(x,
+    xp.float64)`` (deliberate float64 accumulators). Hooks array-api-strict's private constructor ``Array._new``, through which
     every array it returns is built."""
     array_cls = type(xps.asarray(0.0))
     new = array_cls.__dict__.get("_new")
     if not isinstance(new, classmethod):
         pytest.skip("array_api_strict.Array._new is gone; update _float64_spy")
-    orig_sum = xps.sum
     seen: list[tuple[int, ...]] = []
     allowed = [False]
 
@@ -75,16 +75,23 @@ def _float64_spy(xps, monkeypatch) -> Iterator[list[tuple[int, ...]]]:
             seen.append(tuple(a.shape))
         return a
 
-    def spy_sum(x, /, *, dtype=None, **kwargs):
-        allowed[0] = dtype == xps.float64
-        try:
-            return orig_sum(x, dtype=dtype, **kwargs)
-        finally:
-            allowed[0] = False
+    def explicit(orig, dtype_pos=None):
+        """``orig`` with arrays it makes allowed when float64 is asked for by name."""
+        def call(*args, **kwargs):
+            dtype = kwargs.get("dtype", args[dtype_pos] if dtype_pos is not None and len(args) > dtype_pos
+                               else None)
+            allowed[0] = dtype == xps.float64
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                allowed[0] = False
+        return call
 
     with monkeypatch.context() as m:
         m.setattr(array_cls, "_new", classmethod(spy_new))
-        m.setattr(xps, "sum", spy_sum)
+        m.setattr(xps, "sum", explicit(xps.sum))  # float64 accumulations (xp.sum(..., dtype=xp.float64))
+        m.setattr(xps, "zeros", explicit(xps.zeros))  # float64 accumulators (vbcore.kernels.Sum64)
+        m.setattr(xps, "astype", explicit(xps.astype, dtype_pos=1))  # blocks cast into them
         yield seen
 
 
@@ -120,7 +127,12 @@ def test_strict_arrays_catch_what_the_kernels_must_not_do(xps, monkeypatch):
     assert (a32 + xps.ones((3, 2), dtype=xps.float64)).dtype == xps.float64  # allowed by the standard
     with _float64_spy(xps, monkeypatch) as seen:
         xps.sum(a32, axis=0, dtype=xps.float64)
+        acc = xps.zeros((3, 2), dtype=xps.float64)
+        acc += xps.astype(a32, xps.float64)
         assert seen == []
+        acc + a32  # float64 + float32 by promotion, not by name
+        assert seen == [(3, 2)]
+        seen.clear()
         a32 @ xps.asarray(np.ones((2, 4)))
         assert seen == [(2, 4), (3, 4)]
     assert (a32 + 1.0).dtype == xps.float32
@@ -218,3 +230,16 @@ def test_hard_kernel_on_standard_arrays_matches_numpy(xps, rows):
     assert 3 not in got.idx  # the far cluster owns no row
     np.testing.assert_allclose(got.s1, ref.s1, rtol=1e-6, atol=1e-5)
     np.testing.assert_allclose(got.s2, ref.s2, rtol=1e-6, atol=1e-5)
+
+
+def test_finiteness_check_of_standard_chunks(xps):
+    """``check_kernel`` checks a device chunk where it lives and copies it to the host only to name the
+    first non-finite value."""
+    from vbcore.errors import InputError
+    from vbcore.init_kernels import check_kernel
+
+    X = np.arange(24, dtype=np.float32).reshape(8, 3)
+    check_kernel(prepare_chunk(xps.asarray(X), np.zeros(3), "diag"), 0, "store.zarr")
+    X[5, 2] = np.inf
+    with pytest.raises(InputError, match=r"store.zarr.*non-finite value at row 105, column 2"):
+        check_kernel(prepare_chunk(xps.asarray(X), np.zeros(3), "diag"), 100, "store.zarr")

@@ -19,7 +19,12 @@ def moments_kernel(chunk: Chunk) -> SuffStats:
 
 
 def check_kernel(chunk: Chunk, offset: int, where: str) -> None:
-    """Reject non-finite rows of sources that were not validated on the driver (stores, dask)."""
+    """Reject non-finite rows of sources that were not validated on the driver (stores, dask). Device
+    chunks are checked where they are; only a chunk holding a non-finite value is copied to the host
+    to name its row and column."""
+    xp = array_namespace(chunk.x)
+    if xp is not np and bool(xp.all(xp.isfinite(chunk.x))):
+        return
     check_finite(to_numpy(chunk.x), where, first_row=offset,
                  hint="clean the data (vbcluster ingest rejects or drops such rows)")
 

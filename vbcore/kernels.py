@@ -83,6 +83,32 @@ def to_numpy(x: Array) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def to_host(x: Array) -> np.ndarray:
+    """Copy a (possibly device) array to a NumPy array of the same dtype (no float64 cast)."""
+    if isinstance(x, np.ndarray | np.generic):
+        return np.asarray(x)
+    if hasattr(x, "get"):  # CuPy
+        return np.asarray(x.get())
+    return np.asarray(np.from_dlpack(x))
+
+
+class Sum64:
+    """A float64 running sum of blocks, kept in the blocks' namespace (device memory for CuPy) and
+    copied to the host once by :meth:`result`: a K x 2D statistic summed over a chunk's blocks
+    crosses the bus once per chunk, not once per block. Each block is cast to float64 and added in
+    block order, the same adds as summing host copies of the blocks, so NumPy bits are unchanged."""
+
+    def __init__(self, xp: Any, shape: tuple[int, ...]) -> None:
+        self.xp = xp
+        self.total = xp.zeros(shape, dtype=xp.float64)
+
+    def add(self, part: Array) -> None:
+        self.total += self.xp.astype(part, self.xp.float64)
+
+    def result(self) -> np.ndarray:
+        return to_numpy(self.total)
+
+
 @dataclass(frozen=True)
 class Chunk:
     """Rows of the data, prepared once for repeated passes.
@@ -260,20 +286,23 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
     safe = np.where(nk > 0, nk, 1.0)
     sum_rlogr = 0.0 if rlogr is None else float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
     if chunk.is_diagonal:
-        g = np.zeros((nk.shape[0], 2 * d))  # [sum r x^2, sum r x], float64 over float32 blocks
+        k = nk.shape[0]
         n = chunk.n_rows
+        if chunk.feats is not None:  # [sum r x^2, sum r x], float64 over float32 blocks
+            g = Sum64(xp, (k, 2 * d))
+            for i in range(0, n, BLOCK_ROWS):
+                j = min(i + BLOCK_ROWS, n)  # in-bounds slice stops (the standard leaves others unspecified)
+                g.add(xp.matrix_transpose(resp[i:j, :]) @ chunk.feats[i:j, :])
+            return _diag_stats(nk, g.result(), sum_rlogr, chunk)
+        sq, lin = Sum64(xp, (k, d)), Sum64(xp, (k, d))  # no [x*x, x] cache: two products, no (n, 2D) copy
         for i in range(0, n, BLOCK_ROWS):
-            j = min(i + BLOCK_ROWS, n)  # in-bounds slice stops (the standard leaves others unspecified)
-            rt = xp.matrix_transpose(resp[i:j, :])
-            if chunk.feats is not None:
-                g += to_numpy(rt @ chunk.feats[i:j, :])
-            else:  # no [x*x, x] cache: two products, no (n, 2D) copy
-                xb = chunk.x[i:j, :]
-                g[:, :d] += to_numpy(rt @ (xb * xb))
-                g[:, d:] += to_numpy(rt @ xb)
-        return _diag_stats(nk, g, sum_rlogr, chunk)
+            j = min(i + BLOCK_ROWS, n)
+            rt, xb = xp.matrix_transpose(resp[i:j, :]), chunk.x[i:j, :]
+            sq.add(rt @ (xb * xb))
+            lin.add(rt @ xb)
+        return _diag_stats(nk, np.concatenate((sq.result(), lin.result()), axis=1), sum_rlogr, chunk)
     if chunk.pooled:
-        sums = _PooledSums(nk.shape[0], d)
+        sums = _PooledSums(xp, nk.shape[0], d)
         n = chunk.n_rows
         for i in range(0, n, BLOCK_ROWS):
             sums.add(chunk.x[i : min(i + BLOCK_ROWS, n), :], resp[i : min(i + BLOCK_ROWS, n), :])
@@ -312,20 +341,20 @@ class _PooledSums:
     """Float64 running sums of the 'tied' statistics over blocks of a chunk: ``N_k``,
     ``sum_n r_nk x_n`` (K x D) and ``sum_n (sum_k r_nk) x_n x_n^T`` (D x D), rows relative to the shift."""
 
-    def __init__(self, k: int, d: int) -> None:
-        self.nk = np.zeros(k)
-        self.sx = np.zeros((k, d))
-        self.xx = np.zeros((d, d))
+    def __init__(self, xp: Any, k: int, d: int) -> None:
+        self.nk = Sum64(xp, (k,))
+        self.sx = Sum64(xp, (k, d))
+        self.xx = Sum64(xp, (d, d))
 
     def add(self, xb: Array, resp: Array) -> None:
         xp = array_namespace(xb)
-        self.nk += to_numpy(xp.sum(resp, axis=0, dtype=xp.float64))
-        self.sx += to_numpy(xp.matrix_transpose(resp) @ xb)
+        self.nk.add(xp.sum(resp, axis=0, dtype=xp.float64))
+        self.sx.add(xp.matrix_transpose(resp) @ xb)
         w = xp.reshape(xp.sum(resp, axis=1), (-1, 1))  # 1 for responsibilities; exact for any weights
-        self.xx += to_numpy(xp.matrix_transpose(xb * w) @ xb)
+        self.xx.add(xp.matrix_transpose(xb * w) @ xb)
 
     def stats(self, sum_rlogr: float, chunk: Chunk) -> SuffStats:
-        return pooled_stats(self.nk, self.sx, self.xx, sum_rlogr, chunk)
+        return pooled_stats(self.nk.result(), self.sx.result(), self.xx.result(), sum_rlogr, chunk)
 
 
 def pooled_stats(nk: np.ndarray, sx: np.ndarray, xx: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:
@@ -402,35 +431,64 @@ def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     w = xp.asarray(params.weights, dtype=dt)
     const = xp.asarray(params.const, dtype=dt)
     k, d = params.const.shape[0], chunk.x.shape[1]
-    g = np.zeros((k, 2 * d))
-    nk = np.zeros(k)
-    sum_rlogr = 0.0
-    spread: tuple[int, float, float] = (0, 0.0, 0.0)  # rows, sum and spread of ln sum_k rho
+    g, nk, rows = Sum64(xp, (k, 2 * d)), Sum64(xp, (k,)), _RowSums()
     n = chunk.n_rows
     for i in range(0, n, BLOCK_ROWS):
         f = chunk.features(i, min(i + BLOCK_ROWS, n))
         resp, log_norm, rlogr = normalise(f @ w + const)
-        g += to_numpy(xp.matrix_transpose(resp) @ f)
-        nk += to_numpy(xp.sum(resp, axis=0, dtype=xp.float64))
-        spread = merge_spread(spread, (int(log_norm.shape[0]), *row_spread(log_norm)))
-        sum_rlogr += float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
-    return KernelResult(_diag_stats(nk, g, sum_rlogr, chunk), spread[1], spread[2])
+        g.add(xp.matrix_transpose(resp) @ f)
+        nk.add(xp.sum(resp, axis=0, dtype=xp.float64))
+        rows.add(log_norm, rlogr)
+    spread, sum_rlogr = rows.result()
+    return KernelResult(_diag_stats(nk.result(), g.result(), sum_rlogr, chunk), spread[1], spread[2])
+
+
+class _RowSums:
+    """The per-row values of a chunk's blocks (``ln sum_k rho`` and ``sum_k r ln r``), kept where they
+    were computed and summed on the host at the end, block by block in block order: one copy from
+    the device per chunk instead of one synchronisation per block, and the same sums as before."""
+
+    def __init__(self) -> None:
+        self.log_norm: list[Array] = []
+        self.rlogr: list[Array] = []
+
+    def add(self, log_norm: Array, rlogr: Array) -> None:
+        self.log_norm.append(log_norm)
+        self.rlogr.append(rlogr)
+
+    def result(self) -> tuple[tuple[int, float, float], float]:
+        """``(rows, sum, spread)`` of ``ln sum_k rho`` (:func:`merge_spread` over the blocks) and
+        ``sum_n sum_k r ln r`` (float64 sums per block, added in block order)."""
+        spread: tuple[int, float, float] = (0, 0.0, 0.0)
+        sum_rlogr = 0.0
+        if not self.log_norm:
+            return spread, sum_rlogr
+        xp = array_namespace(self.log_norm[0])
+        sizes = [int(v.shape[0]) for v in self.log_norm]
+        log_norm = to_host(xp.concat(self.log_norm, axis=0))
+        rlogr = to_host(xp.concat(self.rlogr, axis=0))
+        start = 0
+        for size in sizes:
+            stop = start + size
+            spread = merge_spread(spread, (size, *row_spread(log_norm[start:stop])))
+            sum_rlogr += float(np.sum(rlogr[start:stop], dtype=np.float64))
+            start = stop
+        return spread, sum_rlogr
 
 
 def _tied_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     """The 'tied' VB EM chunk pass, block by block (see BLOCK_ROWS): E-step GEMMs, softmax, and the
     statistics GEMMs of the same block while it is in cache."""
     xp = array_namespace(chunk.x)
-    sums = _PooledSums(params.const.shape[0], chunk.x.shape[1])
-    sum_rlogr = 0.0
-    spread: tuple[int, float, float] = (0, 0.0, 0.0)  # rows, sum and spread of ln sum_k rho
+    sums = _PooledSums(xp, params.const.shape[0], chunk.x.shape[1])
+    rows = _RowSums()
     n = chunk.n_rows
     for i in range(0, n, BLOCK_ROWS):
         xb = chunk.x[i : min(i + BLOCK_ROWS, n), :]
         resp, log_norm, rlogr = normalise(_tied_log_rho(xb, params))
         sums.add(xb, resp)
-        spread = merge_spread(spread, (int(log_norm.shape[0]), *row_spread(log_norm)))
-        sum_rlogr += float(to_numpy(xp.sum(rlogr, dtype=xp.float64)))
+        rows.add(log_norm, rlogr)
+    spread, sum_rlogr = rows.result()
     return KernelResult(sums.stats(sum_rlogr, chunk), spread[1], spread[2])
 
 
