@@ -8,11 +8,17 @@ statistics merged in chunk order: 8 N D K flops. Run with ``python bench/bench_g
 for the settings); it needs the gpu extra (CuPy) and a CUDA device, and says so when either is
 missing. CuPy multiplies float32 with TF32 tensor cores only when ``CUPY_TF32=1``; the default
 (off) is what the kernels' float32 accuracy assumes, and the reference GEMM uses the same setting.
+
+``--sun397`` times the pass at the SUN397 shape of issue 27's target (N=108,754, D=4096, K=1000:
+3.6e12 flop per pass; target <= 0.15 s and >= 50% of the GEMM rate). ``--json PATH`` writes the
+figures for ``scripts/gpu_check.py``. ``--backend strict`` runs the same code with array-api-strict in
+place of CuPy on the CPU (a dry run of the script: no device, the rate is the host's NumPy sgemm).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -94,22 +100,69 @@ def time_pass(fn: Any, repeat: int, sync: Any = None) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+class Device:
+    """The array library the device side runs on: CuPy on a GPU, or array-api-strict on the CPU."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        if backend == "cupy":
+            self.cp = load_cupy()
+            try:
+                self.name = device_name(self.cp)
+            except Exception as exc:  # noqa: BLE001 - the device is listed but cannot be used
+                sys.exit(f"bench_gpu: the CUDA device cannot be used ({type(exc).__name__}: {exc}).")
+            check_namespace(self.cp)
+            self.version = (f"CuPy {self.cp.__version__}, CUDA runtime "
+                            f"{self.cp.cuda.runtime.runtimeGetVersion()}, "
+                            f"CUPY_TF32={os.environ.get('CUPY_TF32', '(unset)')}")
+        else:
+            import array_api_strict
+
+            self.xps, self.name = array_api_strict, "array-api-strict on the CPU (dry run, no device)"
+            self.version = f"array-api-strict {array_api_strict.__version__}"
+
+    def asarray(self, x: np.ndarray) -> Any:
+        return self.cp.asarray(x) if self.backend == "cupy" else self.xps.asarray(x)
+
+    def sync(self) -> None:
+        if self.backend == "cupy":
+            self.cp.cuda.Stream.null.synchronize()
+
+    def free(self) -> None:
+        if self.backend == "cupy":
+            self.cp.get_default_memory_pool().free_all_blocks()
+
+    def gemm_rate(self, size: int) -> float:
+        if self.backend == "cupy":
+            return gpu_gemm_rate(self.cp, size, repeat=10)
+        from bench_vbem import gemm_rate
+
+        return gemm_rate(np.float32, size=min(size, 2048), repeat=3)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--components", type=int, default=100)
+    ap.add_argument("--sun397", action="store_true",
+                    help="N=108,754, D=4096, K=1000 (overrides the three above)")
     ap.add_argument("--chunk-rows", type=int, default=65_536)
-    ap.add_argument("--repeat", type=int, default=5, help="timed GPU passes (NumPy: fewer)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed device passes")
+    ap.add_argument("--cpu-repeat", type=int, default=0,
+                    help="timed NumPy passes (default: repeat // 2, >= 1)")
     ap.add_argument("--gemm-size", type=int, default=8192)
+    ap.add_argument("--backend", choices=("cupy", "strict"), default="cupy")
+    ap.add_argument("--json", type=str, default=None, help="write the figures to this file")
     args = ap.parse_args()
+    if args.sun397:
+        args.rows, args.dim, args.components = 108_754, 4096, 1000
+    return args
 
-    cp = load_cupy()
-    try:
-        name = device_name(cp)
-    except Exception as exc:  # noqa: BLE001 - the device is listed but cannot be used
-        sys.exit(f"bench_gpu: the CUDA device cannot be used ({type(exc).__name__}: {exc}).")
-    check_namespace(cp)
+
+def main() -> None:
+    args = parse_args()
+    dev = Device(args.backend)
 
     from bench_vbem import relu_features  # same data as `make bench`
     from threadpoolctl import threadpool_info
@@ -122,51 +175,59 @@ def main() -> None:
     n, d, k = args.rows, args.dim, args.components
     print(f"vbcluster GPU bench: one VB EM kernel pass (E-step + statistics), diag, "
           f"N={n} D={d} K={k}, float32")
-    print(f"  device: {name} (CuPy {cp.__version__}, CUDA runtime {cp.cuda.runtime.runtimeGetVersion()}, "
-          f"CUPY_TF32={os.environ.get('CUPY_TF32', '(unset)')})")
+    print(f"  device: {dev.name} ({dev.version})")
     for info in threadpool_info():
         print(f"  host threadpool: {info['internal_api']} {info.get('version')} "
               f"threads={info['num_threads']}")
 
+    t0 = time.perf_counter()
     X = relu_features(n, d, k, seed=0)
     var = X.var(0, dtype=np.float64)
     prior = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=k,
                           data_mean=X.mean(0, dtype=np.float64), data_covariance=var)
     shift = prior.mean
     host_chunks = [prepare_chunk(c, shift, "diag") for c in split_rows(X, args.chunk_rows)]
-    resp = np.random.default_rng(1).dirichlet(np.ones(k), size=n).astype(np.float32)
-    stats, offset = None, 0
-    for c in host_chunks:
-        s = chunk_statistics(c, resp[offset:offset + c.n_rows])
+    stats, rng = None, np.random.default_rng(1)
+    for c in host_chunks:  # random responsibilities, chunk by chunk (no N x K float64 array)
+        r = rng.gamma(1.0, size=(c.n_rows, k)).astype(np.float32)
+        s = chunk_statistics(c, r / r.sum(1, keepdims=True))
         stats = s if stats is None else stats.merge(s)
-        offset += c.n_rows
-    del resp
     params = estep_params(m_step(stats, prior, 1e-6), shift)
-    dev_chunks = [prepare_chunk(cp.asarray(c), shift, "diag") for c in split_rows(X, args.chunk_rows)]
-    cp.cuda.Stream.null.synchronize()
+    dev_chunks = [prepare_chunk(dev.asarray(c), shift, "diag") for c in split_rows(X, args.chunk_rows)]
+    dev.sync()
+    setup_s = time.perf_counter() - t0
 
     def one_pass(chunks: list[Any]) -> KernelResult:
         return reduce(KernelResult.merge, [vbem_kernel(c, params) for c in chunks])
 
-    t_gpu = time_pass(lambda: one_pass(dev_chunks), args.repeat, cp.cuda.Stream.null.synchronize)
-    t_cpu = time_pass(lambda: one_pass(host_chunks), max(1, args.repeat // 2))
+    t_gpu = time_pass(lambda: one_pass(dev_chunks), args.repeat, dev.sync)
+    t_cpu = time_pass(lambda: one_pass(host_chunks), args.cpu_repeat or max(1, args.repeat // 2))
     res_gpu, res_cpu = one_pass(dev_chunks), one_pass(host_chunks)
     nk_diff = float(np.max(np.abs(res_gpu.stats.nk - res_cpu.stats.nk)) / n)
     ln_diff = abs(res_gpu.log_norm - res_cpu.log_norm) / abs(res_cpu.log_norm)
 
     dev_chunks.clear()
-    cp.get_default_memory_pool().free_all_blocks()
-    rate = gpu_gemm_rate(cp, args.gemm_size, repeat=10)
+    dev.free()
+    rate = dev.gemm_rate(args.gemm_size)
     flops = 8.0 * n * d * k  # E-step [x*x, x] @ W (4NDK) + statistics R^T [x*x, x] (4NDK)
     achieved = flops / t_gpu
 
     print()
+    print(f"  set-up (data, statistics, upload): {setup_s:.1f} s")
     print(f"  NumPy (host): {t_cpu * 1e3:9.1f} ms per pass")
-    print(f"  CuPy (device): {t_gpu * 1e3:8.1f} ms per pass -> NumPy / CuPy time = {t_cpu / t_gpu:.1f}x")
-    print(f"  device pass: {achieved / rate:6.1%} of this GPU's float32 GEMM rate "
+    print(f"  {args.backend} (device): {t_gpu * 1e3:8.1f} ms per pass -> NumPy / device time = "
+          f"{t_cpu / t_gpu:.1f}x")
+    print(f"  device pass: {achieved / rate:6.1%} of this device's float32 GEMM rate "
           f"({achieved / 1e12:.2f} of {rate / 1e12:.2f} TFLOP/s, {args.gemm_size}^3 sgemm, same run)")
-    print(f"  agreement: max |N_k(gpu) - N_k(numpy)| / N = {nk_diff:.1e}, "
+    print(f"  agreement: max |N_k(device) - N_k(numpy)| / N = {nk_diff:.1e}, "
           f"sum ln sum rho rel. diff = {ln_diff:.1e}")
+    if args.json:
+        out = {"device": dev.name, "backend": args.backend, "versions": dev.version, "rows": n, "dim": d,
+               "components": k, "flop_per_pass": flops, "device_pass_s": t_gpu, "numpy_pass_s": t_cpu,
+               "gemm_flops": rate, "gemm_size": args.gemm_size, "gemm_share": achieved / rate,
+               "nk_max_rel_diff": nk_diff, "log_norm_rel_diff": ln_diff, "setup_s": setup_s}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

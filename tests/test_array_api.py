@@ -60,8 +60,8 @@ def data():
 def _float64_spy(xps, monkeypatch) -> Iterator[list[tuple[int, ...]]]:
     """Record the shape of every float64 strict array created, other than by a call that names float64:
     ``xp.sum(..., dtype=xp.float64)``, ``xp.zeros(..., dtype=xp.float64)`` and ``xp.astype(x,
-    xp.float64)`` (deliberate float64 accumulators). Hooks array-api-strict's private constructor ``Array._new``, through which
-    every array it returns is built."""
+    xp.float64)`` (deliberate float64 accumulators). Hooks array-api-strict's private constructor
+    ``Array._new``, through which every array it returns is built."""
     array_cls = type(xps.asarray(0.0))
     new = array_cls.__dict__.get("_new")
     if not isinstance(new, classmethod):
