@@ -10,6 +10,12 @@
 # (default python3, the image's, which holds CuPy), GPU_CHECK_BUDGET (seconds for the steps, 420),
 # GPU_CHECK_INSTALL=0 (use the packages already installed, not .whl/).
 # Arguments go to gpu_check.py (--small: a small store).
+#
+# onnxruntime-gpu (CUDA 13) does not fit one call (scripts/gpu_wheels.sh --ort splits it into .ort/):
+# on a warm machine, one call per part, each within 30 s of the last,
+#   run(command="bash scripts/gpu_check.sh --ort-part", carry=[".ort/part-00", ".ort/SHA256"], timeout_s=60)
+# stages the parts in /tmp/vbc-ort; the check then joins them, checks the sha256 and installs the
+# wheel ahead of the image's CPU-only onnxruntime.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -18,6 +24,14 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-$PWD/gpu_out}
 WORK=${GPU_CHECK_WORK:-/tmp/vbc-gpu-check}
 mkdir -p "$OUT" "$WORK/logs"
+ORT_STAGE=/tmp/vbc-ort
+if [ -d .ort ]; then
+    mkdir -p "$ORT_STAGE" && cp .ort/part-* .ort/SHA256 "$ORT_STAGE/" 2>/dev/null
+fi
+if [ "${1:-}" = "--ort-part" ]; then
+    echo "onnxruntime-gpu parts staged in $ORT_STAGE:" && ls -l "$ORT_STAGE"
+    exit 0
+fi
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PREFECT_HOME="$WORK/prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false \
        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120
 
@@ -35,8 +49,20 @@ if [ -d .whl ] && [ "${GPU_CHECK_INSTALL:-1}" = 1 ]; then
     export PATH="$WORK/site/bin:$PATH" GPU_CHECK_SITE="$WORK/site"
     export PYTHONPATH="$PWD:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 else
-    echo "no .whl/ here: using the packages already installed (scripts/gpu_wheels.sh makes .whl/)"
+    echo "not installing .whl/ (absent, or GPU_CHECK_INSTALL=0): using the packages already installed"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if [ -f "$ORT_STAGE/SHA256" ]; then
+    ort=$ORT_STAGE/$(awk '{print $2}' "$ORT_STAGE/SHA256")
+    cat "$ORT_STAGE"/part-* > "$ort"
+    if (cd "$ORT_STAGE" && sha256sum --quiet -c SHA256) && "$PY" -m pip install -q --no-index --no-deps \
+            --no-compile --target "$WORK/ort-site" "$ort" >"$WORK/logs/install-ort.log" 2>&1; then
+        echo "installed $(basename "$ort") into $WORK/ort-site"
+        export PYTHONPATH="$WORK/ort-site:$PYTHONPATH"
+    else
+        echo "onnxruntime-gpu: parts missing or damaged ($(ls "$ORT_STAGE" | tr '\n' ' ')); the image's onnxruntime is used"
+    fi
+    rm -f "$ort"
 fi
 cp .whl/MANIFEST.txt "$WORK/logs/wheels-carried.txt" 2>/dev/null
 cp .whl/REUSED.txt "$WORK/logs/wheels-reused.txt" 2>/dev/null

@@ -20,8 +20,8 @@
 #
 # onnxruntime-gpu for CUDA 13 exists on PyPI (1.31.1 links libcublas.so.13, libcudart.so.13) but its
 # wheel is ~244 MiB, over the 64 MiB a device call carries. --ort splits it into .ort/part-NN
-# (48 MiB each); gpu_check.sh --ort-part N appends one part per call on a warm machine and the last
-# call installs the joined wheel (docs/benchmarks.md, "GPU"). Without it the ONNX step reports the
+# (48 MiB each); `gpu_check.sh --ort-part` stages the parts carried by one call on a warm machine,
+# one call per part, and the check joins and installs them (docs/benchmarks.md, "GPU"). Without it the ONNX step reports the
 # providers the image's onnxruntime has (the pip name of its CPU build) and skips the CUDA run.
 set -euo pipefail
 
@@ -86,7 +86,9 @@ sort -o "$OUT/MANIFEST.txt" "$OUT/MANIFEST.txt"
 sort "$tmp/reused.txt" > "$OUT/REUSED.txt"
 
 echo "building the vbcluster wheel from this checkout ..."
+had_build=$([ -d build ] && echo 1 || true)
 "$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$OUT" . >/dev/null
+[ -n "$had_build" ] || rm -rf build   # setuptools' scratch folder
 echo "vbcluster==$(grep -m1 '^version' pyproject.toml | cut -d'"' -f2) (this checkout)" >> "$OUT/MANIFEST.txt"
 
 dups=$(ls "$OUT"/*.whl | xargs -n1 basename | cut -d- -f1 | norm | sort | uniq -d)

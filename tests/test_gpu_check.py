@@ -110,6 +110,7 @@ def test_a_failed_step_is_logged_and_the_next_one_runs(gc, tmp_path):
 
     c.step("fails", boom)
     c.step("exits", lambda: c.sh("exits", [py, "-c", "print('half'); import sys; sys.exit(3)"], 30))
+    c.slack = 1.0  # the device's limits, also in a dry run
     c.step("slow", lambda: c.sh("slow", [py, "-c", "import time; time.sleep(30)"], 11))
     c.step("skips", skip)
     c.step("runs", lambda: {"out": c.sh("runs", [py, "-c", "print('fine')"], 30).splitlines()[-1]})
