@@ -13,7 +13,8 @@ shards and image lists, see :mod:`pipeline.image_sources`) works in three steps:
    :func:`pipeline.engine.make_engine`); each process builds the extractor once (a per-process cache
    keyed by the extractor's name and parameters, which include the model's sha256). Every finished
    shard is saved atomically in a work folder ``OUT.extract-<key>`` beside the store, the key hashing
-   the images and the settings: a killed extraction run again resumes from its finished shards.
+   the images and the settings: a killed extraction run again resumes from its finished shards
+   (each carries an id; a damaged or swapped one is extracted again: :mod:`pipeline.extract_shards`).
 3. **Write.** The shards are streamed into the store in image order (one atomic create or append, cut
    on the store's chunks), then the image manifest and the skipped images are recorded and the work
    folder is removed. The store holds the same bits whether the shards ran in-process or on any
@@ -29,7 +30,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from pipeline.extract_shards import read_shard, save_shard, shard_id, usable
 from pipeline.extractors import FeatureExtractor, make_extractor
 from pipeline.idx_images import is_idx_loc
 from pipeline.idx_images import shown as idx_shown
@@ -257,7 +258,7 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
     shards = [todo[s:s + st.shard_images] for s in range(0, len(todo), st.shard_images)]
     try:
         resumed, rate, workers = _run_shards(work, shards, images, st, canonical(ext.params), progress)
-        skipped = [images.ids[todo[i]] for i in _skipped_positions(work, shards)]
+        skipped = [images.ids[todo[i]] for i in _skipped_positions(work, shards, images)]
         blocks = _blocks(work, shards, images, codes)
         lab = codes is not None
         with zarr.config.set({"array.write_empty_chunks": True}):
@@ -355,26 +356,13 @@ def _work_key(images: ImageSet, todo: list[int], ext: FeatureExtractor, params: 
 
 
 # ---- running the shards -------------------------------------------------------------------------
-def _shard_file(work: Path, i: int) -> Path:
-    return work / f"shard-{i:06d}.npz"
-
-
-def _save_shard(work: Path, i: int, res: dict[str, Any]) -> None:
-    """Write one shard's result atomically (temporary file, fsync, rename)."""
-    tmp = work / f".shard-{i:06d}.{secrets.token_hex(4)}.npz"
-    with open(tmp, "wb") as f:
-        np.savez(f, **res)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, _shard_file(work, i))
-
-
 def _run_shards(work: Path, shards: list[list[int]], images: ImageSet, st: _Settings, want: str,
                 progress: Callable[[int], None] | None) -> tuple[int, float, int]:
     """Run the shards not yet in ``work``; returns (shards resumed, images/s, workers). ``want``: the
     extractor's canonical parameters, which every shard must report."""
     work.mkdir(parents=True, exist_ok=True)
-    todo = [i for i in range(len(shards)) if not _shard_file(work, i).is_file()]
+    sids = _shard_ids(shards, images)
+    todo = [i for i in range(len(shards)) if not usable(work, i, sids[i])]
     resumed = len(shards) - len(todo)
     if resumed:
         log.info("resuming: %d of %d shards already extracted in %s", resumed, len(shards), work)
@@ -387,7 +375,7 @@ def _run_shards(work: Path, shards: list[list[int]], images: ImageSet, st: _Sett
         if str(res["params"]) != want:
             raise ConfigError(f"shard {i} ran the extractor with {res['params']}, not {want}: did the model "
                               "file change, or differ between machines?")
-        _save_shard(work, i, res)
+        save_shard(work, i, res, sids[i])
         count[0] += len(shards[i])
         if progress is not None:
             progress(len(shards[i]))
@@ -446,13 +434,16 @@ def _run_on_cluster(st: _Settings, todo: list[int], args: Callable[[int], tuple[
     return workers
 
 
-def _skipped_positions(work: Path, shards: list[list[int]]) -> list[int]:
+def _shard_ids(shards: list[list[int]], images: ImageSet) -> list[str]:
+    return [shard_id(i, [images.ids[j] for j in shard]) for i, shard in enumerate(shards)]
+
+
+def _skipped_positions(work: Path, shards: list[list[int]], images: ImageSet) -> list[int]:
     """Positions (in the list of images extracted) of the images skipped as unreadable."""
     out: list[int] = []
     start = 0
-    for i, shard in enumerate(shards):
-        with np.load(_shard_file(work, i)) as z:
-            out.extend(int(start + p) for p in z["skipped"])
+    for i, (shard, sid) in enumerate(zip(shards, _shard_ids(shards, images), strict=True)):
+        out.extend(int(start + p) for p in read_shard(work, i, sid)["skipped"])
         start += len(shard)
     return out
 
@@ -460,9 +451,9 @@ def _skipped_positions(work: Path, shards: list[list[int]]) -> list[int]:
 def _blocks(work: Path, shards: list[list[int]], images: ImageSet,
             codes: np.ndarray | None) -> Iterator[Batch]:
     """The shards' rows in image order: (features, labels or None, ids)."""
-    for i, shard in enumerate(shards):
-        with np.load(_shard_file(work, i)) as z:
-            X, ok = z["X"], z["ok"]
+    for i, (shard, sid) in enumerate(zip(shards, _shard_ids(shards, images), strict=True)):
+        z = read_shard(work, i, sid)
+        X, ok = z["X"], z["ok"]
         idx = [shard[int(p)] for p in ok]
         yield (X, None if codes is None else codes[idx],
                np.array([images.ids[j] for j in idx], dtype=str))
