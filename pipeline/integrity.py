@@ -7,7 +7,9 @@ chunk and its row range. A store opened for reading is scanned once (one ``stat`
 per chunk file, no decoding): every chunk of ``features``, ``labels`` and ``ids`` must be present (a
 deleted chunk would otherwise read as Zarr's fill value, zeros), and the content fingerprint is the
 sha256 of every chunk's size and recorded CRC-32C, so any change of content made through Zarr changes
-it. ``vbcluster check STORE`` decodes every chunk (a full verification) and ``--upgrade`` rewrites a
+it. Every append records each chunk's CRC-32C at its position (attribute ``chunk_crcs``), and
+``vbcluster check STORE`` decodes every chunk (a full verification) and requires each to hold the
+CRC recorded for its position (chunk files swapped both verify on their own); ``--upgrade`` rewrites a
 store written without checksums (by an older vbcluster) with them, atomically (a complete copy is
 built beside the store and swapped in).
 
@@ -35,6 +37,7 @@ from vbcore.errors import StoreError
 
 ARRAYS = ("features", "labels", "ids")
 CHECKSUM = "crc32c"
+POSITIONS = "chunk_crcs"  # store attribute: each chunk's CRC-32C at its position (position_record)
 UPGRADE_TMP = ".upgrade-tmp"  # suffix of the copy an upgrade builds beside the store
 UPGRADE_OLD = ".upgrade-old"  # suffix of the original while the copy is swapped in
 COMPLETE = ".upgrade-complete"  # suffix of the marker file beside a finished upgrade copy
@@ -145,11 +148,40 @@ class Scan:
     n_bytes: int
 
 
+def position_record(crcs: dict[str, list[bytes]]) -> dict[str, str]:
+    """The ``chunk_crcs`` attribute: per array, the CRC-32C of every chunk in row order (hex, 8
+    characters per chunk). A chunk's CRC covers its bytes only, so two chunk files swapped would both
+    verify; compared with this record, each chunk must also be the one written at its position."""
+    return {name: b"".join(v).hex() for name, v in crcs.items()}
+
+
+def _check_positions(path: str, group: zarr.Group, crcs: dict[str, list[bytes]], n_rows: int) -> None:
+    """Each chunk's CRC-32C against the ``chunk_crcs`` recorded at the last write (stores written
+    before the record existed have none: nothing to compare)."""
+    record = group.attrs.get(POSITIONS)
+    if not isinstance(record, dict):
+        return
+    for name, found in crcs.items():
+        want = bytes.fromhex(str(record.get(name, "")))
+        arr = group[name]
+        assert isinstance(arr, zarr.Array)
+        for i in range(len(found)):
+            if want[4 * i:4 * i + 4] != found[i]:
+                where = [j for j in range(len(found)) if want[4 * j:4 * j + 4] == found[i] and j != i]
+                moved = f"; it holds what was written as chunk {where[0]}" if where else ""
+                raise StoreError(f"{_where(path, name, arr, i, n_rows)} is not the chunk vbcluster wrote at "
+                                 f"that position (its CRC-32C differs from the one recorded{moved}): chunk "
+                                 "files were swapped, replaced or changed outside vbcluster; restore the "
+                                 "store from a backup or re-ingest its source")
+
+
 def scan(path: str, group: zarr.Group, n_rows: int) -> Scan:
     """Check that every chunk of every store array is present; derive the content fingerprint.
 
     Raises :class:`StoreError` naming the array, chunk and row range of the first missing chunk.
-    Warns (:class:`StoreIntegrityWarning`) when the store has no checksums.
+    Warns (:class:`StoreIntegrityWarning`) when the store has no checksums. (Whether each chunk is
+    the one written at its position is :func:`check`'s question: an open only derives the
+    fingerprint, which a swap changes, so a store changed through Zarr stays readable.)
     """
     names = [n for n in ARRAYS if n in group.array_keys()]
     arrays = {n: group[n] for n in names}
@@ -247,7 +279,8 @@ class CheckReport:
 
 
 def check(path: str, progress: Callable[[int], None] | None = None) -> CheckReport:
-    """Verify a whole store: every chunk present and decoded (checksum verified), features finite."""
+    """Verify a whole store: every chunk present and decoded (checksum verified), features finite,
+    and each chunk the one vbcluster wrote at its position (stores that record ``chunk_crcs``)."""
     from pipeline.store import FeatureStore
 
     t0 = time.perf_counter()
@@ -268,6 +301,12 @@ def check(path: str, progress: Callable[[int], None] | None = None) -> CheckRepo
             chunks += 1
             if progress is not None:
                 progress(1)
+    if info is not None and info.checksummed:  # each chunk where vbcluster wrote it (chunk_crcs)
+        try:
+            _check_positions(path, store.group, info.crcs, store.n_rows)
+        except StoreError as exc:
+            raise StoreError(f"{exc}" + (f"; {bad_rows} rows of 'features' hold NaN/inf" if bad_rows else "")
+                             ) from None
     return CheckReport(path, store.n_rows, chunks, info.n_bytes if info else 0, time.perf_counter() - t0,
                        info.checksummed if info else True, bad_rows)
 

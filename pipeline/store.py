@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -335,7 +336,13 @@ class FeatureStore:
             appends = list(self.group.attrs.get("appends", []))  # type: ignore[arg-type]
             appends.append({"rows": written, "dropped_nonfinite": dropped, "source": source,
                             "time": _now(), **(record or {})})
-            self.group.attrs.update({"n_rows": old_n + written, "fingerprint": fp, "appends": appends})
+            done = {"n_rows": old_n + written, "fingerprint": fp, "appends": appends}
+            with warnings.catch_warnings():  # (an unchecksummed store warned at open already)
+                warnings.simplefilter("ignore", integrity.StoreIntegrityWarning)
+                crcs = integrity.scan(self.path, self.group, old_n + written).crcs
+            if crcs:  # each chunk's CRC at its position: swapped chunk files are noticed
+                done[integrity.POSITIONS] = integrity.position_record(crcs)
+            self.group.attrs.update(done)
         except BaseException as exc:
             _rollback(root)
             self.group = zarr.open_group(self.path, mode="r+")

@@ -227,3 +227,31 @@ def test_fsspec_url_stores_are_scanned_too(store):
     (Path(store) / "features/c/4/0").unlink()
     with pytest.raises(StoreError, match=r"'features' chunk features/c/4/0 \(rows 32-39\) is missing"):
         FeatureStore.open(url)
+
+
+def test_swapped_chunk_files_fail_check(store):
+    """Each chunk's CRC-32C is recorded at its position (issue 29): two chunk files swapped both verify
+    on their own, but `check` finds them in each other's place."""
+    assert integrity.check(store).chunks == 15  # features, labels and ids: 5 chunks each
+    a, b = Path(store) / "features/c/1/0", Path(store) / "features/c/3/0"
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    with pytest.raises(StoreError, match=r"'features' chunk features/c/1/0 \(rows 8-15\) is not the chunk "
+                                         r"vbcluster wrote at that position \(its CRC-32C differs from the "
+                                         r"one recorded; it holds what was written as chunk 3\)"):
+        integrity.check(store)
+    res = runner.invoke(app, ["check", store])
+    assert res.exit_code == 2 and "is not the chunk vbcluster wrote at that position" in res.output
+    a.write_bytes(data_a)
+    b.write_bytes(data_b)
+    s = FeatureStore.open(store, "r+")  # an append records the new chunks' positions too
+    s.append(_rows(13, seed=3), labels=np.ones(13, int), ids=[f"n{i}" for i in range(13)])
+    assert integrity.check(store).n_rows == 53
+    last = Path(store) / "labels/c/6"
+    first = Path(store) / "labels/c/0"
+    data_last, data_first = last.read_bytes(), first.read_bytes()
+    last.write_bytes(data_first)
+    first.write_bytes(data_last)
+    with pytest.raises(StoreError, match=r"'labels' chunk labels/c/0 \(rows 0-7\) is not the chunk"):
+        integrity.check(store)
