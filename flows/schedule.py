@@ -88,6 +88,8 @@ def refresh_flow(
     seed: int | None = None,
     learner_options: dict[str, Any] | None = None,
     cluster: str | None = None,
+    pca: int | None = None,
+    whiten: bool = False,
     quiet: bool = True,
     images: str | None = None,
     extract_options: dict[str, Any] | None = None,
@@ -119,7 +121,7 @@ def refresh_flow(
     warm = p["previous"] if p["action"] == "warm" else None
     spec = make_spec(store, learner=learner, components=components, covariance=covariance,
                      weights=weights, max_iter=max_iter, tol=tol, seed=seed, cluster=cluster,
-                     learner_options=learner_options or None)
+                     learner_options=learner_options or None, pca=pca, whiten=whiten or None)
     if warm is not None and (problem := warm_start_problem(warm, spec)):
         logger.info("cold start instead of a warm start from %s: %s", warm, problem)
         warm = None
@@ -133,7 +135,8 @@ def refresh_flow(
     result = cluster_flow(store, str(run_dir), learner=spec.learner, components=spec.components,
                           covariance=spec.covariance, weights=spec.weights, max_iter=spec.max_iter,
                           tol=spec.tol, seed=spec.seed, learner_options=spec.learner_options or None,
-                          cluster=spec.cluster, warm_start_from=warm, quiet=quiet, extra={"refresh": p})
+                          cluster=spec.cluster, warm_start_from=warm, quiet=quiet, extra={"refresh": p},
+                          settings={"pca": spec.pca, "whiten": spec.whiten or None})
     publish_version(out, str(run_dir))
     logger.info("published %s (%s start, %d rows, %d iterations, %d clusters)", run_dir.name,
                 p["action"], result["n_rows"], result["n_iter"], result["n_effective"])

@@ -258,6 +258,8 @@ def fit(
     mean_precision_prior: float | None = typer.Option(None, help=spec_help("mean_precision_prior")),
     degrees_of_freedom_prior: float | None = typer.Option(None, help=spec_help("degrees_of_freedom_prior")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
+    pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
+    whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
     chunk_rows: int | None = typer.Option(None, help=spec_help("chunk_rows")),
     checkpoint_every: int | None = typer.Option(None, help=spec_help("checkpoint_every")),
@@ -280,7 +282,8 @@ def fit(
                          mean_precision_prior=mean_precision_prior, reg_covar=reg_covar, cluster=cluster,
                          degrees_of_freedom_prior=degrees_of_freedom_prior, chunk_rows=chunk_rows,
                          checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
-                         keep=keep, learner_options=key_values(learner_option))
+                         keep=keep, learner_options=key_values(learner_option), pca=pca,
+                         whiten=whiten or None)
     except VBClusterError as exc:
         fail(exc)
         return

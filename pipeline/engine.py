@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import operator
 import os
-import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from pipeline.blas import default_threads, one_blas_thread, pin_one_blas_thread
+from pipeline.dask_sizes import register_sizes
 from vbcore.errors import ConfigError
 
 __all__ = ["DaskEngine", "LocalEngine", "default_threads", "make_engine", "one_blas_thread",
@@ -76,29 +76,7 @@ def _on_backend(array_backend: str, prep: Callable[..., Any], rows: Any, *args: 
     return prep(rows, *args)
 
 
-def _register_sizes() -> None:
-    """Teach Dask the size of dataclass results (chunk statistics, prepared chunks, learner state).
-
-    Dask's ``sizeof`` falls back to ``sys.getsizeof`` for objects it does not know: a 65 MB K x D
-    ``SuffStats`` counted as ~56 bytes, so its memory limits, spilling, transfer counters and the
-    choice of where a merge runs ignored the arrays inside. Registered for ``object``, it sums the
-    fields of dataclasses and falls back to ``sys.getsizeof`` for anything else, as Dask's default
-    does. Runs where this module is imported: the driver, and every worker on its first kernel.
-    """
-    try:
-        from dask.sizeof import sizeof
-    except ImportError:  # the in-process engine does not need Dask
-        return
-    import dataclasses
-
-    @sizeof.register(object)
-    def _sizeof_object(o: Any) -> int:
-        if dataclasses.is_dataclass(o) and not isinstance(o, type):
-            return 64 + sum(int(sizeof(getattr(o, f.name))) for f in dataclasses.fields(o))
-        return int(sys.getsizeof(o))
-
-
-_register_sizes()
+register_sizes()
 
 
 class Mergeable(Protocol):
@@ -194,6 +172,12 @@ def _apply_item_pinned(kernel: Callable[..., Any], handle: Any, item: Any, *args
     return _apply_item(kernel, handle, item, *args)
 
 
+def _prep_pinned(prep: Callable[..., Any], rows: Any, *args: Any) -> Any:
+    """``prep`` on a Dask worker with BLAS pinned to one thread (a projection's GEMM)."""
+    pin_one_blas_thread()
+    return prep(rows, *args)
+
+
 def _identity(value: Any) -> Any:
     return value
 
@@ -235,22 +219,29 @@ class LocalEngine:
         self.array_backend = array_backend
         self.threads = default_threads() if threads is None else int(threads)
 
-    def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0) -> list[Any]:
+    def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0,
+                persist: str | None = None) -> list[Any]:
+        """Prepared chunks (``prep(rows, *args)``), kept or rebuilt in every pass; ``expansion`` is
+        the prepared size over the source's; ``persist`` overrides the engine's mode for this call
+        (``'never'``: a pass that reads the data once)."""
         if self.array_backend != "numpy":
             prep = functools.partial(_on_backend, self.array_backend, prep)
-        keep = self.persist == "always" or (
-            self.persist == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self.memory_limit
+        mode = self.persist if persist is None else persist
+        keep = mode == "always" or (
+            mode == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self.memory_limit
         )
         n = len(source.chunk_slices())
         if not keep:
             return [Lazy(source, i, prep, args) for i in range(n)]
         # load and prepare a few chunks at a time: decompression and the shift release the GIL, so
-        # a store's chunks decode on every core (results in chunk order; chunks are independent)
+        # a store's chunks decode on every core (results in chunk order; chunks are independent);
+        # one BLAS thread, as in a pass (a projection's GEMM gives the bits of every engine)
         workers = max(1, min(n, os.cpu_count() or 1, 4))
-        if workers == 1:
-            return [_load_prep(source, i, prep, *args) for i in range(n)]
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vbcluster-load") as pool:
-            return list(pool.map(lambda i: _load_prep(source, i, prep, *args), range(n)))
+        with one_blas_thread():
+            if workers == 1:
+                return [_load_prep(source, i, prep, *args) for i in range(n)]
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vbcluster-load") as pool:
+                return list(pool.map(lambda i: _load_prep(source, i, prep, *args), range(n)))
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
             per_chunk: Sequence[Any] | None = None) -> list[Any]:
@@ -328,8 +319,10 @@ class DaskEngine:
         limits = [w.get("memory_limit") or 0 for w in workers]
         return float(sum(limits)) if all(limits) else float("inf")
 
-    def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0) -> list[Any]:
-        """Prepared chunks on the workers, each with a lineage Dask can replay when its worker dies.
+    def prepare(self, source: Any, prep: Callable[..., Any], *args: Any, expansion: float = 1.0,
+                persist: str | None = None) -> list[Any]:
+        """Prepared chunks on the workers, each with a lineage Dask can replay when its worker dies
+        (``persist`` overrides the engine's mode for this call, as :meth:`LocalEngine.prepare`).
 
         * store: every task carries the (small) source and reads its chunk;
         * in-memory array: every chunk's rows are the payload of a task (they travel to the
@@ -345,10 +338,12 @@ class DaskEngine:
             self.code_checked = True
         if self.array_backend != "numpy":
             prep = functools.partial(_on_backend, self.array_backend, prep)
+        prep = functools.partial(_prep_pinned, prep)  # one BLAS thread, as the kernels
 
         n = len(source.chunk_slices())
-        keep = self.persist == "always" or (
-            self.persist == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self._worker_memory()
+        mode = self.persist if persist is None else persist
+        keep = mode == "always" or (
+            mode == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self._worker_memory()
         )
         c = self.client
         place = self._placement(n)

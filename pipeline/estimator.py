@@ -35,6 +35,7 @@ from vbcore.kernels import estep_params, prepare_chunk, responsibilities
 from vbcore.posterior import Posterior
 from vbcore.predictive import posterior_predictive_logpdf
 from vbcore.priors import Prior
+from vbcore.projection import Projection
 from vbcore.validation import check_array_2d
 
 __all__ = ["VBMixture", "check_array_2d", "posterior_predictive_logpdf"]
@@ -70,6 +71,14 @@ class VBMixture(DensityMixin, BaseEstimator):
         ``sigma^2`` for covariance_type='fixed'; default: the learner's estimate (split-coordinate
         nearest neighbours for mm, sga*, svi), else the mean per-dimension within-cluster variance
         of k-means with ``n_components`` clusters on (a sample of) X.
+    pca : int, optional
+        Fit on the rows projected onto their ``pca`` leading principal components (computed in one
+        pass over the data on the engine; :mod:`pipeline.projection`). The fitted means and
+        covariances live in that space; ``projection_`` holds the projection, and ``predict``,
+        ``predict_proba``, ``score_samples`` and warm starts apply it (``sample`` maps its draws
+        back to the input space).
+    whiten : bool, default=False
+        With ``pca``: scale every principal component to unit variance.
     learner : str, default='vbem'
         A registered learner (``pipeline.learners.LEARNERS``): 'vbem', and the others listed in
         docs/algorithms.md. ``set_params(learner=..., warm_start=True)`` switches learners and
@@ -118,6 +127,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         degrees_of_freedom_prior: float | None = None,
         covariance_prior: Any = None,
         fixed_variance: float | None = None,
+        pca: int | None = None,
+        whiten: bool = False,
         learner: str = "vbem",
         learner_options: dict[str, Any] | None = None,
         chunk_rows: int = 65536,
@@ -146,6 +157,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.degrees_of_freedom_prior = degrees_of_freedom_prior
         self.covariance_prior = covariance_prior
         self.fixed_variance = fixed_variance
+        self.pca = pca
+        self.whiten = whiten
         self.learner = learner
         self.learner_options = learner_options
         self.chunk_rows = chunk_rows
@@ -216,9 +229,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         finally:
             if lock is not None:
                 lock.release()
-        self.n_features_in_ = source.n_features
         self.set_fitted(best.post, best.prior, best.terms, best.history, best.converged, best.n_iter,
-                        best.history_se)
+                        best.history_se, projection=best.projection)
         self.n_passes_ = best.passes
         #: what lower_bounds_ holds ('exact' or 'minibatch estimate'); lower_bound_ is always exact
         self.bound_kind_ = best.bound_kind
@@ -247,6 +259,7 @@ class VBMixture(DensityMixin, BaseEstimator):
                 ckpt = f"{ckpt}/restart-{i}"
             out = run_fit(spec, source, engine, random_state=seed, checkpoint_dir=ckpt,
                           warm=self.posterior_ if warm else None,
+                          projection=getattr(self, "projection_", None) if warm else None,
                           previous_bound=getattr(self, "lower_bound_", None) if warm else None,
                           resp_init=resp_init,
                           callback=callback, log=log, log_every=int(self.verbose_interval))
@@ -260,10 +273,13 @@ class VBMixture(DensityMixin, BaseEstimator):
 
     def _check_warm_start(self, spec: FitSpec, d: int) -> None:
         post = self.posterior_
+        proj = getattr(self, "projection_", None)
         changed = [
             f"{name} {old!r} -> {new!r}"
             for name, old, new in (
-                ("n_features", post.n_features, d),
+                ("n_features", post.n_features if proj is None else proj.n_features_in, d),
+                ("pca", None if proj is None else proj.n_components, spec.pca),
+                ("whiten", proj is not None and proj.whiten, bool(spec.whiten)),
                 ("covariance_type", post.covariance_type, spec.covariance),
                 ("n_components", self.prior_.n_components, int(spec.components)),
                 ("weight_concentration_prior_type", post.weight_type, spec.weights),
@@ -277,12 +293,16 @@ class VBMixture(DensityMixin, BaseEstimator):
             )
 
     def set_fitted(self, post: Posterior, prior: Prior, terms: ElboTerms, history: list[float],
-                   converged: bool, n_iter: int, history_se: list[float | None] | None = None) -> None:
+                   converged: bool, n_iter: int, history_se: list[float | None] | None = None,
+                   projection: Projection | None = None) -> None:
         """Set the fitted attributes from a posterior and its prior (a fit, or a saved run);
-        ``history_se``: the standard errors of ``history``'s minibatch estimates (None: exact)."""
+        ``history_se``: the standard errors of ``history``'s minibatch estimates (None: exact);
+        ``projection``: the projection of the rows (``pca``), None without one."""
         self.posterior_ = post
         self.prior_ = prior
-        self.n_features_in_ = post.n_features
+        #: the projection the rows go through before the model (``pca``), or None
+        self.projection_ = projection
+        self.n_features_in_ = post.n_features if projection is None else projection.n_features_in
         self.converged_ = converged
         self.n_iter_ = n_iter
         self.lower_bound_ = terms.total
@@ -344,7 +364,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         params = estep_params(self.posterior_, shift)
         out = []
         for c in split_rows(X, int(self.chunk_rows)):
-            chunk = prepare_chunk(c, shift, self.posterior_.covariance_type)
+            chunk = prepare_chunk(c, shift, self.posterior_.covariance_type, projection=self.projection_)
             out.append(np.asarray(responsibilities(chunk, params), dtype=np.float64))
         resp = np.concatenate(out)
         k = int(self.prior_.n_components)
@@ -365,6 +385,8 @@ class VBMixture(DensityMixin, BaseEstimator):
     def score_samples(self, X: Any) -> np.ndarray:
         """Log density of the posterior predictive (a mixture of Student-t), per sample."""
         X = self._check_X(X).astype(np.float64)
+        if self.projection_ is not None:  # the density of the projected rows
+            X = self.projection_.apply(X)
         return posterior_predictive_logpdf(X, self.posterior_, self.prior_)
 
     def score(self, X: Any, y: Any = None) -> float:
@@ -372,14 +394,16 @@ class VBMixture(DensityMixin, BaseEstimator):
 
     def sample(self, n_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Draw rows from the fitted mixture (weights ``weights_``, Gaussians with ``means_`` and
-        ``covariances_``), as scikit-learn's ``sample``; returns ``(X, y)``, sorted by component."""
+        ``covariances_``), as scikit-learn's ``sample``; returns ``(X, y)``, sorted by component.
+        With ``pca``, the draws are mapped back to the input space (they lie in the principal
+        subspace)."""
         check_is_fitted(self, "posterior_")
         if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
             raise ValueError(f"Invalid value for 'n_samples': {n_samples!r} . The sampling requires at "
                              "least one sample.")
         rng = check_random_state(self.random_state)
         counts = rng.multinomial(int(n_samples), self.weights_)
-        ct, cov, d = self.posterior_.covariance_type, self.covariances_, self.n_features_in_
+        ct, cov, d = self.posterior_.covariance_type, self.covariances_, self.posterior_.n_features
         parts = []
         for k, (mean, n) in enumerate(zip(self.means_, counts, strict=True)):
             if ct == "full":
@@ -389,6 +413,8 @@ class VBMixture(DensityMixin, BaseEstimator):
             else:  # diag (D,) or spherical/fixed scalar per component
                 parts.append(mean + rng.standard_normal(size=(int(n), d)) * np.sqrt(cov[k]))
         X = np.vstack(parts)
+        if self.projection_ is not None:
+            X = self.projection_.inverse(X)
         y = np.concatenate([np.full(n, k, dtype=int) for k, n in enumerate(counts)])
         return X, y
 

@@ -21,11 +21,13 @@ from pipeline.checkpoint import Checkpointer, Loaded, config_hash
 from pipeline.fit_setup import initial_posterior, setup
 from pipeline.learners import FitContext, make_learner
 from pipeline.learners.vbem import vbem_pass
+from pipeline.projection import check_projection
 from pipeline.spec import FitSpec
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.errors import ConfigError, FitInterrupted
 from vbcore.posterior import Posterior, posterior_arrays, posterior_from_arrays
 from vbcore.priors import Prior
+from vbcore.projection import Projection
 
 #: checkpoint keys of learner state (beyond the posterior) carry this prefix
 LEARNER_KEY = "learner."
@@ -53,6 +55,8 @@ class FitOutcome:
     history_se: list[float | None] = field(default_factory=list)
     #: the learner's options as the fit used them (defaults filled in, automatic values resolved)
     options: dict[str, Any] = field(default_factory=dict)
+    #: the projection the rows went through (``pca``), or None
+    projection: Projection | None = None
 
 
 class StopRequest:
@@ -199,20 +203,30 @@ class _Loop:
 
 def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
             checkpoint_dir: str | None = None, warm: Posterior | None = None,
+            projection: Projection | None = None,
             previous_bound: float | None = None, resp_init: Any = None,
             callback: Callable[[dict[str, Any]], None] | None = None,
             log: Callable[[str], None] | None = None, log_every: int = 1) -> FitOutcome:
     """One fit of ``source`` with the resolved ``spec`` on ``engine`` (see the module docstring).
 
-    ``warm`` starts from a posterior (warm start); ``previous_bound`` is the final ELBO of the
-    previous warm-started call, so convergence is judged across calls as scikit-learn does."""
+    ``warm`` starts from a posterior (warm start), ``projection`` is that posterior's (the rows are
+    projected with it instead of a new one); ``previous_bound`` is the final ELBO of the previous
+    warm-started call, so convergence is judged across calls as scikit-learn does. A checkpoint's
+    projection is taken from the checkpoint."""
     t_start = time.perf_counter()
-    ctx = setup(spec, source, CountingEngine(engine), random_state)
+    ckpt = None if checkpoint_dir is None else Checkpointer(checkpoint_dir, int(spec.keep))
+    identity = run_identity(spec, source) if ckpt is not None else {}
+    loaded = load_checkpoint(ckpt, identity) if ckpt is not None else None
+    if loaded is not None and spec.pca is not None:
+        projection = Projection.from_arrays(loaded.state)
+        if projection is None:
+            raise ConfigError(f"{loaded.path}: the checkpoint holds no projection; restart the fit")
+    if projection is not None:
+        check_projection(projection, source.n_features, spec.pca, bool(spec.whiten),
+                         "the warm start" if loaded is None else str(loaded.path))
+    ctx = setup(spec, source, CountingEngine(engine), random_state, projection)
     ctx.engine.passes = 0  # the setup's passes are not the learner's
     try:
-        ckpt = None if checkpoint_dir is None else Checkpointer(checkpoint_dir, int(spec.keep))
-        identity = run_identity(spec, source) if ckpt is not None else {}
-        loaded = load_checkpoint(ckpt, identity) if ckpt is not None else None
         learner = make_learner(spec.learner, ctx, spec.learner_options)
         try:
             loop, post = _begin(spec, ctx, learner, loaded, warm, resp_init, random_state)
@@ -238,7 +252,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
                       None if loaded is None else str(loaded.path),
                       [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall(),
-                      loop.history_se, options)
+                      loop.history_se, options, ctx.projection)
 
 
 def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,
@@ -309,10 +323,12 @@ def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Po
 
 
 def _save(ckpt: Checkpointer, loop: _Loop, post: Posterior, learner: Any, identity: dict[str, Any]) -> Any:
-    """A checkpoint of the posterior, the learner's state and the loop's bookkeeping."""
+    """A checkpoint of the posterior, the learner's state, the projection and the loop's bookkeeping."""
     assert loop.terms is not None
     state = posterior_arrays(post)
     state.update({LEARNER_KEY + k: v for k, v in learner.state().items()})
+    if learner.ctx.projection is not None:
+        state.update(learner.ctx.projection.to_arrays())
     return ckpt.save(loop.n_iter, state, dict(identity, converged=loop.converged, elbo_history=loop.history,
                                               elbo_history_se=loop.history_se,
                                               elbo_terms=asdict(loop.terms), wall_seconds=loop.wall(),

@@ -1,7 +1,8 @@
 """The fit setup: everything between a validated spec and the first iteration.
 
-:func:`setup` wraps the data as a row source, prepares its chunks on the engine (rows shifted by
-the first row, the ``[x*x, x]`` cache where the learner uses it), checks the rows of sources not
+:func:`setup` wraps the data as a row source, computes its projection when the spec asks for
+one (:mod:`pipeline.projection`), prepares its chunks on the engine (rows projected, shifted by the
+first row, the ``[x*x, x]`` cache where the learner uses it), checks the rows of sources not
 validated on the driver, reduces the data moments, estimates ``sigma^2`` for covariance 'fixed'
 (the learner's own estimate or k-means), builds the prior, and returns a :class:`FitContext`.
 :func:`initial_posterior` gives the first posterior (given responsibilities, the learner's own
@@ -16,6 +17,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from pipeline.learners import FitContext, learner_class
+from pipeline.projection import ProjectedSource, projection_pass
 from pipeline.sources import ArraySource, DaskArraySource, StoreSource, is_dask_array, is_store_path
 from pipeline.spec import FitSpec
 from vbcore.errors import ConfigError, InputError
@@ -29,6 +31,7 @@ from vbcore.init_kernels import (
 from vbcore.kernels import prepare_chunk
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
+from vbcore.projection import Projection
 from vbcore.priors import Prior, default_prior
 from vbcore.stats import SuffStats
 from vbcore.validation import check_array_2d
@@ -50,17 +53,25 @@ def seed_entropy(random_state: Any) -> int | None:
     return None
 
 
-def setup(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> FitContext:
-    """Prepare the chunks, reduce the moments, build the prior: the context of the learner.
+def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
+          projection: Projection | None = None) -> FitContext:
+    """Project (``spec.pca``), prepare the chunks, reduce the moments, build the prior: the context
+    of the learner.
 
     ``spec`` is resolved (:meth:`FitSpec.resolved`); ``random_state`` is the seed or RandomState
-    of the k-means and sampling draws. The caller releases ``ctx.handles`` on the engine."""
+    of the k-means and sampling draws; ``projection`` is a warm start's or a checkpoint's (else
+    one is computed when ``spec.pca`` is set). The caller releases ``ctx.handles`` on the engine."""
     cls = learner_class(spec.learner)
     ct = spec.covariance
     assert ct is not None, "resolve the spec first"
+    if spec.pca is not None and projection is None:
+        projection = projection_pass(engine, raw, int(spec.pca), bool(spec.whiten))
+    source = raw if projection is None else ProjectedSource(raw, projection)
     shift = np.asarray(source.load(0)[0], dtype=np.float64)
     squares = ct not in ("full", "tied") and cls.cache_squares
-    handles = engine.prepare(source, prepare_chunk, shift, ct, squares, expansion=3.0 if squares else 1.0)
+    # chunks are made from the raw rows (projected inside prepare_chunk, on the workers)
+    expansion = (3.0 if squares else 1.0) * source.n_features / raw.n_features
+    handles = engine.prepare(raw, prepare_chunk, shift, ct, squares, projection, expansion=expansion)
     try:
         if not isinstance(source, ArraySource):  # arrays were checked by check_array_2d
             engine.map(check_kernel, handles, source.describe(),
@@ -77,7 +88,7 @@ def setup(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> FitCont
                       reg_covar=float(spec.reg_covar), n_rows=source.n_rows,
                       n_features=source.n_features, covariance_type=ct, weight_type=spec.weights,
                       seed=seed_entropy(random_state),
-                      chunk_starts=[sl.start for sl in source.chunk_slices()])
+                      chunk_starts=[sl.start for sl in source.chunk_slices()], projection=projection)
 
 
 def _estimate_sigma2(spec: FitSpec, cls: Any, engine: Any, handles: list[Any], source: Any,

@@ -33,6 +33,7 @@ from pipeline.fit_setup import check_prior_settings
 from pipeline.runs import load_model, read_result, save_run
 from pipeline.sources import StoreSource
 from pipeline.spec import FitSpec
+from vbcore.projection import check_pca
 from vbcore.errors import ConfigError, InputError
 
 RUN_SPEC = "run.json"
@@ -95,7 +96,8 @@ def warm_start_problem(previous: str | Path, spec: FitSpec) -> str | None:
     """Why the posterior in ``previous`` cannot start a fit with ``spec`` (None when it can)."""
     prev = read_result(previous)["settings"]
     want = {"n_components": spec.components, "covariance_type": spec.covariance,
-            "weight_concentration_prior_type": spec.weights}
+            "weight_concentration_prior_type": spec.weights, "pca": spec.pca, "whiten": spec.whiten}
+    prev = {"pca": None, "whiten": False, **prev}  # runs from before the projection had none
     diff = [f"{k} {prev.get(k)!r} -> {v!r}" for k, v in want.items() if prev.get(k) != v]
     return None if not diff else "the settings differ from the previous run's (" + "; ".join(diff) + ")"
 
@@ -142,7 +144,9 @@ def check_fit(run_dir: str | Path, spec: FitSpec, warm_from: str | Path | None =
     if spec.store is None:
         raise ConfigError("a run needs a store (the feature store to fit)")
     source = StoreSource(spec.store)  # a missing or bad store fails before anything is written
-    check_prior_settings(spec, source.n_features)
+    if spec.pca is not None:
+        check_pca(int(spec.pca), source.n_features, source.n_rows)
+    check_prior_settings(spec, source.n_features if spec.pca is None else int(spec.pca))
     if warm_from is not None:
         problem = warm_start_problem(warm_from, spec)
         if problem:
@@ -192,6 +196,7 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             # the posterior and prior only: the previous bound belongs to other data, so convergence
             # is judged within this fit
             model.posterior_, model.prior_ = previous.posterior_, previous.prior_
+            model.projection_ = previous.projection_  # the previous rows' space: kept, not recomputed
             model.warm_start = True
             info["warm_start_from"] = str(Path(warm_from).resolve())
         with warnings.catch_warnings():

@@ -292,10 +292,13 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
     rows = np.sort(rng.choice(src.n_rows, size=min(sample, src.n_rows), replace=False))
     store = FeatureStore.open(r["store"])
     X = np.asarray(store.features.get_orthogonal_selection((rows, slice(None))), dtype=np.float64)
-    _pca_plot(X, pred[rows], np.asarray(model.means_, dtype=np.float64), title, tmp / f"run{i}-pca.png")
+    means = np.asarray(model.means_, dtype=np.float64)
+    if model.projection_ is not None:  # a fit on projected rows (pca): its means in the store's space
+        means = model.projection_.inverse(means)
+    _pca_plot(X, pred[rows], means, title, tmp / f"run{i}-pca.png")
     figs.append((f"run{i}-pca.png", "PCA of a sample of rows, coloured by cluster"))
     if store.attrs.get("extractor") == "pixels-rgb-rowcol":
-        _segmentation_plot(store, pred, np.asarray(model.means_), title, tmp / f"run{i}-segmentation.png")
+        _segmentation_plot(store, pred, means, title, tmp / f"run{i}-segmentation.png")
         figs.append((f"run{i}-segmentation.png", "Segmentation (image store)"))
     return {"dir": d, "result": r, "figs": figs, "notes": notes}
 

@@ -31,6 +31,7 @@ from vbcore.kernels import Chunk, estep_params, prepare_chunk, responsibilities,
 from vbcore.metrics import acc, ari, nmi
 from vbcore.posterior import posterior_arrays, posterior_from_arrays
 from vbcore.priors import Prior
+from vbcore.projection import Projection
 
 RESULT = "result.json"
 POSTERIOR = "posterior.npz"
@@ -43,10 +44,12 @@ def _assign_kernel(chunk: Chunk, params: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def assign_rows(model: VBMixture, source: Any, engine: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """MAP cluster and its responsibility for every row of ``source``, chunk by chunk."""
+    """MAP cluster and its responsibility for every row of ``source``, chunk by chunk (projected
+    first when the model has a projection)."""
     eng = engine or LocalEngine(persist="never")
     shift = model.prior_.mean
-    handles = eng.prepare(source, prepare_chunk, shift, model.covariance_type)
+    handles = eng.prepare(source, prepare_chunk, shift, model.posterior_.covariance_type, None,
+                          model.projection_)
     try:
         parts = eng.map(_assign_kernel, handles, estep_params(model.posterior_, shift))
     finally:
@@ -117,6 +120,8 @@ def _write_posterior(f: Any, model: VBMixture) -> None:
     }
     if prior.covariance is not None:
         arrays["prior_covariance"] = prior.covariance
+    if model.projection_ is not None:
+        arrays.update(model.projection_.to_arrays())
     np.savez(f, **arrays)
 
 
@@ -134,6 +139,7 @@ def load_model(run_dir: str | Path) -> VBMixture:
                           z["prior_covariance"] if "prior_covariance" in z else None,
                           meta["fixed_variance"])
             history = z["lower_bounds_"]
+            projection = Projection.from_arrays(z)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise InputError(f"{path}: unreadable posterior ({type(exc).__name__}: {_first_line(exc)}); "
                          "refit the run") from None
@@ -144,7 +150,7 @@ def load_model(run_dir: str | Path) -> VBMixture:
     terms = meta["elbo_terms"]
     model.set_fitted(post, prior, ElboTerms(terms["log_likelihood"], terms["kl_assignments"],
                                             terms["kl_weights"], terms["kl_components"]),
-                     list(history), meta["converged"], meta["n_iter"])
+                     list(history), meta["converged"], meta["n_iter"], projection=projection)
     return model
 
 

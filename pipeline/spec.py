@@ -5,7 +5,8 @@
 deploy`` all build one; none keeps defaults of its own. Each field carries its metadata: help text,
 the ``VBMixture`` parameter it maps to (with scikit-learn's default where the estimator keeps
 scikit-learn's), allowed values, lower bound, and whether it belongs to a run's identity (settings a
-resumed run must keep).
+resumed run must keep; ``"when set"``: only away from its default, so checkpoints written before the
+setting existed still resume).
 
 Resolving a spec (:meth:`FitSpec.resolved`) applies what the learner declares (its default
 covariance type; :class:`pipeline.learners.base.Learner`) and validates everything -- types, ranges,
@@ -37,7 +38,7 @@ _SAME = object()
 
 def _s(default: Any, help: str, kind: str, *, estimator: str | None = None, sklearn: Any = _SAME,
        choices: tuple[str, ...] | None = None, minimum: float | None = None, above: bool = False,
-       nullable: bool = False, identity: bool = True, flag: str | None = None) -> Any:
+       nullable: bool = False, identity: bool | str = True, flag: str | None = None) -> Any:
     """A spec field with its metadata (see the module docstring)."""
     meta = dict(help=help, kind=kind, estimator=estimator, sklearn=sklearn, choices=choices,
                 minimum=minimum, above=above, nullable=nullable or default is None, identity=identity,
@@ -73,6 +74,11 @@ class FitSpec:
                      minimum=1)
     reg_covar: float = _s(1e-6, "Added to the diagonal of each component's sample covariance.", "float",
                           estimator="reg_covar", minimum=0)
+    pca: int | None = _s(None, "Project the rows onto their P leading principal components first (one "
+                         "pass over the data; saved with the run, applied by predict and assign).", "int",
+                         estimator="pca", minimum=1, flag="--pca", identity="when set")
+    whiten: bool = _s(False, "With --pca: scale every principal component to unit variance.", "bool",
+                      estimator="whiten", identity="when set")
     learner_options: dict[str, Any] = _s({}, "Learner options KEY=VALUE (`vbcluster learners`).",
                                          "options", estimator="learner_options", sklearn=None)
     weight_concentration_prior: float | None = _s(
@@ -145,12 +151,14 @@ class FitSpec:
 
     def identity(self) -> dict[str, Any]:
         """The settings a resumed run must keep (its checkpoints were written under them)."""
-        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self) if f.metadata["identity"]}
+        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self) if f.metadata["identity"]
+                and not (f.metadata["identity"] == "when set" and getattr(self, f.name) == f.default)}
 
     def differences(self, other: FitSpec) -> list[str]:
         """``name old -> new`` for every identity setting that differs."""
         a, b = self.identity(), other.identity()
-        return [f"{k} {a[k]!r} -> {b[k]!r}" for k in a if a[k] != b[k]]
+        names = [f.name for f in fields(self) if f.name in a or f.name in b]
+        return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in names if a.get(k) != b.get(k)]
 
     # ---- resolution and validation ------------------------------------------------------------
     def resolved(self, face: str = "pipeline") -> FitSpec:
@@ -171,6 +179,9 @@ class FitSpec:
                 changes["covariance"] = cls.covariance_types[0]
         changes["weights"] = WEIGHT_ALIASES.get(spec.weights, spec.weights)
         changes["learner_options"] = cls.parse_options(spec.learner_options)
+        if spec.whiten and spec.pca is None:
+            raise ConfigError(f"{_where('whiten', face)} needs {_where('pca', face)}: whitening scales "
+                              "the principal components")
         spec = replace(spec, **changes)
         cls.check_spec(spec)
         return spec
@@ -257,7 +268,7 @@ def check_value(name: str, value: Any, face: str = "pipeline") -> Any:
         except (TypeError, ValueError):
             raise ConfigError(f"{where} must be numeric, got {show(value)}") from None
         return value
-    if face == "estimator" and isinstance(value, str):
+    if face == "estimator" and isinstance(value, str) and kind != "bool":
         raise ConfigError(f"{where} must be {'an integer' if kind == 'int' else 'a number'}, got {value!r}")
     number = coerce(kind, value, where)
     low = meta["minimum"]

@@ -41,6 +41,8 @@ class FitContext:
     covariance_type, weight_type : str
     seed : int or None
         Entropy of every random draw of the fit; see :meth:`rng`.
+    projection : vbcore.projection.Projection or None
+        The fit's projection (``pca``): chunks, ``source.load`` and ``n_features`` are projected.
     """
 
     engine: Any
@@ -55,6 +57,7 @@ class FitContext:
     weight_type: str
     seed: int | None = None
     chunk_starts: list[int] = field(default_factory=list)
+    projection: Any = None
 
     def rng(self, *key: int) -> np.random.Generator:
         """A generator derived from the fit's seed and ``key`` (for example the iteration): the same

@@ -1,0 +1,247 @@
+"""The projection stage (``pca``/``whiten``): the one-pass moments against NumPy on the whole matrix,
+the eigendecomposition, equal bits on both engines (a real distributed cluster) and after resume,
+and the projection applied by predict, assign and warm starts."""
+
+import numpy as np
+import pytest
+
+from pipeline import VBMixture
+from pipeline.engine import DaskEngine, LocalEngine
+from pipeline.learners import LEARNERS
+from pipeline.projection import data_moments, projection_pass
+from pipeline.sources import ArraySource, StoreSource
+from pipeline.store import FeatureStore
+from tests._reference import planted_blobs, same_fit_bits
+from vbcore.errors import ConfigError, InputError
+from vbcore.projection import RowMoments, fit_projection, row_moments
+
+F64 = 1e-10  # the named tolerance of float64 results against NumPy
+F32 = 1e-6  # float32 rows: float32 GEMMs summed in float64
+
+
+def _skewed(n=3001, d=12, offset=0.0, seed=0):
+    """Correlated rows with scales from 0.01 to 10, shifted by ``offset`` (badly conditioned when large)."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, d)) @ rng.normal(size=(d, d)) * rng.uniform(0.01, 10, d) + offset
+
+
+def _reference(X):
+    """Mean and covariance in extended precision (NumPy's longdouble), rounded to float64."""
+    L = np.asarray(X, dtype=np.longdouble)
+    mu = L.mean(0)
+    c = L - mu
+    return mu.astype(np.float64), (c.T @ c / (len(X) - 1)).astype(np.float64)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e4, 1e6, 1e8])
+@pytest.mark.parametrize("chunk_rows", [3001, 700, 1000, 1])
+def test_moments_equal_numpy_on_the_whole_matrix(offset, chunk_rows):
+    X = _skewed(n=3001 if chunk_rows > 1 else 64, offset=offset)
+    m = data_moments(LocalEngine(threads=2), ArraySource(X, chunk_rows))
+    mu, cov = _reference(X)
+    assert m.n == len(X)
+    scale = np.abs(cov).max()
+    assert np.abs(m.covariance() - cov).max() <= F64 * scale
+    assert np.abs(np.cov(X.T) - cov).max() <= F64 * scale  # the reference agrees with np.cov
+    assert np.abs(m.mean - mu).max() <= F64 * max(abs(offset), 1.0)
+
+
+def test_moments_of_float32_rows():
+    X = _skewed(offset=1e3).astype(np.float32)
+    m = data_moments(LocalEngine(threads=1), ArraySource(X, 512))
+    cov = np.cov(X.astype(np.float64).T)
+    assert np.abs(m.covariance() - cov).max() <= F32 * np.abs(cov).max()
+
+
+def test_merge_is_the_pairwise_update_and_empty_parts_are_neutral():
+    X = _skewed(n=50)
+    shift = X[0]
+    a, b = row_moments(X[:20], shift), row_moments(X[20:], shift)
+    whole = a.merge(b)
+    np.testing.assert_allclose(whole.scatter, row_moments(X, shift).scatter, rtol=1e-12, atol=1e-9)
+    empty = row_moments(X[:0], shift)
+    assert empty.merge(a) is a and a.merge(empty) is a
+    assert isinstance(whole, RowMoments) and whole.n == 50
+
+
+def test_projection_equals_numpy_eigh_and_whitening_gives_unit_variance():
+    X = _skewed(offset=1e6)
+    proj = projection_pass(LocalEngine(), ArraySource(X, 800), 5, False)
+    _, cov = _reference(X)
+    values, vectors = np.linalg.eigh(cov)
+    values, vectors = values[::-1][:5], vectors[:, ::-1][:, :5]
+    np.testing.assert_allclose(proj.variances, values, rtol=F64)
+    signs = np.sign(np.sum(proj.components * vectors, axis=0))  # eigenvectors up to their sign
+    assert np.abs(proj.components - vectors * signs).max() <= 1e-8  # well separated eigenvalues
+    Y = proj.apply(X)
+    np.testing.assert_allclose(Y, (X - X.mean(0)) @ proj.components, rtol=0, atol=1e-6)
+    white = projection_pass(LocalEngine(), ArraySource(X, 800), 5, True)
+    np.testing.assert_allclose(np.cov(white.apply(X).T), np.eye(5), atol=1e-9)
+    np.testing.assert_allclose(white.inverse(white.apply(X)), proj.inverse(Y), atol=1e-6)
+
+
+def test_float32_rows_are_projected_with_a_float32_gemm():
+    X = _skewed(offset=10.0).astype(np.float32)
+    proj = projection_pass(LocalEngine(), ArraySource(X, 800), 4, False)
+    Y = proj.apply(X)
+    assert Y.dtype == np.float32 and Y.shape == (len(X), 4)
+    ref = (X.astype(np.float64) - proj.mean) @ proj.components
+    assert np.abs(Y - ref).max() <= F32 * np.abs(ref).max() * 10
+
+
+def test_local_and_dask_engines_give_the_same_bits(client, tmp_path):
+    X, _ = planted_blobs(n=1500, d=10, k=5)
+    path = str(tmp_path / "s.zarr")
+    FeatureStore.create(path, 10, chunk_rows=400).append((X + 1e4).astype(np.float32))
+    src = StoreSource(path)
+    local = projection_pass(LocalEngine(threads=2), src, 4, True)
+    remote = projection_pass(DaskEngine(client), src, 4, True)
+    for key, value in local.to_arrays().items():
+        assert np.array_equal(value, remote.to_arrays()[key]), key
+    kw = dict(n_components=6, covariance_type="diag", pca=4, max_iter=4, tol=0.0, random_state=0)
+    same_fit_bits(VBMixture(**kw).fit(path), VBMixture(engine=client, **kw).fit(path))
+    streamed = VBMixture(engine=client, persist="never", **kw).fit(path)
+    same_fit_bits(VBMixture(**kw).fit(path), streamed)
+
+
+def test_resume_with_pca_is_bitwise(tmp_path):
+    X, _ = planted_blobs(n=1500, d=8, k=4)
+    kw = dict(n_components=5, covariance_type="diag", pca=3, whiten=True, tol=0.0, random_state=0,
+              chunk_rows=400)
+    VBMixture(max_iter=6, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(X)
+    resumed = VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(X)
+    assert resumed.resumed_from_.endswith("ckpt-00000006")
+    whole = VBMixture(max_iter=12, **kw).fit(X)
+    same_fit_bits(resumed, whole)
+    for key, value in resumed.projection_.to_arrays().items():
+        assert np.array_equal(value, whole.projection_.to_arrays()[key]), key
+    with pytest.raises(ConfigError, match=r"settings differ from the checkpoint's \(pca 3 -> 2"):
+        VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), **dict(kw, pca=2)).fit(X)
+
+
+def test_predict_applies_the_projection():
+    X, _ = planted_blobs(n=1200, d=8, k=4)
+    m = VBMixture(4, covariance_type="diag", pca=3, random_state=0, max_iter=20).fit(X)
+    assert m.means_.shape == (4, 3) and m.n_features_in_ == 8
+    plain = VBMixture(4, covariance_type="diag")
+    plain.set_fitted(m.posterior_, m.prior_, _terms(m), list(m.lower_bounds_), m.converged_, m.n_iter_)
+    Y = m.projection_.apply(X)
+    np.testing.assert_array_equal(m.predict_proba(X), plain.predict_proba(Y))
+    np.testing.assert_array_equal(m.score_samples(X), plain.score_samples(Y))
+    with pytest.raises(InputError, match="X has 3 features, but VBMixture is expecting 8"):
+        m.predict(Y)
+    Xs, _ = m.sample(20)
+    assert Xs.shape == (20, 8)
+
+
+def _terms(m):
+    from vbcore.elbo import ElboTerms
+
+    return ElboTerms(**{k: m.elbo_terms_[k] for k in ("log_likelihood", "kl_assignments", "kl_weights",
+                                                      "kl_components")})
+
+
+def test_warm_start_keeps_the_projection():
+    X, _ = planted_blobs(n=1500, d=8, k=4, seed=1)
+    m = VBMixture(4, covariance_type="diag", pca=3, warm_start=True, random_state=0, max_iter=5,
+                  tol=0.0).fit(X[:1000])
+    first = m.projection_
+    m.fit(X)  # more rows: the posterior lives in the first fit's space, so the projection stays
+    assert m.projection_ is first and m.means_.shape == (4, 3)
+    with pytest.raises(ConfigError, match=r"warm_start: .*pca 3 -> 2"):
+        m.set_params(pca=2).fit(X)
+
+
+@pytest.mark.parametrize("learner", sorted(LEARNERS))
+def test_every_learner_fits_projected_rows(learner):
+    X, y = planted_blobs(n=1600, d=12, k=4, seed=2)
+    ct = "diag" if "diag" in LEARNERS[learner].covariance_types else None
+    m = VBMixture(8, learner=learner, covariance_type=ct, pca=4, random_state=0, max_iter=6,
+                  chunk_rows=500).fit(X + 50.0)
+    assert m.means_.shape[1] == 4 and np.isfinite(m.lower_bound_)
+    assert m.predict(X + 50.0).shape == (1600,)
+
+
+def test_one_line_errors():
+    X, _ = planted_blobs(n=40, d=6, k=2)
+    with pytest.raises(ConfigError, match=r"pca \(--pca\) must be at most the number of features \(6\), got 7"):
+        VBMixture(2, pca=7).fit(X)
+    with pytest.raises(ConfigError, match=r"pca \(--pca\) must be at most the number of rows \(40\), got 41"):
+        VBMixture(2, pca=41).fit(np.hstack([X] * 7))
+    with pytest.raises(ConfigError, match=r"pca must be an integer >= 1, got 0"):
+        VBMixture(2, pca=0).fit(X)
+    with pytest.raises(ConfigError, match=r"whiten needs pca"):
+        VBMixture(2, whiten=True).fit(X)
+    flat = np.hstack([X[:, :2], X[:, :2] * 2.0, X[:, :2] - 1.0])  # rank 2 (centred) in 6 columns
+    with pytest.raises(ConfigError, match=r"whiten \(--whiten\): principal component 3 of 3 has variance .* "
+                       r"span only 2 dimension\(s\); use --pca 2 or less, or drop --whiten"):
+        VBMixture(2, pca=3, whiten=True).fit(flat)
+    VBMixture(2, pca=3, random_state=0).fit(flat)  # without whitening a zero variance is harmless
+    with pytest.raises(ConfigError, match=r"whiten \(--whiten\): principal component 1 of 1 .* drop --whiten"):
+        fit_projection(row_moments(np.ones((5, 3)), np.zeros(3)), 1, whiten=True)
+
+
+def _store(path, rows, seed=0, offset=100.0):
+    rng = np.random.default_rng(seed)
+    centres = np.random.default_rng(0).normal(scale=6.0, size=(4, 9))
+    y = rng.integers(0, 4, size=rows)
+    X = (centres[y] + rng.normal(size=(rows, 9)) + offset).astype(np.float32)
+    if not path.exists():
+        FeatureStore.create(path, 9, chunk_rows=256, labels=True)
+    FeatureStore.open(path, "r+").append(X, labels=y)
+    return str(path)
+
+
+def _same_projection(a, b):
+    return all(np.array_equal(v, b.to_arrays()[k]) for k, v in a.to_arrays().items())
+
+
+def test_cli_fit_assign_and_warm_start_from_a_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.fitting import fit_run, make_spec
+    from pipeline.runs import assign_store, load_model
+
+    runner = CliRunner()
+    store = _store(tmp_path / "s.zarr", 700)
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["fit", store, "--run-dir", str(run), "-k", "5", "--pca", "4", "--whiten", "-q"])
+    assert res.exit_code == 0, res.output
+    model = load_model(run)
+    assert model.projection_.n_components == 4 and model.projection_.whiten
+    assert model.means_.shape == (5, 4) and model.n_features_in_ == 9
+    g = FeatureStore.open(store)
+    X = g.read()
+    import zarr
+
+    labels = zarr.open_group(str(assign_store(run)), mode="r")["labels"][:]
+    np.testing.assert_array_equal(labels, model.predict(X))
+    _store(tmp_path / "s.zarr", 300, seed=5)  # grown: the warm start keeps the run's projection
+    warm = tmp_path / "warm"
+    fit_run(warm, make_spec(store, components=5, pca=4, whiten=True), warm_from=run)
+    assert _same_projection(load_model(warm).projection_, model.projection_)
+    with pytest.raises(ConfigError, match=r"cannot warm-start from .*pca 4 -> 3"):
+        fit_run(tmp_path / "w2", make_spec(store, components=5, pca=3, whiten=True), warm_from=run)
+    res = runner.invoke(app, ["fit", store, "--run-dir", str(tmp_path / "r3"), "--whiten"])
+    assert res.exit_code == 2 and "whiten (--whiten) needs pca (--pca)" in res.output
+    res = runner.invoke(app, ["fit", store, "--run-dir", str(tmp_path / "r3"), "--pca", "10"])
+    assert res.exit_code == 2 and "pca (--pca) must be at most the number of features (9), got 10" in res.output
+    assert not (tmp_path / "r3").exists()
+
+
+def test_scheduled_refresh_keeps_the_projection_of_its_warm_start(tmp_path, prefect_api):
+    from flows.schedule import refresh_flow
+    from pipeline.runs import load_model
+
+    store = _store(tmp_path / "s.zarr", 600)
+    out = str(tmp_path / "pub")
+    kw = dict(components=5, max_iter=5, pca=3)
+    first = refresh_flow(store, out, **kw)
+    _store(tmp_path / "s.zarr", 200, seed=3)
+    second = refresh_flow(store, out, **kw)
+    assert first["action"] == "cold" and second["action"] == "warm"
+    a, b = load_model(first["version"]).projection_, load_model(second["version"]).projection_
+    assert a.n_components == 3 and _same_projection(a, b)
+    fresh = projection_pass(LocalEngine(), StoreSource(store), 3, False)
+    assert fresh.n_rows == 800 and b.n_rows == 600  # not recomputed on the grown store

@@ -1,0 +1,228 @@
+"""The projection stage: principal components of the rows, computed in one pass and applied per chunk.
+
+Three pieces, each usable alone:
+
+* :func:`row_moments` -- a chunk's row count, mean and *centred* scatter ``sum (x - xbar)(x - xbar)^T``
+  in float64; :meth:`RowMoments.merge` combines two parts with the pairwise correction of Chan, Golub
+  & LeVeque 1979 (``S = S_a + S_b + n_a n_b / n (xbar_b - xbar_a)(xbar_b - xbar_a)^T``), so an
+  engine's fixed-order tree reduction gives the moments of the whole matrix in one pass without
+  the cancellation of ``sum x x^T - n xbar xbar^T`` on data far from the origin;
+* :func:`fit_projection` -- the eigendecomposition of the covariance on the driver (float64), the
+  ``p`` leading eigenvectors with a fixed sign, optionally whitened;
+* :class:`Projection` -- ``(x - mean) @ W`` on a chunk, one GEMM in the data's dtype (float32 data:
+  a float32 GEMM), in the chunk's array namespace (NumPy or CuPy).
+
+Float32 rows are centred in float64 and multiplied with float32 GEMMs of at most ``BLOCK_ROWS`` rows,
+each block's product summed into float64 (the project's rule: float32 GEMMs, float64 accumulators);
+float64 rows use float64 GEMMs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vbcore.errors import ConfigError, InputError
+from vbcore.validation import check_finite
+
+Array = Any
+
+#: rows per float32 GEMM of a chunk's scatter; each block's product is added in float64
+BLOCK_ROWS = 4096
+#: keys of a projection in a saved run (``posterior.npz``) or a checkpoint
+KEYS = ("projection_mean", "projection_components", "projection_variances", "projection_whiten",
+        "projection_n_rows")
+
+
+@dataclass(frozen=True)
+class RowMoments:
+    """Row count, mean and centred scatter of a set of rows (float64).
+
+    Attributes
+    ----------
+    n : int
+    shift : ndarray of shape (D,)
+        A reference point common to every part (the first row of the data).
+    offset : ndarray of shape (D,)
+        The mean minus ``shift``: small numbers, exact to the precision of the data's spread even
+        far from the origin, so the merges' mean differences lose nothing.
+    scatter : ndarray of shape (D, D)
+        ``sum_n (x_n - mean)(x_n - mean)^T``.
+    """
+
+    n: int
+    shift: np.ndarray
+    offset: np.ndarray
+    scatter: np.ndarray
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.shift + self.offset
+
+    def merge(self, other: RowMoments) -> RowMoments:
+        """The moments of both sets (Chan, Golub & LeVeque 1979, the pairwise update)."""
+        if self.n == 0:
+            return other
+        if other.n == 0:
+            return self
+        n = self.n + other.n
+        delta = other.offset - self.offset
+        offset = self.offset + delta * (other.n / n)
+        scatter = self.scatter + other.scatter
+        scatter += np.outer(delta, delta * (self.n * other.n / n))
+        return RowMoments(n, self.shift, offset, scatter)
+
+    def covariance(self) -> np.ndarray:
+        """The unbiased sample covariance ``scatter / (n - 1)``."""
+        return self.scatter / max(self.n - 1, 1)
+
+
+def check_pca(pca: int, n_features: int, n_rows: int | None = None) -> None:
+    """``pca`` against the data's shape: at most the features, and at most the rows."""
+    if pca > n_features:
+        raise ConfigError(f"pca (--pca) must be at most the number of features ({n_features}), got {pca}")
+    if n_rows is not None and pca > n_rows:
+        raise ConfigError(f"pca (--pca) must be at most the number of rows ({n_rows}), got {pca}")
+
+
+def moments_kernel(x: Array, offset: int, shift: np.ndarray, where: str | None) -> RowMoments:
+    """A chunk's :class:`RowMoments` (an engine kernel); rows of sources not validated on the driver
+    (``where`` names the source) are first checked for non-finite values (one line naming the row)."""
+    if where is not None:
+        check_finite(_host(x), where, first_row=offset,
+                     hint="clean the data (vbcluster ingest rejects or drops such rows)")
+    return row_moments(x, shift)
+
+
+def row_moments(x: Array, shift: np.ndarray) -> RowMoments:
+    """The :class:`RowMoments` of one chunk's rows, shape (n_rows, D), as float64 NumPy arrays;
+    ``shift`` (float64, shape (D,)) is the reference point every part shares."""
+    x = _host(x)
+    shift = np.asarray(shift, dtype=np.float64)
+    n, d = x.shape
+    if n == 0:
+        return RowMoments(0, shift, np.zeros(d), np.zeros((d, d)))
+    # a first mean, then the sums of the rows centred on it: the (naive) column sums' rounding
+    # does not reach the mean, and the scatter is summed over centred rows
+    guess = (x.sum(axis=0, dtype=np.float64) - n * shift) / n
+    scatter, residual = np.zeros((d, d)), np.zeros(d)
+    for start in range(0, n, BLOCK_ROWS):
+        xc = (x[start:start + BLOCK_ROWS].astype(np.float64) - shift) - guess
+        residual += xc.sum(axis=0)
+        xc = xc.astype(x.dtype, copy=False)
+        scatter += xc.T @ xc  # a SYRK in the data's dtype, accumulated in float64
+    scatter -= np.outer(residual, residual / n)  # the scatter about the corrected mean
+    return RowMoments(n, shift, guess + residual / n, scatter)
+
+
+def _host(x: Array) -> np.ndarray:
+    """Rows as a NumPy float32 or float64 array (CuPy rows copied to the host)."""
+    if hasattr(x, "get") and not isinstance(x, np.ndarray):
+        x = x.get()
+    x = np.asarray(x)
+    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float64)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """``x -> (x - mean) @ components * scale``: the leading principal components of the data.
+
+    Attributes
+    ----------
+    mean : ndarray of shape (D,)
+        The data mean (float64).
+    components : ndarray of shape (D, p)
+        Orthonormal eigenvectors of the covariance, by decreasing eigenvalue; each column's entry of
+        largest magnitude is positive (a fixed sign, as scikit-learn's ``svd_flip``).
+    variances : ndarray of shape (p,)
+        The covariance's eigenvalues (``scatter / (n - 1)``): the variance along each component.
+    whiten : bool
+        Divide each coordinate by its standard deviation (unit variance along every component).
+    n_rows : int
+        Rows the moments were computed from.
+    """
+
+    mean: np.ndarray
+    components: np.ndarray
+    variances: np.ndarray
+    whiten: bool
+    n_rows: int
+
+    @property
+    def n_features_in(self) -> int:
+        return int(self.components.shape[0])
+
+    @property
+    def n_components(self) -> int:
+        return int(self.components.shape[1])
+
+    def matrix(self) -> np.ndarray:
+        """``W`` of shape (D, p), float64: the components, divided by the standard deviations when
+        whitening."""
+        if not self.whiten:
+            return self.components
+        return self.components / np.sqrt(self.variances)[None, :]
+
+    def apply(self, x: Array) -> Array:
+        """``(x - mean) @ W`` of rows of shape (n, D), in their array namespace and dtype (one GEMM)."""
+        from vbcore.kernels import array_namespace
+
+        if x.shape[1] != self.n_features_in:
+            raise InputError(f"the projection takes rows of {self.n_features_in} features, got "
+                             f"{x.shape[1]}")
+        xp = array_namespace(x)
+        dtype = x.dtype if x.dtype in (xp.float32, xp.float64) else xp.float64
+        x = xp.asarray(x, dtype=dtype)
+        return (x - xp.asarray(self.mean, dtype=dtype)) @ xp.asarray(self.matrix(), dtype=dtype)
+
+    def inverse(self, y: np.ndarray) -> np.ndarray:
+        """Rows of the projected space mapped back to the input space (float64): ``y W^+ + mean``."""
+        y = np.asarray(y, dtype=np.float64)
+        if self.whiten:
+            y = y * np.sqrt(self.variances)[None, :]
+        return y @ self.components.T + self.mean
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The projection as named arrays (:data:`KEYS`), for ``posterior.npz`` and checkpoints."""
+        return dict(zip(KEYS, (self.mean, self.components, self.variances, np.asarray(self.whiten),
+                               np.asarray(self.n_rows, dtype=np.int64)), strict=True))
+
+    @classmethod
+    def from_arrays(cls, arrays: Any) -> Projection | None:
+        """The projection saved by :meth:`to_arrays`, or None when ``arrays`` holds none."""
+        if KEYS[0] not in arrays:
+            return None
+        return cls(np.asarray(arrays[KEYS[0]], dtype=np.float64), np.asarray(arrays[KEYS[1]], dtype=np.float64),
+                   np.asarray(arrays[KEYS[2]], dtype=np.float64), bool(arrays[KEYS[3]]), int(arrays[KEYS[4]]))
+
+
+def fit_projection(moments: RowMoments, n_components: int, whiten: bool = False,
+                   eps: float = float(np.finfo(np.float64).eps)) -> Projection:
+    """The ``n_components`` leading principal components of the rows the moments describe.
+
+    ``eps`` is the relative precision of the scatter (that of the GEMMs that summed it: float32's
+    for float32 rows): eigenvalues at most ``D * eps * lambda_max`` count as zero, so whitening
+    them is refused."""
+    d, p = moments.mean.shape[0], int(n_components)
+    check_pca(p, d, moments.n)
+    cov = moments.covariance()
+    cov = (cov + cov.T) * 0.5  # exactly symmetric for eigh
+    values, vectors = np.linalg.eigh(cov)
+    order = np.argsort(values)[::-1][:p]
+    values, vectors = values[order], vectors[:, order]
+    big = np.argmax(np.abs(vectors), axis=0)
+    vectors = vectors * np.sign(vectors[big, np.arange(p)])[None, :]
+    floor = d * eps * max(float(values[0]), 0.0) if p else 0.0
+    if whiten:
+        bad = np.flatnonzero(values <= floor)
+        if bad.size:
+            j = int(bad[0])
+            fix = f"use --pca {j} or less, or drop --whiten" if j else "drop --whiten"
+            raise ConfigError(
+                f"whiten (--whiten): principal component {j + 1} of {p} has variance "
+                f"{float(values[j]):.3g} (not above {floor:.3g}): the data span only {j} dimension(s); "
+                f"{fix}")
+    return Projection(moments.mean.copy(), np.ascontiguousarray(vectors), np.maximum(values, 0.0),
+                      bool(whiten), int(moments.n))
