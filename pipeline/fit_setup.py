@@ -31,8 +31,8 @@ from vbcore.init_kernels import (
 from vbcore.kernels import prepare_chunk
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
-from vbcore.projection import Projection
 from vbcore.priors import Prior, default_prior
+from vbcore.projection import Projection
 from vbcore.stats import SuffStats
 from vbcore.validation import check_array_2d
 

@@ -33,8 +33,8 @@ from pipeline.fit_setup import check_prior_settings
 from pipeline.runs import load_model, read_result, save_run
 from pipeline.sources import StoreSource
 from pipeline.spec import FitSpec
-from vbcore.projection import check_pca
 from vbcore.errors import ConfigError, InputError
+from vbcore.projection import check_pca
 
 RUN_SPEC = "run.json"
 #: what a run directory may hold; ``restart`` removes these before a new fit

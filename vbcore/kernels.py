@@ -154,10 +154,11 @@ class Chunk:
 def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bool | None = None,
                   projection: Any = None) -> Chunk:
     """Project the rows (``projection``, a :class:`vbcore.projection.Projection`: the one place where
-    every learner's and every prediction's rows are projected), subtract ``shift`` (float64, cast to the data dtype) and, for the diagonal families, cache
-    ``[x*x, x]`` (2x the chunk's memory; it saves one elementwise pass and one GEMM per iteration).
-    ``squares`` overrides that choice (the hard-assignment learners form ``x*x`` only for the rows
-    they touch, so they skip the cache). 'full' and 'tied' never cache it."""
+    every learner's and every prediction's rows are projected), subtract ``shift`` (float64, cast to
+    the data dtype) and, for the diagonal families, cache ``[x*x, x]`` (2x the chunk's memory; it
+    saves one elementwise pass and one GEMM per iteration). ``squares`` overrides that choice (the
+    hard-assignment learners form ``x*x`` only for the rows they touch, so they skip the cache).
+    'full' and 'tied' never cache it."""
     if projection is not None:
         x = projection.apply(x)
     xp = array_namespace(x)

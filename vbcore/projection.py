@@ -3,8 +3,8 @@
 Three pieces, each usable alone:
 
 * :func:`row_moments` -- a chunk's row count, mean and *centred* scatter ``sum (x - xbar)(x - xbar)^T``
-  in float64; :meth:`RowMoments.merge` combines two parts with the pairwise correction of Chan, Golub
-  & LeVeque 1979 (``S = S_a + S_b + n_a n_b / n (xbar_b - xbar_a)(xbar_b - xbar_a)^T``), so an
+  in float64; :meth:`RowMoments.merge` combines two parts with the pairwise correction of Chan et al.
+  1979 (``S = S_a + S_b + n_a n_b / n (xbar_b - xbar_a)(xbar_b - xbar_a)^T``), so an
   engine's fixed-order tree reduction gives the moments of the whole matrix in one pass without
   the cancellation of ``sum x x^T - n xbar xbar^T`` on data far from the origin;
 * :func:`fit_projection` -- the eigendecomposition of the covariance on the driver (float64), the
@@ -62,7 +62,7 @@ class RowMoments:
         return self.shift + self.offset
 
     def merge(self, other: RowMoments) -> RowMoments:
-        """The moments of both sets (Chan, Golub & LeVeque 1979, the pairwise update)."""
+        """The moments of both sets (Chan et al. 1979, the pairwise update)."""
         if self.n == 0:
             return other
         if other.n == 0:
@@ -194,8 +194,8 @@ class Projection:
         """The projection saved by :meth:`to_arrays`, or None when ``arrays`` holds none."""
         if KEYS[0] not in arrays:
             return None
-        return cls(np.asarray(arrays[KEYS[0]], dtype=np.float64), np.asarray(arrays[KEYS[1]], dtype=np.float64),
-                   np.asarray(arrays[KEYS[2]], dtype=np.float64), bool(arrays[KEYS[3]]), int(arrays[KEYS[4]]))
+        mean, components, variances = (np.asarray(arrays[k], dtype=np.float64) for k in KEYS[:3])
+        return cls(mean, components, variances, bool(arrays[KEYS[3]]), int(arrays[KEYS[4]]))
 
 
 def fit_projection(moments: RowMoments, n_components: int, whiten: bool = False,
