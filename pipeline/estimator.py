@@ -251,6 +251,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         seeds = _restart_seeds(self.random_state, n_init)
         log = print if self.verbose >= 2 else None
         best: FitOutcome | None = None
+        projection = getattr(self, "projection_", None) if warm else None
         for i, seed in enumerate(seeds):
             if self.verbose:
                 print(f"Initialization {i}")
@@ -259,13 +260,14 @@ class VBMixture(DensityMixin, BaseEstimator):
                 ckpt = f"{ckpt}/restart-{i}"
             out = run_fit(spec, source, engine, random_state=seed, checkpoint_dir=ckpt,
                           warm=self.posterior_ if warm else None,
-                          projection=getattr(self, "projection_", None) if warm else None,
+                          projection=projection,  # the restarts share one projection pass
                           previous_bound=getattr(self, "lower_bound_", None) if warm else None,
                           resp_init=resp_init,
                           callback=callback, log=log, log_every=int(self.verbose_interval))
             if self.verbose:
                 state = "converged" if out.converged else "did not converge"
                 print(f"Initialization {state} after {out.n_iter} iterations; ELBO {out.terms.total:.6e}")
+            projection = out.projection
             if best is None or out.terms.total > best.terms.total:
                 best = out
         assert best is not None

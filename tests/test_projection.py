@@ -106,7 +106,7 @@ def test_local_and_dask_engines_give_the_same_bits(client, tmp_path):
 
 def test_resume_with_pca_is_bitwise(tmp_path):
     X, _ = planted_blobs(n=1500, d=8, k=4)
-    kw = dict(n_components=5, covariance_type="diag", pca=3, whiten=True, tol=0.0, random_state=0,
+    kw = dict(n_components=5, covariance_type="full", pca=3, whiten=True, tol=0.0, random_state=0,
               chunk_rows=400)
     VBMixture(max_iter=6, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(X)
     resumed = VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(X)
@@ -155,11 +155,11 @@ def test_warm_start_keeps_the_projection():
 @pytest.mark.parametrize("learner", sorted(LEARNERS))
 def test_every_learner_fits_projected_rows(learner):
     X, y = planted_blobs(n=1600, d=12, k=4, seed=2)
-    ct = "diag" if "diag" in LEARNERS[learner].covariance_types else None
-    m = VBMixture(8, learner=learner, covariance_type=ct, pca=4, random_state=0, max_iter=6,
-                  chunk_rows=500).fit(X + 50.0)
+    m = VBMixture(8, learner=learner, pca=4, random_state=0, max_iter=6, chunk_rows=500).fit(
+        (X + 50.0).astype(np.float32))  # 'full' (scikit-learn's default) for the learners that fit it
     assert m.means_.shape[1] == 4 and np.isfinite(m.lower_bound_)
     assert m.predict(X + 50.0).shape == (1600,)
+    assert m.posterior_.covariance_type == (LEARNERS[learner].default_covariance or "full")
 
 
 def test_one_line_errors():
@@ -247,3 +247,14 @@ def test_scheduled_refresh_keeps_the_projection_of_its_warm_start(tmp_path, pref
     assert a.n_components == 3 and _same_projection(a, b)
     fresh = projection_pass(LocalEngine(), StoreSource(store), 3, False)
     assert fresh.n_rows == 800 and b.n_rows == 600  # not recomputed on the grown store
+
+
+def test_restarts_share_one_projection_pass(monkeypatch):
+    import pipeline.fit_setup as fit_setup
+
+    calls = []
+    real = fit_setup.projection_pass
+    monkeypatch.setattr(fit_setup, "projection_pass", lambda *a: calls.append(1) or real(*a))
+    X, _ = planted_blobs(n=900, d=6, k=3)
+    three = VBMixture(3, covariance_type="diag", pca=2, n_init=3, random_state=0, max_iter=5).fit(X)
+    assert len(calls) == 1 and three.projection_.n_components == 2
