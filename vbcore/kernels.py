@@ -152,15 +152,12 @@ class Chunk:
 
 
 def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bool | None = None,
-                  projection: Any = None) -> Chunk:
-    """Project the rows (``projection``, a :class:`vbcore.projection.Projection`: the one place where
-    every learner's and every prediction's rows are projected), subtract ``shift`` (float64, cast to
-    the data dtype) and, for the diagonal families, cache ``[x*x, x]`` (2x the chunk's memory; it
-    saves one elementwise pass and one GEMM per iteration). ``squares`` overrides that choice (the
-    hard-assignment learners form ``x*x`` only for the rows they touch, so they skip the cache).
-    'full' and 'tied' never cache it."""
-    if projection is not None:
-        x = projection.apply(x)
+                  projection: Any = None) -> Chunk:  # projection: a vbcore.projection.Projection
+    """Project the rows (``projection``: the one place every fit's and prediction's rows are
+    projected), subtract ``shift`` (float64, cast to the data dtype) and, for the diagonal families,
+    cache ``[x*x, x]`` (2x the memory; saves an elementwise pass and a GEMM per iteration) unless
+    ``squares`` is False (the hard-assignment learners square only the rows they touch)."""
+    x = x if projection is None else projection.apply(x)
     xp = array_namespace(x)
     xs = x - xp.asarray(shift, dtype=x.dtype)
     diagonal = covariance_type not in WISHART_TYPES
