@@ -27,7 +27,7 @@ from pipeline.sources import StoreSource
 from pipeline.spec import jsonable
 from pipeline.store import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError
-from vbcore.kernels import Chunk, estep_params, prepare_chunk, responsibilities, to_numpy
+from vbcore.kernels import Chunk, array_namespace, estep_params, prepare_chunk, responsibilities, to_host
 from vbcore.metrics import acc, ari, nmi
 from vbcore.posterior import posterior_arrays, posterior_from_arrays
 from vbcore.priors import Prior
@@ -39,8 +39,12 @@ ASSIGNMENTS = "assignments"
 
 
 def _assign_kernel(chunk: Chunk, params: Any) -> tuple[np.ndarray, np.ndarray]:
-    r = to_numpy(responsibilities(chunk, params))
-    return r.argmax(axis=1).astype(np.int32), r.max(axis=1).astype(np.float32)
+    """MAP cluster and its responsibility per row, reduced where the chunk lives: on a GPU two
+    (n,) vectors cross the bus, not the n x K responsibilities."""
+    r = responsibilities(chunk, params)
+    xp = array_namespace(r)
+    return (to_host(xp.argmax(r, axis=1)).astype(np.int32),
+            to_host(xp.max(r, axis=1)).astype(np.float32))
 
 
 def assign_rows(model: VBMixture, source: Any, engine: Any = None) -> tuple[np.ndarray, np.ndarray]:

@@ -243,3 +243,19 @@ def test_finiteness_check_of_standard_chunks(xps):
     X[5, 2] = np.inf
     with pytest.raises(InputError, match=r"store.zarr.*non-finite value at row 105, column 2"):
         check_kernel(prepare_chunk(xps.asarray(X), np.zeros(3), "diag"), 100, "store.zarr")
+
+
+def test_assignments_of_standard_chunks_equal_numpys(xps, data):
+    """``vbcluster assign``'s kernel reduces a chunk's responsibilities to labels and their value where
+    the chunk lives (on a GPU: two vectors cross the bus, not n x K)."""
+    from pipeline.runs import _assign_kernel
+
+    prior, post = _posterior(data, "diag")
+    params = estep_params(post, prior.mean)
+    X = data.astype(np.float32)
+    ref = _assign_kernel(prepare_chunk(X, prior.mean, "diag"), params)
+    got = _assign_kernel(prepare_chunk(xps.asarray(X), prior.mean, "diag"), params)
+    assert got[0].dtype == np.int32 and got[1].dtype == np.float32
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-5)
+    assert np.unique(ref[0]).size == K
