@@ -258,3 +258,18 @@ def test_restarts_share_one_projection_pass(monkeypatch):
     X, _ = planted_blobs(n=900, d=6, k=3)
     three = VBMixture(3, covariance_type="diag", pca=2, n_init=3, random_state=0, max_iter=5).fit(X)
     assert len(calls) == 1 and three.projection_.n_components == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_moments_and_projection_use_only_the_array_api(dtype):
+    """On array-api-strict rows (what CuPy chunks go through) the kernels give NumPy's results."""
+    xps = pytest.importorskip("array_api_strict")
+    X = _skewed(n=5000, offset=1e3).astype(dtype)  # more rows than one block of the scatter
+    ref, strict = row_moments(X, X[0]), row_moments(xps.asarray(X), X[0])
+    tol = F64 if dtype == np.float64 else F32
+    assert np.abs(strict.scatter - ref.scatter).max() <= tol * np.abs(ref.scatter).max()
+    np.testing.assert_allclose(strict.mean, ref.mean, rtol=tol)
+    proj = fit_projection(ref, 3, whiten=True)
+    got = np.asarray(proj.apply(xps.asarray(X)))
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, proj.apply(X), rtol=tol, atol=tol * np.abs(got).max())

@@ -89,40 +89,43 @@ def check_pca(pca: int, n_features: int, n_rows: int | None = None) -> None:
 
 def moments_kernel(x: Array, offset: int, shift: np.ndarray, where: str | None) -> RowMoments:
     """A chunk's :class:`RowMoments` (an engine kernel); rows of sources not validated on the driver
-    (``where`` names the source) are first checked for non-finite values (one line naming the row)."""
+    (``where`` names the source) are first checked for non-finite values (one line naming the row;
+    device rows are checked on the device, copied only to name a bad row)."""
+    from vbcore.kernels import array_namespace, to_numpy
+
     if where is not None:
-        check_finite(_host(x), where, first_row=offset,
-                     hint="clean the data (vbcluster ingest rejects or drops such rows)")
+        xp = array_namespace(x)
+        if xp is np or not bool(xp.all(xp.isfinite(x))):
+            check_finite(x if xp is np else to_numpy(x), where, first_row=offset,
+                         hint="clean the data (vbcluster ingest rejects or drops such rows)")
     return row_moments(x, shift)
 
 
 def row_moments(x: Array, shift: np.ndarray) -> RowMoments:
-    """The :class:`RowMoments` of one chunk's rows, shape (n_rows, D), as float64 NumPy arrays;
-    ``shift`` (float64, shape (D,)) is the reference point every part shares."""
-    x = _host(x)
+    """The :class:`RowMoments` of one chunk's rows, shape (n_rows, D), in their array namespace
+    (NumPy, CuPy, any array-API library), returned as float64 NumPy arrays; ``shift`` (float64,
+    shape (D,)) is the reference point every part shares."""
+    from vbcore.kernels import array_namespace, to_numpy
+
+    xp = array_namespace(x)
+    if x.dtype not in (xp.float32, xp.float64):
+        x = xp.astype(x, xp.float64)
     shift = np.asarray(shift, dtype=np.float64)
     n, d = x.shape
     if n == 0:
         return RowMoments(0, shift, np.zeros(d), np.zeros((d, d)))
+    s = xp.asarray(shift, dtype=xp.float64)
     # a first mean, then the sums of the rows centred on it: the (naive) column sums' rounding
     # does not reach the mean, and the scatter is summed over centred rows
-    guess = (x.sum(axis=0, dtype=np.float64) - n * shift) / n
-    scatter, residual = np.zeros((d, d)), np.zeros(d)
+    guess = (xp.sum(x, axis=0, dtype=xp.float64) - n * s) / n
+    scatter, residual = xp.zeros((d, d), dtype=xp.float64), xp.zeros(d, dtype=xp.float64)
     for start in range(0, n, BLOCK_ROWS):
-        xc = (x[start:start + BLOCK_ROWS].astype(np.float64) - shift) - guess
-        residual += xc.sum(axis=0)
-        xc = xc.astype(x.dtype, copy=False)
-        scatter += xc.T @ xc  # a SYRK in the data's dtype, accumulated in float64
-    scatter -= np.outer(residual, residual / n)  # the scatter about the corrected mean
-    return RowMoments(n, shift, guess + residual / n, scatter)
-
-
-def _host(x: Array) -> np.ndarray:
-    """Rows as a NumPy float32 or float64 array (CuPy rows copied to the host)."""
-    if hasattr(x, "get") and not isinstance(x, np.ndarray):
-        x = x.get()
-    x = np.asarray(x)
-    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float64)
+        xc = (xp.astype(x[start:min(start + BLOCK_ROWS, n), :], xp.float64) - s) - guess
+        residual += xp.sum(xc, axis=0)
+        xc = xp.astype(xc, x.dtype, copy=False)
+        scatter += xp.astype(xp.matrix_transpose(xc) @ xc, xp.float64)  # a SYRK in the data's dtype
+    scatter -= residual[:, None] * (residual / n)[None, :]  # the scatter about the corrected mean
+    return RowMoments(n, shift, to_numpy(guess + residual / n), to_numpy(scatter))
 
 
 @dataclass(frozen=True)
