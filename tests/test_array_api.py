@@ -34,6 +34,7 @@ from vbcore.kernels import (
     chunk_statistics,
     estep_params,
     prepare_chunk,
+    to_host,
     to_numpy,
 )
 
@@ -110,6 +111,10 @@ def test_to_numpy_copies_standard_arrays_to_host_float64(xps):
         np.testing.assert_array_equal(got, host)
     s = to_numpy(xps.sum(xps.asarray(host), dtype=xps.float64))  # 0-d results of reductions
     assert s.shape == () and float(s) == 66.0
+    kept = to_host(xps.asarray(host))  # to_host keeps the dtype
+    assert type(kept) is np.ndarray and kept.dtype == np.float32
+    np.testing.assert_array_equal(kept, host)
+    assert to_host(host) is host and to_host([1.5]).dtype == np.float64
 
 
 def test_strict_arrays_catch_what_the_kernels_must_not_do(xps, monkeypatch):

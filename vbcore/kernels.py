@@ -89,7 +89,7 @@ def to_host(x: Array) -> np.ndarray:
         return np.asarray(x)
     if hasattr(x, "get"):  # CuPy
         return np.asarray(x.get())
-    return np.asarray(np.from_dlpack(x))
+    return np.asarray(np.from_dlpack(x) if hasattr(x, "__dlpack__") else x)
 
 
 class Sum64:
@@ -103,7 +103,7 @@ class Sum64:
         self.total = xp.zeros(shape, dtype=xp.float64)
 
     def add(self, part: Array) -> None:
-        self.total += self.xp.astype(part, self.xp.float64)
+        self.total += self.xp.astype(part, self.xp.float64, copy=False)
 
     def result(self) -> np.ndarray:
         return to_numpy(self.total)

@@ -47,7 +47,7 @@ from vbcore.gradients import (
     mean_gradient,
     mean_natural_gradient,
 )
-from vbcore.kernels import Chunk, estep_params
+from vbcore.kernels import Chunk, estep_params, to_host
 from vbcore.posterior import Posterior
 from vbcore.stats import SuffStats
 
@@ -142,17 +142,8 @@ class GradientState(LearnerState):
     sums: GradSums = field(default_factory=lambda: GradSums(0.0, 0.0, 0.0, 0.0))
 
 
-def _to_host(x: Any) -> np.ndarray:
-    """A device or host array as a NumPy array of the same dtype."""
-    if hasattr(x, "get"):
-        return np.asarray(x.get())
-    if not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
-        return np.from_dlpack(x)
-    return np.asarray(x)
-
-
 def _host_state(state: LogitState) -> LogitState:
-    return LogitState(*(None if a is None else _to_host(a) for a in (state.log_r, state.h, state.p)))
+    return LogitState(*(None if a is None else to_host(a) for a in (state.log_r, state.h, state.p)))
 
 
 def _on_chunk(chunk: Chunk, state: LogitState) -> LogitState:
