@@ -14,7 +14,7 @@ TEST_ENV := PREFECT_SERVER_ANALYTICS_ENABLED=false \
 
 LINT_PATHS := $(wildcard vbcore pipeline flows tests bench scripts)
 
-.PHONY: venv test demo bench bench-quick lint docs clean
+.PHONY: venv test demo bench bench-quick lint docs clean gpu-wheels gpu-check
 
 venv: $(STAMP)
 
@@ -58,6 +58,14 @@ bench-quick: venv
 docs: venv
 	@tmp=$$(mktemp -d); PREFECT_HOME=$$tmp MPLBACKEND=Agg $(VPY) scripts/build_api_docs.py --out docs/api; \
 	rc=$$?; rm -rf "$$tmp"; exit $$rc
+
+# The GPU check of issue 27 (docs/benchmarks.md, "GPU"): the wheel set for a Python 3.12 GPU machine
+# into .whl/ (carry it to the device), and the check itself (a dry run where CuPy sees no device).
+gpu-wheels: venv
+	PYTHON=$(VPY) scripts/gpu_wheels.sh
+
+gpu-check:
+	bash scripts/gpu_check.sh
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
