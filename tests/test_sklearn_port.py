@@ -16,6 +16,8 @@ tests/test_elbo.py); ``n_components > n_samples`` is allowed (docs/decisions.md)
 
 import copy
 
+import re
+
 import numpy as np
 import pytest
 from sklearn.exceptions import NotFittedError
@@ -87,7 +89,14 @@ def test_bayesian_mixture_precisions_prior_initialisation():
     bgmm = BayesianGaussianMixture(
         degrees_of_freedom_prior=bad_degrees_of_freedom_prior_, random_state=rng
     )
-    # ours: "degrees_of_freedom_prior must be > n_features - 1 = 1 for 'full', got 1.0"
+    # scikit-learn's message, word for word (issue 29), then ours
+    msg = (
+        "The parameter 'degrees_of_freedom_prior' "
+        "should be greater than %d, but got %.3f."
+        % (n_features - 1, bad_degrees_of_freedom_prior_)
+    )
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        bgmm.fit(X)
     msg = f"degrees_of_freedom_prior must be > n_features - 1 = {n_features - 1}"
     with pytest.raises(ValueError, match=msg):
         bgmm.fit(X)

@@ -128,6 +128,20 @@ def test_init_more_restarts_never_worse():
         assert g2.lower_bound_ >= g1.lower_bound_
 
 
+def test_multiple_init_never_worse_on_the_bound():
+    """scikit-learn's test_multiple_init (GaussianMixture, where the bound is the mean log-likelihood
+    that score() returns) on the bound a VB fit maximises: with n_init=5 the ELBO is never below
+    n_init=1's, for every covariance type. score(X) can be (docs/operations.md says why)."""
+    rng = np.random.RandomState(0)
+    n_samples, n_features, n_components = 50, 5, 2
+    X = rng.randn(n_samples, n_features)
+    for cv_type in ("full", "tied", "diag", "spherical"):
+        kw = dict(n_components=n_components, covariance_type=cv_type, random_state=0)
+        train1 = BayesianGaussianMixture(**kw).fit(X).lower_bound_
+        train2 = BayesianGaussianMixture(n_init=5, **kw).fit(X).lower_bound_
+        assert train2 >= train1
+
+
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_verbose_interval(capsys):
     X = np.random.RandomState(0).rand(100, 2)

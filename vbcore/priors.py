@@ -117,9 +117,10 @@ def validate_prior(p: Prior) -> None:
         ) from None
     if p.covariance_type in WISHART_TYPES:
         if not np.isfinite(nu0) or nu0 <= d - 1:
-            raise ConfigError(
-                f"degrees_of_freedom_prior must be > n_features - 1 = {d - 1} for "
-                f"{p.covariance_type!r}, got {nu0}"
+            raise ConfigError(  # scikit-learn's words first, so code matching them still matches
+                f"The parameter 'degrees_of_freedom_prior' should be greater than {d - 1}, but got "
+                f"{nu0:.3f}. (degrees_of_freedom_prior must be > n_features - 1 = {d - 1} for "
+                f"{p.covariance_type!r})"
             )
     else:
         _positive("degrees_of_freedom_prior", nu0)
