@@ -1,8 +1,22 @@
-"""pipeline: vbcluster's data plane -- estimator, engines, CLI (feature store and Dask to come).
+"""pipeline: vbcluster's data plane -- estimator, engines, stores, CLI.
 
-Imports vbcore; never imports prefect.
+Imports vbcore; never imports prefect. ``VBMixture`` is imported on first use (module
+``__getattr__``), so that ``vbcluster --help`` does not load scikit-learn, SciPy, pandas and Dask.
 """
 
-from pipeline.estimator import VBMixture
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.estimator import VBMixture
 
 __all__ = ["VBMixture"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "VBMixture":
+        from pipeline.estimator import VBMixture
+
+        return VBMixture
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

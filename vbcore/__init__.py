@@ -2,41 +2,30 @@
 
 Imports numpy and scipy only. Chunk kernels take their array namespace from their inputs, so they run
 on NumPy or CuPy arrays. Equation numbers in docstrings refer to the papers in docs/references.md.
+
+The names below are imported on first use (module ``__getattr__``): ``vbcore.errors`` alone, which
+the command line needs for its help, does not load SciPy.
 """
 
-from vbcore.elbo import ElboTerms, elbo_terms
-from vbcore.errors import ConfigError, InputError, NumericalError, VBClusterError
-from vbcore.kernels import (
-    Chunk,
-    EStepParams,
-    chunk_statistics,
-    estep_params,
-    prepare_chunk,
-    vbem_kernel,
-)
-from vbcore.mstep import m_step
-from vbcore.posterior import Posterior
-from vbcore.priors import COVARIANCE_TYPES, WEIGHT_TYPES, Prior, default_prior
-from vbcore.stats import SuffStats
+from __future__ import annotations
 
-__all__ = [
-    "COVARIANCE_TYPES",
-    "WEIGHT_TYPES",
-    "Chunk",
-    "ConfigError",
-    "ElboTerms",
-    "EStepParams",
-    "InputError",
-    "NumericalError",
-    "Posterior",
-    "Prior",
-    "SuffStats",
-    "VBClusterError",
-    "chunk_statistics",
-    "default_prior",
-    "elbo_terms",
-    "estep_params",
-    "m_step",
-    "prepare_chunk",
-    "vbem_kernel",
-]
+import importlib
+from typing import Any
+
+#: where each public name lives
+_HOME = {
+    "ElboTerms": "elbo", "elbo_terms": "elbo",
+    "ConfigError": "errors", "InputError": "errors", "NumericalError": "errors", "VBClusterError": "errors",
+    "Chunk": "kernels", "EStepParams": "kernels", "chunk_statistics": "kernels", "estep_params": "kernels",
+    "prepare_chunk": "kernels", "vbem_kernel": "kernels",
+    "m_step": "mstep", "Posterior": "posterior",
+    "COVARIANCE_TYPES": "priors", "WEIGHT_TYPES": "priors", "Prior": "priors", "default_prior": "priors",
+    "SuffStats": "stats",
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(f"vbcore.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'vbcore' has no attribute {name!r}")

@@ -1,0 +1,57 @@
+"""What a new user sees first (issue 29): plain `vbcluster --help` loads none of the heavy libraries
+(it took 2.4 s), and at 80 columns neither the help of any command nor the fit summary cuts a word
+short with '…'."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from pipeline.cli import fit_table
+
+HEAVY = ("sklearn", "scipy", "pandas", "dask", "distributed", "zarr", "matplotlib", "prefect")
+CODE = """
+import sys
+from flows.cli import app
+try:
+    app(args=sys.argv[1:])
+except SystemExit:
+    pass
+print("LOADED", sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[0].split(','))))
+"""
+
+
+def _cli(*args: str, columns: int = 80) -> str:
+    env = dict(os.environ, COLUMNS=str(columns), TERMINAL_WIDTH=str(columns))
+    out = subprocess.run([sys.executable, "-c", CODE, *args], capture_output=True, text=True, env=env,
+                         timeout=300)
+    return out.stdout + out.stderr
+
+
+def test_plain_help_loads_no_heavy_library():
+    code = CODE.replace("set(sys.argv[0].split(','))", repr(set(HEAVY)))
+    out = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=300)
+    assert "Usage: " in out.stdout and "LOADED []" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("command", ["fit", "ingest", "deploy", "assign", "report"])
+def test_help_at_80_columns_is_whole(command):
+    out = _cli(command, "--help")
+    assert "Usage: " in out and "…" not in out, out
+
+
+def test_fit_summary_at_80_columns_is_whole():
+    spec = SimpleNamespace(store="/data/features/fashion-mnist-effnet112.zarr", learner="vbem", components=200)
+    result = {"n_iter": 137, "converged": True, "n_effective": 187, "elbo": -123456789.123,
+              "metrics": {"nmi": 0.61234, "acc": 0.5}, "seconds": 1234.5}
+    console = Console(width=80, record=True)
+    console.print(fit_table(spec, result))
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    for value in ("vbem", "137", "True", "200", "187", "-1.23457e+08", "0.612", "0.500", "1234.5"):
+        assert value in text
