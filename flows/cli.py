@@ -34,7 +34,9 @@ def deploy(
                                       "each refresh first extracts its new images into STORE."),
     extract_option: list[str] = typer.Option([], "--extract-option", "-x", metavar="KEY=VALUE",
                                              help="Extraction option for --images (repeatable), e.g. "
-                                             "-x extractor=onnx -x model=vgg16.onnx -x output=fc7."),
+                                             "-x extractor=onnx -x model=vgg16.onnx -x output=TENSOR "
+                                             "(for VGG16's fc7: the tensor docs/ingest.md's export "
+                                             "names)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the inputs, register nothing."),
 ) -> None:
     """Refresh the clustering of STORE on a schedule: register a Prefect deployment on the server of

@@ -13,7 +13,8 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
-from typer.core import TyperArgument, TyperOption
+
+from pipeline.cli_format import fit_table, install_help_formatting
 
 #: exit codes: bad input (a file, store, config or option to fix) and environment (disk, permissions)
 EXIT_INPUT, EXIT_ENVIRONMENT = 2, 1
@@ -75,49 +76,7 @@ app = _App(add_completion=False, no_args_is_help=True,
 console = Console(width=110) if not Console().is_terminal else Console()
 
 
-def _readable_type(self: Any, ctx: Any) -> str | None:
-    """Help shows a parameter's metavar, or click's words (INTEGER, NUMBER, TEXT) and nothing for
-    flags; typer 0.29 prints Python annotations (``<int>``, ``<bool>``, ``<list[str]>``)."""
-    if getattr(self, "is_flag", False) or isinstance(self, TyperArgument):
-        return None
-    if self.metavar is not None:
-        return str(self.metavar)
-    bare = str(self.bare_type())
-    return {"int": "INTEGER", "float": "NUMBER", "str": "TEXT"}.get(bare, bare.upper())
-
-
-def _argument_usage(self: Any) -> str:
-    """``STORE`` (required) or ``[STORE]`` in the usage line; typer 0.29 writes ``{store}``."""
-    name = str(self.display_name_raw).upper()
-    name = name if self.required else f"[{name}]"
-    return name + ("..." if self.nargs != 1 else "")
-
-
-TyperOption.display_type_rich = _readable_type  # type: ignore[method-assign]
-TyperArgument.display_type_rich = _readable_type  # type: ignore[method-assign]
-TyperArgument._usage_display_name = _argument_usage  # type: ignore[method-assign]
-
-
-class _WholeNamesTable(Table):
-    """Help's options table (typer builds it through ``typer.rich_utils.Table``): the option name,
-    flag and type columns keep their whole width and only the help text wraps, so at 80 columns no
-    option name ends in '…' (``--weight-concentration-prior`` did)."""
-
-    def add_row(self, *cells: Any, **kwargs: Any) -> None:
-        super().add_row(*cells, **kwargs)
-        for column, cell in zip(self.columns[:-1], cells, strict=False):
-            width = len(cell) if hasattr(cell, "__len__") else len(str(cell))
-            column.no_wrap = True
-            column.min_width = max(column.min_width or 0, width)
-
-
-def _fold_help_tables() -> None:
-    import typer.rich_utils as rich_utils
-
-    rich_utils.Table = _WholeNamesTable  # type: ignore[misc]
-
-
-_fold_help_tables()
+install_help_formatting()
 
 
 def _print_version(value: bool) -> None:
@@ -196,10 +155,12 @@ def ingest(
     labels: str | None = typer.Option(None, help="Labels: a file, key, dataset, column or 'folders'."),
     ids: str | None = typer.Option(None, help="Row ids: a file, key, dataset or column."),
     append: bool = typer.Option(False, "--append", help="Append to an existing store (atomically)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store once the new one is complete."),
-    drop_nonfinite: bool = typer.Option(False, "--drop-nonfinite", help="Drop rows with NaN/inf (counted) instead of failing."),
-    allow_duplicate: bool = typer.Option(False, "--allow-duplicate", help="Append a source the store already holds (same "
-                                         "source fingerprint); refused otherwise."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store once the new "
+                                   "one is complete."),
+    drop_nonfinite: bool = typer.Option(False, "--drop-nonfinite", help="Drop rows with NaN/inf "
+                                        "(counted) instead of failing."),
+    allow_duplicate: bool = typer.Option(False, "--allow-duplicate", help="Append a source the store "
+                                         "already holds (same source fingerprint); refused otherwise."),
     rows: int | None = typer.Option(None, help="synthetic: number of rows."),
     dim: int | None = typer.Option(None, help="synthetic: number of features."),
     classes: int | None = typer.Option(None, help="synthetic: number of classes."),
@@ -392,25 +353,6 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
         console.print(f"the per-iteration bounds are minibatch estimates (last {last}, standard error); "
                       "the ELBO above is exact (one full pass)", soft_wrap=True)
     console.print(f"wrote {run_dir}/result.json and {run_dir}/posterior.npz")
-
-
-def fit_table(spec: Any, result: dict[str, Any]) -> Table:
-    """The summary of a fit: one row that fits 80 columns whole (no cell ends in '…'): no vertical
-    rules, headers wrap at their spaces, every column at least as wide as its value."""
-    from rich import box
-
-    m = result.get("metrics", {})
-    cells = {"learner": spec.learner, "iters": str(result["n_iter"]), "converged": str(result["converged"]),
-             "K": str(spec.components), "effective K": str(result["n_effective"]),
-             "ELBO (exact)": f"{result['elbo']:.6g}", "NMI": f"{m['nmi']:.3f}" if m else "-",
-             "ACC": f"{m['acc']:.3f}" if m else "-", "seconds": f"{result['seconds']:.1f}"}
-    table = Table(title=f"vbcluster fit {spec.store}", title_justify="left", box=box.SIMPLE_HEAD,
-                  show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
-    for header, value in cells.items():
-        width = max(len(value), *(len(w) for w in header.split()))
-        table.add_column(header, justify="right", min_width=width, no_wrap=False)
-    table.add_row(*cells.values())
-    return table
 
 
 @app.command()

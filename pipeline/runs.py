@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.atomic import replace_dir as publish_dir  # pipeline/report.py imports it from here
 from pipeline.atomic import named_oserror, temp_dir, write_file
+from pipeline.atomic import replace_dir as publish_dir  # pipeline/report.py imports it from here
 from pipeline.checkpoint import sha256_file
 from pipeline.engine import LocalEngine, make_engine
 from pipeline.estimator import VBMixture

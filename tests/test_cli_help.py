@@ -46,7 +46,8 @@ def test_help_at_80_columns_is_whole(command):
 
 
 def test_fit_summary_at_80_columns_is_whole():
-    spec = SimpleNamespace(store="/data/features/fashion-mnist-effnet112.zarr", learner="vbem", components=200)
+    spec = SimpleNamespace(store="/data/features/fashion-mnist-effnet112.zarr", learner="vbem",
+                           components=200)
     result = {"n_iter": 137, "converged": True, "n_effective": 187, "elbo": -123456789.123,
               "metrics": {"nmi": 0.61234, "acc": 0.5}, "seconds": 1234.5}
     console = Console(width=80, record=True)
@@ -55,3 +56,24 @@ def test_fit_summary_at_80_columns_is_whole():
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
     for value in ("vbem", "137", "True", "200", "187", "-1.23457e+08", "0.612", "0.500", "1234.5"):
         assert value in text
+
+
+def test_the_onnx_output_named_everywhere_is_the_one_the_export_makes():
+    """README, `deploy --help` and docs/ingest.md name the tensor docs/ingest.md's VGG16 export makes
+    (they said `output=fc7`, a name no exporter gives it); local.yaml does not call itself the default."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    ingest_doc = (root / "docs/ingest.md").read_text()
+    assert "`/classifier/classifier.4/Relu_output_0`" in ingest_doc  # the export section's tensor
+    texts = {"README.md": (root / "README.md").read_text(), "docs/ingest.md": ingest_doc}
+    deploy = _cli("deploy", "--help", columns=200)
+    assert "output=fc7" not in deploy
+    assert "output=TENSOR (for VGG16's fc7: the tensor docs/ingest.md" in deploy
+    for where, text in texts.items():
+        names = set(re.findall(r"output=(\S+?)[\s.`)]*(?:\s|$)", text.replace("│", " ")))
+        names -= {"NAME,", "None,"}  # the API's signature in docs/ingest.md
+        assert names == {"/classifier/classifier.4/Relu_output_0"}, (where, names)
+    head = (root / "cluster_config/local.yaml").read_text().splitlines()[:3]
+    assert "the default" not in head[0] and "Not the default" in head[1]

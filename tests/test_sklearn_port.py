@@ -15,7 +15,6 @@ tests/test_elbo.py); ``n_components > n_samples`` is allowed (docs/decisions.md)
 # SPDX-License-Identifier: BSD-3-Clause
 
 import copy
-
 import re
 
 import numpy as np
@@ -92,8 +91,7 @@ def test_bayesian_mixture_precisions_prior_initialisation():
     # scikit-learn's message, word for word (issue 29), then ours
     msg = (
         "The parameter 'degrees_of_freedom_prior' "
-        "should be greater than %d, but got %.3f."
-        % (n_features - 1, bad_degrees_of_freedom_prior_)
+        f"should be greater than {n_features - 1}, but got {bad_degrees_of_freedom_prior_:.3f}."
     )
     with pytest.raises(ValueError, match=re.escape(msg)):
         bgmm.fit(X)

@@ -17,7 +17,6 @@ from pipeline.ingest.plan import Batch, Plan
 from pipeline.store import FeatureStore, journal_paths
 from vbcore.errors import ConfigError, StoreError
 
-
 #: the chunk of a store made from a source smaller than the ``chunk_rows`` asked for (the default)
 SMALL_SOURCE_CHUNK_ROWS = 8192
 

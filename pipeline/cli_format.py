@@ -1,0 +1,75 @@
+"""How the ``vbcluster`` command line formats what it prints: typer's help (readable types, usage
+lines, option names kept whole at 80 columns) and the fit summary table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from typer.core import TyperArgument, TyperOption
+
+__all__ = ["install_help_formatting", "fit_table"]
+
+
+def _readable_type(self: Any, ctx: Any) -> str | None:
+    """Help shows a parameter's metavar, or click's words (INTEGER, NUMBER, TEXT) and nothing for
+    flags; typer 0.29 prints Python annotations (``<int>``, ``<bool>``, ``<list[str]>``)."""
+    if getattr(self, "is_flag", False) or isinstance(self, TyperArgument):
+        return None
+    if self.metavar is not None:
+        return str(self.metavar)
+    bare = str(self.bare_type())
+    return {"int": "INTEGER", "float": "NUMBER", "str": "TEXT"}.get(bare, bare.upper())
+
+
+def _argument_usage(self: Any) -> str:
+    """``STORE`` (required) or ``[STORE]`` in the usage line; typer 0.29 writes ``{store}``."""
+    name = str(self.display_name_raw).upper()
+    name = name if self.required else f"[{name}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+
+
+class _WholeNamesTable(Table):
+    """Help's options table (typer builds it through ``typer.rich_utils.Table``): the option name,
+    flag and type columns keep their whole width and only the help text wraps, so at 80 columns no
+    option name ends in '…' (``--weight-concentration-prior`` did)."""
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*cells, **kwargs)
+        for column, cell in zip(self.columns[:-1], cells, strict=False):
+            width = len(cell) if hasattr(cell, "__len__") else len(str(cell))
+            column.no_wrap = True
+            column.min_width = max(column.min_width or 0, width)
+        self.columns[-1].overflow = "fold"  # a word longer than the help column (a tensor name) folds
+
+
+def install_help_formatting() -> None:
+    """Patch typer's help rendering: readable types, ``STORE``/``[STORE]`` in usage lines, and the
+    options table of :class:`_WholeNamesTable`."""
+    import typer.rich_utils as rich_utils
+
+    TyperOption.display_type_rich = _readable_type  # type: ignore[method-assign]
+    TyperArgument.display_type_rich = _readable_type  # type: ignore[method-assign]
+    TyperArgument._usage_display_name = _argument_usage  # type: ignore[method-assign]
+    rich_utils.Table = _WholeNamesTable  # type: ignore[misc]
+
+
+def fit_table(spec: Any, result: dict[str, Any]) -> Table:
+    """The summary of a fit: one row that fits 80 columns whole (no cell ends in '…'): no vertical
+    rules, headers wrap at their spaces, every column at least as wide as its value."""
+    from rich import box
+
+    m = result.get("metrics", {})
+    cells = {"learner": spec.learner, "iters": str(result["n_iter"]), "converged": str(result["converged"]),
+             "K": str(spec.components), "effective K": str(result["n_effective"]),
+             "ELBO (exact)": f"{result['elbo']:.6g}", "NMI": f"{m['nmi']:.3f}" if m else "-",
+             "ACC": f"{m['acc']:.3f}" if m else "-", "seconds": f"{result['seconds']:.1f}"}
+    table = Table(title=f"vbcluster fit {spec.store}", title_justify="left", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
+    for header, value in cells.items():
+        width = max(len(value), *(len(w) for w in header.split()))
+        table.add_column(header, justify="right", min_width=width, no_wrap=False)
+    table.add_row(*cells.values())
+    return table
