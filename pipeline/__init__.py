@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pipeline.estimator import VBMixture
 
-__all__ = ["VBMixture"]
+# no __all__: the documentation lists VBMixture where it lives (pipeline.estimator)
 
 
 def __getattr__(name: str) -> Any:

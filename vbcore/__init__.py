@@ -22,7 +22,11 @@ _HOME = {
     "COVARIANCE_TYPES": "priors", "WEIGHT_TYPES": "priors", "Prior": "priors", "default_prior": "priors",
     "SuffStats": "stats",
 }
-__all__ = sorted(_HOME)
+# no __all__: the documentation lists each name in its module (pdoc cannot follow __getattr__)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
 
 
 def __getattr__(name: str) -> Any:
