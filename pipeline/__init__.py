@@ -9,14 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.estimator import VBMixture
+    from pipeline.estimator import VBMixture as VBMixture
 
 # no __all__: the documentation lists VBMixture where it lives (pipeline.estimator)
 
 
 def __getattr__(name: str) -> Any:
     if name == "VBMixture":
-        from pipeline.estimator import VBMixture
+        from pipeline.estimator import VBMixture as VBMixture
 
         return VBMixture
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -336,7 +336,7 @@ class FeatureStore:
             appends = list(self.group.attrs.get("appends", []))  # type: ignore[arg-type]
             appends.append({"rows": written, "dropped_nonfinite": dropped, "source": source,
                             "time": _now(), **(record or {})})
-            done = {"n_rows": old_n + written, "fingerprint": fp, "appends": appends}
+            done: dict[str, Any] = {"n_rows": old_n + written, "fingerprint": fp, "appends": appends}
             with warnings.catch_warnings():  # (an unchecksummed store warned at open already)
                 warnings.simplefilter("ignore", integrity.StoreIntegrityWarning)
                 crcs = integrity.scan(self.path, self.group, old_n + written).crcs
