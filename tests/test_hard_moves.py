@@ -1,5 +1,5 @@
 """Merges for the hard-assignment learners (vbcore.hard_moves, pipeline.learners.moves.HardMoves):
-the exact change of the MAP bound against brute force, the minibatch rule, K recovered, resume."""
+the exact change of the ELBO of all rows against brute force, full-data rounds, K recovered, resume."""
 
 from __future__ import annotations
 
@@ -9,65 +9,90 @@ import pytest
 from tests._reference import planted_blobs as _planted
 from tests._reference import same_fit_bits as _same_bits
 from tests._reference import stats_of as _stats
-from vbcore.hard_moves import hard_merge_gain
+from vbcore.elbo import elbo_terms
+from vbcore.hard_moves import select_hard_merges
+from vbcore.moves import apply_merges, total_elbo
+from vbcore.mstep import m_step
 from vbcore.priors import default_prior
-from vbcore.sga import map_bound, mm_update
-from vbcore.sga_stats import take_stats
 
 
-@pytest.mark.parametrize("a0", [500.0, 1.0, 0.5])
-def test_hard_merge_gain_equals_map_bound_difference(a0: float) -> None:
+def _brute_elbo(x: np.ndarray, lab: np.ndarray, k: int, prior, shift) -> float:
+    """The exact ELBO of one-hot labels at their optimal q(theta), from the rows themselves (float64
+    statistics of the brute-force reference, the M-step, elbo_terms)."""
+    stats = _stats(x, np.eye(k)[lab], "fixed", shift)
+    return elbo_terms(stats, m_step(stats, prior, 0.0), prior).total
+
+
+def _split_classes(a0: float):
+    """Three classes in 8 dimensions, labelled as 6 clusters (each class split in two at random)."""
     rng = np.random.default_rng(6)
-    x = rng.normal(size=(500, 4)) + rng.integers(0, 3, size=(500, 1)) * 5.0
-    lab = rng.integers(0, 5, size=500)
-    resp = np.eye(5)[lab]
-    prior = default_prior(covariance_type="fixed", weight_type="dirichlet_process", n_components=5,
+    cls = rng.integers(0, 3, size=600)
+    x = 8.0 * np.eye(3, 8)[cls] + rng.normal(size=(600, 8))
+    lab = 2 * cls + rng.integers(0, 2, size=600)
+    prior = default_prior(covariance_type="fixed", weight_type="dirichlet_process", n_components=6,
                           data_mean=x.mean(0), data_covariance=x.var(0), weight_concentration=a0,
                           fixed_variance=1.0)
+    return x, lab, prior
+
+
+@pytest.mark.parametrize("a0", [600.0, 1.0, 0.5])
+def test_hard_merges_raise_the_exact_elbo_of_all_rows(a0: float) -> None:
+    """Each pair's change (no entropy for one-hot labels) and the accepted set's gain equal the
+    brute-force ELBO difference of the relabelled rows; the accepted merges are the split classes."""
+    from vbcore.moves import merge_gain_bound
+
+    x, lab, prior = _split_classes(a0)
     shift = x.mean(0)
-    stats = _stats(x, resp, "fixed", shift)
+    stats = _stats(x, np.eye(6)[lab], "fixed", shift)
+    before = _brute_elbo(x, lab, 6, prior, shift)
 
-    def bound(s):
-        order = np.argsort(-s.nk, kind="stable")
-        kept = take_stats(s, order)
-        return map_bound(kept, mm_update(kept, prior, a0), prior, 1.0, a0).total
+    def relabel(pairs):
+        out = lab.copy()
+        for a, b in pairs:
+            out = np.where(out == b, a, out)
+        gone = np.sort(np.asarray(pairs)[:, 1])
+        return out - np.searchsorted(gone, out), 6 - len(gone)
 
-    pairs = np.array([[a, b] for a in range(5) for b in range(a + 1, 5)])
-    gains = hard_merge_gain(stats, pairs, prior, 1.0, a0)
-    for (a, b), g in zip(pairs, gains, strict=True):
-        lab2 = np.where(lab == b, a, lab)
-        lab2 = np.where(lab2 > b, lab2 - 1, lab2)
-        ref = bound(_stats(x, np.eye(4)[lab2], "fixed", shift)) - bound(stats)
-        assert g == pytest.approx(ref, abs=1e-8 * abs(bound(stats)))
+    pairs = np.array([[a, b] for a in range(6) for b in range(a + 1, 6)])
+    gains = merge_gain_bound(stats, pairs, prior, 0.0)
+    for pair, g in zip(pairs, gains, strict=True):
+        new, k = relabel([pair])
+        assert g == pytest.approx(_brute_elbo(x, new, k, prior, shift) - before, abs=1e-9 * abs(before))
+    acc, gain = select_hard_merges(stats, pairs, prior)
+    assert acc.tolist() == [[0, 1], [2, 3], [4, 5]]  # the split classes, and nothing across classes
+    new, k = relabel(acc)
+    assert gain > 0 and gain == pytest.approx(_brute_elbo(x, new, k, prior, shift) - before,
+                                              abs=1e-9 * abs(before))
 
 
-def test_minibatch_merges_need_rows_of_both_clusters() -> None:
-    """A cluster with no rows in a minibatch reads as free to merge (its scaled statistics are those
-    of zero rows); HardMoves merges only clusters the minibatch saw. Three well separated classes,
-    cluster 1's rows left out of the "minibatch": with the rule nothing merges, without it 1 joins
-    its nearest neighbour although the full data's bound (cluster 1 holds a class) forbids it."""
+def test_hard_merges_use_the_statistics_of_all_rows() -> None:
+    """SGA+F's merge rounds judge on one full pass (every row, whatever the minibatch), and every
+    accepted round raises the exact ELBO of all rows (brute force from the round's labels)."""
     from pipeline.learners.moves import HardMoves
-    from vbcore.hard_moves import select_hard_merges
-    from vbcore.sga_stats import scale_stats
 
-    rng = np.random.default_rng(9)
-    centres = 8.0 * np.eye(3, 8)  # in 8 dimensions a mean's prior term outweighs the sticks' ln a0
-    lab = np.repeat(np.arange(3), 200)
-    x = centres[lab] + rng.normal(size=(600, 8))
-    prior = default_prior(covariance_type="fixed", weight_type="dirichlet_process", n_components=3,
-                          data_mean=x.mean(0), data_covariance=x.var(0), weight_concentration=2.0,
-                          fixed_variance=1.0)
-    shift = x.mean(0)
-    full = _stats(x, np.eye(3)[lab], "fixed", shift)
-    pairs = np.array([[0, 1], [0, 2], [1, 2]])
-    assert select_hard_merges(full, pairs, prior, 1.0, 2.0)[0].shape[0] == 0  # the data: no merge
-    batch = rng.permutation(np.flatnonzero(lab != 1))[:60]  # a minibatch of 60 rows that misses 1
-    mini = _stats(x[batch], np.eye(3)[lab[batch]], "fixed", shift)
-    sized = scale_stats(mini, 600 / 60)
-    assert mini.nk[1] == 0 and select_hard_merges(sized, pairs, prior, 1.0, 2.0)[0].shape[0] == 1
-    moves = HardMoves("sga-f", {"moves": "merge", "move_every": 1, "move_pairs": 8, "move_neighbours": 2})
-    assert moves.select(sized, centres, prior, 1.0, 2.0, seen=mini.nk > 0).shape[0] == 0
-    assert moves.select(sized, centres, prior, 1.0, 2.0).shape[0] == 1  # the estimate alone merges
+    x, lab = _planted(n=2000, d=8, k=4, seed=3)
+    seen = []
+    orig = HardMoves.select
+
+    def spy(self, stats, means, prior):
+        acc = orig(self, stats, means, prior)
+        seen.append((stats, acc, self.last_round["gain"], prior))
+        return acc
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(HardMoves, "select", spy)
+    try:
+        fit = _hard_fit(x, "sga-f", "merge", n_components=16, learner_options={
+            "moves": "merge", "move_every": 2, "minibatch": 200, "prune_threshold": 0.0})
+    finally:
+        mp.undo()
+    assert seen and all(st.n_rows == 2000 and st.nk.sum() == pytest.approx(2000) for st, *_ in seen)
+    accepted = [(st, acc, g, pr) for st, acc, g, pr in seen if acc.shape[0]]
+    assert accepted and fit.n_components_ < 16
+    for st, acc, gain, pr in accepted:
+        after = apply_merges(st, acc, np.zeros(acc.shape[0]))
+        assert gain > 0 and gain == pytest.approx(
+            total_elbo(after, pr, 0.0) - total_elbo(st, pr, 0.0), rel=1e-9)
 
 
 def _hard_fit(x, learner: str, moves: str, **kw):
@@ -96,10 +121,11 @@ def test_hard_learners_with_merges_recover_k(learner: str) -> None:
 
 
 def test_full_data_merge_check_of_the_study() -> None:
-    """The study's check of a minibatch fit against all rows: merges the full data's MAP bound accepts
-    at the final point, with their gain equal to hard_merge_gain's on the same statistics."""
+    """The study's check of a fit against all rows: merges the full data's exact ELBO accepts at the
+    final point, with their gain at least the best single pair's (merge_gain_bound, no entropy)."""
     from pipeline.studies.moves import full_data_merges
     from vbcore.hard_moves import nearest_pairs
+    from vbcore.moves import merge_gain_bound
 
     rng = np.random.default_rng(0)
     centres = rng.normal(scale=3.0, size=(10, 16))
@@ -111,8 +137,7 @@ def test_full_data_merge_check_of_the_study() -> None:
     k = plain.posterior_.means.shape[0]
     stats = _stats(x, np.eye(k)[pred], "fixed", plain.prior_.mean)
     pairs = nearest_pairs(plain.posterior_.means, 8)
-    gains = hard_merge_gain(stats, pairs, plain.prior_, float(plain.prior_.fixed_variance),
-                            float(plain.prior_.weight_concentration))
+    gains = merge_gain_bound(stats, pairs, plain.prior_, 0.0)
     assert got["full-data merge gain/row"] * 4000 >= gains.max() - 1e-9 * abs(gains.max())
     merged = _hard_fit(x, "sga-f", "merge")
     assert full_data_merges(merged, x, merged.predict(x))["full-data merges"] == 0

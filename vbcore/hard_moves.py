@@ -1,108 +1,32 @@
-"""Merges for the hard-assignment (MAP) learners on their bound ``ln p(x, z, mu, v)``
-(Lim & Jiang 2024, eqs. 22-29, all constants kept).
+"""Merges for the hard-assignment (MAP) learners, judged on the exact ELBO of all rows.
 
-A one-hot q(z) has no entropy term, so the change of the bound from merging two clusters is exact
-from hard statistics alone, with both configurations at their MM point: means
-``(lambda0 m0 + n_k xbar_k) / (lambda0 + n_k)``, sticks the MAP of the counts in descending order.
+A one-hot q(z) has no entropy term, so the exact ELBO of a labelling at its optimal q(theta) (for the
+fixed-variance DP mixture: ``q(mu_k) = N((lambda0 m0 + n_k xbar_k)/(lambda0 + n_k), sigma^2/(lambda0 +
+n_k) I)`` and ``q(v_k) = Beta(1 + n_k, a0 + n_{>k})``) follows from the hard statistics alone, and so
+does its change when two clusters merge (:func:`vbcore.moves.select_merges` with no entropy change).
+The statistics are those of **all** rows (one full pass): a minibatch estimate reads a cluster it
+missed as free to give up, and the MAP bound ``ln p(x, z, mu, v)`` at the point has no Occam term
+for the means (``q(mu_k)``'s KL grows like ``D/2 ln n_k``), so it keeps split classes
+(docs/algorithms.md, "Model selection in the DP point learners").
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from vbcore.moves import greedy_disjoint, merged_nk, take_components
+from vbcore.moves import select_merges
 from vbcore.priors import Prior
 from vbcore.sga_stats import STICK_EPS, log_stick_weights
 from vbcore.stats import SuffStats
 
 
-def hard_component_bound(nk: np.ndarray, mean: np.ndarray, scatter: np.ndarray, prior: Prior,
-                         sigma2: float, shift: np.ndarray) -> np.ndarray:
-    """Per cluster: ``ln p(x_k | mu_k) + ln p(mu_k)`` at the MAP mean ``mu_k`` of its hard statistics
-    (eqs. 23-24 with all constants), shape (K,)."""
-    d = mean.shape[1]
-    lam0 = prior.mean_precision
-    m0 = prior.mean - shift
-    mu = (lam0 * m0[None, :] + nk[:, None] * mean) / (lam0 + nk)[:, None]
-    sq = scatter.sum(1) + nk * ((mean - mu) ** 2).sum(1)
-    log_lik = -0.5 * nk * d * np.log(2 * np.pi * sigma2) - 0.5 * sq / sigma2
-    log_mu = -0.5 * d * np.log(2 * np.pi * sigma2 / lam0) - 0.5 * lam0 * ((mu - m0) ** 2).sum(1) / sigma2
-    return log_lik + log_mu
-
-
-def hard_stick_bound(nk: np.ndarray, a0: float) -> np.ndarray:
-    """``ln p(z | v) + ln p(v)`` (eqs. 25-26) at the MM sticks of the counts ordered by descending
-    count (the order the MM update uses); ``nk`` (K,) or one configuration per row (P, K)."""
-    rows = np.atleast_2d(np.asarray(nk, dtype=np.float64))
-    n = -np.sort(-rows, axis=1)
-    tail = n.sum(1, keepdims=True) - np.cumsum(n, axis=1)  # sum_{j>k} n_j (as mm_sticks)
-    denom = np.maximum(n + tail + a0 - 1.0, n)
-    v = np.clip(np.where(denom > 0, n / np.where(denom > 0, denom, 1.0), 0.0), 0.0, 1.0 - STICK_EPS)
-    vc = np.clip(v, STICK_EPS, 1.0 - STICK_EPS)
-    log_1mv = np.log1p(-vc)
-    before = np.concatenate((np.zeros((n.shape[0], 1)), np.cumsum(log_1mv[:, :-1], axis=1)), axis=1)
-    log_w = np.log(vc) + before
-    out = np.sum(n * log_w, axis=1) + np.sum(np.log(a0) + (a0 - 1.0) * log_1mv, axis=1)
-    return out if np.ndim(nk) == 2 else out[0]
-
-
-def stick_merge_change(nk: np.ndarray, pairs: np.ndarray, a0: float) -> np.ndarray:
-    """Change of :func:`hard_stick_bound` when each pair merges alone, shape (P,).
-
-    For ``a0 > 1`` the MM sticks telescope: ``1 - v_k = (T_{k+1} + c) / (T_k + c)`` with
-    ``T_k = sum_{j>=k} n_j`` and ``c = a0 - 1``, so ``pi_k = n_k / (N + c)`` in any order and the bound
-    is ``sum_k n_k ln n_k - N ln(N + c) + K ln a0 + c (ln c - ln(N + c))``: a merge changes it by
-    ``s ln s - n_a ln n_a - n_b ln n_b - ln a0`` (``s = n_a + n_b``), additive over disjoint pairs.
-    Otherwise (``a0 <= 1``, where sticks are clipped) the bound of every merged configuration."""
+def select_hard_merges(stats: SuffStats, pairs: np.ndarray, prior: Prior,
+                       limit: int | None = None) -> tuple[np.ndarray, float]:
+    """Disjoint merges of hard clusters (``stats``: one-hot statistics of all rows, in the learner's
+    order) whose exact ELBO change is positive, chosen greedily among the ``limit`` pairs of largest
+    change alone. Returns (pairs (M, 2), a < b, b merged into a; the exact ELBO change of the set)."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-    if a0 <= 1.0:
-        return hard_stick_bound(merged_nk(nk, pairs), a0) - hard_stick_bound(nk, a0)
-    na, nb = nk[pairs[:, 0]], nk[pairs[:, 1]]
-
-    def xlogx(v: np.ndarray) -> np.ndarray:
-        return v * np.log(np.where(v > 0, v, 1.0))
-
-    return xlogx(na + nb) - xlogx(na) - xlogx(nb) - np.log(a0)
-
-
-def _component_change(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: float) -> np.ndarray:
-    both = take_components(stats, pairs[:, 0]).merge(take_components(stats, pairs[:, 1]))
-    c = hard_component_bound(stats.nk, stats.mean, stats.scatter, prior, sigma2, stats.shift)
-    return hard_component_bound(both.nk, both.mean, both.scatter, prior, sigma2, stats.shift) - (
-        c[pairs[:, 0]] + c[pairs[:, 1]])
-
-
-def hard_merge_gain(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: float,
-                    a0: float) -> np.ndarray:
-    """Change of the MAP bound ``ln p(x, z, mu, v)`` (at the MM point) when each pair of clusters of
-    the hard statistics ``stats`` merges alone; exact (a one-hot q(z) has no entropy). Shape (P,)."""
-    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-    if pairs.shape[0] == 0:
-        return np.zeros(0)
-    return _component_change(stats, pairs, prior, sigma2) + stick_merge_change(stats.nk, pairs, a0)
-
-
-def select_hard_merges(stats: SuffStats, pairs: np.ndarray, prior: Prior, sigma2: float,
-                       a0: float, limit: int | None = None) -> tuple[np.ndarray, float]:
-    """A set of disjoint merges of hard clusters whose exact change of the MAP bound (at the MM point)
-    is positive, chosen greedily as :func:`select_merges` does among the ``limit`` best pairs.
-    Returns (pairs (M, 2), gain)."""
-    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-    if pairs.shape[0] == 0:
-        return pairs, 0.0
-    local = _component_change(stats, pairs, prior, sigma2)
-    alone = local + stick_merge_change(stats.nk, pairs, a0)
-    now = hard_stick_bound(stats.nk, a0)
-
-    def total(trial: list[int]) -> float:
-        if a0 > 1.0:  # additive over disjoint pairs (stick_merge_change)
-            return float(alone[trial].sum())
-        sel = pairs[trial]
-        nk = stats.nk.copy()
-        nk[sel[:, 0]] += nk[sel[:, 1]]
-        return float(local[trial].sum() + hard_stick_bound(np.delete(nk, sel[:, 1]), a0) - now)
-
-    return greedy_disjoint(pairs, alone, stats.nk.shape[0], total, limit)
+    return select_merges(stats, pairs, np.zeros(pairs.shape[0]), prior, 0.0, limit)
 
 
 def nearest_pairs(means: np.ndarray, neighbours: int) -> np.ndarray:

@@ -229,12 +229,14 @@ def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: boo
 
 
 def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Prior,
-                  reg_covar: float) -> tuple[np.ndarray, float]:
+                  reg_covar: float, limit: int | None = None) -> tuple[np.ndarray, float]:
     """A set of disjoint merges whose exact total ELBO change is positive, chosen greedily.
 
     Each pair's exact change alone is ``bound - h``; the set is chosen by :func:`greedy_disjoint` on
     the exact change of the whole set (additive data, prior and entropy terms over disjoint pairs; the
-    weight terms of the combined counts).
+    weight terms of the combined counts), among the ``limit`` pairs of largest change alone (all when
+    None). Hard (one-hot) assignments have ``h = 0`` and ``sum r ln r = 0``: the change is then that
+    of the exact ELBO of the labels at their optimal q(theta) (:mod:`vbcore.hard_moves`).
 
     Returns
     -------
@@ -269,7 +271,7 @@ def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Pri
             nk[sel[:, 1]] = 0.0
         return float(local[trial].sum() + weight_terms(nk, prior) - w_now)
 
-    return greedy_disjoint(pairs, alone, stats.nk.shape[0], total)
+    return greedy_disjoint(pairs, alone, stats.nk.shape[0], total, limit)
 
 
 def greedy_disjoint(pairs: np.ndarray, alone: np.ndarray, k: int, total: Callable[[list[int]], float],

@@ -48,7 +48,7 @@ from vbcore.moves import (
     total_elbo,
 )
 from vbcore.posterior import Posterior
-from vbcore.sga_stats import DPPoint, scale_stats, take_stats
+from vbcore.sga_stats import DPPoint, take_stats
 from vbcore.stats import SuffStats
 from vbcore.trunc_moves import TruncMoveRequest
 
@@ -262,16 +262,15 @@ def _rows(pairs: np.ndarray, chosen: np.ndarray) -> np.ndarray:
 
 
 class HardMoves:
-    """Merges for the hard-assignment learners (MM, SGA, SGA+M, SGA+F) on their MAP bound
-    (Lim & Jiang 2024, eqs. 22-29): a one-hot q(z) has no entropy term, so the exact change of
-    merging clusters follows from the hard statistics of the iteration's own pass (all rows for MM;
-    the minibatch scaled by N/M for the SGA learners, an estimate), and no extra pass is needed.
-    Rounds as for :class:`Moves` (every ``move_every`` iterations, and before convergence).
+    """Merges for the hard-assignment learners (MM, SGA, SGA+M, SGA+F), accepted when the exact ELBO
+    of all rows rises (:func:`vbcore.hard_moves.select_hard_merges`): the hard statistics of a full
+    pass (MM's own pass; one extra pass on a round for the SGA learners), pairs among each cluster's
+    ``move_neighbours`` nearest point means, at most ``move_pairs`` of them tried. Rounds as for
+    :class:`Moves` (every ``move_every`` iterations, and one more before the fit may converge).
 
-    On a minibatch only clusters with rows in it are merged: a cluster the minibatch missed has
-    scaled statistics of zero rows, so its data term reads as free to give up and a merge into a
-    neighbour looks like a gain the full data would not give (measured on the SUN397-shaped store:
-    every merge SGA+F accepted there had such a cluster, docs/studies.md)."""
+    Neither a minibatch nor the MAP bound judges a merge: on a minibatch a cluster with no rows in it
+    reads as free to give up, and ``ln p(x, z, mu, v)`` has no Occam term for the means, so it kept
+    classes split (docs/algorithms.md, "Model selection in the DP point learners")."""
 
     def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
         self.kinds = check_move_options(learner, opts)
@@ -282,14 +281,10 @@ class HardMoves:
     def due(self, iteration: int) -> bool:
         return bool(self.kinds) and (self.force or iteration % int(self.opts["move_every"]) == 0)
 
-    def select(self, stats: SuffStats, means: np.ndarray, prior: Any, sigma2: float, a0: float,
-               seen: np.ndarray | None = None) -> np.ndarray:
-        """Disjoint pairs of clusters to merge (pairs among each cluster's nearest point means; only
-        clusters where ``seen`` is true, when given)."""
+    def select(self, stats: SuffStats, means: np.ndarray, prior: Any) -> np.ndarray:
+        """Disjoint pairs of clusters to merge, from the hard statistics of all rows."""
         pairs = nearest_pairs(means, int(self.opts["move_neighbours"]))
-        if seen is not None:
-            pairs = pairs[seen[pairs[:, 0]] & seen[pairs[:, 1]]]
-        acc, gain = select_hard_merges(stats, pairs, prior, sigma2, a0, int(self.opts["move_pairs"]))
+        acc, gain = select_hard_merges(stats, pairs, prior, int(self.opts["move_pairs"]))
         self.pending, self.force = bool(acc.shape[0]), False
         self.last_round = {"merges": int(acc.shape[0]), "gain": gain}
         return acc
@@ -327,18 +322,18 @@ class HardMovesMixin:
         super().check_options(opts)  # type: ignore[misc]
         check_move_options(cls.name, opts)  # type: ignore[attr-defined]
 
-    def apply_moves(self, iteration: int, stats: SuffStats, scale: float = 1.0) -> SuffStats:
-        """On a round: merge clusters of the point (means count-weighted, weights summed) and of the
-        pass's hard ``stats`` (in the point's order; ``scale``: N/M for a minibatch, whose clusters
-        without rows are not merged, see :class:`HardMoves`)."""
+    def apply_moves(self, iteration: int, stats: SuffStats) -> SuffStats:
+        """On a round: merge clusters of the point (means count-weighted, weights summed, counts those
+        of all rows) when the exact ELBO of all rows rises; ``stats`` are the hard statistics of all
+        rows under the current point (MM's pass; the SGA learners spend one more full pass on a
+        round). Returns the statistics after the merges."""
         if not self.moves.due(iteration):
             return stats
         me: Any = self
-        sized, seen = (stats, None) if scale == 1.0 else (scale_stats(stats, scale), stats.nk > 0)
-        acc = self.moves.select(sized, me.point.means, me.ctx.prior, me.sigma2, me.a0, seen)
+        acc = self.moves.select(stats, me.point.means, me.ctx.prior)
         if acc.shape[0] == 0:
             return stats
-        means, sticks, counts, keep = merge_points(me.point.means, me.point.sticks, me.counts, acc)
+        means, sticks, counts, keep = merge_points(me.point.means, me.point.sticks, stats.nk, acc)
         me.point, me.counts = DPPoint(means, sticks), counts
         me._reorder(keep)
         me.post = me.posterior()

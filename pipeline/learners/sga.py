@@ -84,6 +84,8 @@ class _SGA(HardMovesMixin, DPPointLearner):
         assert self.point is not None and self.post is not None, "start() first"
         n = self.ctx.n_rows
         self._iteration = iteration
+        if self.moves.due(iteration):  # merges are judged on all rows: one more full pass
+            self.apply_moves(iteration, self.hard_pass(self.point))
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
         estimate = self.opts["elbo"] == "minibatch"
         spread = None
@@ -93,11 +95,9 @@ class _SGA(HardMovesMixin, DPPointLearner):
             bound = row_bound(self.point, self.sigma2, self.post, self.ctx.shift)
             params = map_params(self.point, self.sigma2, self.ctx.shift, self.ctx.source.dtype, bound=bound)
             raw = self.minibatch_pass(params, handles, rows)
-            first, spread = raw.to_stats(), raw.bound[1]
+            stats, spread = raw.to_stats(), raw.bound[1]
         else:  # exact bounds, or the candidate search (which does not sum the rows' shares)
-            first = self.hard_pass(self.point, handles, rows)
-        entering = self.post
-        stats = self.apply_moves(iteration, first, n / m)
+            stats = self.hard_pass(self.point, handles, rows)
         grad = gradients(stats, self.point, self.ctx.prior, self.sigma2, n, self.a0)
         new, vel = sga_step(self.point, grad, method=self.method, eta=float(self.opts["eta"]),
                             sigma2=self.sigma2, velocity=self.velocity,
@@ -110,7 +110,7 @@ class _SGA(HardMovesMixin, DPPointLearner):
             # the distribution entering this step has not seen this minibatch: its bound estimated
             # here is unbiased (the stepped one was fitted to these rows and reads optimistically)
             terms = elbo_terms(scale_stats(stats, n / m), self.post, self.ctx.prior)
-            if spread is not None and self.post is entering:  # no merge: the sums are of this distribution
+            if spread is not None:
                 self.se = minibatch_standard_error(n, m, spread)
         self._set(new, counts)
         if terms is None:

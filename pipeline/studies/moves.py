@@ -107,10 +107,10 @@ def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, 
 
 
 def full_data_merges(model: Any, data: Any, pred: np.ndarray, neighbours: int = 8) -> dict[str, float]:
-    """The merges the full data's MAP bound accepts at a hard learner's final point: the hard
+    """The merges the full data's exact ELBO accepts at a hard learner's final point: the hard
     statistics of every row under ``pred`` (one pass, float64), pairs among each cluster's
-    ``neighbours`` nearest means, :func:`vbcore.hard_moves.select_hard_merges` (the minibatch
-    learners judge their merges on a minibatch; this says what all rows say)."""
+    ``neighbours`` nearest means, :func:`vbcore.hard_moves.select_hard_merges` (the learners' own
+    rule; a fit with merges on should leave none)."""
     from vbcore.hard_moves import nearest_pairs, select_hard_merges
     from vbcore.kernels import chunk_statistics, prepare_chunk
 
@@ -130,8 +130,7 @@ def full_data_merges(model: Any, data: Any, pred: np.ndarray, neighbours: int = 
         stats = part if stats is None else stats.merge(part)
     assert stats is not None
     pairs = nearest_pairs(means, neighbours)
-    acc, gain = select_hard_merges(stats, pairs, prior, float(prior.fixed_variance),
-                                   float(prior.weight_concentration), 256)
+    acc, gain = select_hard_merges(stats, pairs, prior, 256)
     return {"full-data merges": int(acc.shape[0]), "full-data merge gain/row": gain / len(pred)}
 
 

@@ -16,7 +16,7 @@ machine); SGA+F from its own k-means++ on 10,000 rows (Lim & Jiang 2024 Algorith
 
 Per fit: K found (components holding at least one row), NMI, ACC, the final exact ELBO per row (for
 SGA+F and MM after one pass over all rows), CPU and wall seconds; for the hard learners the merges
-the full data's MAP bound still accepts at the final point (:func:`pipeline.studies.moves.
+the full data's exact ELBO still accepts at the final point (:func:`pipeline.studies.moves.
 full_data_merges`); and how the partition relates to the classes:
 the row-weighted share of a class in its largest cluster ("class kept whole") and of a cluster's
 largest class ("cluster purity"), which say whether the bound splits classes or joins them.
