@@ -124,6 +124,7 @@ def test_resume_is_bitwise(tmp_path, blobs, learner):
     whole = _fit(learner, X, max_iter=16)
     for name in ("means_", "weights_", "lower_bounds_", "counts_"):
         assert np.array_equal(getattr(resumed, name), getattr(whole, name)), name
+    assert whole.n_components_ < 20  # pruning and merges (on by default) crossed the resume
 
 
 def test_minibatches_are_drawn_per_iteration_and_split_by_chunk():
@@ -150,6 +151,41 @@ def test_local_engine_and_local_cluster_are_bitwise_identical(tmp_path, blobs, c
     dask_fit = _fit(learner, str(store), max_iter=8, engine=client)
     for name in ("means_", "weights_", "lower_bounds_", "counts_"):
         assert np.array_equal(getattr(local, name), getattr(dask_fit, name)), name
+    assert local.n_components_ < 20  # with pruning and merge rounds (on by default)
+
+
+def test_svi_merges_raise_the_exact_elbo_of_all_rows(blobs):
+    """SVI's merge round (one full pass with the pairs' entropy changes) keeps merges only when the
+    exact ELBO of all rows rises: the posterior after each accepted round has a higher exact bound
+    (a VB E-step over every row, float64) than the one before, and K falls."""
+    from pipeline.learners.svi import SVI
+    from vbcore.kernels import estep_params, prepare_chunk, vbem_kernel
+
+    X, _ = blobs
+    rounds = []
+    orig = SVI.merge_round
+
+    def spy(self):
+        before = self.vb
+        orig(self)
+        if self.moves.last_round["merges"]:
+            rounds.append((before, self.vb, self.ctx.prior))
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(SVI, "merge_round", spy)
+    try:
+        m = _fit("svi", X, max_iter=12, learner_options={"minibatch": 400, "move_every": 3})
+    finally:
+        mp.undo()
+    shift = X[0].astype(np.float64)
+    chunk = prepare_chunk(X.astype(np.float64), shift, "fixed")
+
+    def exact(post, prior):
+        return elbo_terms(vbem_kernel(chunk, estep_params(post, shift)).stats, post, prior).total
+
+    assert rounds and m.n_components_ < 20
+    for before, after, prior in rounds:
+        assert after.n_components < before.n_components and exact(after, prior) > exact(before, prior)
 
 
 def test_bad_options_and_settings_are_clear_errors(blobs):

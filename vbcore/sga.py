@@ -237,9 +237,14 @@ def reorder(point: DPPoint, order: np.ndarray) -> DPPoint:
     return DPPoint(point.means[order], sticks)
 
 
-def default_threshold(n_total: int) -> float:
-    """``1 / (2N)``: a stick worth less than half a row (see the module docstring)."""
-    return 0.5 / float(n_total)
+#: the default THR of section 4.5 as a fraction of the largest stick (measured: docs/decisions.md)
+PRUNE_RELATIVE = 0.1
+
+
+def default_threshold(sticks: np.ndarray) -> float:
+    """The default THR for the sticks ``E[v_k]``: ``PRUNE_RELATIVE`` times the largest (see the module
+    docstring). 0 for no sticks."""
+    return PRUNE_RELATIVE * float(np.max(sticks)) if np.size(sticks) else 0.0
 
 
 # ---- eqs. 22-29: the bounds --------------------------------------------------------------------------
@@ -298,6 +303,6 @@ def point_posterior(point: DPPoint, counts: np.ndarray, prior: Prior, sigma2: fl
                      degrees_of_freedom=None, covariances=np.full(k, float(sigma2)))
 
 
-__all__ = ["SGA_METHODS", "Gradients", "MapBound", "Velocity", "default_threshold", "gradients",
+__all__ = ["PRUNE_RELATIVE", "SGA_METHODS", "Gradients", "MapBound", "Velocity", "default_threshold", "gradients",
            "map_bound", "minibatch_objective", "mm_sticks", "mm_update", "point_posterior", "prune_order",
            "reorder", "sga_step"]

@@ -150,8 +150,6 @@ class DPPointLearner(Learner):
         #: the candidate search of the MAP labels (option ``candidates`` > 0), else None
         self.search = map_search(self.name, ctx, self.opts) if "candidates" in self.opts else None
         self._iteration = 0
-        thr = self.opts.get("prune_threshold")
-        self.threshold = default_threshold(ctx.n_rows) if thr is None else float(thr)
         assert ctx.prior.fixed_variance is not None
         self.sigma2 = float(ctx.prior.fixed_variance)
         self.a0 = float(ctx.prior.weight_concentration)
@@ -164,6 +162,12 @@ class DPPointLearner(Learner):
         if thr is not None and not 0 <= thr < 1:
             raise ConfigError(f"learner option 'prune_threshold' of {cls.name!r} must be in [0, 1), "
                               f"got {thr!r}")
+
+    def prune_threshold(self, sticks: np.ndarray) -> float:
+        """THR of Lim & Jiang 2024 section 4.5 for these sticks (``E[v_k]``): the option
+        ``prune_threshold`` when set, else :func:`vbcore.sga.default_threshold`."""
+        thr = self.opts.get("prune_threshold")
+        return default_threshold(sticks) if thr is None else float(thr)
 
     # -- passes
     def hard_pass(self, point: DPPoint, handles: list[Any] | None = None,
@@ -219,7 +223,7 @@ class DPPointLearner(Learner):
 
     # -- state
     def _set(self, point: DPPoint, counts: np.ndarray) -> None:
-        order = prune_order(point.sticks, self.threshold)
+        order = prune_order(point.sticks, self.prune_threshold(point.sticks))
         self.point = reorder(point, order)
         self.counts = np.asarray(counts, dtype=np.float64)[order]
         self._reorder(order)

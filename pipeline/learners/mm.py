@@ -36,7 +36,8 @@ class MM(HardMovesMixin, DPPointLearner):
         assert self.point is not None, "start() first"
         self._iteration = iteration
         stats = self.apply_moves(iteration, self.hard_pass(self.point))
-        keep = prune_order(mm_sticks(stats.nk, self.a0), self.threshold)
+        sticks = mm_sticks(stats.nk, self.a0)
+        keep = prune_order(sticks, self.prune_threshold(sticks))
         # re-order by descending count, then the MM update in that order (section 4.5): the sticks
         # are the MAP of the new order, and the stick part of the bound is largest for it
         order = keep[np.argsort(-stats.nk[keep], kind="stable")]

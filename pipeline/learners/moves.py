@@ -56,9 +56,9 @@ MOVE_KINDS = ("merge", "delete")
 #: the move options every learner with moves accepts, and their defaults
 MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
                                 "delete_share": 0.1, "delete_max": 8}
-#: the move options of the hard-assignment learners (merges only)
-HARD_MOVE_OPTIONS: dict[str, Any] = {k: MOVE_OPTIONS[k] for k in ("moves", "move_every", "move_pairs",
-                                                                 "move_neighbours")}
+#: the move options of the DP point learners and SVI (merges only, on by default: issue 26)
+HARD_MOVE_OPTIONS: dict[str, Any] = {**{k: MOVE_OPTIONS[k] for k in ("move_every", "move_pairs", "move_neighbours")},
+                                     "moves": "merge"}
 _EMPTY = np.zeros((0, 2), dtype=np.int64)
 
 

@@ -3,7 +3,9 @@
 Each iteration: the VB E-step on a minibatch drawn with ``ctx.rng(iteration)`` (next to the data),
 then the natural-gradient step of the global parameters towards the posterior of the N/M-scaled
 minibatch statistics with ``rho_t = (t + tau)^-kappa`` (:func:`vbcore.svi.svi_update`), then pruning
-of components with less than half a row of expected count and re-ordering by descending ``E[v_k]``.
+of the sticks with ``E[v_k]`` under the threshold (Lim & Jiang 2024 section 4.5,
+:meth:`pipeline.learners.dpm.DPPointLearner.prune_threshold`) and re-ordering by descending count.
+Merges (``moves=merge``) are judged on a full pass: see :meth:`SVI.merge_round`.
 The reported ELBO is the minibatch estimate (``elbo='minibatch'``) or exact (``elbo='full'``, one
 more full pass).
 """
@@ -18,11 +20,13 @@ import numpy as np
 from pipeline.learners import register
 from pipeline.learners.base import FitContext
 from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
+from pipeline.learners.moves import HARD_MOVE_OPTIONS, MOVE_OPTIONS, Moves, check_move_options
 from pipeline.learners.sga import check_minibatch_options
 from vbcore.elbo import ElboTerms, elbo_terms, minibatch_standard_error
 from vbcore.errors import ConfigError
+from vbcore.hard_moves import nearest_pairs
 from vbcore.kernels import estep_params, vbem_kernel
-from vbcore.mstep import weight_posterior
+from vbcore.mstep import m_step, weight_posterior
 from vbcore.posterior import Posterior
 from vbcore.sga_stats import scale_stats
 from vbcore.svi import minibatch_vbem_kernel, step_size, svi_update
@@ -32,18 +36,22 @@ from vbcore.svi import minibatch_vbem_kernel, step_size, svi_update
 class SVI(DPPointLearner):
     """Stochastic variational inference: natural-gradient steps from minibatches (Hoffman et al. 2013)."""
 
-    options = {"minibatch": 4000, "tau": 1.0, "kappa": 0.7, "prune_threshold": None, "elbo": "minibatch"}
+    #: merges (``moves``, as the hard learners'): a round is one full VB E-step pass that also gathers
+    #: the entropy changes of merging each cluster with its nearest neighbours; merges are kept when
+    #: the exact ELBO of all rows rises (:class:`pipeline.learners.moves.Moves`)
+    options = {"minibatch": 4000, "tau": 1.0, "kappa": 0.7, "prune_threshold": None, "elbo": "minibatch",
+               **HARD_MOVE_OPTIONS}
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
         self.vb: Posterior | None = None
         self.se: float | None = None
-        # half a row of expected count, as the point learners' 1/(2N) stick threshold
-        self.min_count = 0.5 if self.opts["prune_threshold"] is None else self.threshold * ctx.n_rows
+        self.moves = Moves(self.name, {**MOVE_OPTIONS, **self.opts})
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
         super().check_options(opts)
+        check_move_options(cls.name, opts)
         check_range(cls.name, "kappa", opts["kappa"], 0.5, 1.0, lo_open=True)
         if opts["tau"] < 0:
             raise ConfigError(f"learner option 'tau' of {cls.name!r} must be >= 0, got {opts['tau']!r}")
@@ -67,13 +75,19 @@ class SVI(DPPointLearner):
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         self.vb = post
         self.post = post
+        self.moves.load_state(state)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {}
+        return self.moves.state()
+
+    def converged(self, history: list[float], tol: float) -> bool:
+        return self.moves.converged(super().converged(history, tol))
 
     def _prune(self, post: Posterior) -> Posterior:
-        a, _ = post.weight_concentration
-        keep = np.flatnonzero(a - 1.0 >= self.min_count)
+        """Drop the sticks with ``E[v_k] = a_k / (a_k + b_k)`` under the threshold (section 4.5) and
+        re-order the rest by descending expected count."""
+        a, b = post.weight_concentration
+        keep = np.flatnonzero(a / (a + b) >= self.prune_threshold(a / (a + b)))
         if keep.size == 0:
             keep = np.array([int(np.argmax(a))])
         order = keep[np.argsort(-a[keep], kind="stable")]  # by descending expected count
@@ -99,8 +113,21 @@ class SVI(DPPointLearner):
         full = self.ctx.engine.map_reduce(vbem_kernel, self.ctx.handles, params)
         return elbo_terms(full.stats, self.vb, self.ctx.prior)
 
+    def merge_round(self) -> None:
+        """One full VB E-step pass with the entropy changes of merging each cluster with its
+        ``move_neighbours`` nearest means; accepted merges (the exact ELBO of all rows rises) give
+        the full-data posterior of the merged statistics."""
+        assert self.vb is not None
+        self.moves.pairs = nearest_pairs(self.vb.means, int(self.opts["move_neighbours"]))
+        chosen = self.moves.run(self.ctx, self.vb)
+        if self.moves.last_round["merges"]:
+            self.vb = self._prune(m_step(chosen, self.ctx.prior, self.ctx.reg_covar))
+            self.post = self.vb
+
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.vb is not None, "start() first"
+        if self.moves.due(iteration):
+            self.merge_round()
         n = self.ctx.n_rows
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
         params = estep_params(self.vb, self.ctx.shift)
