@@ -113,8 +113,10 @@ def test_hard_learners_with_merges_recover_k(learner: str) -> None:
     centres = rng.normal(scale=3.0, size=(10, 16))
     lab = rng.integers(0, 10, size=4000)
     x = centres[lab] + rng.normal(size=(4000, 16))
-    merged = _hard_fit(x, learner, "merge")
-    plain = _hard_fit(x, learner, "none")
+    mb = {"minibatch": 1000} if learner.startswith("sga") else {}
+    # no threshold (THR = 0): the merges alone find K
+    merged = _hard_fit(x, learner, "merge", learner_options={"moves": "merge", "prune_threshold": 0.0, **mb})
+    plain = _hard_fit(x, learner, "none", learner_options={"moves": "none", "prune_threshold": 0.0, **mb})
     assert merged.n_components_ == 10 < plain.n_components_
     assert normalized_mutual_info_score(lab, merged.predict(x)) > 0.99
     assert merged.lower_bound_ > plain.lower_bound_

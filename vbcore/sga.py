@@ -25,8 +25,11 @@ Choices where Lim & Jiang 2024 is ambiguous (docs/algorithms.md, "SGA learners",
 * SGA+F divides by the empirical Fisher (eq. 11) floored at the curvature of eqs. 20-21, which keeps
   the step at most ``eta`` times the Newton step where a dimension has no spread in the minibatch;
 * a stick step that would leave (0, 1) goes half-way to the boundary instead;
-* a cluster is pruned when ``N E[v_k] < 1/2`` (its stick is worth less than half a row); for MM this
-  removes exactly the clusters with no rows (their MAP stick is 0).
+* a cluster is pruned when ``E[v_k] < THR`` (section 4.5), THR by default a tenth of the largest
+  stick at the start (``PRUNE_RELATIVE``, fixed for the fit by the learner): with ``a0 = N`` a stick
+  is about its cluster's share of the rows (between half of it and all of it), so no fixed THR suits
+  10 and 400 classes alike (measured, docs/decisions.md); with any THR > 0 MM drops the clusters
+  left without rows (MAP stick 0).
 """
 
 from __future__ import annotations
@@ -303,6 +306,6 @@ def point_posterior(point: DPPoint, counts: np.ndarray, prior: Prior, sigma2: fl
                      degrees_of_freedom=None, covariances=np.full(k, float(sigma2)))
 
 
-__all__ = ["PRUNE_RELATIVE", "SGA_METHODS", "Gradients", "MapBound", "Velocity", "default_threshold", "gradients",
-           "map_bound", "minibatch_objective", "mm_sticks", "mm_update", "point_posterior", "prune_order",
-           "reorder", "sga_step"]
+__all__ = ["PRUNE_RELATIVE", "SGA_METHODS", "Gradients", "MapBound", "Velocity", "default_threshold",
+           "gradients", "map_bound", "minibatch_objective", "mm_sticks", "mm_update", "point_posterior",
+           "prune_order", "reorder", "sga_step"]

@@ -155,6 +155,8 @@ class DPPointLearner(Learner):
         self.a0 = float(ctx.prior.weight_concentration)
         self.point: DPPoint | None = None
         self.counts = np.zeros(0)
+        #: the default THR, fixed at the first pruning (the initial sticks): see prune_threshold
+        self.thr: float | None = None
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
@@ -164,10 +166,24 @@ class DPPointLearner(Learner):
                               f"got {thr!r}")
 
     def prune_threshold(self, sticks: np.ndarray) -> float:
-        """THR of Lim & Jiang 2024 section 4.5 for these sticks (``E[v_k]``): the option
-        ``prune_threshold`` when set, else :func:`vbcore.sga.default_threshold`."""
+        """THR of Lim & Jiang 2024 section 4.5: the option ``prune_threshold`` when set, else
+        :func:`vbcore.sga.default_threshold` of the sticks ``E[v_k]`` of the first pruning (the start),
+        kept for the whole fit (checkpointed): a THR that followed the largest stick as clusters go
+        would prune again after every pruning (SGA+M's momentum inflated the largest stick and took
+        Fashion-MNIST from 36 clusters to 2, docs/decisions.md)."""
         thr = self.opts.get("prune_threshold")
-        return default_threshold(sticks) if thr is None else float(thr)
+        if thr is not None:
+            return float(thr)
+        if self.thr is None:
+            self.thr = default_threshold(sticks)
+        return self.thr
+
+    def threshold_state(self) -> dict[str, np.ndarray]:
+        return {} if self.thr is None else {"prune_threshold": np.array([self.thr])}
+
+    def load_threshold(self, state: Mapping[str, np.ndarray]) -> None:
+        if "prune_threshold" in state:
+            self.thr = float(np.asarray(state["prune_threshold"])[0])
 
     # -- passes
     def hard_pass(self, point: DPPoint, handles: list[Any] | None = None,
@@ -255,12 +271,13 @@ class DPPointLearner(Learner):
 
     def state(self) -> dict[str, np.ndarray]:
         assert self.point is not None
-        out = {"sticks": self.point.sticks, "counts": self.counts}
+        out = {"sticks": self.point.sticks, "counts": self.counts, **self.threshold_state()}
         return out if self.search is None else {**out, **self.search.state()}
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         self.point = DPPoint(post.means.copy(), np.asarray(state["sticks"], dtype=np.float64))
         self.counts = np.asarray(state["counts"], dtype=np.float64)
+        self.load_threshold(state)
         self.post = self.posterior()
         if self.search is not None:
             self.search.load_state(post, state)

@@ -56,15 +56,20 @@ MOVE_KINDS = ("merge", "delete")
 #: the move options every learner with moves accepts, and their defaults
 MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
                                 "delete_share": 0.1, "delete_max": 8}
-#: the move options of the DP point learners and SVI (merges only, on by default: issue 26)
-HARD_MOVE_OPTIONS: dict[str, Any] = {**{k: MOVE_OPTIONS[k] for k in ("move_every", "move_pairs", "move_neighbours")},
-                                     "moves": "merge"}
+#: the move options of the DP point learners and SVI (merges only; 'auto': on unless the candidate MAP
+#: search is, issue 26)
+HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", **{k: MOVE_OPTIONS[k] for k in (
+    "move_every", "move_pairs", "move_neighbours")}}
 _EMPTY = np.zeros((0, 2), dtype=np.int64)
 
 
-def parse_moves(learner: str, value: str) -> frozenset[str]:
-    """``'none'`` or a comma-separated subset of :data:`MOVE_KINDS`."""
+def parse_moves(learner: str, value: str, candidates: int = 0) -> frozenset[str]:
+    """``'none'``, a comma-separated subset of :data:`MOVE_KINDS`, or ``'auto'`` (the DP point
+    learners' and SVI's default): merges, unless the candidate MAP search is on (``candidates`` > 0),
+    which cannot be combined with moves yet."""
     text = str(value).strip().lower()
+    if text == "auto":
+        return frozenset() if candidates > 0 else frozenset({"merge"})
     if text in ("none", ""):
         return frozenset()
     kinds = frozenset(p.strip() for p in text.split(","))
@@ -75,7 +80,7 @@ def parse_moves(learner: str, value: str) -> frozenset[str]:
 
 
 def check_move_options(learner: str, opts: Mapping[str, Any]) -> frozenset[str]:
-    kinds = parse_moves(learner, opts["moves"])
+    kinds = parse_moves(learner, opts["moves"], int(opts.get("candidates", 0)))
     for key in ("move_every", "move_pairs", "move_neighbours", "delete_max"):
         if key in opts and opts[key] < 1:
             raise ConfigError(f"learner option {key!r} of {learner!r} must be an integer >= 1, "

@@ -76,9 +76,10 @@ class SVI(DPPointLearner):
         self.vb = post
         self.post = post
         self.moves.load_state(state)
+        self.load_threshold(state)
 
     def state(self) -> dict[str, np.ndarray]:
-        return self.moves.state()
+        return {**self.moves.state(), **self.threshold_state()}
 
     def converged(self, history: list[float], tol: float) -> bool:
         return self.moves.converged(super().converged(history, tol))

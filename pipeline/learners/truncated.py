@@ -244,7 +244,7 @@ def check_map_search_options(name: str, opts: Mapping[str, Any]) -> None:
     if opts["first_search"] not in FIRST_SEARCH:
         raise ConfigError(f"learner option 'first_search' of {name!r} must be one of {FIRST_SEARCH}, "
                           f"got {opts['first_search']!r}")
-    if int(opts["candidates"]) > 0 and opts.get("moves", "none") != "none":
+    if int(opts["candidates"]) > 0 and opts.get("moves", "none") not in ("none", "auto"):
         raise ConfigError(f"learner options 'candidates' and 'moves' of {name!r} cannot be combined "
                           "yet; use candidates=0 or moves=none")
 
