@@ -114,9 +114,10 @@ def test_hard_learners_with_merges_recover_k(learner: str) -> None:
     lab = rng.integers(0, 10, size=4000)
     x = centres[lab] + rng.normal(size=(4000, 16))
     mb = {"minibatch": 1000} if learner.startswith("sga") else {}
-    # no threshold (THR = 0): the merges alone find K
-    merged = _hard_fit(x, learner, "merge", learner_options={"moves": "merge", "prune_threshold": 0.0, **mb})
-    plain = _hard_fit(x, learner, "none", learner_options={"moves": "none", "prune_threshold": 0.0, **mb})
+    # THR of half a row (the threshold before issue 26: empty clusters only): the merges find K
+    thr = {"prune_threshold": 0.5 / len(x), **mb}
+    merged = _hard_fit(x, learner, "merge", learner_options={"moves": "merge", **thr})
+    plain = _hard_fit(x, learner, "none", learner_options={"moves": "none", **thr})
     assert merged.n_components_ == 10 < plain.n_components_
     assert normalized_mutual_info_score(lab, merged.predict(x)) > 0.99
     assert merged.lower_bound_ > plain.lower_bound_
