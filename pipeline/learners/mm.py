@@ -48,4 +48,6 @@ class MM(HardMovesMixin, DPPointLearner):
         #: ln p(x, z, mu, v) at the point (Lim & Jiang 2024 eqs. 23-26), for monitoring
         self.map_bound = map_bound(kept, self.point, self.ctx.prior, self.sigma2, self.a0).total
         self.post = self.posterior()
+        if kept.nk.sum() < stats.nk.sum():  # the threshold dropped clusters holding rows: the pass's
+            return self.post, self.exact_terms()  # labels are not all rows' any more, one more pass
         return self.post, elbo_terms(kept, self.post, self.ctx.prior)
