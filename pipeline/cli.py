@@ -288,6 +288,14 @@ def learners() -> None:
     console.print(table)
 
 
+@app.command("defaults")
+def show_defaults() -> None:
+    """List every fit setting's default on the command line and in VBMixture, side by side."""
+    from pipeline.cli_format import defaults_table
+
+    console.print(defaults_table())
+
+
 @app.command()
 def resume(
     run_dir: str = typer.Argument(..., help="A run directory of `vbcluster fit`."),

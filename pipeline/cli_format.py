@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 from typer.core import TyperArgument, TyperOption
 
-__all__ = ["install_help_formatting", "fit_table"]
+__all__ = ["install_help_formatting", "fit_table", "defaults_table"]
 
 
 def _readable_type(self: Any, ctx: Any) -> str | None:
@@ -72,4 +72,33 @@ def fit_table(spec: Any, result: dict[str, Any]) -> Table:
         width = max(len(value), *(len(w) for w in header.split()))
         table.add_column(header, justify="right", min_width=width, no_wrap=False)
     table.add_row(*cells.values())
+    return table
+
+
+#: why the command line's default differs from VBMixture's (VBMixture keeps scikit-learn's)
+WHY = {
+    "components": "a store of unknown structure needs room for clusters; the DP prior empties the unused",
+    "covariance": "'full' holds K x D x D (D = 4,096: 134 MB per cluster in float64); 'diag' scales",
+    "max_iter": "the tighter tol needs more iterations; checkpoints make a long fit resumable",
+    "tol": "a tighter stop for the run that is published (both: ELBO change per row)",
+    "seed": "a run directory must resume bit for bit, so the command line always records a seed",
+}
+
+
+def defaults_table() -> Table:
+    """Every fit setting's default on the command line and in ``VBMixture``, side by side, and why
+    each that differs does (``vbcluster defaults``; docs/operations.md has the same table)."""
+    from pipeline.spec import defaults
+
+    cli, est = defaults("pipeline"), defaults("estimator")
+    cli["covariance"], est["covariance"] = "diag", "full"  # resolved by the learner when None
+    table = Table(title="fit defaults: command line and VBMixture (scikit-learn's)", title_justify="left")
+    for col in ("setting", "command line", "VBMixture", "why they differ"):
+        table.add_column(col, overflow="fold")
+    for name in cli:
+        if name in ("store", "learner_options"):
+            continue
+        same = cli[name] == est[name]
+        table.add_row(name, repr(cli[name]), "same" if same else repr(est[name]),
+                      "" if same else WHY.get(name, ""))
     return table

@@ -77,3 +77,18 @@ def test_the_onnx_output_named_everywhere_is_the_one_the_export_makes():
         assert names == {"/classifier/classifier.4/Relu_output_0"}, (where, names)
     head = (root / "cluster_config/local.yaml").read_text().splitlines()[:3]
     assert "the default" not in head[0] and "Not the default" in head[1]
+
+
+def test_defaults_lists_both_faces_and_why_they_differ():
+    """`vbcluster defaults`: the command line's and VBMixture's defaults side by side (issue 29)."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    res = CliRunner().invoke(app, ["defaults"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:5]]
+            for line in res.output.splitlines() if line.count("│") >= 5 and line.split("│")[1].strip()}
+    assert rows["components"][:2] == ["50", "1"] and rows["covariance"][:2] == ["'diag'", "'full'"]
+    assert rows["tol"][:2] == ["0.0001", "0.001"] and rows["max_iter"][:2] == ["200", "100"]
+    assert rows["n_init"][1] == "same" and all(r[2] for r in rows.values() if r[1] != "same")
