@@ -4,8 +4,10 @@ Each run of ``refresh_flow`` compares the store with the last published version 
 
 - unchanged (same fingerprint): nothing to do, nothing published;
 - grown (more rows, same features): **warm start**, i.e. the fit starts from the last published
-  posterior and runs over all rows, old and new; the prior stays the data-dependent default of the
-  (grown) store, not the old posterior (docs/operations.md, "Warm start", says why);
+  posterior and the last published run's memoized statistics of the unchanged chunks (VB EM keeps
+  them, learner option ``memo``: :func:`refresh_options`), visiting the new chunks first; the prior
+  stays the data-dependent default of the (grown) store, not the old posterior
+  (docs/operations.md, "Warm start", says why);
 - otherwise (first run, rows replaced, other settings): a cold start.
 
 The fit runs as the ``cluster_flow`` subflow (checkpoints, assignments, report) in a version
@@ -33,6 +35,8 @@ from flows.cluster import cluster_flow
 from vbcore.errors import ConfigError
 
 DEPLOYMENT = "vbcluster-refresh"
+#: the share of chunks a refresh's memoized VB EM iteration visits (learner option ``memo``)
+REFRESH_MEMO = 0.1
 
 
 @task(name="plan-refresh", retries=2, retry_delay_seconds=1, cache_policy=NONE)
@@ -121,7 +125,8 @@ def refresh_flow(
     warm = p["previous"] if p["action"] == "warm" else None
     spec = make_spec(store, learner=learner, components=components, covariance=covariance,
                      weights=weights, max_iter=max_iter, tol=tol, seed=seed, cluster=cluster,
-                     learner_options=learner_options or None, pca=pca, whiten=whiten or None)
+                     learner_options=refresh_options(learner, learner_options), pca=pca,
+                     whiten=whiten or None)
     if warm is not None and (problem := warm_start_problem(warm, spec)):
         logger.info("cold start instead of a warm start from %s: %s", warm, problem)
         warm = None
@@ -143,6 +148,17 @@ def refresh_flow(
     return {"action": p["action"], "reason": p["reason"], "version": str(run_dir),
             "n_iter": result["n_iter"], "elbo": result["elbo"], "n_effective": result["n_effective"],
             "warm_start_from": result.get("warm_start_from")}
+
+
+def refresh_options(learner: str | None, options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The learner options of a refresh: VB EM keeps memoized statistics (``memo`` =
+    :data:`REFRESH_MEMO` unless given), so that after an append the next refresh adopts those of the
+    unchanged chunks and visits the new ones first (:mod:`pipeline.learners.memo`)."""
+    opts = dict(options or {})
+    if (learner or "vbem") == "vbem" and "memo" not in opts and int(opts.get("candidates", -1)) <= 0 \
+            and opts.get("moves", "none") == "none":
+        opts["memo"] = REFRESH_MEMO
+    return opts or None
 
 
 def check_schedule(cron: str | None, interval: float | None) -> dict[str, Any]:

@@ -155,6 +155,7 @@ def ingest(
     labels: str | None = typer.Option(None, help="Labels: a file, key, dataset, column or 'folders'."),
     ids: str | None = typer.Option(None, help="Row ids: a file, key, dataset or column."),
     append: bool = typer.Option(False, "--append", help="Append to an existing store (atomically)."),
+    weights: str | None = typer.Option(None, "--weights", help="Row weights: a .npy file, one per row."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store once the new "
                                    "one is complete."),
     drop_nonfinite: bool = typer.Option(False, "--drop-nonfinite", help="Drop rows with NaN/inf "
@@ -190,7 +191,7 @@ def ingest(
             report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
                                 overwrite=overwrite, drop_nonfinite=drop_nonfinite,
                                 allow_duplicate=allow_duplicate, progress=lambda n: bar.advance(t, n),
-                                **opts)
+                                weights=weights, **opts)
     except (VBClusterError, OSError) as exc:
         fail(exc)
         return
@@ -250,11 +251,11 @@ def fit(
     keep: int | None = typer.Option(None, help=spec_help("keep")),
     restart: bool = typer.Option(False, "--restart", help="Start over in a run directory that holds "
                                  "another run (its checkpoints and results are removed)."),
+    warm_from: str | None = typer.Option(None, "--warm-from", help="A finished run to start from."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ) -> None:
-    """Fit a VB mixture to a store; write DIR/result.json and DIR/posterior.npz, with checkpoints in
-    DIR/checkpoints (a killed fit continues with `vbcluster resume DIR`). Every setting is checked
-    before anything is read or written; a directory holding another run is refused unless --restart."""
+    """Fit a VB mixture to a store: DIR/result.json, DIR/posterior.npz, checkpoints in DIR/checkpoints
+    (`vbcluster resume DIR` continues a killed fit). Settings are checked before anything is written."""
     from pipeline.fitting import make_spec
     from vbcore.errors import VBClusterError
 
@@ -270,7 +271,7 @@ def fit(
     except VBClusterError as exc:
         fail(exc)
         return
-    _run(run_dir, spec, quiet, restart=restart)
+    _run(run_dir, spec, quiet, restart=restart, warm_from=warm_from)
 
 
 @app.command()
@@ -318,7 +319,8 @@ def resume(
     _run(run_dir, spec, quiet, resume=True)
 
 
-def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bool = False) -> None:
+def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bool = False,
+         warm_from: str | None = None) -> None:
     from pathlib import Path
 
     from pipeline.checkpoint import Checkpointer, CheckpointError, RunLockedError
@@ -328,7 +330,7 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
     from vbcore.errors import FitInterrupted, VBClusterError
 
     try:
-        state = check_fit(run_dir, spec, restart=restart)  # nothing is written before this passes
+        state = check_fit(run_dir, spec, warm_from, restart=restart)  # nothing is written before this
         if state == "continue" and not resume:
             console.print(f"{run_dir} holds this run: continuing it (--restart starts over)", soft_wrap=True)
         if resume and not Checkpointer(Path(run_dir) / "checkpoints").list():
@@ -338,7 +340,8 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
             with stop_on_signals(), FitProgress(spec.max_iter, f"{spec.learner} {Path(run_dir).name}",
                                                 quiet=quiet, log_path=Path(run_dir) / "iterations.jsonl",
                                                 console=console) as progress:
-                result = fit_run(run_dir, spec, engine=engine, callback=progress, restart=restart)
+                result = fit_run(run_dir, spec, engine=engine, callback=progress, restart=restart,
+                                 warm_from=warm_from)
         finally:
             engine.close()
     except FitInterrupted as exc:

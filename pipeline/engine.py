@@ -43,6 +43,7 @@ import numpy as np
 
 from pipeline.blas import default_threads, one_blas_thread, pin_one_blas_thread
 from pipeline.dask_sizes import register_sizes
+from pipeline.sources import chunk_weights, load_prepared, prep_weighted
 from vbcore.errors import ConfigError
 
 __all__ = ["DaskEngine", "LocalEngine", "default_threads", "make_engine", "one_blas_thread",
@@ -136,7 +137,7 @@ class Lazy:
     args: tuple[Any, ...]
 
     def get(self) -> Any:
-        return self.prep(self.source.load(self.index), *self.args)
+        return load_prepared(self.source, self.index, self.prep, *self.args)
 
 
 def _materialise(handle: Any) -> Any:
@@ -144,8 +145,8 @@ def _materialise(handle: Any) -> Any:
         return handle.get()
     if isinstance(handle, tuple) and handle and handle[0] == "prep-rows":
         # ("prep-rows", rows, prep, args): the rows are a task's result; Dask resolved the future
-        _, rows, prep, args = handle
-        return prep(rows, *args)
+        _, rows, prep, args, *w = handle
+        return prep_weighted(prep, rows, w[0] if w else None, *args)
     return handle
 
 
@@ -180,10 +181,6 @@ def _prep_pinned(prep: Callable[..., Any], rows: Any, *args: Any) -> Any:
 
 def _identity(value: Any) -> Any:
     return value
-
-
-def _load_prep(source: Any, i: int, prep: Callable[..., Any], *args: Any) -> Any:
-    return prep(source.load(i), *args)
 
 
 def prepared_nbytes(source: Any, expansion: float) -> float:
@@ -239,9 +236,9 @@ class LocalEngine:
         workers = max(1, min(n, os.cpu_count() or 1, 4))
         with one_blas_thread():
             if workers == 1:
-                return [_load_prep(source, i, prep, *args) for i in range(n)]
+                return [load_prepared(source, i, prep, *args) for i in range(n)]
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vbcluster-load") as pool:
-                return list(pool.map(lambda i: _load_prep(source, i, prep, *args), range(n)))
+                return list(pool.map(lambda i: load_prepared(source, i, prep, *args), range(n)))
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
             per_chunk: Sequence[Any] | None = None) -> list[Any]:
@@ -271,6 +268,10 @@ class LocalEngine:
         pairs = self.map(kernel, handles, *args, per_chunk=states)
         res = [p[1] for p in pairs]
         return [p[0] for p in pairs], tree_reduce(res, _merge_owned) if combine is None else combine(res)
+
+    def reduce_states(self, states: Sequence[Any]) -> Any:
+        """Kept results (memoized statistics) reduced over the fixed tree: :meth:`map_reduce`'s bits."""
+        return tree_reduce(list(states), _merge)  # never merge_owned: the states stay kept
 
     def fetch_states(self, states: Sequence[Any], convert: Callable[[Any], Any] | None = None) -> list[Any]:
         """The per-chunk states (``convert`` applied to each, where it lives), in chunk order."""
@@ -331,7 +332,7 @@ class DaskEngine:
         * dask array: its blocks are computed on the cluster from the array's own graph.
         """
         from pipeline.codecheck import check_cluster_code
-        from pipeline.sources import ArraySource, DaskArraySource
+        from pipeline.sources import ArraySource, DaskArraySource, StoreSource
 
         if not self.code_checked:
             check_cluster_code(self.client)
@@ -347,19 +348,21 @@ class DaskEngine:
         )
         c = self.client
         place = self._placement(n)
+        ws = [None if isinstance(source, StoreSource) else chunk_weights(source, i) for i in range(n)]
         if isinstance(source, ArraySource):
             raw = self._tasks([source.load(i) for i in range(n)], place)
             if not keep:
-                return [("prep-rows", f, prep, args) for f in raw]
-            return self._each(prep, [(f, *args) for f in raw], place)
+                return [("prep-rows", f, prep, args, w) for f, w in zip(raw, ws, strict=True)]
+            return self._each(prep_weighted, [(prep, f, w, *args) for f, w in zip(raw, ws, strict=True)],
+                              place)
         if not keep:  # every task carries the source and loads its chunk itself
             return [Lazy(source, i, prep, args) for i in range(n)]
         if isinstance(source, DaskArraySource):
             raw = c.compute(source.block_tasks())
-            return self._each(prep, [(f, *args) for f in raw], place)
-        # A store source is a path and a few numbers: every task carries its own copy, so a chunk
-        # lost with a dead worker is recomputed from its lineage.
-        return self._each(_load_prep, [(source, i, prep, *args) for i in range(n)], place)
+            return self._each(prep_weighted, [(prep, f, w, *args) for f, w in zip(raw, ws, strict=True)],
+                              place)
+        # a store source is a path and a few numbers: each task carries a copy (lineage of a lost chunk)
+        return self._each(load_prepared, [(source, i, prep, *args) for i in range(n)], place)
 
     def _placement(self, n: int) -> list[list[str] | None]:
         """Where chunk ``i`` should live: contiguous ranges of chunks per worker (in address order),
@@ -427,6 +430,10 @@ class DaskEngine:
             return new_states, combine(self.client.gather(results))
         root = tree_reduce(results, lambda a, b: self.client.submit(_merge, a, b, pure=False))
         return new_states, root.result()
+
+    def reduce_states(self, states: Sequence[Any]) -> Any:
+        """As :meth:`LocalEngine.reduce_states`; the merges run on the workers holding the states."""
+        return tree_reduce(list(states), lambda a, b: self.client.submit(_merge, a, b, pure=False)).result()
 
     def fetch_states(self, states: Sequence[Any], convert: Callable[[Any], Any] | None = None) -> list[Any]:
         """Gather per-chunk states to the driver (for a checkpoint); ``convert`` (for example device

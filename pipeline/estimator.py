@@ -36,7 +36,7 @@ from vbcore.posterior import Posterior
 from vbcore.predictive import posterior_predictive_logpdf
 from vbcore.priors import Prior
 from vbcore.projection import Projection
-from vbcore.validation import check_array_2d
+from vbcore.validation import check_array_2d, check_weights
 
 __all__ = ["VBMixture", "check_array_2d", "posterior_predictive_logpdf"]
 
@@ -185,7 +185,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         return FitSpec.from_estimator(self.get_params(), store).resolved("estimator")
 
     # ---- fitting ------------------------------------------------------------------------------
-    def fit(self, X: Any, y: Any = None, resp_init: Any = None, *,
+    def fit(self, X: Any, y: Any = None, resp_init: Any = None, *, sample_weight: Any = None,
             callback: Callable[[dict[str, Any]], None] | None = None) -> VBMixture:
         """Fit with the chosen learner (``n_init`` restarts; the best ELBO is kept).
 
@@ -196,26 +196,52 @@ class VBMixture(DensityMixin, BaseEstimator):
         resp_init : array of shape (n_samples, n_components), optional
             Initial responsibilities: the fit starts with one M-step from them, then runs up to
             ``max_iter`` iterations (so runs can be compared with another implementation).
+        sample_weight : array-like of shape (n_samples,), optional
+            Row weights, finite and >= 0: every statistic, the bound and every learner count row n
+            ``w_n`` times (an integer weight gives the posterior of the row repeated, 0 that of the
+            row dropped). ``tol`` and the bound per row are per unit of weight. A feature store
+            carries its own (``vbcluster ingest --weights``).
         callback : callable, optional
             Called after every iteration with a dict: ``iteration``, ``elbo``, ``n_effective``
             (clusters alive), ``n_components`` (components kept), ``seconds`` (of that iteration),
             ``passes`` (engine passes so far) and ``learner``.
         """
-        self._fit(X, resp_init, callback)
+        self._fit(X, resp_init, callback, sample_weight)
         return self
 
-    def fit_predict(self, X: Any, y: Any = None, resp_init: Any = None) -> np.ndarray:
-        self._fit(X, resp_init, None)
+    def partial_fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> VBMixture:
+        """Fold one batch of rows into memoized statistics and update the posterior (VB EM; earlier
+        batches are not read again). ``n_iter_``, ``converged_`` and ``lower_bounds_`` describe this
+        call; ``lower_bound_`` is the exact bound over every row seen so far (pipeline/partial.py)."""
+        from pipeline.partial import partial_fit
+
+        state = getattr(self, "partial_state_", None)
+        fitted = hasattr(self, "posterior_")
+        if fitted:
+            self._check_X(X)  # the fitted number of features, feature names
+        else:
+            self._check_names(X, reset=True)
+        out, self.partial_state_ = partial_fit(
+            self.spec(), X, sample_weight, self.engine, state, self.posterior_ if fitted else None,
+            self.prior_ if fitted else None, self.random_state)
+        self.set_fitted(out.post, self.partial_state_.prior, out.terms, out.history, out.converged,
+                        out.n_iter)
+        return self
+
+    def fit_predict(self, X: Any, y: Any = None, resp_init: Any = None, *,
+                    sample_weight: Any = None) -> np.ndarray:
+        self._fit(X, resp_init, None, sample_weight)
         return self.predict(X)
 
-    def _fit(self, X: Any, resp_init: Any, callback: Callable[[dict[str, Any]], None] | None) -> None:
+    def _fit(self, X: Any, resp_init: Any, callback: Callable[[dict[str, Any]], None] | None,
+             sample_weight: Any = None) -> None:
         spec = self.spec()
         warm = self.warm_start and hasattr(self, "posterior_")
         if resp_init is not None and warm:
             raise ConfigError("pass either resp_init or warm_start=True with a fitted model, not both")
         if not is_store_path(X):
             self._check_names(X, reset=not warm)
-        source = open_source(X, int(spec.chunk_rows))
+        source = open_source(X, int(spec.chunk_rows), sample_weight)
         if warm:
             self._check_warm_start(spec, source.n_features)
         lock = RunLock(self.checkpoint_dir).acquire() if self.checkpoint_dir is not None else None
@@ -239,6 +265,10 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.wall_seconds_ = best.wall_seconds  # summed over the attempts a resume continued
         self.resumed_from_ = best.resumed_from
         self.skipped_checkpoints_ = best.skipped
+        #: what a warm-started fit adopts (memoized statistics, learner option ``memo``), and the
+        #: chunks this fit adopted from its own warm start
+        self.warm_state_ = best.kept or None
+        self.adopted_chunks_ = best.adopted
         if not best.converged and int(spec.max_iter) > 0:
             warnings.warn(
                 "Best performing initialization did not converge. Try different init parameters, "
@@ -263,6 +293,7 @@ class VBMixture(DensityMixin, BaseEstimator):
                           projection=projection,  # the restarts share one projection pass
                           previous_bound=getattr(self, "lower_bound_", None) if warm else None,
                           resp_init=resp_init,
+                          warm_state=getattr(self, "warm_state_", None) if warm else None,
                           callback=callback, log=log, log_every=int(self.verbose_interval))
             if self.verbose:
                 state = "converged" if out.converged else "did not converge"
@@ -391,8 +422,15 @@ class VBMixture(DensityMixin, BaseEstimator):
             X = self.projection_.apply(X)
         return posterior_predictive_logpdf(X, self.posterior_, self.prior_)
 
-    def score(self, X: Any, y: Any = None) -> float:
-        return float(np.mean(self.score_samples(X)))
+    def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
+        """Mean log density of the posterior predictive per row (weighted by ``sample_weight``)."""
+        ll = self.score_samples(X)
+        if sample_weight is None:
+            return float(np.mean(ll))
+        w = check_weights(sample_weight, ll.shape[0])
+        if not w.sum() > 0:
+            raise InputError("sample_weight: the weights sum to 0; nothing to score")
+        return float(np.sum(w * ll) / w.sum())
 
     def sample(self, n_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Draw rows from the fitted mixture (weights ``weights_``, Gaussians with ``means_`` and

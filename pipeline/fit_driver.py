@@ -57,6 +57,10 @@ class FitOutcome:
     options: dict[str, Any] = field(default_factory=dict)
     #: the projection the rows went through (``pca``), or None
     projection: Projection | None = None
+    #: what a later warm start may adopt (:meth:`Learner.keep_state`: memoized statistics), and the
+    #: number of chunks this fit adopted from its warm start
+    kept: dict[str, np.ndarray] = field(default_factory=dict)
+    adopted: int = 0
 
 
 class StopRequest:
@@ -143,6 +147,9 @@ def source_fingerprint(source: Any) -> str:
     h = hashlib.sha256(f"{source.n_rows}x{source.n_features}:{np.dtype(source.dtype)}".encode())
     for i in range(len(source.chunk_slices())):
         h.update(np.ascontiguousarray(source.load(i)).tobytes())
+        w = source.load_weights(i) if hasattr(source, "load_weights") else None
+        if w is not None:  # weighted rows: the weights are part of the data
+            h.update(b"weights" + np.ascontiguousarray(w).tobytes())
     return h.hexdigest()
 
 
@@ -205,6 +212,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
             checkpoint_dir: str | None = None, warm: Posterior | None = None,
             projection: Projection | None = None,
             previous_bound: float | None = None, resp_init: Any = None,
+            warm_state: dict[str, np.ndarray] | None = None,
             callback: Callable[[dict[str, Any]], None] | None = None,
             log: Callable[[str], None] | None = None, log_every: int = 1) -> FitOutcome:
     """One fit of ``source`` with the resolved ``spec`` on ``engine`` (see the module docstring).
@@ -212,7 +220,8 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     ``warm`` starts from a posterior (warm start), ``projection`` is that posterior's (the rows are
     projected with it instead of a new one); ``previous_bound`` is the final ELBO of the previous
     warm-started call, so convergence is judged across calls as scikit-learn does. A checkpoint's
-    projection is taken from the checkpoint."""
+    projection is taken from the checkpoint; ``warm_state`` is what the learner may adopt of the
+    previous fit (:meth:`Learner.adopt`)."""
     t_start = time.perf_counter()
     ckpt = None if checkpoint_dir is None else Checkpointer(checkpoint_dir, int(spec.keep))
     identity = run_identity(spec, source) if ckpt is not None else {}
@@ -230,6 +239,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
         learner = make_learner(spec.learner, ctx, spec.learner_options)
         try:
             loop, post = _begin(spec, ctx, learner, loaded, warm, resp_init, random_state)
+            adopted = learner.adopt(warm_state) if warm is not None and warm_state and loaded is None else 0
             loop.started = t_start
             if loaded is not None and callback is not None and loop.history:  # the bar starts there
                 callback({"iteration": loop.n_iter, "elbo": loop.history[-1], "event": "resumed",
@@ -245,6 +255,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
             if loop.terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
                 loop.terms = elbo_terms(vbem_pass(ctx, post).stats, post, ctx.prior)
             passes, kind, options = learner.passes, learner.bound_kind(), dict(learner.opts)
+            kept = learner.keep_state()
         finally:
             learner.close()
     finally:
@@ -252,7 +263,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
                       None if loaded is None else str(loaded.path),
                       [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall(),
-                      loop.history_se, options, ctx.projection)
+                      loop.history_se, options, ctx.projection, kept, adopted)
 
 
 def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,
@@ -300,7 +311,7 @@ def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Po
         if log is not None and (loop.n_iter % max(int(log_every), 1) == 0 or loop.converged):
             pm = "" if se is None else f" +- {se:.2e} (minibatch estimate)"
             log(f"  Iteration {loop.n_iter}\t time lapse {now - t0:.5f}s\t ELBO {loop.terms.total:.6e}{pm} "
-                f"(per row {loop.terms.total / ctx.n_rows:.6f}), components {post.n_components}")
+                f"(per row {loop.terms.total / ctx.n_weight:.6f}), components {post.n_components}")
         if callback is not None:
             callback({"iteration": loop.n_iter, "elbo": loop.terms.total,
                       "n_effective": n_effective(post, ctx.prior), "n_components": post.n_components,

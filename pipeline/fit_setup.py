@@ -34,16 +34,22 @@ from vbcore.posterior import Posterior
 from vbcore.priors import Prior, default_prior
 from vbcore.projection import Projection
 from vbcore.stats import SuffStats
-from vbcore.validation import check_array_2d
+from vbcore.validation import check_array_2d, check_weights
 
 
-def open_source(X: Any, chunk_rows: int) -> Any:
-    """``X`` as a row source: a feature-store path, a dask array, or an array-like (validated)."""
+def open_source(X: Any, chunk_rows: int, sample_weight: Any = None) -> Any:
+    """``X`` as a row source: a feature-store path, a dask array, or an array-like (validated), with
+    the rows' weights ``sample_weight`` (validated; a store's own ``weights`` array otherwise)."""
     if is_store_path(X):
-        return StoreSource(str(getattr(X, "path", X)))
-    if is_dask_array(X):
-        return DaskArraySource(X)
-    return ArraySource(check_array_2d(X), int(chunk_rows))
+        source: Any = StoreSource(str(getattr(X, "path", X)))
+        if sample_weight is not None:
+            raise InputError(f"{source.path}: a feature store carries its own row weights (ingest with "
+                             "--weights); sample_weight is for arrays")
+        return source
+    source = DaskArraySource(X) if is_dask_array(X) else ArraySource(check_array_2d(X), int(chunk_rows))
+    if sample_weight is not None:
+        source.weights = check_weights(sample_weight, source.n_rows, some_positive=True)
+    return source
 
 
 def seed_entropy(random_state: Any) -> int | None:
@@ -54,20 +60,21 @@ def seed_entropy(random_state: Any) -> int | None:
 
 
 def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
-          projection: Projection | None = None) -> FitContext:
+          projection: Projection | None = None, shift: np.ndarray | None = None) -> FitContext:
     """Project (``spec.pca``), prepare the chunks, reduce the moments, build the prior: the context
     of the learner.
 
     ``spec`` is resolved (:meth:`FitSpec.resolved`); ``random_state`` is the seed or RandomState
     of the k-means and sampling draws; ``projection`` is a warm start's or a checkpoint's (else
-    one is computed when ``spec.pca`` is set). The caller releases ``ctx.handles`` on the engine."""
+    one is computed when ``spec.pca`` is set); ``shift`` the rows' offset (default: the first row;
+    batches of ``partial_fit`` share the first batch's). The caller releases ``ctx.handles`` on the engine."""
     cls = learner_class(spec.learner)
     ct = spec.covariance
     assert ct is not None, "resolve the spec first"
     if spec.pca is not None and projection is None:
         projection = projection_pass(engine, raw, int(spec.pca), bool(spec.whiten))
     source = raw if projection is None else ProjectedSource(raw, projection)
-    shift = np.asarray(source.load(0)[0], dtype=np.float64)
+    shift = np.asarray(source.load(0)[0] if shift is None else shift, dtype=np.float64)
     squares = ct not in ("full", "tied") and cls.cache_squares
     # chunks are made from the raw rows (projected inside prepare_chunk, on the workers)
     expansion = (3.0 if squares else 1.0) * source.n_features / raw.n_features
@@ -88,7 +95,8 @@ def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
                       reg_covar=float(spec.reg_covar), n_rows=source.n_rows,
                       n_features=source.n_features, covariance_type=ct, weight_type=spec.weights,
                       seed=seed_entropy(random_state),
-                      chunk_starts=[sl.start for sl in source.chunk_slices()], projection=projection)
+                      chunk_starts=[sl.start for sl in source.chunk_slices()], projection=projection,
+                      total_weight=moments.weight)
 
 
 def _estimate_sigma2(spec: FitSpec, cls: Any, engine: Any, handles: list[Any], source: Any,
@@ -140,13 +148,13 @@ def check_prior_settings(spec: FitSpec, d: int) -> None:
 
 def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float | None) -> Prior:
     """The prior of the spec, with data-dependent defaults from the moments (scikit-learn's)."""
-    n = max(moments.n_rows - 1, 1)
+    n = max(moments.total_weight - 1, 1)  # weighted rows: their total weight is the data's N
     mean_prior = None if spec.mean_prior is None else np.asarray(spec.mean_prior, dtype=np.float64)
     if mean_prior is not None and mean_prior.shape != (d,):
         raise ConfigError(f"mean_prior must have shape (n_features,) = ({d},), got {mean_prior.shape}")
     wc = spec.weight_concentration_prior
     if wc is None:  # a learner's default, e.g. a0 = N (Lim & Jiang 2024, Algorithm 1)
-        wc = learner_class(spec.learner).default_weight_concentration(moments.n_rows)
+        wc = learner_class(spec.learner).default_weight_concentration(moments.total_weight)
     assert spec.covariance is not None, "resolve the spec first"
     return default_prior(
         covariance_type=spec.covariance, weight_type=spec.weights, n_components=int(spec.components),

@@ -198,12 +198,15 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             model.posterior_, model.prior_ = previous.posterior_, previous.prior_
             model.projection_ = previous.projection_  # the previous rows' space: kept, not recomputed
             model.warm_start = True
+            model.warm_state_ = kept_state(warm_from)  # memoized statistics of the unchanged chunks
             info["warm_start_from"] = str(Path(warm_from).resolve())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)  # result.json records `converged`
             model.fit(spec.store, callback=callback)
         if model.resumed_from_:
             info["resumed_from"] = model.resumed_from_
+        if warm_from is not None:
+            info["adopted_chunks"] = int(model.adopted_chunks_)
         # wall time over every attempt: a resumed fit adds this attempt to the checkpoint's total
         info["seconds"] = model.wall_seconds_ if model.resumed_from_ else time.perf_counter() - t0
         info["bound"] = {"history": model.bound_kind_, "final": "exact"}
@@ -212,3 +215,17 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             info["bound"]["history_se"] = se
         return save_run(run_dir, model, spec.store, extra=info, engine=eng)
 
+
+
+def kept_state(run_dir: str | Path) -> dict[str, Any] | None:
+    """What a warm start from ``run_dir`` may adopt: the learner state of its newest valid
+    checkpoint (its memoized statistics, :mod:`pipeline.learners.memo`), or None without one."""
+    from pipeline.checkpoint import Checkpointer
+    from pipeline.fit_driver import LEARNER_KEY
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a skipped damaged checkpoint: an older one serves as well
+        loaded = Checkpointer(Path(run_dir) / "checkpoints").load_latest()
+    if loaded is None:
+        return None
+    return {k[len(LEARNER_KEY):]: v for k, v in loaded.state.items() if k.startswith(LEARNER_KEY)} or None

@@ -35,7 +35,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from vbcore.errors import StoreError
 
-ARRAYS = ("features", "labels", "ids")
+ARRAYS = ("features", "labels", "ids", "weights")
 CHECKSUM = "crc32c"
 POSITIONS = "chunk_crcs"  # store attribute: each chunk's CRC-32C at its position (position_record)
 UPGRADE_TMP = ".upgrade-tmp"  # suffix of the copy an upgrade builds beside the store

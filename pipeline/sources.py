@@ -1,7 +1,8 @@
 """Row sources: where a fit's rows come from, chunk by chunk.
 
-A source has ``n_rows``, ``n_features``, ``dtype``, ``chunk_slices()`` and ``load(i)`` (the rows of
-chunk ``i`` as a NumPy array). Sources are small and picklable, so a Dask worker can load a chunk
+A source has ``n_rows``, ``n_features``, ``dtype``, ``chunk_slices()``, ``load(i)`` (the rows of
+chunk ``i`` as a NumPy array) and ``load_weights(i)`` (their float64 row weights, or None when the
+rows are unweighted). Sources are small and picklable, so a Dask worker can load a chunk
 next to the data (streaming from Zarr) instead of receiving it from the driver.
 """
 
@@ -36,6 +37,7 @@ class ArraySource(_ArrayRows):
 
     array: np.ndarray
     chunk_rows: int
+    weights: np.ndarray | None = None  # validated float64 row weights (sample_weight), or None
 
     @property
     def dtype(self) -> np.dtype:
@@ -47,6 +49,9 @@ class ArraySource(_ArrayRows):
 
     def load(self, i: int) -> np.ndarray:
         return self.array[self.chunk_slices()[i]]
+
+    def load_weights(self, i: int) -> np.ndarray | None:
+        return None if self.weights is None else self.weights[self.chunk_slices()[i]]
 
     def describe(self) -> str:
         return f"array of shape {self.array.shape}"
@@ -62,6 +67,8 @@ class StoreSource:
     chunk_rows: int = field(init=False)
     fingerprint: str = field(init=False)
     crcs: list[bytes] | None = field(init=False, repr=False)  # features chunk CRC-32Cs found at open
+    weighted: bool = field(init=False)  # the store has row weights
+    wcrcs: list[bytes] | None = field(init=False, repr=False)  # weights chunk CRC-32Cs found at open
 
     def __post_init__(self) -> None:
         from pipeline.store import FeatureStore
@@ -73,6 +80,8 @@ class StoreSource:
         self.n_rows, self.n_features = s.n_rows, s.n_features
         self.chunk_rows, self.fingerprint = s.chunk_rows, s.fingerprint
         self.crcs = s.scan.crcs.get("features") if s.scan is not None and s.scan.checksummed else None
+        self.weighted = "weights" in s.group.array_keys()
+        self.wcrcs = s.scan.crcs.get("weights") if s.scan is not None and s.scan.checksummed else None
 
     @property
     def dtype(self) -> np.dtype:
@@ -89,6 +98,15 @@ class StoreSource:
         crc = self.crcs[i] if self.crcs is not None else None
         return np.asarray(read_chunk(self.path, "features", i, self.n_rows, crc), dtype=np.float32)
 
+    def load_weights(self, i: int) -> np.ndarray | None:
+        """The row weights of chunk ``i`` (verified as :meth:`load`), or None for an unweighted store."""
+        from pipeline.integrity import read_chunk
+
+        if not self.weighted:
+            return None
+        crc = self.wcrcs[i] if self.wcrcs is not None else None
+        return np.asarray(read_chunk(self.path, "weights", i, self.n_rows, crc), dtype=np.float64)
+
     def labels(self) -> np.ndarray | None:
         from pipeline.store import FeatureStore
 
@@ -103,6 +121,7 @@ class DaskArraySource(_ArrayRows):
     """A 2-D dask array; its row blocks are the chunks (columns must be one block)."""
 
     array: Any
+    weights: np.ndarray | None = None  # validated float64 row weights (sample_weight), or None
 
     def __post_init__(self) -> None:
         if self.array.ndim != 2:
@@ -124,6 +143,9 @@ class DaskArraySource(_ArrayRows):
     def load(self, i: int) -> np.ndarray:
         return np.asarray(self.array.blocks[i].compute(scheduler="sync"), dtype=self.dtype)
 
+    def load_weights(self, i: int) -> np.ndarray | None:
+        return None if self.weights is None else self.weights[self.chunk_slices()[i]]
+
     def block_tasks(self) -> list[Any]:
         """The row blocks as ``dask.delayed`` objects in the source's dtype, in row order: computed
         on a cluster, each keeps the array's graph as its lineage."""
@@ -131,6 +153,24 @@ class DaskArraySource(_ArrayRows):
 
     def describe(self) -> str:
         return f"dask array of shape {self.array.shape}"
+
+
+def chunk_weights(source: Any, i: int) -> np.ndarray | None:
+    """Chunk ``i``'s row weights (None: unweighted rows, or a source without weights)."""
+    load = getattr(source, "load_weights", None)
+    return None if load is None else load(i)
+
+
+def prep_weighted(prep: Any, rows: Any, w: np.ndarray | None, *args: Any) -> Any:
+    """``prep(rows, *args)`` with the rows' weights (:func:`vbcore.kernels.weigh_chunk`; None: none)."""
+    from vbcore.kernels import weigh_chunk
+
+    return weigh_chunk(prep(rows, *args), w)
+
+
+def load_prepared(source: Any, i: int, prep: Any, *args: Any) -> Any:
+    """Chunk ``i`` of ``source`` through ``prep``, with its row weights (:func:`prep_weighted`)."""
+    return prep_weighted(prep, source.load(i), chunk_weights(source, i), *args)
 
 
 def is_store_path(X: Any) -> bool:

@@ -1,5 +1,5 @@
 """The feature store: a Zarr v3 group with ``features`` (float32, rows chunked, compressed) and
-optional ``labels`` (int64) and ``ids`` (int64 or strings).
+optional ``labels`` (int64), ``ids`` (int64 or strings) and ``weights`` (float64 row weights, >= 0).
 
 Group attributes: ``format``, ``schema_version``, ``n_rows``, ``n_features``, ``chunk_rows``,
 ``source``, ``extractor``, ``extractor_params``, ``fingerprint`` (a sha256 chained over every
@@ -45,12 +45,12 @@ from pipeline import integrity, leftovers
 from pipeline.atomic import fsync_dir, rename
 from vbcore.errors import InputError, StoreError
 from vbcore.limits import check_magnitude
-from vbcore.validation import check_finite, check_layout, row_is_finite
+from vbcore.validation import check_finite, check_layout, check_weights, row_is_finite
 
 FORMAT = "vbcluster-feature-store"
 SCHEMA_VERSION = 1
 JOURNAL = ".append-journal"  # suffix of a directory beside the store
-ARRAYS = ("features", "labels", "ids")
+ARRAYS = ("features", "labels", "ids", "weights")
 
 
 def _arr(group: zarr.Group, name: str) -> zarr.Array:
@@ -113,13 +113,14 @@ class FeatureStore:
         chunk_rows: int = 8192,
         labels: bool = False,
         ids: str | None = None,
+        weights: bool = False,
         source: str = "",
         extractor: str | None = None,
         extractor_params: dict[str, Any] | None = None,
         compression_level: int = 1,
         overwrite: bool = False,
     ) -> FeatureStore:
-        """Create an empty store. ``ids`` is None, 'int' or 'str'."""
+        """Create an empty store. ``ids`` is None, 'int' or 'str'; ``weights``: a row weight array."""
         path = str(path)
         if int(n_features) < 1:
             raise StoreError(f"{path}: n_features must be >= 1, got {n_features}")
@@ -139,6 +140,9 @@ class FeatureStore:
                            dtype="float32", compressors=comp, config=cfg)
         if labels:
             group.create_array("labels", shape=(0,), chunks=(chunk_rows,), dtype="int64",
+                               compressors=comp, config=cfg)
+        if weights:
+            group.create_array("weights", shape=(0,), chunks=(chunk_rows,), dtype="float64",
                                compressors=comp, config=cfg)
         if ids is not None:
             group.create_array("ids", shape=(0,), chunks=(chunk_rows,),
@@ -219,7 +223,7 @@ class FeatureStore:
         if f.ndim != 2 or f.shape[1] != a["n_features"] or f.shape[0] != n:
             raise StoreError(f"{self.path}: 'features' has shape {f.shape}, attributes say "
                              f"({n}, {a['n_features']})")
-        for name in ("labels", "ids"):
+        for name in ("labels", "ids", "weights"):
             if name in self.group.array_keys() and _arr(self.group, name).shape != (n,):
                 shape = _arr(self.group, name).shape
                 raise StoreError(f"{self.path}: '{name}' has shape {shape}, expected ({n},)")
@@ -273,26 +277,30 @@ class FeatureStore:
                           dtype=np.float32)
 
     def read_labels(self, rows: slice | None = None) -> np.ndarray | None:
-        if not self.has_labels:
-            return None
-        rows = rows or slice(0, self.n_rows)
-        return integrity.read_rows(self.path, self.group, "labels", rows, self.n_rows)
+        return self._read_side("labels", rows)
 
     def read_ids(self, rows: slice | None = None) -> np.ndarray | None:
-        if not self.has_ids:
+        return self._read_side("ids", rows)
+
+    def read_weights(self, rows: slice | None = None) -> np.ndarray | None:
+        """Row weights (float64), or None for a store without them."""
+        return self._read_side("weights", rows)
+
+    def _read_side(self, name: str, rows: slice | None) -> np.ndarray | None:
+        """Rows of the array ``name`` (labels, ids, weights), or None when the store has none."""
+        if name not in self.group.array_keys():
             return None
-        rows = rows or slice(0, self.n_rows)
-        return integrity.read_rows(self.path, self.group, "ids", rows, self.n_rows)
+        return integrity.read_rows(self.path, self.group, name, rows or slice(0, self.n_rows), self.n_rows)
 
     # ---- appends ----------------------------------------------------------------------------
-    def append(self, X: Any, labels: Any = None, ids: Any = None, *, source: str = "",
+    def append(self, X: Any, labels: Any = None, ids: Any = None, *, weights: Any = None, source: str = "",
                on_nonfinite: str = "raise") -> int:
         """Append one batch of rows atomically; returns the number of rows written."""
-        return self.append_batches([(X, labels, ids)], source=source, on_nonfinite=on_nonfinite)
+        return self.append_batches([(X, labels, ids, weights)], source=source, on_nonfinite=on_nonfinite)
 
-    def append_batches(self, batches: Iterable[tuple[Any, Any, Any]], *, source: str = "",
+    def append_batches(self, batches: Iterable[tuple[Any, ...]], *, source: str = "",
                        on_nonfinite: str = "raise", record: dict[str, Any] | None = None) -> int:
-        """Append batches ``(X, labels, ids)`` as ONE atomic transaction, streaming (only one
+        """Append batches ``(X, labels, ids[, weights])`` as ONE atomic transaction, streaming (only one
         batch is in memory at a time). Returns the number of rows written; with
         ``on_nonfinite='drop'`` rows with NaN/inf are skipped and counted in the append record;
         ``record`` adds entries to it (ingest's ``source_fingerprint``)."""
@@ -309,12 +317,14 @@ class FeatureStore:
         written = dropped = 0
         where = source or "appended rows"
         try:
-            for X, labels, ids in batches:
+            for X, labels, ids, *more in batches:
                 rows, kept = check_rows(X, self.n_features, where, first_row=written + dropped,
                                         on_nonfinite=on_nonfinite)
                 n_in = rows.shape[0] if kept is None else kept.shape[0]
                 lab = self._check_side("labels", labels, n_in, kept, where)
                 idv = self._check_side("ids", ids, n_in, kept, where)
+                wts = self._check_side("weights", more[0] if more else None, n_in, kept, where,
+                                       written + dropped)
                 dropped += 0 if kept is None else int((~kept).sum())
                 if rows.shape[0] == 0:
                     continue
@@ -331,6 +341,10 @@ class FeatureStore:
                     _arr(self.group, "ids").resize((stop,))
                     _arr(self.group, "ids")[start:stop] = idv
                     h.update("\x00".join(map(str, idv.tolist())).encode())
+                if wts is not None:
+                    _arr(self.group, "weights").resize((stop,))
+                    _arr(self.group, "weights")[start:stop] = wts
+                    h.update(wts.tobytes())
                 fp = h.hexdigest()
                 written += rows.shape[0]
             appends = list(self.group.attrs.get("appends", []))  # type: ignore[arg-type]
@@ -355,7 +369,7 @@ class FeatureStore:
         return written
 
     def _check_side(self, name: str, values: Any, n_in: int, kept: np.ndarray | None,
-                    where: str) -> np.ndarray | None:
+                    where: str, first_row: int = 0) -> np.ndarray | None:
         present = name in self.group.array_keys()
         if values is None:
             if present:
@@ -363,6 +377,9 @@ class FeatureStore:
             return None
         if not present:
             raise InputError(f"{where}: the store was created without '{name}'")
+        if name == "weights":
+            w = check_weights(values, n_in, f"{where}: weights", first_row=first_row)
+            return w if kept is None else w[kept]
         arr = np.asarray(values)
         if arr.ndim != 1 or arr.shape[0] != n_in:
             raise InputError(f"{where}: {name} has length {arr.shape[0] if arr.ndim else 0} "

@@ -34,6 +34,7 @@ from vbcore.kernels import (
     log_rho,
     normalise,
     to_numpy,
+    weigh,
 )
 from vbcore.mstep import weight_posterior
 from vbcore.posterior import Posterior
@@ -262,11 +263,14 @@ def logit_gradient_kernel(chunk: Chunk, state: LogitState, params: EStepParams, 
         p = direction(state.h, state.p, beta)
         log_r = log_softmax(log_r + lam * p)[0]  # eq. 53 in the log domain
     g, h = logit_gradient(log_r, log_rho(chunk, params), natural)
+    # weighted rows: row n stands for w_n copies with the same logits, so its direction is one copy's
+    # and its inner products count w_n times (the same steps as the repeated rows)
+    gw = weigh(chunk, 0, g)[0]
     sums = GradSums(
-        gg=vdot64(g, g),
-        gh=vdot64(g, h),
-        g_hprev=0.0 if state.h is None else vdot64(g, state.h),
-        g_pprev=0.0 if p is None else vdot64(g, p),
+        gg=vdot64(gw, g),
+        gh=vdot64(gw, h),
+        g_hprev=0.0 if state.h is None else vdot64(gw, state.h),
+        g_pprev=0.0 if p is None else vdot64(gw, p),
     )
     return LogitState(log_r, h, p), sums
 

@@ -44,6 +44,7 @@ from vbcore.kernels import (
     log_rho,
     normalise,
     to_numpy,
+    weigh,
 )
 from vbcore.mstep import m_step
 from vbcore.posterior import LOG_2PI, Posterior
@@ -155,7 +156,8 @@ def take_components(stats: SuffStats, idx: np.ndarray) -> SuffStats:
     """The statistics of components ``idx`` (repeats allowed), without ``sum r ln r`` (not for a
     pooled scatter)."""
     return SuffStats(nk=stats.nk[idx], mean=stats.mean[idx], scatter=stats.scatter[idx],
-                     sum_rlogr=0.0, n_rows=stats.n_rows, shift=stats.shift)
+                     sum_rlogr=0.0, n_rows=stats.n_rows,
+                     shift=stats.shift, weight=stats.weight)
 
 
 def removes_components(prior: Prior) -> bool:
@@ -225,7 +227,8 @@ def apply_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remove: boo
     else:
         nk[pairs[:, 1]], mean[pairs[:, 1]], scatter[pairs[:, 1]] = 0.0, 0.0, 0.0
     return SuffStats(nk=nk[keep], mean=mean[keep], scatter=scatter[keep],
-                     sum_rlogr=stats.sum_rlogr + float(np.sum(h)), n_rows=stats.n_rows, shift=stats.shift)
+                     sum_rlogr=stats.sum_rlogr + float(np.sum(h)), n_rows=stats.n_rows,
+                     shift=stats.shift, weight=stats.weight)
 
 
 def select_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, prior: Prior,
@@ -368,8 +371,9 @@ class MoveResult:
                           self.h + other.h, alt, self.alt_h + other.alt_h)
 
 
-def pair_entropy(resp: Array, pairs: np.ndarray) -> np.ndarray:
-    """``h_ab = sum_n s ln s - r_a ln r_a - r_b ln r_b`` (``s = r_a + r_b``) per pair, float64 (P,)."""
+def pair_entropy(resp: Array, pairs: np.ndarray, w: Array | None = None) -> np.ndarray:
+    """``h_ab = sum_n w_n (s ln s - r_a ln r_a - r_b ln r_b)`` (``s = r_a + r_b``; ``w``: the rows'
+    weights, None: 1) per pair, float64 (P,)."""
     if pairs.shape[0] == 0:
         return np.zeros(0)
     xp = array_namespace(resp)
@@ -380,6 +384,8 @@ def pair_entropy(resp: Array, pairs: np.ndarray) -> np.ndarray:
         return r * xp.log(xp.where(r > 0, r, xp.ones_like(r)))
 
     h = xlogx(ra + rb) - xlogx(ra) - xlogx(rb)
+    if w is not None:  # weighted rows: w_n h_n
+        h = h * xp.reshape(w, (-1, 1))
     return to_numpy(xp.sum(h, axis=0, dtype=xp.float64))
 
 
@@ -392,17 +398,18 @@ def move_kernel(chunk: Chunk, params: MoveParams) -> MoveResult:
     for i in range(0, chunk.n_rows, BLOCK_ROWS):
         j = min(i + BLOCK_ROWS, chunk.n_rows)
         feats = None if chunk.feats is None else chunk.feats[i:j, :]
+        wb = None if chunk.w is None else chunk.w[i:j]
         sub = Chunk(x=chunk.x[i:j, :], feats=feats, shift=chunk.shift, diagonal=chunk.diagonal,
-                    pooled=chunk.pooled)
+                    pooled=chunk.pooled, w=wb)
         lr = log_rho(sub, params.estep)
-        resp, log_norm, rlogr = normalise(lr)
+        resp, log_norm, rlogr = normalise(lr)  # chunk_statistics weighs r and r ln r
         alt, alt_h = None, np.zeros(params.keep_pairs.shape[0])
         if keep is not None:
             resp2, _, rlogr2 = normalise(xp.take(lr, keep, axis=1))
-            alt, alt_h = chunk_statistics(sub, resp2, rlogr2), pair_entropy(resp2, params.keep_pairs)
-        total = float(to_numpy(xp.sum(log_norm, dtype=xp.float64)))
+            alt, alt_h = chunk_statistics(sub, resp2, rlogr2), pair_entropy(resp2, params.keep_pairs, wb)
+        total = float(to_numpy(xp.sum(weigh(sub, 0, resp, log_norm)[1], dtype=xp.float64)))
         stats = chunk_statistics(sub, resp, rlogr)
-        part = MoveResult(stats, total, pair_entropy(resp, params.pairs), alt, alt_h)
+        part = MoveResult(stats, total, pair_entropy(resp, params.pairs, wb), alt, alt_h)
         out = part if out is None else out.merge(part)
     assert out is not None, "a chunk has rows"
     return out
@@ -429,7 +436,7 @@ def expand_stats(stats: SuffStats, keep: np.ndarray, k: int) -> SuffStats:
         scatter = np.zeros((k, *stats.scatter.shape[1:]))
         scatter[keep] = stats.scatter
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=stats.sum_rlogr, n_rows=stats.n_rows,
-                     shift=stats.shift, pooled=stats.pooled)
+                     shift=stats.shift, weight=stats.weight, pooled=stats.pooled)
 
 
 def reindex_pairs(pairs: np.ndarray, keep: np.ndarray, k: int) -> np.ndarray:

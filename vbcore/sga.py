@@ -69,7 +69,7 @@ class Gradients:
     curv_v: np.ndarray
 
 
-def gradients(stats: SuffStats, point: DPPoint, prior: Prior, sigma2: float, n_total: int,
+def gradients(stats: SuffStats, point: DPPoint, prior: Prior, sigma2: float, n_total: float,
               a0: float) -> Gradients:
     """Gradients of the minibatch objective from the minibatch's hard statistics.
 
@@ -83,7 +83,8 @@ def gradients(stats: SuffStats, point: DPPoint, prior: Prior, sigma2: float, n_t
     ``pi_k = n_k / M`` (eq. 18). The per-row gradients are those summands; their mean squares
     (eq. 11) follow from the centred scatter because z is one-hot.
     """
-    m_rows = max(int(stats.n_rows), 1)
+    # M: the minibatch's rows, or their total weight (weighted rows; a minibatch of zero weight adds 0)
+    m_rows = max(int(stats.n_rows), 1) if stats.weight is None else max(float(stats.weight), 1e-300)
     n = float(n_total)
     lam0 = prior.mean_precision
     nk = stats.nk

@@ -147,6 +147,9 @@ class HardStats:
         data's float32 for a single block's sums (exact in float64; half the bytes to move).
     n_rows : int
     shift : array of shape (D,)
+    weight : float or None
+        The rows' total weight (weighted rows count their weight in ``nk``, ``s1``, ``s2`` and the
+        bound sums, :attr:`vbcore.stats.SuffStats.weight`); None: unweighted.
     """
 
     nk: np.ndarray
@@ -158,6 +161,7 @@ class HardStats:
     #: ``sum_n l_n`` and ``sum_n (l_n - mean)^2`` of ``l_n = ln rho_{n z_n}`` under ``MapParams.bound``
     #: (zeros without; :func:`vbcore.kernels.row_spread`)
     bound: tuple[float, float] = (0.0, 0.0)
+    weight: float | None = None
 
     def merge(self, other: HardStats) -> HardStats:
         a, b = self, other
@@ -165,7 +169,8 @@ class HardStats:
             return HardStats.combine([a, b])
         # the same clusters (full passes): plain adds, the same sums as combine's
         s1, s2 = np.add(a.s1, b.s1, dtype=np.float64), np.add(a.s2, b.s2, dtype=np.float64)
-        return HardStats(a.nk + b.nk, a.idx, s1, s2, a.n_rows + b.n_rows, a.shift, _add_bounds([a, b]))
+        return HardStats(a.nk + b.nk, a.idx, s1, s2, a.n_rows + b.n_rows, a.shift, _add_bounds([a, b]),
+                         _add_weights([a, b]))
 
     @staticmethod
     def combine(parts: list[HardStats]) -> HardStats:
@@ -182,7 +187,8 @@ class HardStats:
             add_rows(s1, pos, p.s1)
             add_rows(s2, pos, p.s2)
         nk = functools.reduce(np.add, [p.nk for p in parts])
-        return HardStats(nk, idx, s1, s2, sum(p.n_rows for p in parts), parts[0].shift, _add_bounds(parts))
+        return HardStats(nk, idx, s1, s2, sum(p.n_rows for p in parts), parts[0].shift, _add_bounds(parts),
+                         _add_weights(parts))
 
     def to_stats(self) -> SuffStats:
         """Centred statistics (mean, per-dimension scatter), ``sum_rlogr = 0`` (one-hot q(z))."""
@@ -195,7 +201,14 @@ class HardStats:
             mean[self.idx] = m
             scatter[self.idx] = np.maximum(np.asarray(self.s2, dtype=np.float64) - n * m * m, 0.0)
         return SuffStats(nk=self.nk.copy(), mean=mean, scatter=scatter, sum_rlogr=0.0,
-                         n_rows=self.n_rows, shift=self.shift)
+                         n_rows=self.n_rows, shift=self.shift, weight=self.weight)
+
+
+def _add_weights(parts: list[HardStats]) -> float | None:
+    """The total weight of ``parts`` in list order (None when every part is unweighted)."""
+    if all(p.weight is None for p in parts):
+        return None
+    return float(functools.reduce(lambda t, p: t + (p.n_rows if p.weight is None else p.weight), parts, 0.0))
 
 
 def _add_bounds(parts: list[HardStats]) -> tuple[float, float]:
@@ -204,25 +217,30 @@ def _add_bounds(parts: list[HardStats]) -> tuple[float, float]:
     return total, m2
 
 
-def row_bound_sums(xb: Array, scores: Array, lab: Array, bound: RowBound) -> tuple[float, float]:
+def row_bound_sums(xb: Array, scores: Array, lab: Array, bound: RowBound,
+                   wb: Array | None = None) -> tuple[float, float]:
     """``sum_n l_n`` and ``sum_n (l_n - mean)^2`` (:class:`RowBound`) of a block's rows ``xb`` (shifted)
-    from their MAP ``scores`` (n, K) and labels: ``l_n`` in the data's dtype, float64 sums."""
+    from their MAP ``scores`` (n, K) and labels: ``l_n`` in the data's dtype, float64 sums; ``wb``:
+    the rows' weights (``w_n l_n`` summed)."""
     xp = array_namespace(xb)
     top = xp.take_along_axis(scores, xp.reshape(lab, (-1, 1)), axis=1)[:, 0]
     offset = xp.take(xp.asarray(bound.offset, dtype=xb.dtype), lab)
-    return row_spread(top + offset - bound.half_precision * xp.vecdot(xb, xb, axis=-1))
+    share = top + offset - bound.half_precision * xp.vecdot(xb, xb, axis=-1)
+    return row_spread(share if wb is None else share * wb)
 
 
-def _block_sums(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                               np.ndarray]:
+def _block_sums(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray,
+                wb: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-label sums of ``x`` and ``x*x`` over one block (at most BLOCK_ROWS rows, as the GEMM
     kernels): a sparse one-hot (labels x rows) matrix times the block, O(n D), in the block's dtype.
-    ``fb`` is the cached ``[x*x, x]`` or None. Returns (labels present, sums of x, sums of x*x)."""
+    ``fb`` is the cached ``[x*x, x]`` or None; ``wb`` the rows' weights (the one-hot's values; None:
+    ones). Returns (labels present, sums of x, sums of x*x)."""
     from scipy import sparse
 
     nb, d = xb.shape
     uniq, inv = np.unique(lab, return_inverse=True)
-    z = sparse.csr_matrix((np.ones(nb, dtype=xb.dtype), (inv, np.arange(nb))), shape=(uniq.size, nb))
+    vals = np.ones(nb, dtype=xb.dtype) if wb is None else np.asarray(wb, dtype=xb.dtype)
+    z = sparse.csr_matrix((vals, (inv, np.arange(nb))), shape=(uniq.size, nb))
     if fb is not None:
         g = z @ fb
         return uniq, g[:, d:], g[:, :d]
@@ -230,25 +248,34 @@ def _block_sums(xb: np.ndarray, fb: np.ndarray | None, lab: np.ndarray) -> tuple
 
 
 def label_sums(x: np.ndarray, feats: np.ndarray | None, labels: np.ndarray, k: int, shift: np.ndarray,
-               bound: tuple[float, float] = (0.0, 0.0)) -> HardStats:
+               bound: tuple[float, float] = (0.0, 0.0), w: np.ndarray | None = None) -> HardStats:
     """:class:`HardStats` of rows ``x`` (shifted, NumPy; ``feats`` their ``[x*x, x]`` or None) with
     the given labels: :func:`_block_sums` per BLOCK_ROWS rows in the data's dtype, float64 across
     blocks; a single block's sums stay in its dtype (exact in float64: no K x D float64 arrays to
-    fill and add for a minibatch's few hundred rows of a chunk)."""
+    fill and add for a minibatch's few hundred rows of a chunk). ``w``: the rows' weights (a
+    cluster that holds only rows of weight 0 holds nothing)."""
     n, d = x.shape
-    nk = np.bincount(labels, minlength=k).astype(np.float64)
+    nk = np.bincount(labels, minlength=k).astype(np.float64) if w is None else np.bincount(
+        labels, weights=np.asarray(w, dtype=np.float64), minlength=k)
     used = np.flatnonzero(nk)
-    if 0 < n <= BLOCK_ROWS:
-        _, g1, g2 = _block_sums(x, feats, labels)
-        return HardStats(nk=nk, idx=used, s1=g1, s2=g2, n_rows=n, shift=shift, bound=bound)
+    if w is not None:
+        keep = nk[labels] > 0  # rows of clusters holding no weight add nothing
+        x, labels, w = x[keep], labels[keep], w[keep]
+        feats = None if feats is None else feats[keep]
+    weight = None if w is None else float(nk.sum())
+    m = x.shape[0]
+    if 0 < m <= BLOCK_ROWS:
+        _, g1, g2 = _block_sums(x, feats, labels, w)
+        return HardStats(nk=nk, idx=used, s1=g1, s2=g2, n_rows=n, shift=shift, bound=bound, weight=weight)
     s1, s2 = np.zeros((used.size, d)), np.zeros((used.size, d))
-    for a in range(0, n, BLOCK_ROWS):
-        b = min(a + BLOCK_ROWS, n)
-        uniq, g1, g2 = _block_sums(x[a:b], None if feats is None else feats[a:b], labels[a:b])
+    for a in range(0, m, BLOCK_ROWS):
+        b = min(a + BLOCK_ROWS, m)
+        uniq, g1, g2 = _block_sums(x[a:b], None if feats is None else feats[a:b], labels[a:b],
+                                   None if w is None else w[a:b])
         pos = np.searchsorted(used, uniq)
         s1[pos] += g1  # float32 within the block, float64 across blocks
         s2[pos] += g2
-    return HardStats(nk=nk, idx=used, s1=s1, s2=s2, n_rows=n, shift=shift, bound=bound)
+    return HardStats(nk=nk, idx=used, s1=s1, s2=s2, n_rows=n, shift=shift, bound=bound, weight=weight)
 
 
 def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> HardStats:
@@ -268,12 +295,13 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
     HardStats
         Counts and float64 sums of the rows per cluster (``.to_stats()`` centres them).
     """
-    x, feats = chunk.x, chunk.feats
+    x, feats, wts = chunk.x, chunk.feats, chunk.w
     xp = array_namespace(x)
     if rows is not None:
         idx = xp.asarray(np.asarray(rows, dtype=np.int64))
         x = xp.take(x, idx, axis=0)
         feats = None if feats is None else xp.take(feats, idx, axis=0)
+        wts = None if wts is None else xp.take(wts, idx, axis=0)
     dt = x.dtype
     w = xp.asarray(params.weights, dtype=dt)
     const = xp.asarray(params.const, dtype=dt)
@@ -287,10 +315,11 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
             scores = x[a:b] @ w + const
             labs.append(np.argmax(scores, axis=1))
             if params.bound is not None:
-                part = row_bound_sums(x[a:b], scores, labs[-1], params.bound)
+                wb = None if wts is None else wts[a:b]
+                part = row_bound_sums(x[a:b], scores, labs[-1], params.bound, wb)
                 spread = merge_spread(spread, (b - a, *part))
         labels = np.concatenate(labs) if labs else np.zeros(0, np.int64)
-        return label_sums(x, feats, labels, k, chunk.shift, spread[1:])
+        return label_sums(x, feats, labels, k, chunk.shift, spread[1:], wts)
     # other namespaces (CuPy): one-hot GEMM, float32 per block, float64 across blocks, on the device
     acc = xp.zeros((k, 2 * d), dtype=xp.float64)
     nk_dev = xp.zeros((k,), dtype=xp.float64)
@@ -299,14 +328,18 @@ def hard_kernel(chunk: Chunk, rows: np.ndarray | None, params: MapParams) -> Har
         scores = xb @ w + const
         lab = xp.argmax(scores, axis=1)
         onehot = xp.astype(xp.reshape(lab, (-1, 1)) == xp.reshape(xp.arange(k), (1, -1)), dt)
+        wb = None if wts is None else wts[a:b]
+        onehot = onehot if wb is None else onehot * xp.reshape(wb, (-1, 1))
         acc += xp.astype(xp.matrix_transpose(onehot) @ xp.concat((xb, xb * xb), axis=1), xp.float64)
         nk_dev += xp.sum(onehot, axis=0, dtype=xp.float64)
         if params.bound is not None:
-            spread = merge_spread(spread, (b - a, *row_bound_sums(xb, scores, lab, params.bound)))
+            spread = merge_spread(spread, (b - a, *row_bound_sums(xb, scores, lab, params.bound, wb)))
     nk = to_numpy(nk_dev)
     used = np.flatnonzero(nk)
     g = to_numpy(xp.take(acc, xp.asarray(used), axis=0)) if used.size else np.zeros((0, 2 * d))
-    return HardStats(nk=nk, idx=used, s1=g[:, :d], s2=g[:, d:], n_rows=n, shift=chunk.shift, bound=spread[1:])
+    weight = None if wts is None else float(nk.sum())
+    return HardStats(nk=nk, idx=used, s1=g[:, :d], s2=g[:, d:], n_rows=n, shift=chunk.shift, bound=spread[1:],
+                     weight=weight)
 
 
 def map_labels(chunk: Chunk, params: MapParams) -> np.ndarray:
@@ -368,14 +401,14 @@ def kmeanspp_seeds(x: np.ndarray, k: int, rng: np.random.Generator, project: int
 def take_stats(stats: SuffStats, order: np.ndarray) -> SuffStats:
     """Statistics of the clusters ``order`` (pruning and re-ordering)."""
     return SuffStats(nk=stats.nk[order], mean=stats.mean[order], scatter=stats.scatter[order],
-                     sum_rlogr=stats.sum_rlogr, n_rows=stats.n_rows, shift=stats.shift)
+                     sum_rlogr=stats.sum_rlogr, n_rows=stats.n_rows, shift=stats.shift, weight=stats.weight)
 
 
 def scale_stats(stats: SuffStats, factor: float) -> SuffStats:
     """Statistics of ``factor`` copies of the rows (a minibatch standing for the data set)."""
     return SuffStats(nk=stats.nk * factor, mean=stats.mean, scatter=stats.scatter * factor,
                      sum_rlogr=stats.sum_rlogr * factor, n_rows=int(round(stats.n_rows * factor)),
-                     shift=stats.shift)
+                     shift=stats.shift, weight=None if stats.weight is None else stats.weight * factor)
 
 
 __all__ = ["STICK_EPS", "DPPoint", "HardStats", "MapParams", "RowBound", "hard_kernel", "kmeanspp_seeds",

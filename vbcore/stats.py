@@ -40,6 +40,10 @@ class SuffStats:
         The offset subtracted from the rows before summarising.
     pooled : bool
         ``scatter`` is the pooled within-component scatter (tied).
+    weight : float or None
+        ``sum_n w_n``, the total weight of the rows summarised (weighted rows enter every sum with
+        their responsibilities multiplied by the row's weight ``w_n``); None: unweighted rows, whose
+        total weight is ``n_rows`` (:attr:`total_weight`).
     """
 
     nk: np.ndarray
@@ -49,6 +53,12 @@ class SuffStats:
     n_rows: int
     shift: np.ndarray
     pooled: bool = False
+    weight: float | None = None
+
+    @property
+    def total_weight(self) -> float:
+        """``sum_n w_n`` of the rows summarised (``n_rows`` for unweighted rows)."""
+        return float(self.n_rows) if self.weight is None else float(self.weight)
 
     @property
     def n_components(self) -> int:
@@ -93,6 +103,7 @@ class SuffStats:
             n_rows=self.n_rows + other.n_rows,
             shift=self.shift,
             pooled=self.pooled,
+            weight=add_weights(self, other),
         )
 
     def __add__(self, other: SuffStats) -> SuffStats:
@@ -104,8 +115,15 @@ class SuffStats:
         scatter = self.scatter if self.pooled else self.scatter[order]
         return SuffStats(nk=self.nk[order], mean=self.mean[order], scatter=scatter,
                          sum_rlogr=self.sum_rlogr, n_rows=self.n_rows, shift=self.shift,
-                         pooled=self.pooled)
+                         pooled=self.pooled, weight=self.weight)
 
     def raw_mean(self) -> np.ndarray:
         """Weighted means in the data's own coordinates (``mean + shift``)."""
         return self.mean + self.shift
+
+
+def add_weights(a: SuffStats, b: SuffStats) -> float | None:
+    """The ``weight`` of the union of two summaries: None when both are unweighted."""
+    if a.weight is None and b.weight is None:
+        return None
+    return a.total_weight + b.total_weight

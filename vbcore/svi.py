@@ -26,11 +26,9 @@ def step_size(t: int, tau: float, kappa: float) -> float:
     return float((t + tau) ** -kappa)
 
 
-def svi_update(post: Posterior, minibatch: SuffStats, prior: Prior, n_total: int, rho: float) -> Posterior:
+def svi_update(post: Posterior, minibatch: SuffStats, prior: Prior, n_total: float, rho: float) -> Posterior:
     """One SVI global step from the statistics of a minibatch (soft responsibilities)."""
-    scale = n_total / max(minibatch.n_rows, 1)
-    scaled = SuffStats(nk=minibatch.nk * scale, mean=minibatch.mean, scatter=minibatch.scatter * scale,
-                       sum_rlogr=minibatch.sum_rlogr * scale, n_rows=n_total, shift=minibatch.shift)
+    scaled = scale_to(minibatch, n_total)
     hat = m_step(scaled, prior)
     beta = (1.0 - rho) * post.mean_precision + rho * hat.mean_precision
     beta_m = ((1.0 - rho) * post.mean_precision[:, None] * post.means
@@ -39,6 +37,17 @@ def svi_update(post: Posterior, minibatch: SuffStats, prior: Prior, n_total: int
     return Posterior(covariance_type=post.covariance_type, weight_type=post.weight_type,
                      weight_concentration=wc, mean_precision=beta, means=beta_m / beta[:, None],
                      degrees_of_freedom=None, covariances=post.covariances.copy())
+
+
+def scale_to(minibatch: SuffStats, n_total: float) -> SuffStats:
+    """A minibatch's statistics scaled to stand for data of total weight ``n_total`` (the row count
+    of unweighted data): by ``n_total`` over the minibatch's own total weight."""
+    scale = n_total / (max(minibatch.n_rows, 1) if minibatch.weight is None else minibatch.weight)
+    if not np.isfinite(scale):  # a minibatch of zero-weight rows says nothing: no step
+        scale = 0.0
+    return SuffStats(nk=minibatch.nk * scale, mean=minibatch.mean, scatter=minibatch.scatter * scale,
+                     sum_rlogr=minibatch.sum_rlogr * scale, n_rows=int(round(n_total)), shift=minibatch.shift,
+                     weight=None if minibatch.weight is None else float(n_total))
 
 
 def minibatch_vbem_kernel(chunk, rows, params):  # type: ignore[no-untyped-def]
@@ -58,4 +67,5 @@ def minibatch_vbem_kernel(chunk, rows, params):  # type: ignore[no-untyped-def]
     x = xp.take(chunk.x, idx, axis=0)
     feats = (xp.take(chunk.feats, idx, axis=0) if chunk.feats is not None
              else xp.concat((x * x, x), axis=1))
-    return vbem_kernel(Chunk(x=x, feats=feats, shift=chunk.shift), params)
+    w = None if chunk.w is None else xp.take(chunk.w, idx, axis=0)
+    return vbem_kernel(Chunk(x=x, feats=feats, shift=chunk.shift, w=w), params)

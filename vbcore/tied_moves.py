@@ -29,7 +29,8 @@ def apply_pooled_merges(stats: SuffStats, pairs: np.ndarray, h: np.ndarray, remo
         nk[b], mean[b] = 0.0, 0.0
     scatter = stats.scatter + 0.5 * (between + between.T)[None]
     return SuffStats(nk=nk[keep], mean=mean[keep], scatter=scatter,
-                     sum_rlogr=stats.sum_rlogr + float(np.sum(h)), n_rows=stats.n_rows, shift=stats.shift,
+                     sum_rlogr=stats.sum_rlogr + float(np.sum(h)), n_rows=stats.n_rows,
+                     shift=stats.shift, weight=stats.weight,
                      pooled=True)
 
 

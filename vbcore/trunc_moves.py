@@ -34,7 +34,8 @@ def _xlogx(r: np.ndarray) -> np.ndarray:
     return r * np.log(np.where(r > 0, r, 1.0))
 
 
-def candidate_pair_entropy(idx: np.ndarray, resp: np.ndarray, pairs: np.ndarray, k: int) -> np.ndarray:
+def candidate_pair_entropy(idx: np.ndarray, resp: np.ndarray, pairs: np.ndarray, k: int,
+                           w: np.ndarray | None = None) -> np.ndarray:
     """``h_ab`` of each pair (a < b) under a truncated q: summed over the rows having both as candidates.
 
     Parameters
@@ -46,6 +47,8 @@ def candidate_pair_entropy(idx: np.ndarray, resp: np.ndarray, pairs: np.ndarray,
     pairs : int array of shape (P, 2)
     k : int
         Number of clusters.
+    w : float64 array of shape (n,), optional
+        The rows' weights (None: 1).
 
     Returns
     -------
@@ -70,6 +73,7 @@ def candidate_pair_entropy(idx: np.ndarray, resp: np.ndarray, pairs: np.ndarray,
                 continue
             ra, rb = resp[hit, i], resp[hit, j]
             h = _xlogx(ra + rb) - _xlogx(ra) - _xlogx(rb)
+            h = h if w is None else h * w[hit]
             out[order] += np.bincount(pos[hit], weights=h, minlength=sorted_keys.size)
     return out
 
@@ -105,7 +109,7 @@ def _delta_moments(chunk: Chunk, rows: np.ndarray, idx: np.ndarray, delta: np.nd
 
 
 def delete_statistics(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, rlogr: np.ndarray, stats: SuffStats,
-                      kept: np.ndarray) -> tuple[SuffStats, np.ndarray, int]:
+                      kept: np.ndarray, w: np.ndarray | None = None) -> tuple[SuffStats, np.ndarray, int]:
     """Statistics of the delete proposal's truncated q (all K clusters, the deleted ones empty), its
     weights (n, C') and the number of rows left without a kept candidate.
 
@@ -120,18 +124,23 @@ def delete_statistics(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, rlogr: np
         The chunk's regular statistics (of ``resp``).
     kept : bool array of shape (K,)
         Clusters the proposal keeps.
+    w : float64 array of shape (n,), optional
+        The rows' weights (None: 1); ``resp`` and ``rlogr`` are unweighted, ``stats`` weighted.
     """
     k = stats.nk.shape[0]
     alive = kept[idx]
     rows = np.flatnonzero(~alive.all(axis=1))
     mass = np.sum(np.where(alive[rows], resp[rows], 0.0), axis=1)
-    orphans = int(np.sum(mass <= 0))
+    orphans = int(np.sum((mass <= 0) if w is None else (mass <= 0) & (w[rows] > 0)))  # weight 0: no row
     new = resp.copy()
     safe = np.where(mass > 0, mass, 1.0)
     new[rows] = np.where(alive[rows], resp[rows] / safe[:, None], 0.0)
     if rows.size == 0:
         return stats, new, orphans
     delta = new[rows] - resp[rows]
+    wr = np.ones(rows.size) if w is None else w[rows]
+    if w is not None:
+        delta = delta * wr[:, None]
     cand = idx[rows]
     dnk = np.bincount(cand.ravel(), weights=delta.ravel(), minlength=k)
     first, second = _delta_moments(chunk, rows, cand, delta, k)
@@ -152,9 +161,13 @@ def delete_statistics(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, rlogr: np
     empty = n1 <= 0
     m1[empty], sc[empty] = 0.0, 0.0
     nk[t], mean[t], scatter[t] = n1, m1, sc
-    sum_rlogr = stats.sum_rlogr - float(np.sum(rlogr[rows])) + float(np.sum(_xlogx(new[rows])))
+    if w is None:
+        sum_rlogr = stats.sum_rlogr - float(np.sum(rlogr[rows])) + float(np.sum(_xlogx(new[rows])))
+    else:
+        sum_rlogr = (stats.sum_rlogr - float(np.sum(wr * rlogr[rows]))
+                     + float(np.sum(wr[:, None] * _xlogx(new[rows]))))
     alt = SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=stats.n_rows,
-                    shift=stats.shift)
+                    shift=stats.shift, weight=stats.weight)
     return alt, new, orphans
 
 
@@ -186,11 +199,12 @@ class TruncMoveRequest:
     def __call__(self, chunk: Chunk, idx: np.ndarray, resp: np.ndarray, rlogr: np.ndarray,
                  stats: SuffStats) -> TruncMoveResult:
         k = stats.nk.shape[0]
-        h = candidate_pair_entropy(idx, resp, self.pairs, k)
+        w = None if chunk.w is None else np.asarray(to_numpy(chunk.w), dtype=np.float64)
+        h = candidate_pair_entropy(idx, resp, self.pairs, k, w)
         if self.keep is None:
             return TruncMoveResult(h, None, np.zeros(self.keep_pairs.shape[0]), 0)
         kept = np.zeros(k, dtype=bool)
         kept[self.keep] = True
-        alt, new, orphans = delete_statistics(chunk, idx, resp, rlogr, stats, kept)
-        alt_h = candidate_pair_entropy(idx, new, self.keep[self.keep_pairs], k)
+        alt, new, orphans = delete_statistics(chunk, idx, resp, rlogr, stats, kept, w)
+        alt_h = candidate_pair_entropy(idx, new, self.keep[self.keep_pairs], k, w)
         return TruncMoveResult(h, alt.take(self.keep), alt_h, orphans)

@@ -131,6 +131,7 @@ class DiagSums:
     sum_rlogr: float
     n_rows: int
     shift: np.ndarray  # (D,)
+    weight: float | None = None  # the rows' total weight (None: unweighted; SuffStats.weight)
 
     def merge(self, other: DiagSums) -> DiagSums:
         return self._merged(other, None)
@@ -144,12 +145,15 @@ class DiagSums:
         if not (self.shift is other.shift or np.array_equal(self.shift, other.shift)):
             raise ValueError("cannot merge statistics computed with different shifts")
         g = np.add(self.g, other.g, out=out)
+        weight = None if self.weight is None and other.weight is None else (
+            (self.n_rows if self.weight is None else self.weight)
+            + (other.n_rows if other.weight is None else other.weight))
         return DiagSums(self.nk + other.nk, g, self.sum_rlogr + other.sum_rlogr, self.n_rows + other.n_rows,
-                        self.shift)
+                        self.shift, weight)
 
     def to_stats(self) -> SuffStats:
         """Centred statistics (:func:`vbcore.kernels.diag_stats`)."""
-        return diag_stats(self.nk, self.g, self.sum_rlogr, self.n_rows, self.shift)
+        return diag_stats(self.nk, self.g, self.sum_rlogr, self.n_rows, self.shift, self.weight)
 
 
 @dataclass(frozen=True)
@@ -352,16 +356,20 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     g = done.g
     evaluations += done.evaluations
     idx, resp, log_norm, rlogr = out.idx, out.resp, out.log_norm, out.rlogr
-    nk = np.bincount(idx.ravel(), weights=resp.ravel(), minlength=k)
-    sum_rlogr = float(np.sum(rlogr))
-    stats = (DiagSums(nk, g, sum_rlogr, chunk.n_rows, chunk.shift) if g is not None
-             else _full_stats(chunk, idx, resp, nk, sum_rlogr, params.estep.covariance_type == "tied"))
+    rw, lw, sw = resp, log_norm, rlogr  # weighted rows: every sum takes w_n r_nk (vbcore.kernels.weigh)
+    if chunk.w is not None:
+        wn = np.asarray(to_numpy(chunk.w), dtype=np.float64)
+        rw, lw, sw = resp * wn[:, None], log_norm * wn, rlogr * wn
+    nk = np.bincount(idx.ravel(), weights=rw.ravel(), minlength=k)
+    sum_rlogr = float(np.sum(sw))
+    stats = (DiagSums(nk, g, sum_rlogr, chunk.n_rows, chunk.shift, chunk.weight) if g is not None
+             else _full_stats(chunk, idx, rw, nk, sum_rlogr, params.estep.covariance_type == "tied"))
     scores = NeighbourScores.combine([NeighbourScores(*t) for t in zip(done.keys, done.sums, done.counts,
                                                                        strict=True)])
     extra = None if params.hook is None else params.hook(
         chunk, idx, resp, rlogr, stats.to_stats() if isinstance(stats, DiagSums) else stats)
     new_state = CandidateState(state.start, idx, resp.astype(np.float32))
-    return new_state, TruncResult(stats, float(np.sum(log_norm)), scores, evaluations, extra)
+    return new_state, TruncResult(stats, float(np.sum(lw)), scores, evaluations, extra)
 
 
 @dataclass
@@ -414,7 +422,8 @@ def _run_blocks(chunk: Chunk, blocks: list[tuple[int, int, np.ndarray]], order: 
             sizes = np.diff(np.append(sub, rows.size))
             part.counts.append(np.repeat(sizes, search.size).astype(np.int64))
         if part.g is not None:
-            _add_group_moments(part.g, feats, search[top], r, xp)
+            rg = r if chunk.w is None else r * np.asarray(to_numpy(chunk.w[rows]), dtype=np.float64)[:, None]
+            _add_group_moments(part.g, feats, search[top], rg, xp)
     return part
 
 
@@ -475,4 +484,4 @@ def _full_stats(chunk: Chunk, idx: np.ndarray, resp: np.ndarray, nk: np.ndarray,
         return pooled_stats(nk, sums, xx, sum_rlogr, chunk)
     scatter = 0.5 * (scatter + scatter.transpose(0, 2, 1))
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=chunk.n_rows,
-                     shift=chunk.shift)
+                     shift=chunk.shift, weight=chunk.weight)

@@ -249,7 +249,8 @@ def map_search_kernel(chunk: Chunk, state: CandidateState,
     stored[sel] = idx
     e = np.exp(val - val[:, :1])
     resp[sel] = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
-    hard = label_sums(x, None, idx[:, 0].astype(np.int64), k, chunk.shift)
+    w = None if chunk.w is None else np.asarray(to_numpy(chunk.w[sel]), dtype=chunk.x.dtype)
+    hard = label_sums(x, None, idx[:, 0].astype(np.int64), k, chunk.shift, w=w)
     scores = NeighbourScores.combine([NeighbourScores(*t) for t in zip(acc[0::3], acc[1::3], acc[2::3],
                                                                        strict=True)])
     return CandidateState(state.start, stored, resp), MapSearchResult(hard, scores, evaluations)

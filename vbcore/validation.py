@@ -19,7 +19,7 @@ from scipy import sparse
 from vbcore.errors import InputError, InputTypeError
 from vbcore.limits import check_magnitude
 
-__all__ = ["NUMERIC_KINDS", "check_layout", "row_is_finite", "check_finite", "as_rows"]
+__all__ = ["NUMERIC_KINDS", "check_layout", "row_is_finite", "check_finite", "as_rows", "check_weights"]
 
 #: dtype kinds accepted as features: booleans, signed and unsigned integers, floats
 NUMERIC_KINDS = "biuf"
@@ -134,3 +134,29 @@ def check_array_2d(X: Any, name: str = "X") -> np.ndarray:
     """Validate data: dense, 2-D, numeric, at least one row and column, all finite (the estimator's
     entry point; :func:`as_rows`). float32 stays float32; other numeric dtypes become float64."""
     return as_rows(X, name)
+
+
+def check_weights(w: Any, n_rows: int, where: str = "sample_weight", *, first_row: int = 0,
+                  some_positive: bool = False) -> np.ndarray:
+    """Row weights as a float64 array of shape ``(n_rows,)``: one number per row, finite and >= 0
+    (0 drops the row; an integer weight counts the row that many times) and, with
+    ``some_positive`` (the weights of a fit), not all 0. One line names what is wrong and the first
+    row where it is."""
+    arr = np.asarray(w)
+    if arr.dtype.kind not in NUMERIC_KINDS:
+        raise InputError(f"{where}: weights must be numbers, got dtype {arr.dtype}")
+    if arr.ndim != 1 or arr.shape[0] != n_rows:
+        got = "a scalar" if arr.ndim == 0 else f"shape {arr.shape}"
+        raise InputError(f"{where}: expected one weight per row, shape ({n_rows},), got {got}")
+    arr = arr.astype(np.float64)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(f"{where}: row {first_row + i} has weight {float(arr[i])}; weights must be finite")
+    neg = arr < 0
+    if neg.any():
+        i = int(np.argmax(neg))
+        raise InputError(f"{where}: row {first_row + i} has weight {float(arr[i])}; weights must be >= 0")
+    if some_positive and n_rows and not arr.sum() > 0:  # scikit-learn's wording
+        raise InputError(f"{where}: Sample weights must contain at least one non-zero number.")
+    return arr

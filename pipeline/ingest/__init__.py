@@ -43,7 +43,7 @@ from pipeline.ingest.fingerprint import find_duplicate, source_fingerprint
 from pipeline.ingest.hdf5 import read_hdf5
 from pipeline.ingest.images import IMAGE_SUFFIXES
 from pipeline.ingest.numpy_files import read_npy, read_npz
-from pipeline.ingest.plan import Batch, Plan, as_int
+from pipeline.ingest.plan import Batch, Plan, as_int, with_weights
 from pipeline.ingest.synthetic import SYNTHETIC_DEFAULTS, read_synthetic, synthetic_class_sizes
 from pipeline.ingest.tables import read_csv, read_parquet
 from pipeline.ingest.writer import check_target, counted, write_plan
@@ -74,7 +74,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
            ids: str | None = None, append: bool = False, drop_nonfinite: bool = False,
            overwrite: bool = False, compression_level: int = 1, batch_chunks: int = 1,
            progress: Callable[[int], None] | None = None, allow_duplicate: bool = False,
-           **options: Any) -> IngestReport:
+           weights: str | None = None, **options: Any) -> IngestReport:
     """Stream ``source`` into the feature store ``out``.
 
     Parameters
@@ -89,8 +89,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
     chunk_rows : int
         Rows per store chunk and per batch read (a new store's chunking; an append follows the store's).
     labels, ids : str, optional
-        Where labels / ids come from; the meaning depends on the source (a file, key, dataset or
-        column name; ``'folders'`` for image folders).
+        Where labels / ids come from: a file, key, dataset or column name (``'folders'``: image folders).
     drop_nonfinite : bool
         Skip rows holding NaN/inf (counted in the report) instead of failing on the first one.
     compression_level : int
@@ -100,6 +99,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
         so 2 uses two cores; memory grows with it (about 3 x batch_chunks chunks).
     progress : callable, optional
         ``progress(rows)`` after each batch read from the source, with the number of rows in it.
+    weights : str, optional
+        A .npy file of row weights, one per source row (finite, >= 0): the store's ``weights``.
     allow_duplicate : bool
         Append a source that the store already holds (same source fingerprint,
         :mod:`pipeline.ingest.fingerprint`); refused by default.
@@ -117,6 +118,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
 
     leftovers.clean(out)  # temporaries of killed ingests into ``out`` whose writer is gone
     if is_image_source(str(source)):
+        if weights is not None:
+            raise ConfigError("--weights is for array and table sources, not image sources")
         return ingest_images(str(source), out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
                              drop_nonfinite=drop_nonfinite, overwrite=overwrite,
                              compression_level=compression_level, batch_chunks=batch_chunks,
@@ -127,7 +130,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
     chunk_rows = as_int("chunk_rows", chunk_rows, minimum=1)
     batch_chunks = as_int("batch_chunks", batch_chunks, minimum=1)
     check_target(out, append, overwrite)
-    plan = open_source(str(source), labels, ids, dict(options), chunk_rows)
+    plan = with_weights(open_source(str(source), labels, ids, dict(options), chunk_rows), weights)
     if progress is not None:
         plan.blocks = counted(plan.blocks, progress)
     # Every chunk written here is full of rows, so zarr's per-chunk "is it all fill value?" scan (a

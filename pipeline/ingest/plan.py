@@ -11,7 +11,7 @@ import numpy as np
 
 from vbcore.errors import ConfigError, InputError
 
-Batch = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]  # (features, labels, ids)
+Batch = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]  # (features, labels, ids[, weights])
 
 
 @dataclass
@@ -31,6 +31,38 @@ class Plan:
     extractor_params: dict[str, Any] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     close: Callable[[], None] = lambda: None
+    weights: bool = False  # batches carry row weights (ingest --weights FILE)
+
+
+def with_weights(plan: Plan, path: str | None) -> Plan:
+    """``plan`` with the row weights of the .npy file ``path`` (one per source row, in order) added to
+    every batch; the store checks them (:func:`vbcore.validation.check_weights`). A file with fewer
+    or more weights than the source has rows is an error (an append is then rolled back). ``path``
+    None: the plan as it is (a store without weights)."""
+    if path is None:
+        return plan
+    try:
+        w = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read the weights ({type(exc).__name__}: {exc}); expected a "
+                         ".npy file with one weight per row") from None
+    if w.ndim != 1:
+        raise InputError(f"{path}: weights must be a 1-D array (one per row), got shape {w.shape}")
+    blocks = plan.blocks
+
+    def weighted(first: int, size: int) -> Iterator[Any]:
+        off = 0
+        for b in blocks(first, size):
+            n = int(b[0].shape[0])
+            if off + n > w.shape[0]:
+                raise InputError(f"{path}: {w.shape[0]} weights, but the source has more rows")
+            yield (*b[:3], np.asarray(w[off:off + n]))
+            off += n
+        if off != w.shape[0]:
+            raise InputError(f"{path}: {w.shape[0]} weights, but the source has {off} rows")
+
+    plan.blocks, plan.weights = weighted, True
+    return plan
 
 
 def row_slices(n: int, first: int, size: int) -> Iterator[tuple[int, int]]:

@@ -42,7 +42,8 @@ def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int
     tmp = leftovers.make_temp(out)  # a private sibling .OUT.tmp-<random>, its writer recorded
     try:
         store = FeatureStore.create(
-            tmp, plan.n_features, chunk_rows=chunk_rows, labels=plan.labels, ids=plan.ids, source=source,
+            tmp, plan.n_features, chunk_rows=chunk_rows, labels=plan.labels, ids=plan.ids,
+            weights=plan.weights, source=source,
             extractor=plan.extractor, extractor_params=plan.extractor_params,
             compression_level=compression_level)
         written = store.append_batches(_aligned(blocks, size, size), source=source,
@@ -110,17 +111,15 @@ def _move_into_place(tmp: Path, out: Path) -> None:
 
 # ---- batching -----------------------------------------------------------------------------------
 def _take(b: Batch, start: int, stop: int) -> Batch:
-    return (b[0][start:stop], None if b[1] is None else b[1][start:stop],
-            None if b[2] is None else b[2][start:stop])
+    return tuple(None if a is None else a[start:stop] for a in b)  # type: ignore[return-value]
 
 
 def _concat(pieces: list[Batch]) -> Batch:
+    """One batch of the pieces (features, labels, ids and, where given, weights)."""
     if len(pieces) == 1:
         return pieces[0]
-    X = np.concatenate([p[0] for p in pieces])
-    lab = None if pieces[0][1] is None else np.concatenate([p[1] for p in pieces])  # type: ignore[misc]
-    idv = None if pieces[0][2] is None else np.concatenate([p[2] for p in pieces])  # type: ignore[misc]
-    return X, lab, idv
+    return tuple(None if pieces[0][j] is None else np.concatenate([p[j] for p in pieces])  # type: ignore[return-value]
+                 for j in range(len(pieces[0])))
 
 
 def _peek_rows(blocks: Iterator[Batch], chunk_rows: int) -> tuple[Iterator[Batch], int | None]:

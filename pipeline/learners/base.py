@@ -43,6 +43,10 @@ class FitContext:
         Entropy of every random draw of the fit; see :meth:`rng`.
     projection : vbcore.projection.Projection or None
         The fit's projection (``pca``): chunks, ``source.load`` and ``n_features`` are projected.
+    total_weight : float or None
+        ``sum_n w_n`` of weighted rows (the data's ``N`` in every formula that counts rows: the
+        convergence test per row, minibatch scaling, default thresholds); None: ``n_rows``
+        (:attr:`n_weight`).
     """
 
     engine: Any
@@ -58,6 +62,12 @@ class FitContext:
     seed: int | None = None
     chunk_starts: list[int] = field(default_factory=list)
     projection: Any = None
+    total_weight: float | None = None
+
+    @property
+    def n_weight(self) -> float:
+        """The data's ``N``: the rows' total weight (``n_rows`` when the rows are unweighted)."""
+        return float(self.n_rows) if self.total_weight is None else float(self.total_weight)
 
     def rng(self, *key: int) -> np.random.Generator:
         """A generator derived from the fit's seed and ``key`` (for example the iteration): the same
@@ -139,7 +149,7 @@ class Learner:
                               "(--weights / weight_concentration_prior_type)")
 
     @classmethod
-    def default_weight_concentration(cls, n_rows: int) -> float | None:
+    def default_weight_concentration(cls, n_rows: float) -> float | None:
         """The learner's default weight concentration for N rows (None: the prior's, 1/K)."""
         return None
 
@@ -184,7 +194,7 @@ class Learner:
         change the estimate by less than ``tol``): it runs its ``max_iter`` budget."""
         if self.bound_kind() != "exact":
             return False
-        return len(history) > 1 and abs(history[-1] - history[-2]) / self.ctx.n_rows < tol
+        return len(history) > 1 and abs(history[-1] - history[-2]) / self.ctx.n_weight < tol
 
     def state(self) -> dict[str, np.ndarray]:
         """Learner state beyond the posterior, for checkpoints (arrays only)."""
@@ -193,6 +203,16 @@ class Learner:
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         """Resume from a checkpoint written from :meth:`state`."""
         self.start(post)
+
+    def adopt(self, state: Mapping[str, np.ndarray]) -> int:
+        """Warm start: take what applies of a previous fit's learner state (its :meth:`state`, e.g.
+        the memoized statistics of unchanged chunks, :mod:`pipeline.learners.memo`) after
+        :meth:`start`. Returns the number of chunks whose state was adopted (0: none, the default)."""
+        return 0
+
+    def keep_state(self) -> dict[str, np.ndarray]:
+        """The state a later warm start may :meth:`adopt` (fetched at the end of a fit; {}: none)."""
+        return {}
 
     def close(self) -> None:
         """Release per-chunk state held by the engine."""

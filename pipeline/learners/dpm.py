@@ -61,6 +61,13 @@ def split_by_chunk(rows: np.ndarray, bounds: np.ndarray) -> tuple[list[int], lis
     return [int(i) for i in ids], [p - bounds[i] for i, p in zip(ids, parts, strict=True)]
 
 
+def minibatch_weight(stats: Any, m: int) -> float:
+    """A minibatch's ``M`` in the N / M scaling: its ``m`` rows, or their total weight (weighted
+    rows, so the statistics scale by the total weight, not the row count; at least a tiny positive
+    number: a minibatch of zero-weight rows has zero statistics)."""
+    return m if stats.weight is None else max(float(stats.weight), 1e-300)
+
+
 def draw_rows(rng: np.random.Generator, n_rows: int, size: int) -> np.ndarray:
     """``size`` distinct rows out of ``n_rows`` (all rows when size >= n_rows), sorted."""
     if size >= n_rows:
@@ -118,7 +125,7 @@ def estimate_fixed_variance(sample: np.ndarray, n_components: int, random_state:
     return var
 
 
-def default_weight_concentration(n_rows: int) -> float:
+def default_weight_concentration(n_rows: float) -> float:
     """``a0 = N`` (Lim & Jiang 2024 Algorithm 1, step 3.i)."""
     return float(n_rows)
 
@@ -137,7 +144,7 @@ class DPPointLearner(Learner):
 
     sigma2_sample_rows = SIGMA2_ROWS  # rows the estimator gathers for estimate_fixed_variance
     @classmethod
-    def default_weight_concentration(cls, n_rows: int) -> float | None:
+    def default_weight_concentration(cls, n_rows: float) -> float | None:
         return default_weight_concentration(n_rows)
 
     default_covariance = "fixed"
@@ -235,7 +242,7 @@ class DPPointLearner(Learner):
         params = map_params(DPPoint(seeds.means, sticks), self.sigma2, self.ctx.shift, sample.dtype)
         chunk = Chunk(x=sample, feats=None, shift=self.ctx.shift, diagonal=True)
         stats = hard_kernel(chunk, None, params).to_stats()
-        return scale_stats(stats, self.ctx.n_rows / sample.shape[0])
+        return scale_stats(stats, self.ctx.n_weight / sample.shape[0])
 
     # -- state
     def _set(self, point: DPPoint, counts: np.ndarray) -> None:

@@ -54,7 +54,7 @@ from vbcore.stats import SuffStats
 CONVERGENCE_RULES = ("tol", "seed000")
 
 
-def seed000_converged(history: list[float], eps: float, n_rows: int) -> bool:
+def seed000_converged(history: list[float], eps: float, n_rows: float) -> bool:
     """Kuusela et al. 2009 sec. V: ``C_{k-1} - C_k < eps N`` on two iterations in a row (``C = -ELBO``)."""
     if len(history) < 3:
         return False
@@ -281,7 +281,7 @@ class GradientLearner(Learner):
         if self.s.stalled:
             return True
         if self.opts["convergence"] == "seed000":
-            return seed000_converged(history, float(self.opts["eps"]), self.ctx.n_rows)
+            return seed000_converged(history, float(self.opts["eps"]), self.ctx.n_weight)
         return super().converged(history, tol)
 
     # ---- checkpoints ---------------------------------------------------------------------------

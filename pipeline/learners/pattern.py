@@ -157,7 +157,7 @@ class PatternSearchVBEM(Learner):
 
     def converged(self, history: list[float], tol: float) -> bool:
         if self.opts["convergence"] == "seed000":
-            return seed000_converged(history, float(self.opts["eps"]), self.ctx.n_rows)
+            return seed000_converged(history, float(self.opts["eps"]), self.ctx.n_weight)
         return super().converged(history, tol)
 
     def state(self) -> dict[str, np.ndarray]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from pipeline.learners import register
 from pipeline.learners.base import FitContext
-from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
+from pipeline.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
 from pipeline.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
 from pipeline.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.elbo import ElboTerms, elbo_terms, minibatch_standard_error
@@ -82,7 +82,7 @@ class _SGA(HardMovesMixin, DPPointLearner):
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.point is not None and self.post is not None, "start() first"
-        n = self.ctx.n_rows
+        n = self.ctx.n_weight
         self._iteration = iteration
         if self.moves.due(iteration):  # merges are judged on all rows: one more full pass
             self.apply_moves(iteration, self.hard_pass(self.point))
@@ -98,20 +98,21 @@ class _SGA(HardMovesMixin, DPPointLearner):
             stats, spread = raw.to_stats(), raw.bound[1]
         else:  # exact bounds, or the candidate search (which does not sum the rows' shares)
             stats = self.hard_pass(self.point, handles, rows)
+        mw = minibatch_weight(stats, m)  # its rows, or their total weight
         grad = gradients(stats, self.point, self.ctx.prior, self.sigma2, n, self.a0)
         new, vel = sga_step(self.point, grad, method=self.method, eta=float(self.opts["eta"]),
                             sigma2=self.sigma2, velocity=self.velocity,
                             alpha=float(self.opts.get("alpha", 0.9)))
         self.velocity = vel
-        counts = stats.nk * (n / m)
+        counts = stats.nk * (n / mw)
         terms = None
         self.se = None
         if estimate:
             # the distribution entering this step has not seen this minibatch: its bound estimated
             # here is unbiased (the stepped one was fitted to these rows and reads optimistically)
-            terms = elbo_terms(scale_stats(stats, n / m), self.post, self.ctx.prior)
+            terms = elbo_terms(scale_stats(stats, n / mw), self.post, self.ctx.prior)
             if spread is not None:
-                self.se = minibatch_standard_error(n, m, spread)
+                self.se = minibatch_standard_error(n, mw, spread)
         self._set(new, counts)
         if terms is None:
             terms = self.exact_terms()

@@ -37,6 +37,8 @@ class LearnerState:
             elif isinstance(value, SuffStats):
                 out.update({f"{key}.{n}": np.asarray(getattr(value, n))
                             for n in ("nk", "mean", "scatter", "sum_rlogr", "n_rows", "shift")})
+                if value.weight is not None:  # weighted rows' total weight
+                    out[f"{key}.weight"] = np.asarray(value.weight)
             elif dataclasses.is_dataclass(value):
                 for g in dataclasses.fields(value):
                     out[f"{key}.{g.name}"] = np.asarray(getattr(value, g.name))
@@ -62,7 +64,8 @@ class LearnerState:
                 values[f.name] = None if key + ".nk" not in arrays else SuffStats(
                     nk=arrays[key + ".nk"], mean=arrays[key + ".mean"], scatter=arrays[key + ".scatter"],
                     sum_rlogr=float(arrays[key + ".sum_rlogr"]), n_rows=int(arrays[key + ".n_rows"]),
-                    shift=arrays[key + ".shift"])
+                    shift=arrays[key + ".shift"],
+                    weight=float(arrays[key + ".weight"]) if key + ".weight" in arrays else None)
             elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
                 sub = {g.name: arrays[f"{key}.{g.name}"] for g in dataclasses.fields(kind)}
                 values[f.name] = kind(**{k: _scalar(v) for k, v in sub.items()})

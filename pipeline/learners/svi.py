@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeline.learners import register
 from pipeline.learners.base import FitContext
-from pipeline.learners.dpm import DPPointLearner, check_range, minibatch
+from pipeline.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
 from pipeline.learners.moves import HARD_MOVE_OPTIONS, MOVE_OPTIONS, Moves, check_move_options
 from pipeline.learners.sga import check_minibatch_options
 from vbcore.elbo import ElboTerms, elbo_terms, minibatch_standard_error
@@ -129,16 +129,17 @@ class SVI(DPPointLearner):
         assert self.vb is not None, "start() first"
         if self.moves.due(iteration):
             self.merge_round()
-        n = self.ctx.n_rows
+        n = self.ctx.n_weight
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
         params = estep_params(self.vb, self.ctx.shift)
         res = self.ctx.engine.map_reduce(minibatch_vbem_kernel, handles, params, per_chunk=rows)
         rho = step_size(iteration, float(self.opts["tau"]), float(self.opts["kappa"]))
         new = svi_update(self.vb, res.stats, self.ctx.prior, n, rho)
+        mw = minibatch_weight(res.stats, m)  # its rows, or their total weight
         if self.opts["elbo"] == "minibatch":
             # unbiased: the posterior entering the step has not seen this minibatch (pipeline.learners.sga)
-            terms = elbo_terms(scale_stats(res.stats, n / m), self.vb, self.ctx.prior)
-            self.se = minibatch_standard_error(n, m, res.log_norm_m2)
+            terms = elbo_terms(scale_stats(res.stats, n / mw), self.vb, self.ctx.prior)
+            self.se = minibatch_standard_error(n, mw, res.log_norm_m2)
             self.vb = self._prune(new)
         else:
             self.vb = self._prune(new)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.learners import register
+from pipeline.learners.memo import MemoStats, check_memo_option
 from pipeline.learners.moves import MOVE_OPTIONS, Moves, check_move_options
 from pipeline.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
 from vbcore.elbo import ElboTerms, elbo_terms
@@ -40,12 +41,16 @@ class VBEM(TruncatedLearner):
     #: descending N_k before the M-step (which never lowers the bound, Lim & Jiang 2024 section 4.5;
     #: off by default, so the trajectory stays scikit-learn's). ``candidates`` > 0: the truncated
     #: E-step; ``moves``: merge/delete moves.
-    options = {"prune_below": 1e-6, "reorder": False, **TRUNCATED_OPTIONS, **MOVE_OPTIONS}
+    options = {"prune_below": 1e-6, "reorder": False, **TRUNCATED_OPTIONS, **MOVE_OPTIONS, "memo": 0.0}
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
         check_truncated_options(cls.name, opts)
         check_move_options(cls.name, opts)
+        check_memo_option(cls.name, opts["memo"])
+        if opts["memo"] > 0 and (opts["candidates"] > 0 or opts["moves"] != "none"):
+            raise ConfigError(f"learner option 'memo' of {cls.name!r} keeps the exact E-step's statistics: "
+                              "it cannot be combined with 'candidates' > 0 or 'moves' yet")
 
     @classmethod
     def check_spec(cls, spec: Any) -> None:
@@ -57,8 +62,13 @@ class VBEM(TruncatedLearner):
                               "for covariance 'tied' yet; use candidates=0 (the exact E-step) with moves")
 
     def __init__(self, ctx, options=None) -> None:  # type: ignore[no-untyped-def]
+        options = dict(options or {})
+        if float(options.get("memo", 0.0)) > 0 and int(options.get("candidates", -1)) == -1:
+            options["candidates"] = 0  # memoized statistics are the exact E-step's
         super().__init__(ctx, options)
         self.moves = Moves(self.name, self.opts)
+        memo = float(self.opts["memo"])
+        self.memo = MemoStats(ctx, memo) if memo > 0 else None
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
@@ -72,6 +82,8 @@ class VBEM(TruncatedLearner):
             stats = trunc.run(self.post, iteration).stats
         elif self.moves.due(iteration):
             stats = self.moves.run(self.ctx, self.post)
+        elif self.memo is not None:
+            stats = self.memo.run(estep_params(self.post, self.ctx.shift), iteration).stats
         else:
             stats = vbem_pass(self.ctx, self.post).stats
         dp = self.ctx.weight_type == "dirichlet_process"
@@ -92,16 +104,35 @@ class VBEM(TruncatedLearner):
         return self.post, terms
 
     def converged(self, history: list[float], tol: float) -> bool:
+        if self.memo is not None:  # per unit of the visited rows' weight
+            return self.memo.converged(history, tol, self.ctx.n_weight)
         return self.moves.converged(super().converged(history, tol))
+
+    def relabel_components(self, kept: np.ndarray, moved: np.ndarray | None = None) -> None:
+        super().relabel_components(kept, moved)
+        if self.memo is not None:
+            self.memo.relabel(kept)
 
     def state(self) -> dict[str, np.ndarray]:
         out = super().state()
         out.update(self.moves.state())
+        if self.memo is not None:
+            out.update(self.memo.state())
         return out
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         super().load_state(post, state)
         self.moves.load_state(state)
+        if self.memo is not None:
+            self.memo.load_state(state)
+
+    def keep_state(self) -> dict[str, np.ndarray]:
+        return {} if self.memo is None else self.memo.state()
+
+    def adopt(self, state: Mapping[str, np.ndarray]) -> int:
+        if self.memo is None or self.post is None:
+            return 0
+        return self.memo.adopt(state, self.post.n_components)
 
 
 def prune_components(post: Posterior, keep: np.ndarray) -> Posterior:

@@ -1,0 +1,166 @@
+"""A growing store (issue 28): the memoized refresh against a cold and a warm-started full-pass fit,
+partial_fit over batches against fit on all, and a weighted coreset against the full fit.
+
+Setting: a SUN397-shaped synthetic store (``vbcluster ingest synthetic``) of ``--rows`` x ``--dim``
+with ``--classes`` classes, VB EM with diag covariance and ``--components`` components; the store is
+fitted keeping memoized statistics (``memo=1``), grown by ``--grow`` (5%), then refitted three ways:
+
+* cold: k-means initialisation, full passes (the default fit of the grown store);
+* warm: from the first fit's posterior, full passes (what a refresh did before memoized statistics);
+* memo: from the first fit's posterior and memoized statistics (``memo=--memo``): the new chunks
+  first, then the ones whose responsibilities move.
+
+Every figure is printed with the machine's load average; ratios are of times measured in this run.
+Run with ``python bench/bench_refresh.py --workdir bench/out`` (``--rows 100000`` for a first figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+KW = dict(covariance_type="diag", random_state=0, tol=1e-4, max_iter=300, chunk_rows=8192)
+
+
+def _fit(model, X, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = time.perf_counter()
+        model.fit(X, **kw)
+        return time.perf_counter() - t
+
+
+def make_stores(workdir: Path, rows: int, grow: float, dim: int, classes: int) -> tuple[str, np.ndarray]:
+    """The store (``rows`` rows) and the rows of the append; returns the store path and the labels of all."""
+    from pipeline.ingest import ingest
+    from pipeline.store import FeatureStore
+
+    extra = int(round(rows * grow))
+    full = workdir / f"refresh-all-{rows}x{dim}.zarr"
+    if not full.exists():
+        ingest("synthetic", full, rows=rows + extra, dim=dim, classes=classes, seed=0,
+               chunk_rows=8192)
+    src = FeatureStore.open(full)
+    store = workdir / f"refresh-{rows}x{dim}.zarr"
+    shutil.rmtree(store, ignore_errors=True)
+    s = FeatureStore.create(store, dim, chunk_rows=8192, labels=True)
+    s.append(src.read(slice(0, rows)), labels=src.read_labels(slice(0, rows)))
+    return str(store), src.read_labels()
+
+
+def append_rest(store: str, workdir: Path, rows: int, dim: int) -> None:
+    from pipeline.store import FeatureStore
+
+    src = FeatureStore.open(workdir / f"refresh-all-{rows}x{dim}.zarr")
+    sl = slice(rows, src.n_rows)
+    FeatureStore.open(store, "r+").append(src.read(sl), labels=src.read_labels(sl))
+
+
+def refresh(args: argparse.Namespace, workdir: Path) -> None:
+    from pipeline import VBMixture
+    from vbcore.metrics import nmi
+
+    store, labels = make_stores(workdir, args.rows, args.grow, args.dim, args.classes)
+    k = args.components
+    first = VBMixture(k, learner_options={"memo": 1.0}, **KW)
+    t_first = _fit(first, store)
+    print(f"first fit ({args.rows} rows): {t_first:.1f} s, {first.n_iter_} iterations, "
+          f"{first.n_effective_} clusters, ELBO/row {first.lower_bound_ / args.rows:.6f}")
+    append_rest(store, workdir, args.rows, args.dim)
+    n = args.rows + int(round(args.rows * args.grow))
+
+    def warm(opts):
+        m = VBMixture(k, learner_options=opts, warm_start=True, **KW)
+        m.posterior_, m.prior_, m.warm_state_ = first.posterior_, first.prior_, first.warm_state_
+        return m
+
+    memo = warm({"memo": args.memo})
+    t_memo = _fit(memo, store)
+    warm_full = warm({})
+    t_warm = _fit(warm_full, store)
+    cold = VBMixture(k, **KW)
+    t_cold = _fit(cold, store)
+    load = os.getloadavg()[0]
+    print(f"grown store: {n} rows; load average {load:.1f}")
+    runs = (("cold", cold, t_cold), ("warm full passes", warm_full, t_warm), ("memo", memo, t_memo))
+    for name, m, t in runs:
+        print(f"  {name:>17}: {t:8.1f} s, {m.n_iter_:3d} iterations, {m.n_effective_} clusters, "
+              f"exact ELBO/row {m.lower_bound_ / n:.6f}, NMI {nmi(labels, m.predict(store)):.4f}")
+    print(f"  memo adopted {memo.adopted_chunks_} of {-(-n // 8192)} chunks")
+    print(f"  memo / cold = {t_memo / t_cold:.3f} (target <= 0.20); memo / warm = {t_memo / t_warm:.3f} "
+          f"(target <= 0.40)")
+    gap = abs(memo.lower_bound_ - warm_full.lower_bound_) / abs(warm_full.lower_bound_)
+    dk = abs(memo.n_effective_ - warm_full.n_effective_) / max(warm_full.n_effective_, 1)
+    print(f"  ELBO/row gap memo vs warm = {100 * gap:.4f}% (target <= 0.01%); clusters differ by "
+          f"{100 * dk:.1f}% (target <= 2%)")
+    if args.partial:
+        partial(store, labels, cold, k, n)
+    coreset(store, labels, cold, k, args.coreset, n)
+
+
+def partial(store: str, labels: np.ndarray, full, k: int, n: int) -> None:
+    """partial_fit over 10 batches of the grown store against fit on all of it (``full``)."""
+    from pipeline import VBMixture
+    from pipeline.store import FeatureStore
+
+    s = FeatureStore.open(store)
+    model = VBMixture(k, **KW)
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for b in np.array_split(np.arange(n), 10):
+            model.partial_fit(s.read(slice(int(b[0]), int(b[-1]) + 1)))
+    t = time.perf_counter() - t
+    gap = abs(model.lower_bound_ - full.lower_bound_) / abs(full.lower_bound_)
+    print(f"partial_fit, 10 batches: {t:.1f} s; ELBO/row {model.lower_bound_ / n:.6f} vs fit "
+          f"{full.lower_bound_ / n:.6f}: gap {100 * gap:.4f}% (target <= 0.1%); "
+          f"load {os.getloadavg()[0]:.1f}")
+
+
+def coreset(store: str, labels: np.ndarray, full, k: int, size: int, n: int) -> None:
+    """A lightweight coreset (Bachem, Lucic & Krause 2018): rows drawn with probability
+    ``q = 1/(2N) + d^2 / (2 sum d^2)`` (d: distance to the mean), weights ``1 / (size q)``; fitted with
+    ``sample_weight`` and compared with the full fit on every row (NMI of the two labelings)."""
+    from pipeline import VBMixture
+    from pipeline.store import FeatureStore
+    from vbcore.metrics import nmi
+
+    x = FeatureStore.open(store).read()
+    d2 = np.sum((x - x.mean(0)) ** 2, axis=1, dtype=np.float64)
+    q = 0.5 / n + 0.5 * d2 / d2.sum()
+    rng = np.random.default_rng(0)
+    rows = rng.choice(n, size=size, replace=True, p=q / q.sum())
+    w = 1.0 / (size * q[rows])
+    model = VBMixture(k, **KW)
+    t = _fit(model, x[rows], sample_weight=w)
+    got, want = model.predict(x), full.predict(x)
+    print(f"coreset of {size} weighted rows: {t:.1f} s, {model.n_effective_} clusters; NMI with the full "
+          f"fit's labels {nmi(want, got):.4f} (target >= 0.98); with the classes {nmi(labels, got):.4f} "
+          f"(full fit: {nmi(labels, want):.4f}); load {os.getloadavg()[0]:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", default="bench/out")
+    ap.add_argument("--rows", type=int, default=500_000)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--classes", type=int, default=100)
+    ap.add_argument("--components", type=int, default=100)
+    ap.add_argument("--grow", type=float, default=0.05)
+    ap.add_argument("--memo", type=float, default=0.1)
+    ap.add_argument("--coreset", type=int, default=10_000)
+    ap.add_argument("--no-partial", dest="partial", action="store_false")
+    args = ap.parse_args()
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    refresh(args, workdir)
+
+
+if __name__ == "__main__":
+    main()

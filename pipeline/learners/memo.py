@@ -1,0 +1,218 @@
+"""Memoized statistics (Hughes & Sudderth 2013, memoized VB) in the VB EM learner: option ``memo``.
+
+``VBMixture(learner_options={"memo": 0.1})`` or ``vbcluster fit S -o memo=0.1`` keeps every chunk's
+last sufficient statistics (its :class:`~vbcore.kernels.KernelResult`) next to the chunk on the engine
+(``engine.map_keep``, as the truncated E-step keeps its candidate sets) and in the checkpoints. An
+iteration visits some chunks only -- every chunk without statistics first (new rows after an append),
+then the ones whose responsibilities moved most when last visited, ``ceil(memo x chunks)`` in all --
+and the global statistics are the reduction of every chunk's kept statistics over the engines'
+fixed tree (:meth:`reduce_states`): the exact sum, the same bits as a full pass over the same
+responsibilities, whatever the visiting order. ``memo=1`` visits every chunk (full passes that keep
+their statistics, so a later fit can start from them); ``0`` (the default) keeps none.
+
+The bound is exact at every iteration: it is the ELBO of q(Z) = each chunk's responsibilities from its
+last visit with the q(theta) of the M-step from their statistics (the ELBO reads q(Z) through the
+statistics only), and it never decreases (a visit maximises the chunk's q(Z) for the current q(theta),
+the M-step q(theta) for the new statistics). A chunk not visited for ``ceil(1 / memo)`` iterations
+is visited next, so every chunk is refreshed at least that often.
+
+Warm starts (``vbcluster fit GROWN --warm-from R1``, a scheduled refresh, ``VBMixture`` with
+``warm_start``): the statistics of chunks whose content key (the store's chunk checksums, a CRC-32 of
+in-memory rows) matches a kept one are adopted, so after an append only the new chunks (and the old
+last, partly filled one) lack statistics and are visited first.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipeline.learners.base import FitContext, restart_lineage
+from vbcore.errors import ConfigError
+from vbcore.kernels import EStepParams, KernelResult, vbem_kernel
+from vbcore.stats import SuffStats
+
+_PREFIX = "memo."
+#: KernelResult fields written per chunk (stacked over the chunks); SuffStats fields nested
+_STATS = ("nk", "mean", "scatter")
+
+
+def check_memo_option(name: str, value: float) -> None:
+    if not 0.0 <= float(value) <= 1.0:
+        raise ConfigError(f"learner option 'memo' of {name!r} must be in [0, 1] (the share of chunks "
+                          f"an iteration visits; 0: no memoized statistics), got {value!r}")
+
+
+def memo_kernel(chunk: Any, old: KernelResult | None, params: EStepParams) -> tuple[KernelResult, float]:
+    """A visit: the chunk's VB EM statistics (:func:`vbcore.kernels.vbem_kernel`), kept as its new
+    state, and how far its responsibilities moved since the last visit (``sum_k |dN_k|`` per unit of
+    weight; infinite on the first visit)."""
+    new = vbem_kernel(chunk, params)
+    if old is None or old.stats.nk.shape != new.stats.nk.shape:
+        return new, math.inf
+    w = new.stats.total_weight
+    return new, float(np.sum(np.abs(new.stats.nk - old.stats.nk)) / w) if w > 0 else 0.0
+
+
+def take_memo(memo: KernelResult | None, order: np.ndarray) -> KernelResult | None:
+    """A kept result's components ``order`` (pruning, re-ordering)."""
+    return None if memo is None else KernelResult(memo.stats.take(order), memo.log_norm, memo.log_norm_m2)
+
+
+def chunk_keys(source: Any) -> list[str]:
+    """A content key per chunk: the store's features (and weights) chunk CRC-32Cs, or a CRC-32 of
+    in-memory rows (and weights); '' where the content cannot be named cheaply (dask arrays)."""
+    n = len(source.chunk_slices())
+    crcs = getattr(source, "crcs", None)
+    if crcs is not None:
+        wcrcs = getattr(source, "wcrcs", None) or [b""] * n
+        return [c.hex() + w.hex() for c, w in zip(crcs, wcrcs, strict=True)]
+    if type(source).__name__ != "ArraySource":
+        return [""] * n
+    keys = []
+    for i in range(n):
+        key = zlib.crc32(np.ascontiguousarray(source.load(i)).tobytes())
+        w = source.load_weights(i)
+        key = key if w is None else zlib.crc32(np.ascontiguousarray(w).tobytes(), key)
+        keys.append(f"{source.chunk_slices()[i].stop - source.chunk_slices()[i].start}:{key:08x}")
+    return keys
+
+
+class MemoStats:
+    """The kept statistics of one fit: per-chunk states on the engine, per-chunk movement and last
+    visit on the driver (see the module docstring)."""
+
+    def __init__(self, ctx: FitContext, share: float) -> None:
+        self.ctx = ctx
+        self.share = float(share)
+        n = len(ctx.handles)
+        self.states: list[Any] = [None] * n
+        self.have = np.zeros(n, dtype=bool)  # chunks with kept statistics
+        self.moved = np.full(n, np.inf)  # movement at the last visit
+        self.visited = np.zeros(n, dtype=np.int64)  # iteration of the last visit (0: never)
+        self.keys = chunk_keys(ctx.source)
+        self.rows = np.asarray([s.stop - s.start for s in ctx.source.chunk_slices()], dtype=np.float64)
+        self.last_visit = np.zeros(0, dtype=np.int64)  # chunks visited by the last iteration
+        self.k = -1  # components of the kept statistics (-1: not known yet)
+
+    def choose(self, iteration: int) -> np.ndarray:
+        """The chunks this iteration visits, ascending: those without statistics, then the ones not
+        visited for ``ceil(1/share)`` iterations, then by descending movement (ties: chunk order)."""
+        n = self.have.size
+        budget = max(1, math.ceil(self.share * n))
+        stale = iteration - self.visited >= math.ceil(1.0 / self.share)
+        rank = np.where(~self.have, 0, np.where(stale, 1, 2))
+        order = np.lexsort((np.arange(n), -self.moved, rank))
+        new = int(np.sum(~self.have))
+        return np.sort(order[: max(budget, new)])
+
+    def run(self, post_params: EStepParams, iteration: int, visit: np.ndarray | None = None) -> KernelResult:
+        """Visit the chosen chunks (or ``visit``) with ``post_params``; the global statistics."""
+        ctx = self.ctx
+        idx = self.choose(iteration) if visit is None else np.asarray(visit, dtype=np.int64)
+        handles = [ctx.handles[i] for i in idx]
+        kept, moved = ctx.engine.map_keep(memo_kernel, handles, [self.states[i] for i in idx], post_params,
+                                          combine=list)
+        for i, s, m in zip(idx.tolist(), kept, moved, strict=True):
+            self.states[i], self.moved[i], self.visited[i] = s, float(m), iteration
+        self.have[idx] = True
+        self.last_visit = idx
+        return self.total()
+
+    def converged(self, history: list[float], tol: float, n_weight: float) -> bool:
+        """The bound changed by less than ``tol`` per unit of weight *of the rows visited* by the last
+        iteration (the only rows whose q(z) moved): a partial iteration is held to the standard of a
+        full one, not diluted by the rows it did not read."""
+        if len(history) < 2 or self.last_visit.size == 0:
+            return False
+        share = float(self.rows[self.last_visit].sum() / self.rows.sum())
+        return abs(history[-1] - history[-2]) / (n_weight * share) < tol
+
+    def total(self) -> KernelResult:
+        """Every chunk's kept statistics reduced over the fixed tree (all chunks must have them)."""
+        if not self.have.all():
+            raise ConfigError("memoized statistics: a chunk has not been visited yet")
+        total = self.ctx.engine.reduce_states(self.states)
+        self.k = total.stats.n_components
+        return total
+
+    def relabel(self, order: np.ndarray) -> None:
+        """The components became ``order`` (old indices, new order): every kept state follows."""
+        order = np.asarray(order, dtype=np.int64)
+        if order.size == self.k and np.array_equal(order, np.arange(self.k)):
+            return
+        self.k = order.size  # (rare: gathered, taken and placed back where the chunks live)
+        parts = [take_memo(p, order) for p in self.ctx.engine.fetch_states(self.states)]
+        self.states = list(self.ctx.engine.place_states(parts, self.ctx.handles))
+
+    # ---- checkpoints and warm starts -----------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """Every kept result stacked over the chunks (chunks without one are zero and flagged), the
+        driver's bookkeeping and the chunk keys."""
+        parts = self.ctx.engine.fetch_states(self.states)
+        self.states = restart_lineage(self.ctx, self.states, parts)
+        out = {_PREFIX + "have": self.have, _PREFIX + "moved": self.moved, _PREFIX + "visited": self.visited,
+               _PREFIX + "keys": np.asarray(self.keys, dtype=str)}
+        ref = next((p for p in parts if p is not None), None)
+        if ref is None:
+            return out
+        for name in _STATS:
+            out[_PREFIX + name] = np.stack([np.zeros_like(getattr(ref.stats, name)) if p is None
+                                            else getattr(p.stats, name) for p in parts])
+        for name, get in (("sum_rlogr", lambda p: p.stats.sum_rlogr), ("n_rows", lambda p: p.stats.n_rows),
+                          ("weight", lambda p: np.nan if p.stats.weight is None else p.stats.weight),
+                          ("log_norm", lambda p: p.log_norm), ("log_norm_m2", lambda p: p.log_norm_m2)):
+            out[_PREFIX + name] = np.asarray([0.0 if p is None else float(get(p)) for p in parts])
+        out[_PREFIX + "shift"] = ref.stats.shift
+        out[_PREFIX + "pooled"] = np.asarray(ref.stats.pooled)
+        return out
+
+    def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Resume: the kept results and bookkeeping of :meth:`state` (the same bits)."""
+        self.have = np.asarray(arrays[_PREFIX + "have"], dtype=bool).copy()
+        self.moved = np.asarray(arrays[_PREFIX + "moved"], dtype=np.float64).copy()
+        self.visited = np.asarray(arrays[_PREFIX + "visited"], dtype=np.int64).copy()
+        parts = _results(arrays, range(self.have.size), self.have)
+        self.states = list(self.ctx.engine.place_states(parts, self.ctx.handles))
+
+    def adopt(self, arrays: Mapping[str, np.ndarray], n_components: int) -> int:
+        """Warm start: take the kept results of a previous fit (its :meth:`state`) for every chunk
+        whose key matches and whose shift and number of components are this fit's. Returns the
+        number of chunks adopted."""
+        if _PREFIX + "nk" not in arrays or arrays[_PREFIX + "nk"].shape[1] != n_components:
+            return 0
+        if not np.array_equal(arrays[_PREFIX + "shift"], self.ctx.shift):
+            return 0
+        old = {str(k): i for i, k in enumerate(arrays[_PREFIX + "keys"].tolist())
+               if k and bool(arrays[_PREFIX + "have"][i])}
+        src = [old.get(k, -1) if k else -1 for k in self.keys]
+        take = np.asarray([j >= 0 for j in src], dtype=bool)
+        parts = _results(arrays, src, take)
+        self.states = list(self.ctx.engine.place_states(parts, self.ctx.handles))
+        self.have = take.copy()
+        self.moved = np.where(take, 0.0, np.inf)
+        self.visited = np.zeros(take.size, dtype=np.int64)
+        return int(take.sum())
+
+
+def _results(arrays: Mapping[str, np.ndarray], rows: Any, present: np.ndarray) -> list[KernelResult | None]:
+    """The kept results of rows ``rows`` of the stacked arrays (None where not ``present``)."""
+    out: list[KernelResult | None] = []
+    shift, pooled = arrays[_PREFIX + "shift"], bool(arrays[_PREFIX + "pooled"])
+    for j, ok in zip(rows, present, strict=True):
+        if not ok:
+            out.append(None)
+            continue
+        w = float(arrays[_PREFIX + "weight"][j])
+        stats = SuffStats(nk=arrays[_PREFIX + "nk"][j].copy(), mean=arrays[_PREFIX + "mean"][j].copy(),
+                          scatter=arrays[_PREFIX + "scatter"][j].copy(),
+                          sum_rlogr=float(arrays[_PREFIX + "sum_rlogr"][j]),
+                          n_rows=int(arrays[_PREFIX + "n_rows"][j]), shift=shift, pooled=pooled,
+                          weight=None if math.isnan(w) else w)
+        out.append(KernelResult(stats, float(arrays[_PREFIX + "log_norm"][j]),
+                                float(arrays[_PREFIX + "log_norm_m2"][j])))
+    return out

@@ -1,0 +1,124 @@
+"""``VBMixture.partial_fit``: VB EM over batches that arrive one at a time, on memoized statistics
+(Hughes & Sudderth 2013).
+
+Every batch's last sufficient statistics are kept on the driver (:class:`PartialState`, in arrival
+order, each under a content key of its rows and weights): a batch passed again *replaces* its own
+statistics (memoized VB's revisit), so laps over the same batches converge to the fit of all of them,
+while a new batch adds its own. A call prepares its batch (rows shifted by the first batch's first
+row, so all statistics merge), then iterates up to ``max_iter`` times: the VB E-step of *this*
+batch under the current posterior, the global statistics as the reduction of every batch's kept
+statistics over the fixed pairwise tree (the bits of a full pass over those responsibilities), the
+M-step, and the exact bound.
+The rows of earlier batches are not read again: their responsibilities stay those of their last
+call, so the bound is the exact ELBO of all rows seen with that q(Z) and never decreases within a
+call. The first call (of an unfitted model) builds the prior from its batch (the data-dependent
+defaults of :func:`pipeline.fit_setup.build_prior`) and initialises as ``fit`` does; a model fitted
+by ``fit`` continues from its posterior and prior, with no statistics of the rows ``fit`` saw.
+
+Against scikit-learn's conventions (its mixtures have no ``partial_fit``; ``MiniBatchKMeans`` and the
+SGD estimators do): one call is one pass of the model over one batch. ``n_iter_`` is the number of
+VB EM iterations of the last call; ``converged_`` says whether the last call's bound changed by less
+than ``tol`` per unit of the batch's weight (its rows, or their ``sample_weight``) before ``max_iter``;
+``lower_bound_`` is the exact bound over every row seen so far; ``lower_bounds_`` holds the last
+call's iterations. No ``ConvergenceWarning``: a batch need not converge. Only VB EM (``learner='vbem'``)
+and no pruning (the truncation keeps ``n_components``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from pipeline.engine import make_engine, tree_reduce
+from pipeline.fit_driver import CountingEngine
+from pipeline.fit_setup import initial_posterior, open_source, setup
+from pipeline.learners.memo import chunk_keys
+from pipeline.learners.vbem import vbem_pass
+from pipeline.spec import FitSpec
+from vbcore.elbo import ElboTerms, elbo_terms
+from vbcore.errors import ConfigError, InputError
+from vbcore.kernels import KernelResult
+from vbcore.mstep import m_step
+from vbcore.posterior import Posterior
+from vbcore.priors import Prior
+
+
+@dataclass
+class PartialState:
+    """What ``partial_fit`` keeps between calls: every batch's last statistics, the shift and the prior."""
+
+    shift: np.ndarray
+    prior: Prior
+    memos: list[KernelResult] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)  # each batch's content key (pipeline.learners.memo)
+
+
+@dataclass
+class PartialOutcome:
+    post: Posterior
+    terms: ElboTerms
+    history: list[float]
+    converged: bool
+    n_iter: int
+
+
+def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: PartialState | None,
+                post: Posterior | None, prior: Prior | None,
+                random_state: Any) -> tuple[PartialOutcome, PartialState]:
+    """Fold the batch ``X`` into ``state`` (None: the first batch) and update the posterior (see the
+    module docstring). ``post``/``prior``: a posterior to start from when ``state`` is None (a model
+    fitted by ``fit``)."""
+    if spec.learner != "vbem":
+        raise ConfigError(f"partial_fit runs VB EM on memoized statistics; learner {spec.learner!r} has no "
+                          "partial_fit (use learner='vbem')")
+    source = open_source(X, int(spec.chunk_rows), sample_weight)
+    eng = make_engine(engine, spec.persist)
+    try:
+        shift = None if state is None else state.shift
+        ctx = setup(spec, source, CountingEngine(eng), random_state, shift=shift)
+        try:
+            if state is None:
+                state = PartialState(ctx.shift, ctx.prior if prior is None else prior)
+            ctx = replace(ctx, prior=state.prior)
+            if post is None:
+                post = initial_posterior(spec, ctx, None, random_state)
+            elif post.n_features != source.n_features:
+                raise InputError(f"X has {source.n_features} features, but the model was fitted with "
+                                 f"{post.n_features}")
+            key = "/".join(chunk_keys(source))
+            at = state.keys.index(key) if key in state.keys else len(state.memos)
+            out, memo = _iterate(spec, ctx, state, post, at)
+        finally:
+            ctx.engine.release(ctx.handles)
+    finally:
+        if eng is not engine:
+            eng.close()
+    if at == len(state.memos):
+        state.memos.append(memo)
+        state.keys.append(key)
+    state.memos[at] = memo
+    return out, state
+
+
+def _iterate(spec: FitSpec, ctx: Any, state: PartialState, post: Posterior,
+             at: int) -> tuple[PartialOutcome, KernelResult]:
+    """E-steps of the batch and M-steps of all statistics (the batch's at position ``at``) until the
+    bound changes by less than ``tol`` per unit of the batch's weight, or ``max_iter``."""
+    history: list[float] = []
+    terms: ElboTerms | None = None
+    memo: KernelResult | None = None
+    converged = False
+    others = [m for i, m in enumerate(state.memos) if i != at]
+    for _ in range(max(int(spec.max_iter), 1)):
+        memo = vbem_pass(ctx, post)
+        total = tree_reduce([*others[:at], memo, *others[at:]])
+        post = m_step(total.stats, state.prior, ctx.reg_covar)
+        terms = elbo_terms(total.stats, post, state.prior)
+        history.append(terms.total)
+        if len(history) > 1 and abs(history[-1] - history[-2]) / ctx.n_weight < float(spec.tol):
+            converged = True
+            break
+    assert terms is not None and memo is not None
+    return PartialOutcome(post, terms, history, converged, len(history)), memo

@@ -1,0 +1,112 @@
+"""Memoized statistics (issue 28; Hughes & Sudderth 2013): learner option ``memo`` of VB EM.
+
+The global statistics are every chunk's kept statistics reduced over the engines' fixed tree: the
+bits of a full recomputation of the same responsibilities, after any visiting order; the bound never
+decreases; a resumed fit and a Dask fit give the bits of the uninterrupted in-process one; a warm
+start after an append adopts the unchanged chunks' statistics and visits the new ones first.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline import VBMixture
+from pipeline.cli import app
+from pipeline.engine import LocalEngine, tree_reduce
+from pipeline.fit_driver import CountingEngine
+from pipeline.fit_setup import open_source, setup
+from pipeline.learners.memo import MemoStats
+from pipeline.learners.vbem import vbem_pass
+from pipeline.store import FeatureStore
+from vbcore.errors import ConfigError
+from vbcore.kernels import estep_params, vbem_kernel
+
+RNG = np.random.default_rng(2013)
+CENTRES = RNG.normal(0.0, 4.0, size=(6, 5))
+X = (CENTRES[RNG.integers(0, 6, 1200)] + RNG.normal(size=(1200, 5))).astype(np.float32)
+KW = dict(n_components=8, covariance_type="diag", random_state=0, chunk_rows=100, tol=0.0)
+
+
+def _fit(X_, engine="local", **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return VBMixture(engine=engine, **{**KW, **kw}).fit(X_)
+
+
+def _same_stats(a, b):
+    for name in ("nk", "mean", "scatter"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.sum_rlogr == b.sum_rlogr and a.n_rows == b.n_rows
+
+
+@pytest.mark.parametrize("cov", ["diag", "full", "tied"])
+def test_memoized_statistics_are_the_exact_sum_after_any_visiting_order(cov):
+    model = VBMixture(**{**KW, "covariance_type": cov})
+    spec = model.spec()
+    ctx = setup(spec, open_source(X, 100), CountingEngine(LocalEngine(threads=2)), 0)
+    fitted = _fit(X, covariance_type=cov, max_iter=3)
+    posts = [fitted.posterior_, _fit(X, covariance_type=cov, max_iter=1).posterior_]
+    memo = MemoStats(ctx, 0.3)
+    last = {}  # chunk -> the posterior of its last visit
+    order = np.random.default_rng(1)
+    memo.run(estep_params(posts[0], ctx.shift), 1, visit=np.arange(len(ctx.handles)))
+    last.update(dict.fromkeys(range(len(ctx.handles)), 0))
+    for it in range(2, 8):
+        visit = np.sort(order.choice(len(ctx.handles), size=int(order.integers(1, 5)), replace=False))
+        p = it % 2
+        got = memo.run(estep_params(posts[p], ctx.shift), it, visit=visit)
+        last.update(dict.fromkeys(visit.tolist(), p))
+        want = tree_reduce([vbem_kernel(h, estep_params(posts[last[i]], ctx.shift))
+                            for i, h in enumerate(ctx.handles)])
+        _same_stats(got.stats, want.stats)
+        assert got.log_norm == want.log_norm
+    memo.run(estep_params(posts[0], ctx.shift), 9, visit=np.arange(len(ctx.handles)))
+    _same_stats(memo.total().stats, vbem_pass(ctx, posts[0]).stats)  # all visited: a full pass's bits
+
+
+def test_the_memoized_bound_never_decreases_and_full_visits_change_no_bit():
+    memo = _fit(X, max_iter=25, reg_covar=0.0, learner_options={"memo": 0.25})
+    assert np.all(np.diff(memo.lower_bounds_) >= -1e-9 * abs(memo.lower_bound_))
+    every = _fit(X, max_iter=6, learner_options={"memo": 1.0})
+    plain = _fit(X, max_iter=6)
+    assert np.array_equal(every.means_, plain.means_) and every.lower_bound_ == plain.lower_bound_
+
+
+def test_resume_and_the_dask_engine_give_the_same_bits(tmp_path, client):
+    opts = {"learner_options": {"memo": 0.3}, "checkpoint_every": 2}
+    reference = _fit(X, max_iter=6, **opts)
+    _fit(X, max_iter=3, checkpoint_dir=str(tmp_path / "a"), **opts)
+    resumed = _fit(X, max_iter=6, checkpoint_dir=str(tmp_path / "a"), **opts)
+    assert resumed.resumed_from_.endswith("ckpt-00000003")
+    on_dask = _fit(X, client, max_iter=6, **opts)
+    for got in (resumed, on_dask):
+        assert np.array_equal(got.means_, reference.means_) and got.lower_bound_ == reference.lower_bound_
+        assert np.array_equal(got.lower_bounds_, reference.lower_bounds_)
+
+
+def test_a_warm_start_after_an_append_adopts_the_unchanged_chunks(tmp_path):
+    store = str(tmp_path / "s.zarr")
+    FeatureStore.create(store, 5, chunk_rows=100).append(X[:1050])
+    run = CliRunner().invoke
+    common = ["-k", "8", "--covariance", "diag", "--seed", "0", "--tol", "1e-5", "-q"]
+    r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r1"), "-o", "memo=1", *common])
+    assert r.exit_code == 0, r.output
+    FeatureStore.open(store, "r+").append(X[1050:])  # fills the last chunk and adds one
+    r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r2"), "--warm-from", str(tmp_path / "r1"),
+                  "-o", "memo=0.2", *common])
+    assert r.exit_code == 0, r.output
+    import json
+
+    res = json.loads((tmp_path / "r2" / "result.json").read_text())
+    assert res["adopted_chunks"] == 10  # chunks 0-9; chunk 10 changed, chunk 11 is new
+    full = _fit(X, max_iter=200, tol=1e-5)
+    assert res["elbo"] / 1200 == pytest.approx(full.lower_bound_ / 1200, rel=1e-3)
+
+
+def test_memo_options_are_checked():
+    with pytest.raises(ConfigError, match=r"learner option 'memo' of 'vbem' must be in \[0, 1\]"):
+        _fit(X, learner_options={"memo": 1.5})
+    with pytest.raises(ConfigError, match=r"'memo' of 'vbem' .* cannot be combined with 'candidates' > 0"):
+        _fit(X, learner_options={"memo": 0.5, "candidates": 2})

@@ -1,0 +1,150 @@
+"""Weighted rows (issue 28): ``fit(X, sample_weight=w)`` and a store's ``weights`` array.
+
+For every learner and option that reads rows (the truncated E-step, the moves, the candidate MAP
+search), from the same start: integer weights give the posterior of the rows repeated (float64
+data, to 1e-10) and zero weights that of the rows dropped. Bad weights are one-line errors.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from pipeline import VBMixture
+from pipeline.store import FeatureStore
+from vbcore.errors import InputError
+
+RNG = np.random.default_rng(28)
+X = np.concatenate([RNG.normal(c, 0.6, (40, 3)) for c in (0.0, 3.0, 6.0)])  # float64, 3 blobs
+W = RNG.integers(0, 4, X.shape[0])  # 0 (dropped), 1, 2, 3 (repeated)
+W[:3] = (0, 2, 3)
+K = 4
+
+#: (learner, options, covariance): every learner once, and each option that reads rows differently
+CASES = [
+    ("vbem", {}, "full"), ("vbem", {}, "diag"), ("vbem", {}, "tied"), ("vbem", {}, "spherical"),
+    ("vbem", {"candidates": 2, "neighbours": 4}, "diag"),
+    ("vbem", {"candidates": 2, "neighbours": 4}, "full"),
+    ("vbem", {"moves": "merge,delete", "move_every": 2}, "diag"),
+    ("vbem", {"candidates": 2, "neighbours": 4, "moves": "merge,delete", "move_every": 2}, "diag"),
+    ("vbem-ps", {}, "diag"), ("ncg", {}, "diag"), ("gd", {}, "diag"), ("cg", {}, "full"), ("ng", {}, "diag"),
+    ("mm", {}, "fixed"), ("mm", {"candidates": 2, "neighbours": 4}, "fixed"),
+    ("sga", {"minibatch": 10**6}, "fixed"), ("sga-m", {"minibatch": 10**6}, "fixed"),
+    ("sga-f", {"minibatch": 10**6}, "fixed"), ("svi", {"minibatch": 10**6, "elbo": "full"}, "fixed"),
+]
+
+
+def _resp(n: int) -> np.ndarray:
+    """The same start for every fit: responsibilities from the row's blob (plus a little of the rest)."""
+    r = np.full((n, K), 0.05)
+    r[np.arange(n), np.arange(n) * 3 // n] = 1.0
+    return r / r.sum(1, keepdims=True)
+
+
+def _fit(learner, opts, cov, X_, resp, w=None, chunk_rows=50):
+    model = VBMixture(K, covariance_type=cov, learner=learner, learner_options=dict(opts), max_iter=6,
+                      tol=0.0, random_state=0, chunk_rows=chunk_rows, reg_covar=0.0,
+                      weight_concentration_prior_type="dirichlet_process",
+                      fixed_variance=0.5 if cov == "fixed" else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model.fit(X_, resp_init=resp, sample_weight=w)
+
+
+def _same(a: VBMixture, b: VBMixture, tol: float = 1e-10) -> None:
+    assert a.n_components_ == b.n_components_
+    np.testing.assert_allclose(a.means_, b.means_, rtol=tol, atol=tol)
+    np.testing.assert_allclose(a.weights_, b.weights_, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(a.covariances_), np.asarray(b.covariances_), rtol=tol, atol=tol)
+    assert a.lower_bound_ == pytest.approx(b.lower_bound_, rel=1e-10, abs=1e-9)
+    np.testing.assert_allclose(a.lower_bounds_, b.lower_bounds_, rtol=1e-10)
+
+
+@pytest.mark.parametrize("learner, opts, cov", CASES, ids=[f"{a}-{c}-{'+'.join(b) or 'plain'}"
+                                                            for a, b, c in CASES])
+def test_integer_weights_equal_repeated_rows_and_zero_weights_dropped_rows(learner, opts, cov):
+    resp = _resp(X.shape[0])
+    weighted = _fit(learner, opts, cov, X, resp, W)
+    repeated = _fit(learner, opts, cov, np.repeat(X, W, axis=0), np.repeat(resp, W, axis=0), chunk_rows=37)
+    _same(weighted, repeated)
+    ones = np.minimum(W, 1)  # weight 0 or 1: the rows of weight 0 dropped
+    _same(_fit(learner, opts, cov, X, resp, ones), _fit(learner, opts, cov, X[ones > 0], resp[ones > 0]))
+
+
+def test_unit_weights_change_no_bit():
+    resp = _resp(X.shape[0])
+    a, b = _fit("vbem", {}, "diag", X, resp), _fit("vbem", {}, "diag", X, resp, np.ones(X.shape[0]))
+    assert np.array_equal(a.means_, b.means_) and a.lower_bound_ == b.lower_bound_
+
+
+def test_a_store_with_weights_fits_as_the_weighted_array(tmp_path):
+    store = FeatureStore.create(tmp_path / "w.zarr", 3, chunk_rows=32, weights=True)
+    store.append(X[:70], weights=W[:70])
+    store.append(X[70:], weights=W[70:])
+    assert np.array_equal(FeatureStore.open(tmp_path / "w.zarr").read_weights(), W.astype(np.float64))
+    resp = _resp(X.shape[0])
+    from_store = _fit("vbem", {}, "diag", str(tmp_path / "w.zarr"), resp)
+    from_array = _fit("vbem", {}, "diag", X.astype(np.float32), resp, W, chunk_rows=32)
+    _same(from_store, from_array, tol=1e-12)
+
+
+@pytest.mark.parametrize("w, message", [
+    (np.r_[1.0, -2.0, np.ones(X.shape[0] - 2)],
+     r"sample_weight: row 1 has weight -2\.0; weights must be >= 0"),
+    (np.r_[np.ones(5), np.nan, np.ones(X.shape[0] - 6)],
+     r"sample_weight: row 5 has weight nan; weights must be finite"),
+    (np.zeros(X.shape[0]), r"sample_weight: Sample weights must contain at least one non-zero number"),
+    (np.r_[np.inf, np.ones(X.shape[0] - 1)], r"sample_weight: row 0 has weight inf; weights must be finite"),
+    (np.ones(3), r"sample_weight: expected one weight per row, shape \(120,\), got shape \(3,\)"),
+    (np.array(["a"] * X.shape[0]), r"sample_weight: weights must be numbers, got dtype <U1"),
+])
+def test_bad_weights_are_one_line_errors(w, message):
+    with pytest.raises(InputError, match=message):
+        VBMixture(2).fit(X, sample_weight=w)
+
+
+def test_bad_weights_in_an_append_name_the_row(tmp_path):
+    store = FeatureStore.create(tmp_path / "w.zarr", 3, chunk_rows=32, weights=True)
+    store.append(X[:10], weights=np.ones(10))
+    message = r"appended rows: weights: row 12 has weight -1\.0; weights must be >= 0"
+    with pytest.raises(InputError, match=message):
+        store.append_batches([(X[:10], None, None, np.ones(10)), (X[:5], None, None, [1, 1, -1, 1, 1])])
+    assert FeatureStore.open(tmp_path / "w.zarr", mode="r+").n_rows == 10  # rolled back
+    with pytest.raises(InputError, match=r"the store has 'weights'; pass them for every batch"):
+        store.append(X[:5])
+
+
+def test_weighted_score_is_the_weighted_mean():
+    model = VBMixture(2, random_state=0).fit(X)
+    ll = model.score_samples(X)
+    assert model.score(X, sample_weight=W) == pytest.approx(np.sum(W * ll) / W.sum(), rel=1e-12)
+    assert model.score(X, sample_weight=W) != pytest.approx(model.score(X), rel=1e-6)
+
+
+def test_ingest_weights_file_and_append(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    np.save(tmp_path / "a.npy", X[:70].astype(np.float32))
+    np.save(tmp_path / "b.npy", X[70:].astype(np.float32))
+    np.save(tmp_path / "wa.npy", W[:70].astype(np.float64))
+    np.save(tmp_path / "wb.npy", W[70:].astype(np.float64))
+    out = str(tmp_path / "s.zarr")
+    run = CliRunner().invoke
+    r = run(app, ["ingest", str(tmp_path / "a.npy"), "--out", out, "--weights", str(tmp_path / "wa.npy"),
+                  "--chunk-rows", "32", "-q"])
+    assert r.exit_code == 0, r.output
+    r = run(app, ["ingest", str(tmp_path / "b.npy"), "--out", out, "--append", "-q"])
+    said = " ".join(r.output.split())
+    assert r.exit_code != 0 and "the store has 'weights'; pass them for every batch" in said
+    np.save(tmp_path / "short.npy", np.ones(5))
+    r = run(app, ["ingest", str(tmp_path / "b.npy"), "--out", out, "--append", "-q", "--weights",
+                  str(tmp_path / "short.npy")])
+    said = " ".join(r.output.split())
+    assert r.exit_code != 0 and "short.npy: 5 weights, but the source has more rows" in said
+    r = run(app, ["ingest", str(tmp_path / "b.npy"), "--out", out, "--append", "-q", "--weights",
+                  str(tmp_path / "wb.npy")])
+    assert r.exit_code == 0, r.output
+    store = FeatureStore.open(out)
+    assert store.n_rows == X.shape[0] and np.array_equal(store.read_weights(), W.astype(np.float64))
