@@ -24,7 +24,7 @@ from typing import Any
 from vbcore.errors import ConfigError
 
 #: the studies that ``run_study`` knows (one module each)
-STUDIES: tuple[str, ...] = ("seed000", "seed001", "seed003", "moves")
+STUDIES: tuple[str, ...] = ("seed000", "seed001", "seed003", "moves", "real")
 
 
 def known_studies() -> list[str]:

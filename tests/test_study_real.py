@@ -1,0 +1,67 @@
+"""The ``real`` study (pipeline/studies/real.py): the message naming the apt command when
+Fashion-MNIST is missing, and a quick run through the idx source, the ONNX extractor and every
+learner (skipped where the Debian package or ../shared/models/ is absent)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.studies import real
+from vbcore.errors import ConfigError
+
+
+def test_missing_fashion_mnist_names_the_apt_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(real, "FASHION", tmp_path / "nothing")
+    with pytest.raises(ConfigError, match=r"^Fashion-MNIST is not installed \(.*nothing has no idx files\): "
+                                          r"apt-get install -y dataset-fashion-mnist$"):
+        real.run(tmp_path / "out", quick=True)
+
+
+def test_missing_model_names_the_export_script(tmp_path, monkeypatch):
+    monkeypatch.setenv("VBCLUSTER_SHARED_MODELS", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"no efficientnet_lite0_features.onnx in .*: build it with "
+                                          r"scripts/export_efficientnet_lite0.py"):
+        real.model_path()
+
+
+def test_plan_covers_every_learner_and_the_baselines():
+    todo = real.plan(quick=False, projection=True, only=None)
+    vb = [a for kind, a in todo if kind == "vb"]
+    sk = [a for kind, a in todo if kind == "sk"]
+    from pipeline.studies import available_learners
+
+    for learner in available_learners():
+        want = {(k, p, real.default_covariance(learner)) for k in (50, 100) for p in real.PCAS}
+        assert {(k, p, c) for lr, k, p, c in vb if lr == learner} == want
+    assert ("vbem", 100, 128, "full") in vb
+    assert sk == [(None, "bgm", "diag", 50), (None, "kmeans", "-", 10), (64, "bgm", "diag", 50),
+                  (64, "bgm", "full", 50), (64, "kmeans", "-", 10), (128, "bgm", "diag", 50),
+                  (128, "bgm", "full", 50), (128, "kmeans", "-", 10)]
+    raw_only = real.plan(False, False, None)  # without the projection stage: raw features only
+    assert all((a[2] if kind == "vb" else a[0]) is None for kind, a in raw_only)
+
+
+def test_quick_run_every_learner_on_real_features(tmp_path):
+    try:
+        real.fashion_mnist()
+        real.model_path()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    folder = real.run(tmp_path, quick=True, only=None)
+    fits = [json.loads(line) for line in (folder / "fits.jsonl").read_text().splitlines()]
+    failed = [(f["method"], f["note"]) for f in fits if f["note"] not in ("", "not converged")]
+    assert not failed, failed  # every learner and baseline runs on the real features
+    from pipeline.studies import available_learners
+
+    assert {f["method"] for f in fits} >= set(available_learners()) | {"sklearn-bgm", "sklearn-kmeans"}
+    km = next(f for f in fits if f["method"] == "sklearn-kmeans")
+    assert km["clusters"] == 10 and km["nmi"] > 0.3  # real features carry the classes
+    assert {f["covariance"] for f in fits if f["method"] == "vbem"} == {"diag"}  # vbcluster fit's default
+    assert all(np.isfinite(f["elbo_per_row"]) for f in fits if not f["method"].startswith("sklearn"))
+    text = (folder / "README.md").read_text()
+    assert "| raw | vbem |" in text and (folder / "nmi_time.png").stat().st_size > 0
+    again = real.run(tmp_path, quick=True, only=["sklearn-kmeans"])  # the features are not extracted again
+    assert "0 images extracted by this run" in (again / "README.md").read_text()
