@@ -2,7 +2,7 @@
 features, every learner at K = 50 and 100 (raw, and after pca=64 / 128 where the projection stage is
 installed), scikit-learn's BayesianGaussianMixture and KMeans on the same rows.
 
-    python bench/bench_real.py --out bench/out [--rows 20000] [--only vbem sklearn-bgm] [--max-iter 200]
+    python bench/bench_real.py --out bench/out [--split t10k] [--rows 20000] [--only vbem sklearn-bgm]
 
 Writes OUT/real/README.md (table, targets), results.csv, fits.jsonl and nmi_time.png; the features
 are extracted once into OUT/real/features/ and reused. The full run takes hours on 2 cores
@@ -25,9 +25,14 @@ def main() -> None:
     ap.add_argument("--max-iter", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--features", nargs="*", default=["raw", "pca64", "pca128"],
+                    help="feature sets: raw, pca64, pca128")
+    ap.add_argument("--split", default="all", choices=["all", "t10k", "train"],
+                    help="extract only the test (10,000) or training (60,000) images")
     a = ap.parse_args()
     with one_blas_thread():
-        folder = run(a.out, quick=a.quick, seed=a.seed, rows=a.rows, only=a.only, max_iter=a.max_iter)
+        folder = run(a.out, quick=a.quick, seed=a.seed, rows=a.rows, only=a.only, max_iter=a.max_iter,
+                     split=a.split, pcas=tuple(None if f == "raw" else int(f[3:]) for f in a.features))
     print(f"wrote {folder}/README.md")
 
 
