@@ -25,14 +25,16 @@ def main() -> None:
     ap.add_argument("--max-iter", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="keep OUT/real/fits.jsonl's fits, run the rest")
     ap.add_argument("--features", nargs="*", default=["raw", "pca64", "pca128"],
                     help="feature sets: raw, pca64, pca128")
     ap.add_argument("--split", default="all", choices=["all", "t10k", "train"],
                     help="extract only the test (10,000) or training (60,000) images")
     a = ap.parse_args()
     with one_blas_thread():
+        pcas = tuple(None if f == "raw" else int(f[3:]) for f in a.features)
         folder = run(a.out, quick=a.quick, seed=a.seed, rows=a.rows, only=a.only, max_iter=a.max_iter,
-                     split=a.split, pcas=tuple(None if f == "raw" else int(f[3:]) for f in a.features))
+                     split=a.split, resume=a.resume, pcas=pcas)
     print(f"wrote {folder}/README.md")
 
 

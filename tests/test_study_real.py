@@ -64,7 +64,11 @@ def test_quick_run_every_learner_on_real_features(tmp_path):
     assert {f["method"] for f in fits} >= set(available_learners()) | {"sklearn-bgm", "sklearn-kmeans"}
     km = next(f for f in fits if f["method"] == "sklearn-kmeans")
     assert km["clusters"] == 10 and km["nmi"] > 0.3  # real features carry the classes
-    assert {f["covariance"] for f in fits if f["method"] == "vbem"} == {"diag"}  # vbcluster fit's default
+    raw = [f for f in fits if f["features"] == "raw"]
+    assert {f["covariance"] for f in raw if f["method"] == "vbem"} == {"diag"}  # vbcluster fit's default
+    if real.projection_available():  # full covariance on the float32 projected features
+        full = [f for f in fits if f["features"] == "pca64" and f["covariance"] == "full"]
+        assert {f["method"] for f in full} == {"vbem", "sklearn-bgm"} and all(f["clusters"] > 1 for f in full)
     assert all(np.isfinite(f["elbo_per_row"]) for f in fits if not f["method"].startswith("sklearn"))
     text = (folder / "README.md").read_text()
     assert "| raw | vbem |" in text and (folder / "nmi_time.png").stat().st_size > 0

@@ -17,9 +17,9 @@ K = 10. Reported per fit: clusters found (distinct labels of the hard assignment
 ELBO per row (vbcluster's; scikit-learn's bound leaves out constants, so it is not comparable),
 iterations and wall time. Every fit runs alone, with one BLAS thread.
 
-``run(out, quick=True)`` runs the first 300 test images, K = 10, at most 5 iterations (under a
-minute on an idle machine); the full study takes hours on 2 cores (scikit-learn's BGM alone is about 6 min per
-fit on all rows).
+``run(out, quick=True)`` runs the first 300 test images, K = 10, raw and pca=64, at most 5
+iterations (about a minute on an idle machine); the full study takes hours on 2 cores
+(scikit-learn's BGM alone is about 6 min per fit on all rows).
 """
 
 from __future__ import annotations
@@ -231,25 +231,32 @@ def plan(quick: bool, projection: bool, only: list[str] | None,
 
 def run(out: Path, *, quick: bool = False, seed: int = 0, rows: int | None = None,
         only: list[str] | None = None, max_iter: int | None = None, split: str = "all",
-        pcas: tuple[int | None, ...] = PCAS) -> Path:
+        pcas: tuple[int | None, ...] = PCAS, resume: bool = False) -> Path:
     """Run the study into ``out/real`` (see the module docstring); ``split`` extracts only the
     10,000 test (``'t10k'``) or 60,000 training images, ``rows`` subsamples, ``only`` keeps the named
     learners / ``sklearn-bgm`` / ``sklearn-kmeans``, ``pcas`` the feature sets (None: raw, 64, 128);
+    ``resume`` keeps the fits of ``fits.jsonl`` (same rows and seed assumed) and runs the others;
     every fit is appended to ``fits.jsonl`` and the
     report rewritten as it ends (a run cut short keeps what it did). Returns the folder."""
     folder = Path(out) / "real"
     folder.mkdir(parents=True, exist_ok=True)
     X, y, info = features(folder, quick, split)
     info["split"] = split
+    if quick:  # raw and one projection
+        pcas = tuple(p for p in pcas if p in (None, 64))
     idx = subsample(len(X), rows, seed)
     X, y = X[idx], y[idx]
     iters = max_iter or (5 if quick else 200)
     projection = projection_available()
-    results: list[dict[str, Any]] = []
     log = folder / "fits.jsonl"
-    log.write_text("")
+    old = log.read_text().splitlines() if resume and log.is_file() else []
+    done = {_key(r): r for r in map(json.loads, old)}
+    results: list[dict[str, Any]] = list(done.values())
+    log.write_text("".join(json.dumps(r, default=float) + "\n" for r in results))
     projected: dict[int, np.ndarray] = {}
     for kind, args in plan(quick, projection, only, tuple(pcas)):
+        if _key(_describe(kind, args)) in done:
+            continue
         if kind == "vb":
             learner, k, pca, cov = args
             res = vb_fit(X, y, learner, k, pca, cov, seed, iters)
@@ -268,6 +275,19 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, rows: int | None = Non
         print(f"real {res['features']} {res['method']} {res['covariance']} K={res['K']}: {res['clusters']} "
               f"clusters, NMI {res['nmi']:.3f}, {res['wall_s']:.1f} s {res['note']}", flush=True)
     return folder
+
+
+def _describe(kind: str, args: Any) -> dict[str, Any]:
+    if kind == "vb":
+        learner, k, pca, cov = args
+        return {"features": f"pca{pca}" if pca else "raw", "method": learner, "covariance": cov, "K": k}
+    pca, method, cov, k = args
+    return {"features": f"pca{pca}" if pca else "raw", "method": f"sklearn-{method}", "covariance": cov,
+            "K": k}
+
+
+def _key(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["features"], r["method"], r["covariance"], int(r["K"]))
 
 
 def write_report(folder: Path, results: list[dict[str, Any]], info: dict[str, Any], quick: bool, seed: int,
