@@ -19,7 +19,8 @@ from pipeline import leftovers
 from pipeline.atomic import replace_dir
 from pipeline.extractors import FeatureExtractor
 from pipeline.image_sources import ImageSet
-from pipeline.store import JOURNAL, FeatureStore
+from pipeline.store import FeatureStore
+from pipeline.store_journal import JOURNAL, AppendLock
 
 MANIFEST = "image_manifest"
 Batch = tuple[np.ndarray, np.ndarray | None, np.ndarray]  # (features, labels or None, ids)
@@ -75,9 +76,10 @@ def create_store(out: Path, blocks: Iterator[Batch], source: str, chunk_rows: in
         written = store.append_batches(aligned(blocks, size, size), source=source,
                                        on_nonfinite="drop" if drop else "raise")
         record_images(store, images, todo, skipped)
-        for j in ("", ".tmp", ".done"):
-            shutil.rmtree(out.parent / (out.name + JOURNAL + j), ignore_errors=True)
-        replace_dir(tmp, out, discard=_remove_store)  # an old store is renamed aside, then removed
+        with AppendLock(out):  # no append to an old store at out meanwhile
+            for j in ("", ".tmp", ".done"):
+                shutil.rmtree(out.parent / (out.name + JOURNAL + j), ignore_errors=True)
+            replace_dir(tmp, out, discard=_remove_store)  # an old store is renamed aside, then removed
     except BaseException:
         _remove_store(tmp)
         leftovers.release(tmp)
@@ -89,11 +91,12 @@ def create_store(out: Path, blocks: Iterator[Batch], source: str, chunk_rows: in
 def append_store(out: Path, blocks: Iterator[Batch], source: str, batch_chunks: int, drop: bool,
             images: ImageSet, todo: list[int], skipped: list[str]) -> int:
     store = FeatureStore.open(out, "r+")
-    size = store.chunk_rows * batch_chunks
-    first = store.chunk_rows - store.n_rows % store.chunk_rows
-    written = store.append_batches(aligned(blocks, first, size), source=source,
-                                   on_nonfinite="drop" if drop else "raise")
-    record_images(store, images, todo, skipped)
+    with store.writing():  # the rows and the manifest under one hold of the append lock
+        size = store.chunk_rows * batch_chunks
+        first = store.chunk_rows - store.n_rows % store.chunk_rows
+        written = store.append_batches(aligned(blocks, first, size), source=source,
+                                       on_nonfinite="drop" if drop else "raise")
+        record_images(store, images, todo, skipped)
     return written
 
 

@@ -287,6 +287,7 @@ def check(path: str, progress: Callable[[int], None] | None = None) -> CheckRepo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StoreIntegrityWarning)
         store = FeatureStore.open(path)
+    check_appends(path, store.attrs, store.n_rows)
     info = scan(path, store.group, store.n_rows) if store.n_rows else None
     chunks, bad_rows = 0, 0
     for name in ARRAYS:
@@ -309,6 +310,20 @@ def check(path: str, progress: Callable[[int], None] | None = None) -> CheckRepo
                              ) from None
     return CheckReport(path, store.n_rows, chunks, info.n_bytes if info else 0, time.perf_counter() - t0,
                        info.checksummed if info else True, bad_rows)
+
+
+def check_appends(path: str, attrs: dict[str, Any], n_rows: int) -> None:
+    """The row count is what the append records add up to (every append records its rows): rows that
+    no append wrote (two writers at once, an edited attribute) are refused by name."""
+    records = attrs.get("appends")
+    if not isinstance(records, list) or not all(isinstance(r, dict) and isinstance(r.get("rows"), int)
+                                                for r in records):
+        return  # a store of an older vbcluster without the records
+    total = sum(int(r["rows"]) for r in records)
+    if total != n_rows:
+        raise StoreError(f"{path}: the store counts {n_rows} rows but its append records add up to {total} "
+                         f"({len(records)} appends); rows were written outside an append: restore the "
+                         "store from a backup or re-ingest its sources")
 
 
 # ---- vbcluster check --upgrade --------------------------------------------------------------------
@@ -338,9 +353,15 @@ def upgrade(path: str) -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StoreIntegrityWarning)
         src = FeatureStore.open(path, "r+")
+    with src.writing():  # no append while the copy is made and swapped in
+        return _upgrade_locked(src)
+
+
+def _upgrade_locked(src: Any) -> bool:
     names = [n for n in ARRAYS if n in src.group.array_keys()]
     if all(has_checksums(src.group[n]) for n in names):  # type: ignore[arg-type]
         return False
+    path = src.path
     p = Path(path)
     tmp, old = p.with_name(p.name + UPGRADE_TMP), p.with_name(p.name + UPGRADE_OLD)
     done = p.with_name(p.name + COMPLETE)

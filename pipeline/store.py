@@ -16,22 +16,33 @@ checksums, found when it is opened (see :mod:`pipeline.integrity`).
 2. the arrays are resized and the new rows written, batch by batch (memory stays bounded);
 3. the group attributes are updated, and the journal is renamed away and deleted (the commit).
 
-Opening a store for writing rolls back any journal left by a killed append: metadata restored,
-chunks beyond the old extent deleted, the partial chunk's old rows rewritten; it also removes a
-``.tmp`` journal (a kill before the transaction started) or a ``.done`` one (a kill in the commit,
-after which the store already holds the new rows), and the temporaries of killed ingests beside
-the store whose writer is gone (:mod:`pipeline.leftovers`). A reader that finds
-a journal it may not roll back is refused with a clear message. Stores opened through an fsspec URL
-are readable; appends need a local path.
+**One writer at a time.** An append (and an overwrite or an upgrade of the store) holds the
+store's **append lock**, the file ``.NAME.lock`` beside the store (:class:`AppendLock`, the run lock's
+mechanism: pid, host, the process's start time and boot id, published whole by ``link``). A second
+writer is refused in one line naming the holder; a lock whose process is gone (no such pid, another
+process under that pid, a reboot) is stale and taken over, so a crashed writer never blocks the store.
+The writer re-reads the store's metadata once it holds the lock, so two appends that opened the store
+together never write over each other's rows.
+
+A killed append leaves its journal; it is rolled back (metadata restored, chunks beyond the old
+extent deleted, the partial chunk's old rows rewritten) by the next writer, or by any open with write
+access, under the append lock and **only when the journal's writer is gone**. A ``.tmp`` journal (a
+kill before the transaction started) or a ``.done`` one (a kill in the commit, after which the store
+already holds the new rows) is removed the same way. An open that finds the journal of a *live*
+append never touches it: it is refused in one line (``an append ... is in progress``), since the
+store is half-written until the append commits; an open during the ``.tmp`` or ``.done`` stage reads
+the consistent store. Opening with ``mode='r+'`` also removes the temporaries of killed ingests beside
+the store whose writer is gone (:mod:`pipeline.leftovers`). A reader without write access that finds
+a dead append's journal is refused with a clear message. Stores opened through an fsspec URL are
+readable; appends need a local path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
-import json
 import os
-import shutil
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -42,14 +53,14 @@ import numpy as np
 import zarr
 
 from pipeline import integrity, leftovers
-from pipeline.atomic import fsync_dir, rename
+from pipeline import store_journal as journal
+from pipeline.store_journal import AppendLock, journal_paths
 from vbcore.errors import InputError, StoreError
 from vbcore.limits import check_magnitude
 from vbcore.validation import check_finite, check_layout, check_weights, row_is_finite
 
 FORMAT = "vbcluster-feature-store"
 SCHEMA_VERSION = 1
-JOURNAL = ".append-journal"  # suffix of a directory beside the store
 ARRAYS = ("features", "labels", "ids", "weights")
 
 
@@ -102,6 +113,7 @@ class FeatureStore:
     group: zarr.Group
     writable: bool
     scan: integrity.Scan | None = field(default=None, repr=False)  # chunk files found at open
+    _lock: AppendLock | None = field(default=None, repr=False, compare=False)  # held by writing()
 
     # ---- creation and opening -------------------------------------------------------------------
     @classmethod
@@ -178,17 +190,8 @@ class FeatureStore:
             if not (p / "zarr.json").is_file():
                 raise StoreError(f"{path} is not a feature store (no zarr.json: not a Zarr v3 group)")
             writable = mode == "r+" or os.access(path, os.W_OK)
-            if _jpath(p).exists():
-                if not writable:
-                    raise StoreError(
-                        f"{path}: an append was interrupted; open the store with write access once "
-                        "to roll it back"
-                    )
-                _rollback(p)
-            elif writable and any(j.exists() for j in journal_paths(p)):
-                # a kill before the journal's rename (``.tmp``) or in the commit (``.done``) leaves
-                # only a leftover that does not describe the store: remove it
-                _rollback(p)
+            if any(j.exists() for j in journal_paths(p)):
+                journal.settle(p, writable)
             if mode == "r+":
                 leftovers.clean(p)  # temporaries of killed ingests beside the store
             integrity.check_metadata(path)  # a truncated zarr.json is named, not a Zarr traceback
@@ -197,9 +200,35 @@ class FeatureStore:
         except Exception as exc:  # zarr raises several types for a non-group
             raise StoreError(f"{path} is not a feature store ({type(exc).__name__}: {exc})") from None
         store = cls(path, group, mode == "r+")
-        store._validate()
-        store.scan = integrity.scan(path, group, store.n_rows)  # every chunk present; fingerprint
+        try:
+            store._validate()
+            store.scan = integrity.scan(path, group, store.n_rows)  # every chunk present; fingerprint
+        except StoreError:
+            if not _is_url(path) and journal.journal_path(path).exists():  # an append began meanwhile
+                raise AppendLock(path).describe() from None
+            raise
         return store
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[FeatureStore]:
+        """Hold the store's append lock (re-entrant on this handle): the metadata is re-read once it
+        is held and a dead writer's journal rolled back, so what this handle then reads and writes is
+        the store as it is, with no other writer."""
+        if self._lock is not None:
+            yield self
+            return
+        lock = AppendLock(self.path).acquire()
+        self._lock = lock
+        try:
+            root = Path(self.path)
+            if any(j.exists() for j in journal_paths(root)):
+                journal.rollback(root)  # its writer is gone: we hold the lock
+            self.group = zarr.open_group(self.path, mode="r+")
+            self._validate()
+            yield self
+        finally:
+            self._lock = None
+            lock.release()
 
     def _validate(self) -> None:
         a = dict(self.group.attrs)
@@ -310,10 +339,17 @@ class FeatureStore:
             raise StoreError(f"{self.path}: appends need a local store path")
         if on_nonfinite not in ("raise", "drop"):
             raise StoreError(f"on_nonfinite must be 'raise' or 'drop', got {on_nonfinite!r}")
+        # every chunk is written, also one of fill values (all-zero labels): a chunk file that is
+        # not there reads as a deleted chunk (pipeline.integrity); ingest sets the same for speed
+        with self.writing(), zarr.config.set({"array.write_empty_chunks": True}):
+            return self._append_locked(batches, source, on_nonfinite, record)
+
+    def _append_locked(self, batches: Iterable[tuple[Any, Any, Any]], source: str, on_nonfinite: str,
+                       record: dict[str, Any] | None) -> int:
         root = Path(self.path)
         old_n = self.n_rows
         fp = str(self.group.attrs["fingerprint"])  # the chain over appends (kept for old readers)
-        _begin_journal(root, self.group, old_n, self.chunk_rows)
+        journal.begin(root, self.group, old_n, self.chunk_rows)
         written = dropped = 0
         where = source or "appended rows"
         try:
@@ -358,13 +394,13 @@ class FeatureStore:
                 done[integrity.POSITIONS] = integrity.position_record(crcs)
             self.group.attrs.update(done)
         except BaseException as exc:
-            _rollback(root)
+            journal.rollback(root)
             self.group = zarr.open_group(self.path, mode="r+")
             if isinstance(exc, OSError) and exc.filename is None:  # disk full: name the store
                 raise OSError(exc.errno, f"{exc.strerror or exc} (appending to the store; rolled back)",
                               self.path) from exc
             raise
-        _commit_journal(root)
+        journal.commit(root)
         self.scan = integrity.scan(self.path, self.group, self.n_rows)
         return written
 
@@ -396,104 +432,3 @@ class FeatureStore:
         else:
             arr = arr.astype(str)
         return arr if kept is None else arr[kept]
-
-
-# ---- the undo journal ---------------------------------------------------------------------------
-def _jpath(root: Path, suffix: str = "") -> Path:
-    """The journal directory beside the store (outside the Zarr hierarchy)."""
-    return root.parent / (root.name + JOURNAL + suffix)
-
-
-def journal_paths(root: str | os.PathLike[str]) -> list[Path]:
-    """Every path an append's journal can occupy beside the store at ``root``: the journal, its
-    ``.tmp`` (before the start of the transaction) and its ``.done`` (during the commit)."""
-    return [_jpath(Path(root), s) for s in ("", ".tmp", ".done")]
-
-
-def _save_tail(path: Path, values: np.ndarray) -> None:
-    if values.dtype.kind in "biuf":
-        np.save(path.with_suffix(".npy"), values, allow_pickle=False)
-    else:
-        path.with_suffix(".json").write_text(json.dumps([str(v) for v in values.tolist()]))
-
-
-def _load_tail(path: Path) -> np.ndarray | None:
-    if path.with_suffix(".npy").exists():
-        return np.load(path.with_suffix(".npy"), allow_pickle=False)
-    if path.with_suffix(".json").exists():
-        return np.array(json.loads(path.with_suffix(".json").read_text()), dtype=str)
-    return None
-
-
-def _metadata_files(root: Path) -> Iterator[Path]:
-    yield root / "zarr.json"
-    for name in ARRAYS:
-        if (root / name / "zarr.json").is_file():
-            yield root / name / "zarr.json"
-
-
-def _begin_journal(root: Path, group: zarr.Group, old_n: int, chunk_rows: int) -> None:
-    if _jpath(root).exists():
-        _rollback(root)
-    tmp = _jpath(root, ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for f in _metadata_files(root):
-        rel = f.relative_to(root)
-        (tmp / "meta" / rel.parent).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f, tmp / "meta" / rel)
-    tail = (old_n // chunk_rows) * chunk_rows
-    for name in ARRAYS:
-        if name in group.array_keys() and tail < old_n:
-            _save_tail(tmp / f"tail-{name}", np.asarray(_arr(group, name)[tail:old_n]))
-    (tmp / "journal.json").write_text(json.dumps({"old_n_rows": old_n, "tail_start": tail}))
-    fsync_dir(tmp)
-    rename(tmp, _jpath(root))  # the start of the transaction
-
-
-def _commit_journal(root: Path) -> None:
-    done = _jpath(root, ".done")
-    shutil.rmtree(done, ignore_errors=True)
-    rename(_jpath(root), done)  # the commit
-    shutil.rmtree(done, ignore_errors=True)
-
-
-def _rollback(root: Path) -> None:
-    """Undo an interrupted append (idempotent: safe to interrupt and repeat)."""
-    shutil.rmtree(_jpath(root, ".tmp"), ignore_errors=True)
-    shutil.rmtree(_jpath(root, ".done"), ignore_errors=True)
-    j = _jpath(root)
-    if not j.exists():
-        return
-    info = json.loads((j / "journal.json").read_text())
-    old_n, tail = int(info["old_n_rows"]), int(info["tail_start"])
-    meta = j / "meta"
-    for f in sorted(meta.rglob("zarr.json")):
-        shutil.copy2(f, root / f.relative_to(meta))
-    group = zarr.open_group(str(root), mode="r+")
-    for name in ARRAYS:
-        if name not in group.array_keys():
-            continue
-        arr = _arr(group, name)
-        # drop chunk files a killed append wrote beyond the old extent
-        chunk = arr.chunks[0]
-        for d in _chunk_dirs(root / name):
-            try:
-                idx = int(d.name)
-            except ValueError:
-                continue
-            if idx * chunk >= old_n:
-                if d.is_dir():
-                    shutil.rmtree(d, ignore_errors=True)
-                else:
-                    d.unlink(missing_ok=True)
-        saved = _load_tail(j / f"tail-{name}")
-        if saved is not None:
-            arr[tail:old_n] = saved
-    rename(j, _jpath(root, ".done"))
-    shutil.rmtree(_jpath(root, ".done"), ignore_errors=True)
-
-
-def _chunk_dirs(array_dir: Path) -> list[Path]:
-    c = array_dir / "c"
-    return list(c.iterdir()) if c.is_dir() else []

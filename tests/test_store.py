@@ -159,13 +159,13 @@ def test_sigkill_during_append_leaves_the_store_as_it_was(store, tmp_path, seed)
 
 def test_journal_metadata_is_json(store, tmp_path):
     """A journal left by a kill is plain files; rollback restores the old shape from them."""
-    from pipeline.store import _begin_journal, _jpath
+    from pipeline.store_journal import begin, journal_path
 
     s = FeatureStore.open(store.path, "r+")
-    _begin_journal(tmp_path / "s.zarr", s.group, 20, 8)
+    begin(tmp_path / "s.zarr", s.group, 20, 8)
     s.features.resize((64, 5))
     s.features[20:64] = 7.0
-    info = json.loads((_jpath(tmp_path / "s.zarr") / "journal.json").read_text())
+    info = json.loads((journal_path(tmp_path / "s.zarr") / "journal.json").read_text())
     assert info == {"old_n_rows": 20, "tail_start": 16}
     s2 = FeatureStore.open(store.path)
     assert s2.features.shape == (20, 5)
@@ -178,7 +178,7 @@ def test_a_writable_open_removes_a_journal_left_before_the_start_or_in_the_commi
     """A kill between creating ``.append-journal.tmp`` and renaming it leaves the ``.tmp``; a kill in
     the commit leaves ``.done``. Neither describes the store: the next writable open removes it and
     the rows stay as they are."""
-    from pipeline.store import journal_paths
+    from pipeline.store_journal import journal_paths
 
     fp = FeatureStore.open(store.path).fingerprint
     left = tmp_path / f"s.zarr.append-journal{suffix}"
