@@ -48,6 +48,7 @@ from pipeline.image_sources import ImageSet, is_image_source, label_codes, list_
 from pipeline.image_store import Batch, append_store, create_store, read_manifest
 from pipeline.ingest import IngestReport
 from pipeline.ingest.plan import as_int
+from pipeline.ingest.writer import check_target
 from pipeline.store import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError, VBClusterError
 
@@ -230,7 +231,7 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
     t0 = time.perf_counter()
     out = Path(out)
     st = _settings(options)
-    _check_target(out, append, overwrite)
+    check_target(out, append, overwrite)
     if ids is not None:
         raise ConfigError("an image source's ids are the images' relative paths; leave ids unset")
     images = list_images(source, labels)
@@ -274,23 +275,6 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
         shutil.rmtree(stale, ignore_errors=True)
     return _report(out, source, ext, images, written, len(todo), skipped, changed, len(shards), resumed, rate,
                    workers, t0)
-
-
-def _check_target(out: Path, append: bool, overwrite: bool) -> None:
-    if append and overwrite:
-        raise ConfigError("--append (append=True) and --overwrite (overwrite=True) contradict each other; "
-                          "pass one of them")
-    if append and not out.exists():
-        raise StoreError(f"{out}: no feature store to append to; leave out append to create one")
-    if not append and out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        if not overwrite:
-            raise StoreError(f"{out} already exists; pass --append (append=True) to add rows to it or "
-                             "--overwrite (overwrite=True) to replace it")
-        try:
-            FeatureStore.open(out, "r")
-        except StoreError:
-            raise StoreError(f"{out} exists and is not a vbcluster feature store; refusing to replace it "
-                             "(remove it yourself or choose another path)") from None
 
 
 def _report(out: Path, source: str, ext: FeatureExtractor, images: ImageSet, written: int, new: int,

@@ -9,13 +9,16 @@ scatter of a sample of rows coloured by cluster, and for ``image:`` stores the s
 are drawn with matplotlib's Agg backend; the page reads at 600 px and on a phone (the table scrolls).
 
 Everything is written into a temporary directory that is renamed into place when complete; a run
-directory without results is refused before anything is written.
+directory without results is refused before anything is written. Every report directory holds the
+marker file ``.vbcluster-report``: an existing ``--out`` directory is replaced only when it holds it
+(or is empty, or is a report of a vbcluster that wrote no marker), never a directory of the user's.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import json
 import os
 import shutil
 import time
@@ -43,6 +46,7 @@ from vbcore.metrics import acc, nmi
 
 REPORT_DIR = "report"
 REPORT_HTML = "report.html"
+MARKER = ".vbcluster-report"  # in every report directory: the only kind of directory report replaces
 SAMPLE_ROWS = 3000
 MAX_HEATMAP = 60  # rows / columns of the contingency table drawn (largest classes / clusters)
 USED_COLOUR = "#1f77b4"  # clusters with at least one expected row
@@ -81,7 +85,9 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[
     run_dirs : path or list of paths
         Finished run directories (result.json and posterior.npz).
     out : path, optional
-        The report directory; default ``RUN_DIR/report`` of the first run. It is replaced whole.
+        The report directory; default ``RUN_DIR/report`` of the first run. A report written before
+        (it holds the :data:`MARKER` file) is replaced whole; any other existing, non-empty directory
+        is refused.
     sample : int
         Rows drawn (seeded) for the PCA scatter.
     """
@@ -93,12 +99,15 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[
         raise InputError("report: no run directory given")
     results = [_check_run(d) for d in dirs]  # every run checked before anything is written
     target = Path(out) if out is not None else dirs[0] / REPORT_DIR
+    check_replaceable(target)  # only a report vbcluster wrote is ever replaced
     try:
         leftovers.clean(target)  # the .report.tmp-* of a killed report (its writer is gone)
         tmp = leftovers.make_temp(target)  # its writer recorded, for the next report to clean
     except OSError as exc:  # disk full, permission denied: the file named
         raise named_oserror(exc, target) from exc
     try:
+        (tmp / MARKER).write_text(json.dumps({"written_by": "vbcluster report",
+                                              "runs": [str(d) for d in dirs]}))
         with matplotlib.rc_context({"text.parse_math": False}):  # a '$' in a name is text, not TeX
             _write_pages(dirs, results, tmp, sample, seed)
         publish_dir(tmp, target)
@@ -123,6 +132,37 @@ def _write_pages(dirs: list[Path], results: list[dict[str, Any]], tmp: Path, sam
              for i in members}
     page = _html(dirs, results, figures, sections, tmp, panel)
     (tmp / REPORT_HTML).write_text(page, encoding="utf-8")
+
+
+def check_replaceable(target: Path) -> None:
+    """Refuse to replace ``target`` unless it is free, an empty directory, or a report vbcluster wrote:
+    one holding the :data:`MARKER` file, or (written before the marker) nothing but ``report.html``
+    titled "vbcluster report" and PNG files."""
+    if target.is_symlink():
+        raise InputError(f"{target} is a symbolic link; refusing to replace it with a report: choose another "
+                         "--out")
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise InputError(f"{target} exists and is not a directory; refusing to replace it with a report: "
+                         "choose another --out")
+    entries = sorted(p.name for p in target.iterdir())
+    if not entries or MARKER in entries or _old_report(target, entries):
+        return
+    held = ", ".join(entries[:3]) + (" ..." if len(entries) > 3 else "")
+    raise InputError(f"{target} exists and is not a vbcluster report (no {MARKER} file; it holds {held}); "
+                     "refusing to replace it: choose another --out, or remove the directory yourself")
+
+
+def _old_report(target: Path, entries: list[str]) -> bool:
+    """A report of a vbcluster that wrote no marker: report.html (its title) and PNGs only."""
+    if REPORT_HTML not in entries or not all(n == REPORT_HTML or n.endswith(".png") for n in entries):
+        return False
+    try:
+        with open(target / REPORT_HTML, encoding="utf-8", errors="replace") as f:
+            return "<title>vbcluster report</title>" in f.read(4096)
+    except OSError:
+        return False
 
 
 # ---- plots --------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from vbcore.projection import Projection
 RESULT = "result.json"
 POSTERIOR = "posterior.npz"
 ASSIGNMENTS = "assignments"
+WRITTEN_BY = "vbcluster assign"  # the attribute of every assignment group: the only kind assign replaces
 
 
 def _assign_kernel(chunk: Chunk, params: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -223,6 +224,9 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
     store = store or result["store"]
     if "://" in store and fmt == "zarr":
         raise StoreError(f"{store}: assignments are written next to local stores only")
+    if fmt == "zarr":  # checked before any work: a name that leaves the store, a group not ours
+        target = assignment_target(store, name if name is not None else Path(run_dir).resolve().name,
+                                   default=name is None)
     src = StoreSource(store)
     if src.fingerprint != result["store_fingerprint"]:
         raise StoreError(
@@ -242,9 +246,7 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
         return path
     import zarr
 
-    name = name or Path(run_dir).resolve().name
     group = Path(store) / ASSIGNMENTS
-    target = group / name
     made_group = not group.exists()
     tmp: Path | None = None
     try:
@@ -255,7 +257,7 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
         chunks = (FeatureStore.open(store).chunk_rows,)
         g.create_array("labels", data=labels, chunks=chunks)
         g.create_array("probability", data=prob, chunks=chunks)
-        g.attrs.update(attrs)
+        g.attrs.update({**attrs, "written_by": WRITTEN_BY})
         publish_dir(tmp, target)
     except BaseException as exc:
         if tmp is not None:
@@ -276,3 +278,38 @@ def _remove_if_bare(group: Path) -> None:
             group.rmdir()
     except OSError:
         pass
+
+
+def assignment_target(store: str, name: str, *, default: bool = False) -> Path:
+    """``STORE/assignments/NAME``, refused unless ``name`` is one plain path component (no ``/``,
+    ``\\``, ``..``, no leading ``.``: names never leave the store) and whatever is there is an
+    assignment group vbcluster wrote (its ``written_by`` attribute, or the attributes of one written
+    before that attribute existed)."""
+    hint = "give --name (name=) a plain name" if default else "choose another --name (name=)"
+    if (not isinstance(name, str) or name in ("", ".", "..") or name.startswith(".")
+            or any(c in name for c in "/\\\0")):
+        raise InputError(f"assignment name {name!r} is not a plain name inside {store}/{ASSIGNMENTS} (no "
+                         f"'/', '\\', '..' or leading '.'); {hint}")
+    folder = Path(store) / ASSIGNMENTS
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise InputError(f"{folder} is not a directory of the store; refusing to write assignments "
+                         "through it")
+    target = folder / name
+    if target.exists() or target.is_symlink():
+        attrs = _group_attrs(target)
+        old = {"run_dir", "store_fingerprint", "n_effective"} <= set(attrs)  # before written_by existed
+        ours = attrs.get("written_by") == WRITTEN_BY or old
+        if target.is_symlink() or not ours:
+            raise InputError(f"{target} exists and is not an assignment group vbcluster wrote; refusing to "
+                             f"replace it: {hint}")
+    return target
+
+
+def _group_attrs(path: Path) -> dict[str, Any]:
+    """The attributes in a Zarr v3 group's zarr.json ({} when it is not one)."""
+    try:
+        meta = json.loads((path / "zarr.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    attrs = meta.get("attributes") if isinstance(meta, dict) and meta.get("node_type") == "group" else None
+    return attrs if isinstance(attrs, dict) else {}

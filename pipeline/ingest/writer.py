@@ -14,7 +14,8 @@ import numpy as np
 from pipeline import leftovers
 from pipeline.atomic import replace_dir
 from pipeline.ingest.plan import Batch, Plan
-from pipeline.store import FeatureStore, journal_paths
+from pipeline.store import FeatureStore
+from pipeline.store_journal import AppendLock, journal_paths
 from vbcore.errors import ConfigError, StoreError
 
 #: the chunk of a store made from a source smaller than the ``chunk_rows`` asked for (the default)
@@ -89,12 +90,22 @@ def check_target(out: Path, append: bool, overwrite: bool) -> None:
 
 
 def check_replaceable(out: Path) -> None:
-    """Refuse to overwrite anything but a feature store (or an empty directory)."""
+    """Refuse to overwrite anything but a feature store (or an empty directory), and a store that holds
+    files vbcluster did not write there (they would go with it): the store's ``zarr.json`` and its
+    Zarr members (arrays, the ``assignments`` group) are all it may hold."""
+    if out.is_symlink():
+        raise StoreError(f"{out} is a symbolic link; refusing to replace it (remove it yourself or choose "
+                         "another path)")
     try:
-        FeatureStore.open(out, "r")
+        store = FeatureStore.open(out, "r")
     except StoreError:
         raise StoreError(f"{out} exists and is not a vbcluster feature store; refusing to replace it "
                          "(remove it yourself or choose another path)") from None
+    own = {"zarr.json", *store.group.array_keys(), *store.group.group_keys()}
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in own)
+    if foreign:
+        raise StoreError(f"{out} holds {foreign[0]!r}, which vbcluster did not write there; refusing to "
+                         "replace the store (it would be deleted with it): move it out first")
 
 
 def _remove_store(root: Path) -> None:
@@ -104,9 +115,10 @@ def _remove_store(root: Path) -> None:
 
 def _move_into_place(tmp: Path, out: Path) -> None:
     """Rename the complete store ``tmp`` to ``out``; an old store there goes only after that."""
-    for j in journal_paths(out):  # an old store's interrupted-append journal must not touch the new one
-        shutil.rmtree(j, ignore_errors=True)
-    replace_dir(tmp, out, discard=_remove_store)
+    with AppendLock(out):  # no append to an old store at out meanwhile (refused while one runs)
+        for j in journal_paths(out):  # an old store's interrupted-append journal must not touch the new one
+            shutil.rmtree(j, ignore_errors=True)
+        replace_dir(tmp, out, discard=_remove_store)
 
 
 # ---- batching -----------------------------------------------------------------------------------
