@@ -255,6 +255,9 @@ class VBMixture(DensityMixin, BaseEstimator):
         finally:
             if lock is not None:
                 lock.release()
+        #: the store a store fit read, as it was when the fit opened it (row count, fingerprint): what
+        #: save_run records, whatever an append did to the store meanwhile; None for arrays
+        self.fitted_store_ = source if is_store_path(X) else None
         self.set_fitted(best.post, best.prior, best.terms, best.history, best.converged, best.n_iter,
                         best.history_se, projection=best.projection)
         self.n_passes_ = best.passes

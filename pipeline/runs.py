@@ -64,9 +64,14 @@ def assign_rows(model: VBMixture, source: Any, engine: Any = None) -> tuple[np.n
 
 def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[str, Any] | None = None,
              engine: Any = None) -> dict[str, Any]:
-    """Write result.json and posterior.npz for a fitted model (atomically); returns the result."""
+    """Write result.json and posterior.npz for a fitted model (atomically); returns the result.
+
+    The store's row count and fingerprint are those the fit read (``model.fitted_store_``, taken when
+    the fit opened the store), not the store's now: an append that committed during the fit is not
+    counted, so ``assign`` and a scheduled refresh see that the store grew since."""
     run_dir = Path(run_dir)
-    src = StoreSource(store)
+    fitted = getattr(model, "fitted_store_", None)
+    src = fitted if isinstance(fitted, StoreSource) and fitted.path == str(store) else StoreSource(store)
     result: dict[str, Any] = {
         "learner": model.learner,
         "settings": {k: jsonable(v) for k, v in model.get_params().items() if k != "engine"},
