@@ -182,6 +182,19 @@ def check_schedule(cron: str | None, interval: float | None) -> dict[str, Any]:
     return {"interval": datetime.timedelta(seconds=float(interval))}
 
 
+def check_api() -> None:
+    """A deployment needs a Prefect server to hold its schedule: without ``PREFECT_API_URL`` (an
+    environment variable or the Prefect profile's setting) ``serve`` would poll an ephemeral API that
+    no scheduler feeds and run nothing, for ever."""
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise ConfigError("PREFECT_API_URL is not set: deploy registers its schedule on a Prefect server; "
+                          "start one (prefect server start) and export PREFECT_API_URL=http://HOST:4200/api, "
+                          "or log in to Prefect Cloud (prefect cloud login); --dry-run checks the rest "
+                          "without one")
+
+
 def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[str, Any]:
     """Check the store (it must exist, unless ``images`` will create it) and the settings; the
     refresh flow's parameters."""
@@ -204,7 +217,7 @@ def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[
     if cluster is not None and "://" not in cluster and cluster != "local":
         from pipeline.cluster import load_cluster_config
 
-        load_cluster_config(cluster)  # a missing or invalid config: a clear ConfigError
+        load_cluster_config(cluster).check_filled()  # missing, invalid, or YOUR_... left: a ConfigError
         settings["cluster"] = str(Path(cluster).resolve())  # scheduled runs may start elsewhere
     fit = {k: v for k, v in settings.items() if k not in ("quiet", "images", "extract_options")}
     make_spec(store, **fit)  # the refresh's spec
@@ -225,5 +238,6 @@ def deploy(store: str, out: str | None = None, *, cron: str | None = None, inter
     schedule = check_schedule(cron, interval)
     params = deployment_parameters(store, out, **settings)
     if not dry_run:
+        check_api()
         refresh_flow.serve(name=name, parameters=params, limit=1, **schedule)
     return {"parameters": params, **schedule}

@@ -13,7 +13,6 @@ Every problem is a :class:`~vbcore.errors.ConfigError` that names the file and t
 from __future__ import annotations
 
 import copy
-import difflib
 import importlib
 import inspect
 import os
@@ -25,7 +24,14 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import yaml
 
-from vbcore.errors import ConfigError
+from pipeline.cluster_checks import (
+    KNOWN_WORKERS,
+    check_cluster_kwargs,
+    check_known,
+    error,
+    placeholders,
+    suggest,
+)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -86,30 +92,20 @@ DEFAULT_CONFIG: Mapping[str, Any] = MappingProxyType(
 )
 
 
-def _error(source: str, key: str | None, message: str) -> ConfigError:
-    where = f"{source}: key {key!r}: " if key else f"{source}: "
-    return ConfigError(where + message)
-
-
-def _suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _mapping(source: str, key: str, value: Any, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
     """A YAML mapping with string keys (from ``allowed`` when given); ``None`` reads as empty."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise _error(source, key, f"expected a mapping, got {type(value).__name__} {value!r}")
+        raise error(source, key, f"expected a mapping, got {type(value).__name__} {value!r}")
     for k in value:
         if not isinstance(k, str):
-            raise _error(source, key, f"keys must be strings, got {k!r}")
+            raise error(source, key, f"keys must be strings, got {k!r}")
         if allowed is not None and k not in allowed:
-            raise _error(
+            raise error(
                 source,
                 f"{key}.{k}",
-                f"unknown key{_suggest(k, allowed)}; allowed under {key!r}: {', '.join(allowed)}",
+                f"unknown key{suggest(k, allowed)}; allowed under {key!r}: {', '.join(allowed)}",
             )
     return copy.deepcopy(dict(value))
 
@@ -118,13 +114,13 @@ def _check_sizes(source: str, key: str, sizes: Mapping[str, Any]) -> None:
     """Counts are integers >= 0, and each minimum is at most its maximum."""
     for k, v in sizes.items():
         if k in COUNT_KEYS and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise _error(source, f"{key}.{k}", f"expected an integer >= 0, got {v!r}")
+            raise error(source, f"{key}.{k}", f"expected an integer >= 0, got {v!r}")
     for k, v in sizes.items():
         top = sizes.get(k.replace("minimum", "maximum"))
         if k.startswith("minimum") and k in COUNT_KEYS and isinstance(top, int) and v > top:
-            raise _error(source, key, f"{k} ({v}) is larger than {k.replace('minimum', 'maximum')} ({top})")
+            raise error(source, key, f"{k} ({v}) is larger than {k.replace('minimum', 'maximum')} ({top})")
     if key == "scale" and "workers" in sizes and "jobs" in sizes:
-        raise _error(source, key, "give workers or jobs, not both")
+        raise error(source, key, "give workers or jobs, not both")
 
 
 def _import_attr(source: str, module_name: str, attr: str) -> Any:
@@ -134,13 +130,13 @@ def _import_attr(source: str, module_name: str, attr: str) -> Any:
     except ImportError as exc:
         extra = EXTRAS.get(module_name.split(".", 1)[0])
         hint = f" (install the {extra!r} extra: pip install 'vbcluster[{extra}]')" if extra else ""
-        raise _error(source, "cluster_class", f"cannot import module {module_name!r}{hint}: {exc}") from exc
+        raise error(source, "cluster_class", f"cannot import module {module_name!r}{hint}: {exc}") from exc
     if not hasattr(module, attr):
         names = [n for n in dir(module) if not n.startswith("_")]
-        raise _error(
+        raise error(
             source,
             "cluster_class",
-            f"module {module_name!r} has no attribute {attr!r}" + _suggest(attr, names),
+            f"module {module_name!r} has no attribute {attr!r}" + suggest(attr, names),
         )
     return getattr(module, attr)
 
@@ -149,7 +145,7 @@ def _check_target(source: str, cluster_class: Any, address: Any) -> tuple[Any, A
     """Exactly one of ``cluster_class`` (a cluster to start) and ``address`` (a running scheduler),
     each well formed."""
     if cluster_class is None and address is None:
-        raise _error(
+        raise error(
             source,
             "cluster_class",
             "missing: give 'cluster_class' (a cluster to start, for "
@@ -157,7 +153,7 @@ def _check_target(source: str, cluster_class: Any, address: Any) -> tuple[Any, A
             "tcp://127.0.0.1:8786)",
         )
     if cluster_class is not None and address is not None:
-        raise _error(
+        raise error(
             source,
             "address",
             "'cluster_class' and 'address' are mutually exclusive: keep "
@@ -166,14 +162,16 @@ def _check_target(source: str, cluster_class: Any, address: Any) -> tuple[Any, A
     if cluster_class is not None:
         parts = cluster_class.split(".") if isinstance(cluster_class, str) else []
         if len(parts) < 2 or not all(p.isidentifier() for p in parts):
-            raise _error(
+            raise error(
                 source,
                 "cluster_class",
                 f"expected 'package.module.ClassName' (for example "
                 f"distributed.LocalCluster), got {cluster_class!r}",
             )
+    if cluster_class is not None:
+        check_known(source, cluster_class)
     if address is not None and (not isinstance(address, str) or not address.strip()):
-        raise _error(
+        raise error(
             source,
             "address",
             f"expected a scheduler address such as tcp://127.0.0.1:8786, got {address!r}",
@@ -204,17 +202,17 @@ class ClusterConfig:
         """Validate a parsed YAML document (a mapping of the top-level keys) into a ClusterConfig."""
         if not isinstance(d, Mapping):
             kind = "empty" if d is None else f"a {type(d).__name__}"
-            raise _error(
+            raise error(
                 source,
                 None,
                 f"the top level is {kind}; expected a mapping with the keys {', '.join(TOP_LEVEL_KEYS)}",
             )
         for key in d:
             if key not in TOP_LEVEL_KEYS:
-                raise _error(
+                raise error(
                     source,
                     str(key),
-                    f"unknown key{_suggest(str(key), TOP_LEVEL_KEYS)}; "
+                    f"unknown key{suggest(str(key), TOP_LEVEL_KEYS)}; "
                     f"allowed keys: {', '.join(TOP_LEVEL_KEYS)}",
                 )
 
@@ -223,7 +221,7 @@ class ClusterConfig:
         scale = _mapping(source, "scale", d.get("scale"), SCALE_KEYS) or None
         adapt = _mapping(source, "adapt", d.get("adapt"), ADAPT_KEYS) or None
         if scale is not None and adapt is not None:
-            raise _error(
+            raise error(
                 source,
                 "adapt",
                 "'scale' and 'adapt' are mutually exclusive: keep 'scale' for a "
@@ -235,7 +233,7 @@ class ClusterConfig:
         if address is not None:
             for key, value in (("cluster_kwargs", kwargs), ("scale", scale), ("adapt", adapt)):
                 if value:
-                    raise _error(
+                    raise error(
                         source,
                         key,
                         "applies only to a cluster vbcluster starts ('cluster_class'); "
@@ -244,12 +242,12 @@ class ClusterConfig:
 
         array_backend = d.get("array_backend", "numpy")
         if array_backend not in ARRAY_BACKENDS:
-            raise _error(
+            raise error(
                 source, "array_backend", f"expected one of {', '.join(ARRAY_BACKENDS)}, got {array_backend!r}"
             )
         persist = d.get("persist", "auto")
         if persist not in PERSIST_MODES:
-            raise _error(source, "persist", f"expected one of {', '.join(PERSIST_MODES)}, got {persist!r}")
+            raise error(source, "persist", f"expected one of {', '.join(PERSIST_MODES)}, got {persist!r}")
 
         return cls(
             cluster_class=cluster_class,
@@ -278,10 +276,19 @@ class ClusterConfig:
         out["persist"] = self.persist
         return out
 
+    def check_filled(self) -> None:
+        """Refuse a config whose values still hold a ``YOUR_...`` placeholder of the shipped files,
+        naming the key (loading allows them, so a template can be read and copied)."""
+        found = placeholders(self.to_dict(), "")
+        if found:
+            key, value = found[0]
+            raise error(self.source, key, f"unfilled placeholder {value!r}: replace it with your site's "
+                        "value")
+
     def resolve_cluster_class(self) -> type:
         """Import ``cluster_class``; ConfigError (naming the extra to install) when that fails."""
         if self.cluster_class is None:
-            raise _error(
+            raise error(
                 self.source,
                 "cluster_class",
                 f"not set: this config connects to {self.address} instead of starting a cluster",
@@ -289,7 +296,7 @@ class ClusterConfig:
         module_name, _, attr = self.cluster_class.rpartition(".")
         obj = _import_attr(self.source, module_name, attr)
         if not inspect.isclass(obj):
-            raise _error(
+            raise error(
                 self.source, "cluster_class", f"{self.cluster_class} is a {type(obj).__name__}, not a class"
             )
         return cast(type, obj)
@@ -307,8 +314,13 @@ class ClusterConfig:
     def _start_cluster(self) -> Any:
         import dask
 
+        self.check_filled()
+        worker = self.cluster_kwargs.get("worker_class")
+        if worker is not None and worker not in KNOWN_WORKERS:
+            raise error(self.source, "cluster_kwargs.worker_class", f"{worker!r} is not a Dask worker class; "
+                         f"use one of {', '.join(KNOWN_WORKERS)}")
         cls = self.resolve_cluster_class()
-        _check_cluster_kwargs(self.source, cls, self.cluster_class or "", self.cluster_kwargs)
+        check_cluster_kwargs(self.source, cls, self.cluster_class or "", self.cluster_kwargs)
         drop = worker_environ()
         # a nanny started earlier in this process left Dask's value in os.environ, which the new
         # workers would inherit (distributed.nanny sets os.environ before spawning): hidden meanwhile
@@ -324,7 +336,7 @@ class ClusterConfig:
         try:
             cluster = cls(**copy.deepcopy(dict(self.cluster_kwargs)))
         except (TypeError, ValueError) as exc:
-            raise _error(self.source, "cluster_kwargs", f"{self.cluster_class} rejected them: {exc}") from exc
+            raise error(self.source, "cluster_kwargs", f"{self.cluster_class} rejected them: {exc}") from exc
         try:
             if self.scale is not None:
                 sizes = dict(self.scale)
@@ -336,7 +348,7 @@ class ClusterConfig:
         except (TypeError, ValueError) as exc:
             cluster.close()
             key = "scale" if self.scale is not None else "adapt"
-            raise _error(self.source, key, f"{self.cluster_class} rejected it: {exc}") from exc
+            raise error(self.source, key, f"{self.cluster_class} rejected it: {exc}") from exc
         except BaseException:
             cluster.close()
             raise
@@ -366,7 +378,7 @@ class ClusterConfig:
         worker replicas.
         """
         if not (self.cluster_class or "").startswith("dask_kubernetes."):
-            raise _error(
+            raise error(
                 self.source,
                 "cluster_class",
                 "a Kubernetes spec needs "
@@ -376,7 +388,7 @@ class ClusterConfig:
         accepted = inspect.signature(make_cluster_spec).parameters
         kwargs = {k: copy.deepcopy(v) for k, v in self.cluster_kwargs.items() if k in accepted}
         if not isinstance(kwargs.get("name"), str):
-            raise _error(self.source, "cluster_kwargs.name", "required: the DaskCluster's name")
+            raise error(self.source, "cluster_kwargs.name", "required: the DaskCluster's name")
         if isinstance(kwargs.get("env"), Mapping):  # KubeCluster takes a dict; the spec needs a list
             kwargs["env"] = [{"name": k, "value": str(v)} for k, v in kwargs["env"].items()]
         spec = cast(dict[str, Any], make_cluster_spec(**kwargs))
@@ -405,67 +417,27 @@ def worker_environ() -> dict[str, Any]:
     return {}
 
 
-def _accepted(cls: type) -> set[str] | None:
-    """Keyword arguments ``cls(...)`` takes; None when it forwards unknown ones where we cannot follow.
-
-    ``distributed.LocalCluster`` forwards its extra keywords to each worker (Nanny, then Worker, then
-    the server base class): those are followed, so a misspelt key fails here, before a worker process
-    dies with a long traceback.
-    """
-    classes: list[Any] = [cls]
-    try:
-        from distributed import LocalCluster, Nanny, Worker
-        from distributed.core import Server
-
-        if issubclass(cls, LocalCluster):
-            classes += [Nanny, Worker, Server]
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        pass
-    names: set[str] = set()
-    for c in classes:
-        try:
-            params = inspect.signature(c.__init__).parameters
-        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-            return None
-        kinds = {p.kind for p in params.values()}
-        if inspect.Parameter.VAR_KEYWORD in kinds and c is classes[-1]:
-            return None  # the last class forwards keywords we cannot see
-        names |= {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return names - {"self"}
-
-
-def _check_cluster_kwargs(source: str, cls: type, name: str, kwargs: Mapping[str, Any]) -> None:
-    """Refuse a key of ``cluster_kwargs`` that the cluster class (and its workers) do not take."""
-    accepted = _accepted(cls)
-    if accepted is None or "worker_class" in kwargs:  # another worker class takes other keywords
-        return
-    for key in kwargs:
-        if key not in accepted:
-            raise _error(source, f"cluster_kwargs.{key}", f"not an argument of {name} or its workers"
-                         f"{_suggest(key, sorted(accepted))}")
-
-
 def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:
     """Read and validate a cluster config YAML file (see ``cluster_config/README.md``)."""
     source = os.fspath(path)
     try:
         text = Path(source).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise _error(
+        raise error(
             source,
             None,
             "no such cluster config file (the files shipped with vbcluster are "
             "in cluster_config/: local, scheduler, slurm, pbs, kubernetes, gpu)",
         ) from None
     except OSError as exc:
-        raise _error(source, None, f"cannot read the cluster config: {exc}") from exc
+        raise error(source, None, f"cannot read the cluster config: {exc}") from exc
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise _error(source, None, f"invalid YAML{where}: {problem}") from exc
+        raise error(source, None, f"invalid YAML{where}: {problem}") from exc
     return ClusterConfig.from_dict(document, source=source)
 
 
