@@ -204,11 +204,33 @@ def label_codes(raw: list[str], folders: bool) -> tuple[np.ndarray, list[str] | 
     return np.array([index[v] for v in raw], dtype=np.int64), classes
 
 
-def _decode(data: bytes | Path) -> np.ndarray:
+#: Pillow modes of 16-bit (and 32-bit integer) greyscale images, which ``convert("RGB")`` clips at 255
+WIDE_GREY = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def decode_rgb(data: bytes | str | Path) -> np.ndarray:
+    """An image file (a path, or its bytes) as RGB ``uint8`` of shape (height, width, 3).
+
+    16-bit greyscale keeps its range: ``round(v * 255 / 65535)`` (mid-grey 32768 becomes 128, where
+    Pillow's own conversion clips everything above 255 to white; 16-bit RGB already arrives as its high
+    bytes). An image with more pixels than Pillow's decompression-bomb limit
+    (``PIL.Image.MAX_IMAGE_PIXELS``, 89,478,485 by default; Pillow itself only warns below twice that)
+    is refused from its header, before any pixel is decoded: a 12,000 x 12,000 PNG took 214 s and
+    7.4 GB to extract.
+    """
     from PIL import Image
 
     with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
+        limit = Image.MAX_IMAGE_PIXELS
+        w, h = im.size
+        if limit is not None and w * h > limit:
+            raise ValueError(f"{w} x {h} = {w * h:,} pixels is over the decoding limit of {int(limit):,} "
+                             "pixels (PIL.Image.MAX_IMAGE_PIXELS); shrink the image")
         im.load()
+        if im.mode in WIDE_GREY:
+            v = np.clip(np.asarray(im).astype(np.int64), 0, 65535)
+            grey = ((v * 255 + 32767) // 65535).astype(np.uint8)
+            return np.repeat(grey[..., None], 3, axis=2)
         return np.asarray(im.convert("RGB"))
 
 
@@ -234,7 +256,7 @@ def read_images(locs: list[str]) -> Iterator[tuple[int, np.ndarray | Exception]]
                     if m.name in wanted and wanted[m.name] not in found:
                         try:
                             data = tf.extractfile(m)
-                            found[wanted[m.name]] = _decode(data.read() if data else b"")
+                            found[wanted[m.name]] = decode_rgb(data.read() if data else b"")
                         except Exception as exc:  # noqa: BLE001 - PIL raises many types for a bad image
                             found[wanted[m.name]] = exc
                         left -= 1
@@ -248,6 +270,6 @@ def read_images(locs: list[str]) -> Iterator[tuple[int, np.ndarray | Exception]]
             yield i, found.get(i, FileNotFoundError(f"member not found in {loc.split(TAR_SEP)[0]}"))
             continue
         try:
-            yield i, _decode(Path(loc))
+            yield i, decode_rgb(Path(loc))
         except Exception as exc:  # noqa: BLE001 - PIL raises many types for a bad image
             yield i, exc

@@ -7,15 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.image_sources import IMAGE_SUFFIXES
+from pipeline.image_sources import IMAGE_SUFFIXES, decode_rgb
 
 __all__ = ["IMAGE_SUFFIXES", "read_rgb"]
 
 
 def read_rgb(path: Path) -> np.ndarray:
-    """An image file as an RGB array of shape (height, width, 3), uint8."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        im.load()
-        return np.asarray(im.convert("RGB"))
+    """An image file as an RGB array of shape (height, width, 3), uint8
+    (:func:`pipeline.image_sources.decode_rgb`: 16-bit kept in range, the decoding bounded)."""
+    return decode_rgb(path)
