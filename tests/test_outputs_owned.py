@@ -82,8 +82,9 @@ def test_report_out_replaces_a_report_it_wrote_and_fills_an_empty_directory(fitt
 def test_assign_names_never_leave_the_store(fitted, name):
     store, run = fitted
     before = FeatureStore.open(store).fingerprint
-    with pytest.raises(InputError, match=rf"^assignment name {re.escape(repr(name))} is not a plain name inside "
-                       r".*/assignments \(no '/', '\\', '\.\.' or leading '\.'\); choose another --name"):
+    with pytest.raises(InputError, match=rf"^assignment name {re.escape(repr(name))} is not a plain name "
+                       r"inside .*/assignments \(no '/', '\\', '\.\.' or leading '\.'\); choose another "
+                       r"--name"):
         assign_store(run, name=name)
     assert FeatureStore.open(store).fingerprint == before
 
@@ -107,10 +108,11 @@ def test_assign_replaces_only_its_own_groups(fitted):
     assert assign_store(run, name="mine") == first  # its own group: replaced
     other = zarr.open_group(f"{store}/assignments/theirs", mode="w")
     other.create_array("labels", data=np.arange(3))
-    with pytest.raises(InputError, match=r"assignments/theirs exists and is not an assignment group vbcluster "
-                       r"wrote; refusing to replace it: choose another --name"):
+    with pytest.raises(InputError, match=r"assignments/theirs exists and is not an assignment group "
+                       r"vbcluster wrote; refusing to replace it: choose another --name"):
         assign_store(run, name="theirs")
-    assert np.asarray(zarr.open_group(f"{store}/assignments/theirs", mode="r")["labels"][:]).tolist() == [0, 1, 2]
+    kept = zarr.open_group(f"{store}/assignments/theirs", mode="r")["labels"]
+    assert np.asarray(kept[:]).tolist() == [0, 1, 2]
 
 
 # ---- ingest --overwrite -----------------------------------------------------------------------------
