@@ -260,3 +260,33 @@ def test_check_refuses_a_row_count_its_appends_do_not_explain(tmp_path):
 
     r = CliRunner().invoke(app, ["check", path])
     assert r.exit_code == 2 and "add up to 16" in r.output
+
+
+def test_a_reused_pid_does_not_keep_the_append_lock(tmp_path):
+    """The lock records the writer's start time (the run lock's record): a live process that now has
+    the dead writer's pid is another process, so its lock is stale and the journal is rolled back."""
+    from pathlib import Path
+
+    from pipeline.leftovers import process_record
+    from pipeline.store_journal import begin
+
+    path = str(tmp_path / "s.zarr")
+    _store(path)
+    s = FeatureStore.open(path, "r+")
+    begin(Path(path), s.group, 20, 8)  # an append's journal ...
+    s.features.resize((40, 4))  # ... half-way through
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        start = open(f"/proc/{other.pid}/stat").read().rsplit(")", 1)[1].split()[19]
+        rec = {**process_record(), "pid": other.pid, "started": time.time(), "token": "x"}
+        lock = tmp_path / ".s.zarr.lock"
+        lock.write_text(json.dumps(dict(rec, start=start)))  # that very process: a live writer
+        with pytest.raises(StoreError, match=rf"an append by pid {other.pid} on host .* is in progress"):
+            FeatureStore.open(path)
+        lock.write_text(json.dumps(dict(rec, start=str(int(start) - 1))))  # an earlier process, that pid
+        assert not AppendLock(path).is_held()
+        s = FeatureStore.open(path)  # the writer is gone: rolled back
+        assert s.n_rows == 20 and s.features.shape == (20, 4) and not lock.exists()
+    finally:
+        other.kill()
+        other.wait()
