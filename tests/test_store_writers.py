@@ -23,7 +23,7 @@ from pipeline.integrity import check
 from pipeline.store import AppendLock, FeatureStore
 from vbcore.errors import StoreError
 
-TIMEOUT = 300
+TIMEOUT = 600  # a safety bound only: under a load of 40 on 2 cores a spawned child took minutes to start
 IN_PROGRESS = r"an append by pid \d+ on host \S+ \(since [0-9T:-]+\) is in progress; wait for it to finish"
 
 
