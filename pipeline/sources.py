@@ -69,6 +69,8 @@ class StoreSource:
     crcs: list[bytes] | None = field(init=False, repr=False)  # features chunk CRC-32Cs found at open
     weighted: bool = field(init=False)  # the store has row weights
     wcrcs: list[bytes] | None = field(init=False, repr=False)  # weights chunk CRC-32Cs found at open
+    label_crcs: list[bytes] | None = field(init=False, repr=False)  # the same for labels (None: none)
+    has_labels: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         from pipeline.store import FeatureStore
@@ -82,6 +84,8 @@ class StoreSource:
         self.crcs = s.scan.crcs.get("features") if s.scan is not None and s.scan.checksummed else None
         self.weighted = "weights" in s.group.array_keys()
         self.wcrcs = s.scan.crcs.get("weights") if s.scan is not None and s.scan.checksummed else None
+        self.label_crcs = s.scan.crcs.get("labels") if s.scan is not None and s.scan.checksummed else None
+        self.has_labels = s.has_labels
 
     @property
     def dtype(self) -> np.dtype:
@@ -108,9 +112,16 @@ class StoreSource:
         return np.asarray(read_chunk(self.path, "weights", i, self.n_rows, crc), dtype=np.float64)
 
     def labels(self) -> np.ndarray | None:
-        from pipeline.store import FeatureStore
+        """The labels of the rows this source opened, chunk by chunk and verified like :meth:`load`
+        (the store is not opened again: an append under way meanwhile does not matter)."""
+        from pipeline.integrity import read_chunk
 
-        return FeatureStore.open(self.path).read_labels(slice(0, self.n_rows))
+        if not self.has_labels:
+            return None
+        parts = [read_chunk(self.path, "labels", i, self.n_rows,
+                            self.label_crcs[i] if self.label_crcs is not None else None)
+                 for i in range(len(self.chunk_slices()))]
+        return np.concatenate(parts)
 
     def describe(self) -> str:
         return f"store {self.path} ({self.n_rows} x {self.n_features})"

@@ -22,7 +22,7 @@ from pipeline.runs import assign_store, read_result
 from pipeline.store import FeatureStore
 from vbcore.errors import StoreError
 
-TIMEOUT = 300
+TIMEOUT = 1200  # a safety bound only: under a load of 50 on 2 cores a start took minutes
 
 _FIT = """
 import os, sys, time
@@ -34,7 +34,7 @@ def wait_for_the_append(info):
     if not os.path.exists(fitting):
         open(fitting, "w").close()
         t0 = time.time()
-        while not os.path.exists(appended) and time.time() - t0 < 300:
+        while not os.path.exists(appended) and time.time() - t0 < 3000:  # (the parent bounds it)
             time.sleep(0.01)
 
 model = VBMixture(n_components=4, covariance_type="diag", max_iter=4, tol=0, random_state=0)
