@@ -1,6 +1,5 @@
-"""The ``vbcluster`` command line (typer + rich): ingest, fit, resume, assign, report, study,
-learners, check, demo, version (``flows.cli`` adds ``deploy``). ``-h``/``--help`` on every command,
-``vbcluster --version``.
+"""The ``vbcluster`` command line (typer + rich): ingest, fit, resume, assign, report, study, learners,
+check, demo, version (``flows.cli`` adds ``deploy``). ``-h``/``--help`` everywhere, ``vbcluster --version``.
 """
 
 from __future__ import annotations
@@ -241,6 +240,9 @@ def fit(
         None, help=spec_help("weight_concentration_prior")),
     mean_precision_prior: float | None = typer.Option(None, help=spec_help("mean_precision_prior")),
     degrees_of_freedom_prior: float | None = typer.Option(None, help=spec_help("degrees_of_freedom_prior")),
+    priors: str | None = typer.Option(None, help=spec_help("priors")),
+    grow: bool | None = typer.Option(None, "--grow/--no-grow", help=spec_help("grow")),
+    max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
     whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
@@ -265,9 +267,9 @@ def fit(
                          fixed_variance=fixed_variance, weight_concentration_prior=weight_concentration_prior,
                          mean_precision_prior=mean_precision_prior, reg_covar=reg_covar, cluster=cluster,
                          degrees_of_freedom_prior=degrees_of_freedom_prior, chunk_rows=chunk_rows,
+                         priors=priors, grow=grow, max_components=max_components, keep=keep,
                          checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
-                         keep=keep, learner_options=key_values(learner_option), pca=pca,
-                         whiten=whiten or None)
+                         learner_options=key_values(learner_option), pca=pca, whiten=whiten or None)
     except VBClusterError as exc:
         fail(exc)
         return
@@ -327,7 +329,7 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
     from pipeline.fit_driver import stop_on_signals
     from pipeline.fitting import check_fit, fit_run
     from pipeline.progress import FitProgress
-    from vbcore.errors import FitInterrupted, VBClusterError
+    from vbcore.errors import FitInterrupted, VBClusterError, truncation_message
 
     try:
         state = check_fit(run_dir, spec, warm_from, restart=restart)  # nothing is written before this
@@ -363,6 +365,8 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
         last = f"{result['elbo_history'][-1]:.6g}" + (f" +- {ses[-1]:.2g}" if ses else "")
         console.print(f"the per-iteration bounds are minibatch estimates (last {last}, standard error); "
                       "the ELBO above is exact (one full pass)", soft_wrap=True)
+    if (result.get("truncation") or {}).get("limit_hit"):
+        console.print(f"[bold yellow]warning:[/] {truncation_message(result['truncation'])}", soft_wrap=True)
     console.print(f"wrote {run_dir}/result.json and {run_dir}/posterior.npz")
 
 

@@ -61,9 +61,11 @@ def fit_table(spec: Any, result: dict[str, Any]) -> Table:
     rules, headers wrap at their spaces, every column at least as wide as its value."""
     from rich import box
 
+    from pipeline.report_curves import k_cell
+
     m = result.get("metrics", {})
     cells = {"learner": spec.learner, "iters": str(result["n_iter"]), "converged": str(result["converged"]),
-             "K": str(spec.components), "effective K": str(result["n_effective"]),
+             "K": k_cell(result), "effective K": str(result["n_effective"]),
              "ELBO (exact)": f"{result['elbo']:.6g}", "NMI": f"{m['nmi']:.3f}" if m else "-",
              "ACC": f"{m['acc']:.3f}" if m else "-", "seconds": f"{result['seconds']:.1f}"}
     table = Table(title=f"vbcluster fit {spec.store}", title_justify="left", box=box.SIMPLE_HEAD,
@@ -82,6 +84,9 @@ WHY = {
     "max_iter": "the tighter tol needs more iterations; checkpoints make a long fit resumable",
     "tol": "a tighter stop for the run that is published (both: ELBO change per row)",
     "seed": "a run directory must resume bit for bit, so the command line always records a seed",
+    "grow": "-k starts the truncation; the bound, not K, decides the clusters (VBMixture: K fixed)",
+    "priors": "scikit-learn's nu0 = D and alpha0 = 1/K let D and K decide; the pipeline's fit them",
+    "init": "k-means at K = 1000 took 180 s; projected k-means++ seeds start in seconds",
 }
 
 

@@ -30,7 +30,7 @@ from pipeline.fit_setup import open_source
 from pipeline.sources import is_store_path
 from pipeline.spec import FitSpec
 from vbcore.elbo import ElboTerms
-from vbcore.errors import ConfigError, InputError
+from vbcore.errors import ConfigError, InputError, TruncationWarning, truncation_message
 from vbcore.kernels import estep_params, prepare_chunk, responsibilities
 from vbcore.posterior import Posterior
 from vbcore.predictive import posterior_predictive_logpdf
@@ -63,10 +63,22 @@ class VBMixture(DensityMixin, BaseEstimator):
     n_init : int, default=1
         Restarts (each from its own seed derived from ``random_state``); the fit with the best ELBO
         is kept.
-    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}, default='kmeans'
+    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data', 'k-means++-projected'}
+        Default 'kmeans'
+        (the pipeline's default is 'k-means++-projected': seeds among sample rows, nearest seed in a
+        random projection, no Lloyd iterations)
     weight_concentration_prior_type : {'dirichlet_process', 'dirichlet_distribution'}
     weight_concentration_prior, mean_precision_prior, mean_prior, degrees_of_freedom_prior,
     covariance_prior : priors, as in scikit-learn; None takes the data-dependent defaults.
+    prior_defaults : {'sklearn', 'empirical'}, default='sklearn'
+        How unset priors are filled: scikit-learn's defaults (``alpha0 = 1/K``, ``nu0 = D``, fixed), or
+        the pipeline's (``alpha0 = 1`` for the DP, ``nu0 = 2`` for diag and spherical, ``beta0`` and the
+        covariance prior re-estimated from the bound between iterations; docs/guide.md "Choosing K").
+    grow : bool, default=False
+        Grow the truncation (learner 'vbem', DP weights) while the fit ends with nearly every
+        component in use (the pipeline's default is True); ``n_components`` is then the start.
+    max_components : int, optional
+        Upper limit of a growing truncation; default ``max(4 n_components, 1024)``.
     fixed_variance : float, optional
         ``sigma^2`` for covariance_type='fixed'; default: the learner's estimate (split-coordinate
         nearest neighbours for mm, sga*, svi), else the mean per-dimension within-cluster variance
@@ -126,6 +138,9 @@ class VBMixture(DensityMixin, BaseEstimator):
         mean_prior: Any = None,
         degrees_of_freedom_prior: float | None = None,
         covariance_prior: Any = None,
+        prior_defaults: str = "sklearn",
+        grow: bool = False,
+        max_components: int | None = None,
         fixed_variance: float | None = None,
         pca: int | None = None,
         whiten: bool = False,
@@ -156,6 +171,9 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.mean_prior = mean_prior
         self.degrees_of_freedom_prior = degrees_of_freedom_prior
         self.covariance_prior = covariance_prior
+        self.prior_defaults = prior_defaults
+        self.grow = grow
+        self.max_components = max_components
         self.fixed_variance = fixed_variance
         self.pca = pca
         self.whiten = whiten
@@ -265,6 +283,10 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.bound_kind_ = best.bound_kind
         #: the learner options the fit used: defaults filled in, automatic values (candidates=-1) resolved
         self.learner_options_ = best.options
+        #: the truncation: start, final, limit, used, saturated, limit_hit (docs/guide.md "Choosing K")
+        self.truncation_ = dict(best.truncation)
+        if self.truncation_.get("limit_hit"):
+            warnings.warn(truncation_message(self.truncation_), TruncationWarning, stacklevel=2)
         self.wall_seconds_ = best.wall_seconds  # summed over the attempts a resume continued
         self.resumed_from_ = best.resumed_from
         self.skipped_checkpoints_ = best.skipped

@@ -61,6 +61,8 @@ class FitOutcome:
     #: number of chunks this fit adopted from its warm start
     kept: dict[str, np.ndarray] = field(default_factory=dict)
     adopted: int = 0
+    #: the truncation: start, final, limit, used, saturated, limit_hit (``Learner.truncation_info``)
+    truncation: dict[str, Any] = field(default_factory=dict)
 
 
 class StopRequest:
@@ -256,6 +258,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
                 loop.terms = elbo_terms(vbem_pass(ctx, post).stats, post, ctx.prior)
             passes, kind, options = learner.passes, learner.bound_kind(), dict(learner.opts)
             kept = learner.keep_state()
+            truncation = learner.truncation_info(n_effective(post, ctx.prior))
         finally:
             learner.close()
     finally:
@@ -263,7 +266,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
                       None if loaded is None else str(loaded.path),
                       [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall(),
-                      loop.history_se, options, ctx.projection, kept, adopted)
+                      loop.history_se, options, ctx.projection, kept, adopted, truncation)
 
 
 def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,

@@ -6,11 +6,13 @@ first row, the ``[x*x, x]`` cache where the learner uses it), checks the rows of
 validated on the driver, reduces the data moments, estimates ``sigma^2`` for covariance 'fixed'
 (the learner's own estimate or k-means), builds the prior, and returns a :class:`FitContext`.
 :func:`initial_posterior` gives the first posterior (given responsibilities, the learner's own
-initialisation, random responsibilities, or nearest centres of k-means / k-means++ / random rows).
+initialisation, random responsibilities, or nearest centres of k-means / k-means++ / random rows,
+or the pipeline's projected k-means++ start).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,7 @@ from vbcore.init_kernels import (
     check_kernel,
     moments_kernel,
     nearest_stats_kernel,
+    projected_nearest_kernel,
     random_stats_kernel,
     resp_stats_kernel,
 )
@@ -88,6 +91,8 @@ def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
         if ct == "fixed" and sigma2 is None:
             sigma2 = _estimate_sigma2(spec, cls, engine, handles, source, random_state)
         prior = build_prior(spec, moments, source.n_features, sigma2)
+        if not cls.empirical_bayes:  # held at their initial values by learners that do not update them
+            prior = replace(prior, empirical=())
     except BaseException:
         engine.release(handles)
         raise
@@ -96,7 +101,9 @@ def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
                       n_features=source.n_features, covariance_type=ct, weight_type=spec.weights,
                       seed=seed_entropy(random_state),
                       chunk_starts=[sl.start for sl in source.chunk_slices()], projection=projection,
-                      total_weight=moments.weight)
+                      total_weight=moments.weight,
+                      grow=bool(spec.grow),
+                      max_components=None if spec.max_components is None else int(spec.max_components))
 
 
 def _estimate_sigma2(spec: FitSpec, cls: Any, engine: Any, handles: list[Any], source: Any,
@@ -147,7 +154,8 @@ def check_prior_settings(spec: FitSpec, d: int) -> None:
 
 
 def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float | None) -> Prior:
-    """The prior of the spec, with data-dependent defaults from the moments (scikit-learn's)."""
+    """The prior of the spec, with data-dependent defaults from the moments (``spec.priors``: the
+    pipeline's empirical defaults or scikit-learn's; :func:`vbcore.priors.default_prior`)."""
     n = max(moments.total_weight - 1, 1)  # weighted rows: their total weight is the data's N
     mean_prior = None if spec.mean_prior is None else np.asarray(spec.mean_prior, dtype=np.float64)
     if mean_prior is not None and mean_prior.shape != (d,):
@@ -163,7 +171,7 @@ def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float
         degrees_of_freedom=spec.degrees_of_freedom_prior,
         covariance=None if spec.covariance_prior is None
         else np.asarray(spec.covariance_prior, dtype=np.float64),
-        fixed_variance=fixed_variance,
+        fixed_variance=fixed_variance, defaults=spec.priors,
     )
 
 
@@ -186,6 +194,8 @@ def initial_stats(spec: FitSpec, ctx: FitContext, resp_init: Any, random_state: 
         return engine.map_reduce(random_stats_kernel, handles, k, per_chunk=seeds)
     sample = sample_rows(source, k, random_state).astype(np.float64)
     m = min(k, sample.shape[0])
+    if spec.init == "k-means++-projected":
+        return projected_init_stats(ctx, sample, m, k, rng)
     if spec.init == "kmeans":
         from sklearn.cluster import KMeans
 
@@ -197,6 +207,34 @@ def initial_stats(spec: FitSpec, ctx: FitContext, resp_init: Any, random_state: 
     else:  # random_from_data
         centres = sample[rng.choice(sample.shape[0], size=m, replace=False)]
     return engine.map_reduce(nearest_stats_kernel, handles, np.asarray(centres, dtype=np.float64), k)
+
+
+#: the projected k-means++ start: sample rows max(PROJECTED_MIN_ROWS, PROJECTED_ROWS_PER_CLUSTER * K)
+#: and the projection's width
+PROJECTED_MIN_ROWS = 5000
+PROJECTED_ROWS_PER_CLUSTER = 5
+PROJECTED_WIDTH = 256
+
+
+def projected_init_stats(ctx: FitContext, sample: np.ndarray, m: int, k: int, rng: Any) -> SuffStats:
+    """The pipeline's default start (``init='k-means++-projected'``): greedy k-means++ seeds
+    (Arthur & Vassilvitskii 2007) among at most ``max(5000, 5 K)`` sample rows, distances in a
+    Gaussian random projection to 256 dimensions when D is larger (as the SGA learners seed,
+    :func:`vbcore.sga_stats.kmeanspp_seeds`), then every row to its nearest seed in that projection
+    (:func:`vbcore.init_kernels.projected_nearest_kernel`): no Lloyd iterations, O(N p K + N D)."""
+    from vbcore.sga_stats import kmeanspp_seeds
+
+    seed = int(rng.randint(2**31 - 1))
+    gen = np.random.default_rng(np.random.SeedSequence(seed))
+    size = min(sample.shape[0], max(PROJECTED_MIN_ROWS, PROJECTED_ROWS_PER_CLUSTER * k))
+    rows = np.sort(gen.choice(sample.shape[0], size=size, replace=False))
+    sub = sample[rows] - ctx.shift
+    idx = kmeanspp_seeds(sub, m, gen)
+    d = sub.shape[1]
+    proj = (np.eye(d) if d <= PROJECTED_WIDTH
+            else gen.standard_normal((d, PROJECTED_WIDTH)) / np.sqrt(PROJECTED_WIDTH)).astype(np.float32)
+    centres = sub[idx].astype(np.float32) @ proj
+    return ctx.engine.map_reduce(projected_nearest_kernel, ctx.handles, proj, centres, k)
 
 
 def check_resp_init(resp_init: Any, n: int, k: int) -> np.ndarray:

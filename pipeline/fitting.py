@@ -33,7 +33,7 @@ from pipeline.fit_setup import check_prior_settings
 from pipeline.runs import load_model, read_result, save_run
 from pipeline.sources import StoreSource
 from pipeline.spec import FitSpec
-from vbcore.errors import ConfigError, InputError
+from vbcore.errors import ConfigError, InputError, TruncationWarning
 from vbcore.projection import check_pca
 
 RUN_SPEC = "run.json"
@@ -202,6 +202,7 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             info["warm_start_from"] = str(Path(warm_from).resolve())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)  # result.json records `converged`
+            warnings.simplefilter("ignore", TruncationWarning)  # and `truncation` (the summary says it)
             model.fit(spec.store, callback=callback)
         if model.resumed_from_:
             info["resumed_from"] = model.resumed_from_

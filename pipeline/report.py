@@ -30,7 +30,7 @@ import numpy as np
 
 from pipeline import leftovers
 from pipeline.atomic import named_oserror
-from pipeline.report_curves import bound_label, data_passes, elbo_figures, model_label, run_prior
+from pipeline.report_curves import bound_label, data_passes, elbo_figures, k_cell, model_label, run_prior
 from pipeline.runs import (
     ASSIGNMENTS,
     POSTERIOR,
@@ -171,9 +171,11 @@ def _name(d: Path, r: dict[str, Any]) -> str:
 
 
 def sizes_title(r: dict[str, Any]) -> str:
-    """'U of K = 80 components used, P pruned during the fit': K is the truncation asked for."""
+    """'U of K = 80 components used, P pruned during the fit': K is the truncation asked for, or the
+    one it grew to (result.json's ``truncation``)."""
     counts = np.asarray(r["counts"], dtype=np.float64)
-    k = int(r.get("n_components") or len(counts))  # pruned components have no count in result.json
+    grown = (r.get("truncation") or {}).get("final")
+    k = int(grown or r.get("n_components") or len(counts))  # pruned components have no count in result.json
     pruned = f", {k - len(counts)} pruned during the fit" if k > len(counts) else ""
     return f"{int(np.sum(counts >= 1.0))} of K = {k} components used{pruned}"
 
@@ -307,6 +309,11 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
     title = display(d.resolve().name)
     figs: list[tuple[str, str]] = []
     notes: list[str] = []
+    trunc = r.get("truncation") or {}
+    if trunc.get("limit_hit"):
+        from vbcore.errors import truncation_message
+
+        notes.append("warning: " + truncation_message(trunc))
     sizes_plot(r, title, tmp / f"run{i}-sizes.png")
     figs.append((f"run{i}-sizes.png", "Cluster sizes (expected rows per component, sorted)"))
     try:
@@ -395,7 +402,7 @@ def _row(d: Path, r: dict[str, Any], panel: str) -> str:
     elbo = float(r["elbo"]) / float(r["n_rows"]) if r.get("n_rows") else None
     cells = (display(d.resolve().name), r.get("learner"), model_label(r, run_prior(d)), bound_label(r), panel,
              r.get("n_iter"),
-             _fmt(float(passes[-1]), ".3g"), r.get("n_components"), r.get("n_effective"),
+             _fmt(float(passes[-1]), ".3g"), k_cell(r), r.get("n_effective"),
              m.get("clusters_used"), _fmt(elbo, ".6g"), _fmt(m.get("nmi"), ".3f"), _fmt(m.get("acc"), ".3f"),
              _fmt(m.get("ari"), ".3f"), _fmt(r.get("seconds"), ".1f"),
              Path(r["warm_start_from"]).name if r.get("warm_start_from") else None)

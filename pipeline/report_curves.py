@@ -2,12 +2,16 @@
 
 Two bounds share an axis only when they bound the same quantity: the same data (store fingerprint),
 the same model (covariance type, weight type, priors as the fit filled them in, e.g. alpha0 = 1/K
-or N, the fixed variance) and the same kind of bound
-(exact, or a minibatch estimate). :func:`comparable_groups` splits runs into such groups; the report
-draws one panel per group, side by side. The x axis is in **data passes** (rows read / N): for the
-full-pass learners the engine passes recorded in ``iterations.jsonl``, for the minibatch learners
-``minibatch / N`` per step (plus one pass per step with ``elbo='full'``), so a minibatch step and a
-VB EM iteration are not drawn as the same amount of work.
+or N, the fixed variance) and the same kind of bound (exact, or a minibatch estimate). The
+truncation is not part of the model when the weight concentration does not depend on it (the DP
+with ``priors='empirical'``, alpha0 = 1): runs of different K are one model and share an axis.
+Hyperparameters re-estimated from the bound (empirical Bayes) are fitted, not set: each run's bound
+is a lower bound on the same maximised evidence, so their fitted values are not part of the key.
+:func:`comparable_groups` splits runs into such groups; the report draws one panel per group, side
+by side. The x axis is in **data passes** (rows read / N): for the full-pass learners the engine
+passes recorded in ``iterations.jsonl``, for the minibatch learners ``minibatch / N`` per step (plus
+one pass per step with ``elbo='full'``), so a minibatch step and a VB EM iteration are not drawn as
+the same amount of work.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 #: result.json settings that define the model (beyond the data)
 MODEL_SETTINGS = ("covariance_type", "weight_concentration_prior_type", "weight_concentration_prior",
                   "mean_precision_prior", "mean_prior", "degrees_of_freedom_prior", "covariance_prior",
-                  "fixed_variance", "reg_covar")
+                  "fixed_variance", "reg_covar", "prior_defaults")
 #: posterior.npz metadata of the prior as used (defaults filled in: alpha0 = 1/K or N, sigma^2, ...)
 PRIOR_SCALARS = ("weight_concentration", "mean_precision", "degrees_of_freedom", "fixed_variance")
 ITERATIONS_LOG = "iterations.jsonl"
@@ -77,7 +81,8 @@ def run_prior(run_dir: Path) -> dict[str, Any]:
             meta = json.loads(str(z["meta"]))
     except (OSError, KeyError, ValueError):
         return {}
-    return {k: meta.get(k) for k in PRIOR_SCALARS}
+    empirical = set(meta.get("empirical") or [])
+    return {k: meta.get(k) for k in PRIOR_SCALARS if k not in empirical}
 
 
 def model_label(r: dict[str, Any], prior: dict[str, Any]) -> str:
@@ -91,7 +96,19 @@ def model_label(r: dict[str, Any], prior: dict[str, Any]) -> str:
         text += f", sigma^2 = {float(prior['fixed_variance']):.4g}"
     custom = [k for k in ("mean_precision_prior", "mean_prior", "degrees_of_freedom_prior",
                           "covariance_prior") if s.get(k) is not None]
+    if s.get("prior_defaults") == "empirical":
+        text += ", empirical Bayes"
     return text + (f" (set: {', '.join(custom)})" if custom else "")
+
+
+def k_cell(r: dict[str, Any]) -> str:
+    """K as the report and the fit summary show it: the truncation, ``start -> final`` where it grew,
+    with ``(limit)`` where the answer touched a limit (result.json's ``truncation``)."""
+    t = r.get("truncation") or {}
+    k = str(r.get("n_components"))
+    if t.get("final") is not None and t.get("final") != t.get("start"):
+        k = f"{t['start']} -> {t['final']}"
+    return k + (" (limit)" if t.get("limit_hit") else "")
 
 
 def model_key(r: dict[str, Any], prior: dict[str, Any]) -> tuple[str, ...]:

@@ -89,6 +89,7 @@ def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[s
         "n_effective": int(model.n_effective_),
         "n_components_kept": int(getattr(model, "n_components_", model.n_components)),  # after pruning
         "counts": [float(c) for c in model.counts_],
+        "truncation": {k: jsonable(v) for k, v in getattr(model, "truncation_", {}).items()},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     labels = src.labels()
@@ -123,6 +124,7 @@ def _write_posterior(f: Any, model: VBMixture) -> None:
             "n_components": prior.n_components, "weight_concentration": prior.weight_concentration,
             "mean_precision": prior.mean_precision, "degrees_of_freedom": prior.degrees_of_freedom,
             "fixed_variance": prior.fixed_variance, "n_iter": int(model.n_iter_),
+            "empirical": list(prior.empirical),
             "converged": bool(model.converged_), "elbo_terms": model.elbo_terms_,
             "settings": {k: jsonable(v) for k, v in model.get_params().items() if k != "engine"},
             "learner_options": {k: jsonable(v) for k, v in getattr(model, "learner_options_", {}).items()},

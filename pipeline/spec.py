@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from vbcore.errors import ConfigError
-from vbcore.priors import COVARIANCE_TYPES, WEIGHT_TYPES
+from vbcore.priors import COVARIANCE_TYPES, PRIOR_DEFAULTS, WEIGHT_TYPES
 
 #: accepted spellings of the weight priors (run.json, the CLI) -> scikit-learn's names
 WEIGHT_ALIASES = {"dp": "dirichlet_process", "dirichlet": "dirichlet_distribution"}
-INIT_METHODS = ("kmeans", "k-means++", "random", "random_from_data")
+INIT_METHODS = ("kmeans", "k-means++", "random", "random_from_data", "k-means++-projected")
 PERSIST_MODES = ("auto", "always", "never")
 #: the faces a spec is resolved for: their defaults differ only where the estimator keeps scikit-learn's
 FACES = ("pipeline", "estimator")
@@ -55,8 +55,15 @@ class FitSpec:
     store: str | None = _s(None, "The feature store (None for in-memory data).", "str", identity=False)
     learner: str = _s("vbem", "The learner (`vbcluster learners` lists them).", "learner",
                       estimator="learner")
-    components: int = _s(50, "K: number of components (the truncation level of the Dirichlet process).",
+    components: int = _s(50, "K: number of components (the starting truncation of the Dirichlet process, "
+                         "which vbem grows while the fit uses nearly all of it; see grow).",
                          "int", estimator="n_components", sklearn=1, minimum=1, flag="--components/-k")
+    grow: bool = _s(True, "Grow the truncation (vbem, DP weights) while the fit ends with nearly every "
+                    "component in use, up to max_components.", "bool", estimator="grow", sklearn=False,
+                    flag="--grow/--no-grow")
+    max_components: int | None = _s(None, "Upper limit of the truncation when it grows; default: "
+                                    "max(4 K, 1024), at most the number of rows.", "int",
+                                    estimator="max_components", minimum=1)
     covariance: str | None = _s(None, "full | diag | spherical | fixed | tied; default: the learner's "
                                 "(fixed for mm, sga*, svi; diag, or scikit-learn's full in VBMixture).",
                                 "str", estimator="covariance_type", choices=COVARIANCE_TYPES)
@@ -68,8 +75,10 @@ class FitSpec:
                     sklearn=1e-3, minimum=0, identity=False)
     seed: int | None = _s(0, "Random seed (drives every random draw of the fit).", "int",
                           estimator="random_state", sklearn=None, minimum=0, nullable=True)
-    init: str = _s("kmeans", "kmeans | k-means++ | random | random_from_data.", "str",
-                   estimator="init_params", choices=INIT_METHODS)
+    init: str = _s("k-means++-projected", "k-means++-projected (seeds among sample rows, nearest seed in a "
+                   "256-dimensional projection; no Lloyd iterations) | kmeans | k-means++ | random | "
+                   "random_from_data.", "str", estimator="init_params", sklearn="kmeans",
+                   choices=INIT_METHODS)
     n_init: int = _s(1, "Restarts; the one with the best ELBO is kept.", "int", estimator="n_init",
                      minimum=1)
     reg_covar: float = _s(1e-6, "Added to the diagonal of each component's sample covariance.", "float",
@@ -82,17 +91,24 @@ class FitSpec:
     learner_options: dict[str, Any] = _s({}, "Learner options KEY=VALUE (`vbcluster learners`).",
                                          "options", estimator="learner_options", sklearn=None)
     weight_concentration_prior: float | None = _s(
-        None, "Weight concentration (DP alpha / Dirichlet); default 1/K (a0 = N for mm, sga*, svi).",
+        None, "Weight concentration (DP alpha / Dirichlet); default 1 for the DP with priors=empirical, "
+        "else 1/K (a0 = N for mm, sga*, svi).",
         "float", estimator="weight_concentration_prior", minimum=0, above=True)
     mean_precision_prior: float | None = _s(None, "Precision of the means' prior; default 1.", "float",
                                             estimator="mean_precision_prior", minimum=0, above=True)
     mean_prior: Any = _s(None, "Mean of the means' prior, shape (D,); default: the data mean.", "array",
                          estimator="mean_prior")
-    degrees_of_freedom_prior: float | None = _s(None, "Wishart degrees of freedom; default D (checked "
-                                                "against D with the prior).", "prior",
+    degrees_of_freedom_prior: float | None = _s(None, "Degrees of freedom nu0 of the precisions' prior; "
+                                                "default 2 for diag and spherical with priors=empirical, "
+                                                "else D (checked against D with the prior).", "prior",
                                                 estimator="degrees_of_freedom_prior")
-    covariance_prior: Any = _s(None, "Covariance prior; default: the data covariance.", "array",
+    covariance_prior: Any = _s(None, "Covariance prior; default: the data covariance (sklearn), "
+                               "re-estimated from the bound (empirical).", "array",
                                estimator="covariance_prior")
+    priors: str = _s("empirical", "How unset priors are filled: empirical (nu0 = 2 for diag and spherical, "
+                     "alpha0 = 1 for the DP, beta0 and the covariance prior re-estimated from the bound "
+                     "between iterations) | sklearn (scikit-learn's: alpha0 = 1/K, nu0 = D, fixed).",
+                     "str", estimator="prior_defaults", sklearn="sklearn", choices=PRIOR_DEFAULTS)
     fixed_variance: float | None = _s(None, "sigma^2 of covariance 'fixed'; default: estimated.", "float",
                                       estimator="fixed_variance", minimum=0, above=True)
     chunk_rows: int = _s(65536, "Rows per chunk for in-memory arrays (stores keep their chunking).",

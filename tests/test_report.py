@@ -140,6 +140,34 @@ def test_x_axis_in_data_passes(tmp_path):
     assert list(data_passes(tmp_path, full)[0]) == [1.25, 2.5, 3.75] and bound_kind(full) == "exact"
 
 
+def test_runs_of_different_truncations_share_an_axis_when_alpha0_does_not_depend_on_k(runs, tmp_path):
+    store, *_ = runs
+    a = _fit(store, tmp_path / "k6", n_components=6, prior_defaults="empirical", grow=True, max_iter=15)
+    b = _fit(store, tmp_path / "k20", n_components=20, prior_defaults="empirical", grow=True, max_iter=15)
+    sk = _fit(store, tmp_path / "k6-sk", n_components=6, max_iter=15)
+    sk2 = _fit(store, tmp_path / "k20-sk", n_components=20, max_iter=15)
+    html = write_report([a, b, sk, sk2], tmp_path / "rep").read_text()
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", html)[1:]]
+    # alpha0 = 1 and fitted hyperparameters: one model whatever K; scikit-learn's alpha0 = 1/K: two
+    assert [c[4] for c in rows] == ["A", "A", "B", "C"]
+    assert "empirical Bayes" in rows[0][2]
+
+
+def test_a_run_whose_answer_touched_a_limit_is_marked(runs, tmp_path):
+    store, *_ = runs
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = _fit(store, tmp_path / "lim", n_components=3, prior_defaults="empirical", grow=True,
+                   max_components=3, max_iter=10)
+    r = read_result(run)
+    assert r["truncation"]["limit_hit"]
+    html = write_report([run], tmp_path / "rep").read_text()
+    assert "warning: the fit uses 3 of its 3 components and the upper limit max_components = 3" in html
+    assert "3 (limit)" in html
+
+
 def test_groups_split_by_data_model_prior_and_bound():
     base = {"store_fingerprint": "f1", "learner": "vbem", "settings": {"covariance_type": "diag"}}
     prior = {"weight_concentration": 0.1, "fixed_variance": None}

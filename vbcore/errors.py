@@ -53,3 +53,17 @@ class FitInterrupted(VBClusterError):
         where = f"; checkpoint {checkpoint}" if checkpoint else "; no checkpoint directory, nothing kept"
         super().__init__(f"interrupted after iteration {iteration}{where}")
         self.signum, self.iteration, self.checkpoint = signum, iteration, checkpoint
+
+
+class TruncationWarning(UserWarning):
+    """A DP fit ended with (nearly) every component of its truncation in use and could not grow it
+    (growth off, or the upper limit ``max_components`` reached): the truncation, not the data, may
+    have decided the number of clusters."""
+
+
+def truncation_message(info: dict) -> str:  # type: ignore[type-arg]
+    """The one line the estimator, the CLI summary and the report print when a limit was hit."""
+    why = (f"the upper limit max_components = {info['limit']} was reached" if info.get("growth")
+           else "the truncation did not grow (grow off for this fit or learner)")
+    return (f"the fit uses {info['used']} of its {info['final']} components and {why}: the truncation "
+            "may have decided the number of clusters; raise max_components (--max-components) or -k")

@@ -57,3 +57,23 @@ def sq_dists(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
     """Squared Euclidean distances, shape (n_rows, n_centres), in float64."""
     x = X.astype(np.float64)
     return (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)[None]
+
+
+def projected_nearest_kernel(chunk: Chunk, proj: np.ndarray, centres: np.ndarray, k: int) -> SuffStats:
+    """Hard responsibilities by nearest centre in a random projection (``proj``, D x p float32, and
+    the projected, shifted ``centres``, K x p): one float32 GEMM of ``p`` columns per row instead of
+    K x D. The statistics are the exact ones of those labels: per-label sums (O(N D), float64 across
+    blocks) for the diagonal families, the one-hot GEMM for 'full' and 'tied'."""
+    from vbcore.sga_stats import label_sums
+
+    x = to_numpy(chunk.x)
+    y = x.astype(np.float32, copy=False) @ proj
+    c = centres.astype(np.float32)
+    d2 = (c * c).sum(1)[None, :] - 2.0 * (y @ c.T)  # |y|^2 is the same for every centre
+    labels = np.argmin(d2, axis=1)
+    if chunk.is_diagonal and not chunk.pooled:
+        feats = None if chunk.feats is None else to_numpy(chunk.feats)
+        return label_sums(x, feats, labels, k, chunk.shift).to_stats()
+    r = np.zeros((chunk.n_rows, k))
+    r[np.arange(chunk.n_rows), labels] = 1.0
+    return chunk_statistics(chunk, on_device(chunk, r))

@@ -29,6 +29,13 @@ COVARIANCE_TYPES = ("full", "tied", "diag", "spherical", "fixed")
 #: the families with a D x D Wishart precision
 WISHART_TYPES = ("full", "tied")
 WEIGHT_TYPES = ("dirichlet_distribution", "dirichlet_process")
+#: the ways of filling unset hyper-parameters (:func:`default_prior`)
+PRIOR_DEFAULTS = ("empirical", "sklearn")
+#: ``nu0`` of the diagonal families under the 'empirical' defaults: a prior as strong as this many
+#: rows per component, whatever D (docs/decisions.md "Priors that do not depend on the dimension")
+EMPIRICAL_DOF = 2.0
+#: the DP concentration under the 'empirical' defaults: one model for every truncation
+EMPIRICAL_ALPHA = 1.0
 
 
 def _positive(name: str, value: float) -> float:
@@ -64,6 +71,10 @@ class Prior:
         ``W0^-1`` (full, tied), ``s0`` per dimension (diag), ``s0`` (spherical); None for 'fixed'.
     fixed_variance : float or None
         ``sigma^2`` of the 'fixed' family.
+    empirical : tuple of str
+        The hyperparameters re-estimated from the bound between iterations (empirical Bayes,
+        :mod:`vbcore.empirical`): a subset of ``('mean_precision', 'covariance', 'degrees_of_freedom')``;
+        empty: all fixed.
     """
 
     covariance_type: str
@@ -75,6 +86,7 @@ class Prior:
     degrees_of_freedom: float
     covariance: np.ndarray | None
     fixed_variance: float | None = None
+    empirical: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_prior(self)
@@ -97,6 +109,10 @@ def validate_prior(p: Prior) -> None:
     if int(p.n_components) != p.n_components or p.n_components < 1:
         raise ConfigError(f"n_components must be an integer >= 1, got {p.n_components!r}")
     _positive("weight_concentration_prior", p.weight_concentration)
+    bad = sorted(set(p.empirical) - {"mean_precision", "covariance", "degrees_of_freedom"})
+    if bad:
+        raise ConfigError("empirical hyperparameters must be among mean_precision, covariance, "
+                          f"degrees_of_freedom; got {bad}")
     _positive("mean_precision_prior", p.mean_precision)
     mean = np.asarray(p.mean)
     if mean.ndim != 1 or not np.all(np.isfinite(mean)):
@@ -152,6 +168,29 @@ def validate_prior(p: Prior) -> None:
         raise ConfigError(f"covariance_prior must be > 0 everywhere; entry {bad} is not")
 
 
+def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d: int,
+                        weight_concentration: float | None, mean_precision: float | None,
+                        degrees_of_freedom: float | None, covariance: object) -> tuple[tuple[str, ...],
+                                                                                       float | None,
+                                                                                       float | None, float]:
+    """For :func:`default_prior`: the free hyperparameters, alpha0, nu0 and the covariance prior's scale
+    under ``defaults`` (unset values stay None where scikit-learn's default follows)."""
+    if defaults not in PRIOR_DEFAULTS:
+        raise ConfigError(f"prior defaults must be one of {PRIOR_DEFAULTS}, got {defaults!r}")
+    if defaults != "empirical":
+        return (), weight_concentration, degrees_of_freedom, 1.0
+    free = tuple(name for name, value in (("mean_precision", mean_precision), ("covariance", covariance))
+                 if value is None and not (name == "covariance" and covariance_type == "fixed"))
+    if "covariance" in free and degrees_of_freedom is None and covariance_type in ("diag", "spherical"):
+        free += ("degrees_of_freedom",)  # the Gamma prior's shape, with its rate
+    if degrees_of_freedom is None:
+        degrees_of_freedom = float(d) if covariance_type in WISHART_TYPES else EMPIRICAL_DOF
+    if weight_concentration is None and weight_type == "dirichlet_process":
+        weight_concentration = EMPIRICAL_ALPHA
+    scale = float(degrees_of_freedom) if covariance_type != "fixed" else 1.0
+    return free, weight_concentration, degrees_of_freedom, scale
+
+
 def default_prior(
     *,
     covariance_type: str,
@@ -165,14 +204,22 @@ def default_prior(
     degrees_of_freedom: float | None = None,
     covariance: np.ndarray | float | None = None,
     fixed_variance: float | None = None,
+    defaults: str = "sklearn",
 ) -> Prior:
-    """Fill unset hyper-parameters with scikit-learn's data-dependent defaults.
+    """Fill unset hyper-parameters with data-dependent defaults.
 
-    ``alpha0 = 1/K``, ``beta0 = 1``, ``m0`` = data mean, ``nu0 = D``; ``covariance_prior`` = data
-    covariance (full, tied), per-dimension variance (diag) or their mean (spherical). Where the data has a
-    constant dimension the default would be singular, so variances are floored at ``1e-6`` times the
-    mean variance (documented in docs/decisions.md). ``fixed_variance`` defaults to the mean
-    per-dimension variance of the data.
+    ``defaults='sklearn'``: scikit-learn's, ``alpha0 = 1/K``, ``beta0 = 1``, ``m0`` = data mean,
+    ``nu0 = D``; ``covariance_prior`` = data covariance (full, tied), per-dimension variance (diag) or
+    their mean (spherical). Where the data has a constant dimension the default would be singular, so
+    variances are floored at ``1e-6`` times the mean variance (documented in docs/decisions.md).
+    ``fixed_variance`` defaults to the mean per-dimension variance of the data.
+
+    ``defaults='empirical'`` (the pipeline's): ``alpha0 = 1`` for the DP (the same model for every
+    truncation; ``1/K`` stays for finite Dirichlet weights), ``nu0 =`` :data:`EMPIRICAL_DOF` for the
+    diagonal families (``D`` for the Wishart ones, which need ``nu0 > D - 1``), the covariance prior
+    ``nu0`` times scikit-learn's (a prior variance equal to the data's), and ``beta0`` and the
+    covariance prior, where unset, re-estimated from the bound between iterations
+    (:attr:`Prior.empirical`, :mod:`vbcore.empirical`).
 
     Parameters
     ----------
@@ -186,11 +233,14 @@ def default_prior(
     mean_var = float(np.mean(var)) if var.size else 1.0
     floor = 1e-6 * mean_var if mean_var > 0 else 1e-6
     d = data_mean.shape[0]
+    free, weight_concentration, degrees_of_freedom, scale = _empirical_defaults(
+        defaults, covariance_type, weight_type, d, weight_concentration, mean_precision, degrees_of_freedom,
+        covariance)
     if covariance is None and covariance_type != "fixed":
         if covariance_type in WISHART_TYPES:
             if data_cov.ndim != 2:
                 raise ConfigError(f"a {covariance_type!r} covariance prior needs the full data covariance")
-            covariance = 0.5 * (data_cov + data_cov.T) + np.diag(np.maximum(floor - var, 0.0))
+            covariance = scale * (0.5 * (data_cov + data_cov.T) + np.diag(np.maximum(floor - var, 0.0)))
             try:
                 np.linalg.cholesky(covariance)
             except np.linalg.LinAlgError:
@@ -200,9 +250,9 @@ def default_prior(
                     "covariance_prior, or use covariance_type='diag'"
                 ) from None
         elif covariance_type == "diag":
-            covariance = np.maximum(var, floor)
+            covariance = scale * np.maximum(var, floor)
         else:
-            covariance = max(mean_var, floor)
+            covariance = scale * max(mean_var, floor)
     if covariance_type == "fixed" and fixed_variance is None:
         fixed_variance = max(mean_var, floor)
     return Prior(
@@ -215,4 +265,5 @@ def default_prior(
         degrees_of_freedom=float(d) if degrees_of_freedom is None else degrees_of_freedom,
         covariance=None if covariance is None else np.asarray(covariance, dtype=float),
         fixed_variance=None if fixed_variance is None else float(fixed_variance),
+        empirical=free,
     )

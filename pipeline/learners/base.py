@@ -68,6 +68,9 @@ class FitContext:
     def n_weight(self) -> float:
         """The data's ``N``: the rows' total weight (``n_rows`` when the rows are unweighted)."""
         return float(self.n_rows) if self.total_weight is None else float(self.total_weight)
+    #: grow the truncation while it is saturated (learners that can: ``vbem``), up to ``max_components``
+    grow: bool = False
+    max_components: int | None = None
 
     def rng(self, *key: int) -> np.random.Generator:
         """A generator derived from the fit's seed and ``key`` (for example the iteration): the same
@@ -100,6 +103,9 @@ class Learner:
     #: rows gathered (uniformly, through the engine) for :meth:`estimate_fixed_variance`; None: the
     #: default estimate (k-means on whole chunks picked at random)
     sigma2_sample_rows: ClassVar[int | None] = None
+    #: whether the learner re-estimates the prior's free hyperparameters (:attr:`Prior.empirical`);
+    #: for the others the fit setup holds them at their initial values
+    empirical_bayes: ClassVar[bool] = False
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         self.ctx = ctx
@@ -195,6 +201,16 @@ class Learner:
         if self.bound_kind() != "exact":
             return False
         return len(history) > 1 and abs(history[-1] - history[-2]) / self.ctx.n_weight < tol
+
+    def truncation_info(self, used: int) -> dict[str, Any]:
+        """What result.json says of the truncation for a fit ending with ``used`` components holding a
+        row's worth (``truncation``): learners that do not grow it report whether it bound the answer."""
+        from pipeline.learners.growth import saturated
+
+        k = int(self.ctx.prior.n_components)
+        sat = saturated(used, k) and self.ctx.weight_type == "dirichlet_process"
+        return {"start": k, "final": k, "limit": k, "grew": 0, "used": int(used), "saturated": sat,
+                "growth": False, "refused": False, "limit_hit": sat}
 
     def state(self) -> dict[str, np.ndarray]:
         """Learner state beyond the posterior, for checkpoints (arrays only)."""

@@ -140,6 +140,13 @@ class Moves:
         else:
             self.pairs, self.deletes = _EMPTY, np.zeros(0, dtype=np.int64)
 
+    def restart(self, iteration: int, stats: SuffStats, keep: np.ndarray | None, post: Posterior,
+                prior: Any, reg_covar: float) -> None:
+        """After the components changed outside the moves (VB EM's births): forget the proposals,
+        observe the new iteration, and try a round again before the fit may converge."""
+        self.pairs, self.deletes, self.pending, self.force = _EMPTY, np.zeros(0, dtype=np.int64), True, False
+        self.observe(iteration, stats, keep, post, prior, reg_covar)
+
     def _propose(self) -> None:
         self.pairs, self.deletes = _EMPTY, np.zeros(0, dtype=np.int64)
         if self._last is None:

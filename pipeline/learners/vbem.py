@@ -9,19 +9,23 @@ default; they combine (:mod:`vbcore.trunc_moves`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from pipeline.learners import register
+from pipeline.learners.growth import Growth, default_limit, n_used, propose
 from pipeline.learners.memo import MemoStats, check_memo_option
 from pipeline.learners.moves import MOVE_OPTIONS, Moves, check_move_options
 from pipeline.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
 from vbcore.elbo import ElboTerms, elbo_terms
+from vbcore.empirical import empirical_update, prior_from_state, prior_state
 from vbcore.errors import ConfigError
 from vbcore.kernels import KernelResult, estep_params, vbem_kernel
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
+from vbcore.stats import SuffStats
 
 
 def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
@@ -41,23 +45,33 @@ class VBEM(TruncatedLearner):
     #: descending N_k before the M-step (which never lowers the bound, Lim & Jiang 2024 section 4.5;
     #: off by default, so the trajectory stays scikit-learn's). ``candidates`` > 0: the truncated
     #: E-step; ``moves``: merge/delete moves.
-    options = {"prune_below": 1e-6, "reorder": False, **TRUNCATED_OPTIONS, **MOVE_OPTIONS, "memo": 0.0}
+    #: ``grow_iters``: iterations a birth proposal may take to beat the converged bound
+    #: (:mod:`pipeline.learners.growth`). With ``priors='empirical'`` the free hyperparameters are
+    #: re-estimated after every M-step (:mod:`vbcore.empirical`).
+    #: ``moves='auto'``: merge and delete moves where the truncation grows (``grow``, the pipeline's
+    #: default, so K also shrinks on the bound), none otherwise (scikit-learn's trajectory).
+    options = {"prune_below": 1e-6, "reorder": False, "grow_iters": 5, **TRUNCATED_OPTIONS, **MOVE_OPTIONS,
+               "moves": "auto", "memo": 0.0}
+    empirical_bayes = True
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
         check_truncated_options(cls.name, opts)
-        check_move_options(cls.name, opts)
+        check_move_options(cls.name, {**opts, "moves": "none"} if opts["moves"] == "auto" else opts)
         check_memo_option(cls.name, opts["memo"])
-        if opts["memo"] > 0 and (opts["candidates"] > 0 or opts["moves"] != "none"):
+        if opts["memo"] > 0 and (opts["candidates"] > 0 or opts["moves"] not in ("none", "auto")):
             raise ConfigError(f"learner option 'memo' of {cls.name!r} keeps the exact E-step's statistics: "
                               "it cannot be combined with 'candidates' > 0 or 'moves' yet")
+        if int(opts["grow_iters"]) < 1:
+            raise ConfigError(f"learner option 'grow_iters' of {cls.name!r} must be >= 1, "
+                              f"got {opts['grow_iters']!r}")
 
     @classmethod
     def check_spec(cls, spec: Any) -> None:
         super().check_spec(spec)
         opts = spec.learner_options  # every covariance type has the truncated E-step; not all its moves
         if (int(opts.get("candidates", 0)) > 0 and spec.covariance == "tied"
-                and opts.get("moves", "none") != "none"):
+                and opts.get("moves", "none") not in ("none", "auto")):
             raise ConfigError(f"learner options 'candidates' and 'moves' of {cls.name!r} cannot be combined "
                               "for covariance 'tied' yet; use candidates=0 (the exact E-step) with moves")
 
@@ -66,12 +80,24 @@ class VBEM(TruncatedLearner):
         if float(options.get("memo", 0.0)) > 0 and int(options.get("candidates", -1)) == -1:
             options["candidates"] = 0  # memoized statistics are the exact E-step's
         super().__init__(ctx, options)
+        if self.opts["moves"] == "auto":
+            tied_trunc = ctx.covariance_type == "tied" and int(self.opts.get("candidates", 0)) > 0
+            dp = ctx.weight_type == "dirichlet_process"
+            memo = float(self.opts["memo"]) > 0
+            self.opts["moves"] = "merge,delete" if ctx.grow and dp and not tied_trunc and not memo else "none"
         self.moves = Moves(self.name, self.opts)
         memo = float(self.opts["memo"])
         self.memo = MemoStats(ctx, memo) if memo > 0 else None
+        start = int(ctx.prior.n_components)
+        limit = ctx.max_components if ctx.max_components is not None else default_limit(start, ctx.n_rows)
+        enabled = (ctx.grow and ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
+                   and self.memo is None)  # memoized statistics are per component: no births yet
+        self.growth = Growth(enabled, start, limit, int(self.opts["grow_iters"]))
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
+        if self.growth.pending:
+            return self.grow(iteration)
         trunc = self.truncated
         if trunc is not None and self.moves.due(iteration):
             k = self.post.n_components
@@ -86,27 +112,66 @@ class VBEM(TruncatedLearner):
             stats = self.memo.run(estep_params(self.post, self.ctx.shift), iteration).stats
         else:
             stats = vbem_pass(self.ctx, self.post).stats
-        dp = self.ctx.weight_type == "dirichlet_process"
-        if dp and self.opts["reorder"]:
+        if self.ctx.weight_type == "dirichlet_process" and self.opts["reorder"]:
             order = np.argsort(-stats.nk, kind="stable")
             stats = stats.take(order)
             self.relabel_components(order)
-        self.post = m_step(stats, self.ctx.prior, self.ctx.reg_covar)
-        terms = elbo_terms(stats, self.post, self.ctx.prior)
-        # 'tied' keeps all K: its shared q(Lambda) depends on K (nu = nu0 + N/K), so dropping one
-        # component would change every other's posterior (docs/algorithms.md)
-        prune = dp and self.ctx.covariance_type != "tied"
-        keep = stats.nk >= float(self.opts["prune_below"]) if prune else None
+        terms, keep = self.update(stats)
         if keep is not None:
             self.relabel_components(kept_components(self.post, keep))
-            self.post = prune_components(self.post, keep)
         self.moves.observe(iteration, stats, keep, self.post, self.ctx.prior, self.ctx.reg_covar)
         return self.post, terms
+
+    def update(self, stats: SuffStats) -> tuple[ElboTerms, np.ndarray | None]:
+        """M-step, empirical Bayes (the prior's free hyperparameters), the exact bound, pruning:
+        sets ``self.post`` and ``self.ctx.prior``; returns the bound and the kept mask (None: no pruning)."""
+        ctx = self.ctx
+        post = m_step(stats, ctx.prior, ctx.reg_covar)
+        ctx.prior = empirical_update(ctx.prior, post)  # never lowers the bound of (stats, post)
+        terms = elbo_terms(stats, post, ctx.prior)
+        self.growth.last = terms
+        # 'tied' keeps all K: its shared q(Lambda) depends on K (nu = nu0 + N/K), so dropping one
+        # component would change every other's posterior (docs/algorithms.md)
+        prune = ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
+        keep = stats.nk >= float(self.opts["prune_below"]) if prune else None
+        self.post = post if keep is None else prune_components(post, keep)
+        return terms, keep
+
+    def grow(self, iteration: int) -> tuple[Posterior, ElboTerms]:
+        """The birth proposal doubling the truncation, accepted at the first of ``grow_iters`` exact
+        iterations whose bound beats the converged one (:mod:`pipeline.learners.growth`); refused, the
+        fit keeps its posterior and bound (the history repeats its last value and the fit ends)."""
+        assert self.post is not None and self.growth.last is not None
+        growth, ctx = self.growth, self.ctx
+        growth.pending = False
+        old_post, old_prior, last = self.post, ctx.prior, growth.last
+        k = growth.next_truncation()
+        proposal = propose(ctx, old_post, old_prior, k, iteration)
+        if proposal is not None:
+            ctx.prior = replace(old_prior, n_components=k)
+            self.post = proposal
+            for _ in range(growth.iters):
+                stats = vbem_pass(ctx, self.post).stats
+                terms, keep = self.update(stats)
+                if terms.total > last.total + growth.min_gain:
+                    growth.truncation, growth.grown = k, growth.grown + 1
+                    if self.truncated is not None:  # new candidate sets for the new components
+                        self.truncated.start(self.post)
+                    self.moves.restart(iteration, stats, keep, self.post, ctx.prior, ctx.reg_covar)
+                    return self.post, terms
+        ctx.prior, self.post, growth.last, growth.refused = old_prior, old_post, last, True
+        return old_post, last
 
     def converged(self, history: list[float], tol: float) -> bool:
         if self.memo is not None:  # per unit of the visited rows' weight
             return self.memo.converged(history, tol, self.ctx.n_weight)
-        return self.moves.converged(super().converged(history, tol))
+        done = self.moves.converged(super().converged(history, tol))
+        assert self.post is not None
+        self.growth.min_gain = tol * self.ctx.n_weight
+        return done and not self.growth.wants(n_used(self.post), self.post.n_components)
+
+    def truncation_info(self, used: int) -> dict[str, Any]:
+        return self.growth.info(used)
 
     def relabel_components(self, kept: np.ndarray, moved: np.ndarray | None = None) -> None:
         super().relabel_components(kept, moved)
@@ -118,11 +183,15 @@ class VBEM(TruncatedLearner):
         out.update(self.moves.state())
         if self.memo is not None:
             out.update(self.memo.state())
+        out.update(self.growth.state())
+        out.update(prior_state(self.ctx.prior))
         return out
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         super().load_state(post, state)
         self.moves.load_state(state)
+        self.growth.load_state(state)
+        self.ctx.prior = replace(prior_from_state(self.ctx.prior, state), n_components=self.growth.truncation)
         if self.memo is not None:
             self.memo.load_state(state)
 

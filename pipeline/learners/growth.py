@@ -1,0 +1,197 @@
+"""A truncation that does not decide the answer: VB EM grows K while the fit uses nearly all of it.
+
+When VB EM has converged with DP weights and at least :data:`SATURATED_SHARE` of the truncation holds
+a row's worth of responsibility or more (:func:`saturated`), the truncation doubles (at most to the
+limit) by **births** (Hughes & Sudderth 2013 grow and shrink K by moves on the exact bound):
+
+1. a uniform sample of rows (seeded by the iteration, gathered through the engine) is scored under
+   the current posterior; the sample rows of each component, largest first, are cut in two by
+   2-means started from the component's mean and the row it explains worst (a split move);
+2. the parent takes one half's mean, a child the other's, with the parent's covariance and half its
+   count each; the children's sticks follow the existing ones;
+3. up to ``grow_iters`` exact VB EM iterations (E-step pass, M-step, empirical Bayes, pruning) run on
+   the proposal; the first whose exact ELBO exceeds the converged fit's by more than ``tol`` per row
+   is accepted and the fit goes on from it with the larger truncation. If none does, the proposal is
+   refused: the bound prefers the fit it had, which ends the growth.
+
+After an accepted proposal the next convergence proposes births again, doubling a saturated
+truncation or filling one that is not (up to the truncation); merge and delete moves
+(:mod:`pipeline.learners.moves`, on by default where the truncation grows) shrink K on the bound.
+
+Refused proposals never enter the ELBO history, so the history stays monotone; the proposal's
+iterations run inside one iteration of the fit (its passes are counted). No draw depends on the
+engine or on a resume: the sample is ``ctx.rng(GROW_TAG, iteration)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from pipeline.learners.dpm import chunk_bounds, draw_rows, gather_rows
+from vbcore.elbo import ElboTerms
+from vbcore.kernels import estep_params, log_rho, prepare_chunk
+from vbcore.mstep import weight_posterior
+from vbcore.posterior import Posterior
+
+#: a truncation is saturated when at least this share of it holds a row's worth or more
+SATURATED_SHARE = 0.9
+#: the random stream of the birth samples: ``ctx.rng(GROW_TAG, iteration)``
+GROW_TAG = 7_426
+#: rows scored to place the children: max(GROW_MIN_ROWS, GROW_ROWS_PER_CLUSTER * new truncation)
+GROW_MIN_ROWS = 2000
+GROW_ROWS_PER_CLUSTER = 8
+#: a component is split only with this many sample rows; Lloyd iterations of the split's 2-means
+SPLIT_MIN_ROWS = 4
+SPLIT_ITERS = 5
+
+
+def saturated(n_used: int, truncation: int) -> bool:
+    """Whether a fit using ``n_used`` components of a truncation of ``truncation`` is bound by it:
+    ``n_used >= ceil(SATURATED_SHARE * truncation)``."""
+    return int(n_used) >= math.ceil(SATURATED_SHARE * int(truncation) - 1e-9)
+
+
+def default_limit(start: int, n_rows: int) -> int:
+    """The default upper limit of a growing truncation: ``max(4 K, 1024)``, at most N."""
+    return int(min(max(4 * int(start), 1024), max(int(n_rows), int(start))))
+
+
+def n_used(post: Posterior) -> int:
+    """Components holding at least one row's worth of responsibility."""
+    return int(np.sum(used_counts(post) >= 1.0))
+
+
+def used_counts(post: Posterior) -> np.ndarray:
+    """Expected rows per component from the weights' posterior (``N_k``)."""
+    wc = post.weight_concentration
+    return wc[0] - 1.0 if post.weight_type == "dirichlet_process" else wc
+
+
+def two_means(rows: np.ndarray, first: np.ndarray, second: np.ndarray,
+              iters: int = SPLIT_ITERS) -> np.ndarray:
+    """Lloyd's 2-means on ``rows`` from the centres ``first`` and ``second``; the label of each row."""
+    c = np.stack((first, second))
+    lab = np.zeros(rows.shape[0], dtype=np.int64)
+    for _ in range(iters):
+        d2 = ((rows[:, None, :] - c[None]) ** 2).sum(-1)
+        lab = np.argmin(d2, axis=1)
+        for j in (0, 1):
+            if np.any(lab == j):
+                c[j] = rows[lab == j].mean(0)
+    return lab
+
+
+def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int) -> tuple[np.ndarray, np.ndarray,
+                                                                                          np.ndarray]:
+    """Splits of the largest components: ``(parents, parent means, child means)``, shifted, at most
+    ``n_births``. A uniform sample of rows is scored under ``post``; the rows of each component (largest
+    first, at least ``SPLIT_MIN_ROWS`` of them) are cut in two by 2-means started from the component's
+    mean and the row it explains worst; the parent takes one half's mean, a child the other's."""
+    size = min(ctx.n_rows, max(GROW_MIN_ROWS, GROW_ROWS_PER_CLUSTER * (post.n_components + n_births)))
+    rows = draw_rows(ctx.rng(GROW_TAG, iteration), ctx.n_rows, size)
+    sample = np.asarray(gather_rows(ctx.engine, ctx.handles, chunk_bounds(ctx), rows), dtype=np.float64)
+    chunk = prepare_chunk(sample.astype(np.float32), np.zeros(sample.shape[1]), ctx.covariance_type)
+    scores = np.asarray(log_rho(chunk, estep_params(post, ctx.shift)), dtype=np.float64)
+    owner = np.argmax(scores, axis=1)
+    fit = scores[np.arange(len(owner)), owner]
+    parents, kept, children = [], [], []
+    for k in np.argsort(-used_counts(post), kind="stable"):
+        mine = np.flatnonzero(owner == k)
+        if len(parents) >= n_births or mine.size < SPLIT_MIN_ROWS:
+            continue
+        worst = mine[np.argmin(fit[mine])]
+        lab = two_means(sample[mine], post.means[k] - ctx.shift, sample[worst])
+        if lab.min() == lab.max():
+            continue
+        parents.append(int(k))
+        kept.append(sample[mine[lab == 0]].mean(0))
+        children.append(sample[mine[lab == 1]].mean(0))
+    d = sample.shape[1]
+    return (np.asarray(parents, dtype=np.int64), np.asarray(kept).reshape(-1, d),
+            np.asarray(children).reshape(-1, d))
+
+
+def with_children(post: Posterior, prior: Any, shift: np.ndarray, parents: np.ndarray, kept: np.ndarray,
+                  children: np.ndarray) -> Posterior:
+    """``post`` with each parent's mean moved to ``kept`` and a child per row of ``children`` (shifted
+    means) appended: the parent's covariance and half its count, the parent keeping the other half."""
+    nk = used_counts(post).copy()
+    half = nk.copy()
+    half[parents] = nk[parents] / 2.0
+    nk_new = np.concatenate((half, half[parents]))
+    beta0 = prior.mean_precision
+    means = np.concatenate((post.means, children + shift))
+    means[parents] = kept + shift
+    nu = None
+    if post.degrees_of_freedom is not None and np.ndim(post.degrees_of_freedom) > 0:
+        nu = prior.degrees_of_freedom + nk_new
+    return Posterior(post.covariance_type, post.weight_type, weight_posterior(nk_new, prior),
+                     beta0 + nk_new, means, nu, np.concatenate((post.covariances, post.covariances[parents])))
+
+
+def propose(ctx: Any, post: Posterior, prior: Any, truncation: int, iteration: int) -> Posterior | None:
+    """The birth proposal towards ``truncation`` components (None when no component can be split)."""
+    parents, kept, children = split_proposals(ctx, post, truncation - post.n_components, iteration)
+    if parents.size == 0:
+        return None
+    return with_children(post, replace(prior, n_components=truncation), ctx.shift, parents, kept, children)
+
+
+class Growth:
+    """The growth state of one VB EM fit: the truncation, the limit, what happened (checkpointed)."""
+
+    def __init__(self, enabled: bool, start: int, limit: int, iters: int) -> None:
+        self.enabled = enabled
+        self.start = int(start)
+        self.truncation = int(start)
+        self.limit = max(int(limit), int(start))
+        self.iters = int(iters)
+        self.pending = False  # the last iteration converged on a saturated truncation: grow next
+        self.refused = False  # a proposal was refused: the bound prefers the fit it had
+        self.grown = 0  # accepted doublings
+        self.last: ElboTerms | None = None  # the bound of the last iteration (the one to beat)
+        self.min_gain = 0.0  # nats a proposal must gain (tol x N, set by the learner)
+        self.double = False  # the pending proposal doubles the truncation (else it fills it)
+
+    def wants(self, n_used: int, n_components: int) -> bool:
+        """Whether a converged fit using ``n_used`` components (``n_components`` kept) proposes births,
+        and records the wish: a saturated truncation below the limit doubles; after an accepted
+        proposal, births also fill a truncation that is not saturated (a fit from too few components
+        ends with merged classes that one round of births does not always separate)."""
+        self.double = saturated(n_used, self.truncation) and self.truncation < self.limit
+        fill = self.grown > 0 and n_components < self.truncation
+        self.pending = self.enabled and not self.refused and (self.double or fill)
+        return self.pending
+
+    def next_truncation(self) -> int:
+        return min(2 * self.truncation, self.limit) if self.double else self.truncation
+
+    def info(self, n_used: int) -> dict[str, Any]:
+        """What result.json says about the truncation (``truncation`` entry)."""
+        sat = saturated(n_used, self.truncation)
+        return {"start": self.start, "final": self.truncation, "limit": self.limit, "grew": self.grown,
+                "used": int(n_used), "saturated": bool(sat), "growth": bool(self.enabled),
+                "refused": bool(self.refused),
+                "limit_hit": bool(sat and (self.truncation >= self.limit or not self.enabled))}
+
+    def state(self) -> dict[str, np.ndarray]:
+        last = [] if self.last is None else [self.last.log_likelihood, self.last.kl_assignments,
+                                             self.last.kl_weights, self.last.kl_components]
+        return {"growth.ints": np.array([self.truncation, int(self.pending), int(self.refused), self.grown,
+                                         int(self.double)], dtype=np.int64),
+                "growth.last": np.asarray(last, dtype=np.float64),
+                "growth.min_gain": np.asarray(self.min_gain, dtype=np.float64)}
+
+    def load_state(self, state: Any) -> None:
+        ints = state.get("growth.ints") if hasattr(state, "get") else None
+        if ints is None:
+            return
+        self.truncation, pending, refused, self.grown, double = (int(v) for v in np.asarray(ints))
+        self.pending, self.refused, self.double = bool(pending), bool(refused), bool(double)
+        last = np.asarray(state.get("growth.last"), dtype=np.float64)
+        self.last = ElboTerms(*map(float, last)) if last.size == 4 else None
+        self.min_gain = float(np.asarray(state.get("growth.min_gain", 0.0)))

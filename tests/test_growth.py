@@ -1,0 +1,162 @@
+"""A truncation that does not decide the answer (pipeline.learners.growth): VB EM grows K exactly when
+the truncation is saturated, by births accepted on the exact ELBO (the history stays monotone), the
+same bits on both engines and after a resume; a fit whose answer touches a limit says so."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.learners.growth import Growth, saturated
+from tests._reference import planted_blobs, same_fit_bits
+from vbcore.errors import TruncationWarning
+
+
+def _fit(x, k, callback=None, **kw):
+    from pipeline.estimator import VBMixture
+
+    args = dict(covariance_type="diag", prior_defaults="empirical", grow=True, reg_covar=0.0, max_iter=120,
+                random_state=0, chunk_rows=500)
+    args.update(kw)
+    return VBMixture(k, **args).fit(x, callback=callback)
+
+
+@pytest.fixture(scope="module")
+def blobs():
+    return planted_blobs(n=1600, d=5, k=8, seed=4)
+
+
+def test_saturation_rule() -> None:
+    assert saturated(9, 10) and saturated(10, 10) and not saturated(8, 10)
+    assert saturated(1, 1) and not saturated(0, 1) and saturated(90, 100) and not saturated(89, 100)
+    g = Growth(True, 10, 40, 3)
+    assert g.wants(9, 10) and g.next_truncation() == 20
+    assert not g.wants(8, 10)  # nothing accepted yet: a truncation that is not saturated stays
+    g.grown = 1
+    assert g.wants(8, 9) and g.next_truncation() == 10  # after a birth, births fill the truncation
+    g.refused = True
+    assert not g.wants(10, 10)
+    assert not Growth(True, 40, 40, 3).wants(40, 40)  # at the limit
+    assert not Growth(False, 10, 40, 3).wants(10, 10)  # growth off
+
+
+def test_growth_from_too_few_components_finds_the_classes(blobs) -> None:
+    x, lab = blobs
+    seen: list[dict] = []
+    m = _fit(x, 2, callback=seen.append)
+    h = m.lower_bounds_
+    assert np.all(np.diff(h) >= -1e-9 * abs(h[-1]))  # births are accepted only where the bound rises
+    t = m.truncation_
+    assert t["start"] == 2 and t["final"] >= 8 and t["grew"] >= 2 and not t["limit_hit"]
+    assert m.n_effective_ == 8 and m.converged_
+    # the truncation grew only after iterations that ended saturated
+    ks = [s["n_components"] for s in seen]
+    assert max(ks) >= 8 and ks[0] == 2
+    from sklearn.metrics import normalized_mutual_info_score
+
+    assert normalized_mutual_info_score(lab, m.predict(x)) > 0.99
+
+
+def test_no_growth_when_the_truncation_is_not_saturated(blobs) -> None:
+    x, _ = blobs
+    m = _fit(x, 20)
+    assert m.truncation_["grew"] == 0 and m.truncation_["final"] == 20
+    assert m.n_effective_ == 8  # merge and delete moves (on where K grows) shrink it on the bound
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"max_components": 4}, r"the fit uses 4 of its 4 components and the upper limit max_components = 4"),
+    ({"grow": False, "learner_options": {"moves": "none"}},
+     r"uses 2 of its 2 components and the truncation did not grow"),
+])
+def test_a_limit_hit_warns(blobs, kw, match) -> None:
+    x, _ = blobs
+    with pytest.warns(TruncationWarning, match=match):
+        m = _fit(x, 2, **kw)
+    assert m.truncation_["limit_hit"] and m.truncation_["saturated"]
+
+
+def test_resume_with_growth_is_bitwise(blobs, tmp_path) -> None:
+    x, _ = blobs
+    seen: list[dict] = []
+    straight = _fit(x, 2, callback=seen.append)
+    ks = [s["n_components"] for s in seen]
+    first = next(i for i in range(1, len(ks)) if ks[i] > ks[i - 1])  # 0-based index of the first birth
+    # stop on the iteration whose convergence asked for the birth, resume through it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _fit(x, 2, max_iter=first, checkpoint_dir=str(tmp_path), checkpoint_every=1)
+    resumed = _fit(x, 2, checkpoint_dir=str(tmp_path))
+    assert resumed.resumed_from_.endswith(f"ckpt-{first:08d}")
+    same_fit_bits(resumed, straight)
+    assert resumed.truncation_ == straight.truncation_
+    assert np.array_equal(resumed.prior_.covariance, straight.prior_.covariance)
+    assert resumed.prior_.mean_precision == straight.prior_.mean_precision
+
+
+def test_growth_same_bits_on_dask(blobs, client) -> None:
+    x, _ = blobs
+    local = _fit(x, 2, max_iter=8)
+    assert local.truncation_["grew"] >= 1
+    same_fit_bits(_fit(x, 2, max_iter=8, engine=client), local)
+
+
+def test_cli_reports_the_truncation(tmp_path) -> None:
+    from pipeline.cli import app
+    from pipeline.store import FeatureStore
+
+    x, _ = planted_blobs(n=600, d=4, k=6, seed=5)
+    s = FeatureStore.create(tmp_path / "s.zarr", 4, chunk_rows=200)
+    s.append(x)
+    runner = CliRunner()
+    res = runner.invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r"), "-k", "2",
+                              "--max-components", "3", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "warning: the fit uses 3 of its 3 components and the upper limit max_components = 3" in \
+        " ".join(res.output.split())
+    result = json.loads((tmp_path / "r" / "result.json").read_text())
+    assert result["truncation"]["limit_hit"] and result["truncation"]["final"] == 3
+    res = runner.invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r2"),
+                              "-k", "2", "-q"])
+    assert res.exit_code == 0, res.output
+    result = json.loads((tmp_path / "r2" / "result.json").read_text())
+    assert not result["truncation"]["limit_hit"] and result["n_effective"] == 6
+    assert "warning" not in res.output
+
+
+def test_the_bound_after_births_is_exact(blobs) -> None:
+    """The bound reported after a birth and an empirical-Bayes update equals a float64 brute-force
+    recomputation: responsibilities by explicit loops from the previous iteration's posterior,
+    statistics by explicit loops, then the M-step, the prior update and the ELBO."""
+    from tests._reference import brute_log_rho, brute_stats
+    from vbcore.elbo import elbo_terms
+    from vbcore.empirical import empirical_update
+    from vbcore.mstep import m_step
+    from vbcore.stats import SuffStats
+
+    x, _ = blobs
+    seen: list[dict] = []
+    kw = dict(learner_options={"moves": "none"})
+    _fit(x, 2, callback=seen.append, **kw)
+    ks = [s["n_components"] for s in seen]
+    n = next(i for i in range(1, len(ks)) if ks[i] > ks[i - 1]) + 3  # two plain iterations after a birth
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        before = _fit(x, 2, max_iter=n - 1, **kw)
+        after = _fit(x, 2, max_iter=n, **kw)
+    assert before.truncation_["grew"] >= 1
+    lr = brute_log_rho(x, before.posterior_)
+    resp = np.exp(lr - lr.max(1, keepdims=True))
+    resp /= resp.sum(1, keepdims=True)
+    nk, mean, scat = brute_stats(x, resp)
+    shift = np.zeros(x.shape[1])
+    rlogr = float(np.sum(resp * np.log(np.where(resp > 0, resp, 1.0))))
+    stats = SuffStats(nk=nk, mean=mean, scatter=np.einsum("kdd->kd", scat), sum_rlogr=rlogr,
+                      n_rows=x.shape[0], shift=shift)
+    post = m_step(stats, before.prior_)
+    bound = elbo_terms(stats, post, empirical_update(before.prior_, post)).total
+    assert after.lower_bound_ == pytest.approx(bound, rel=1e-9)
