@@ -65,7 +65,8 @@ def fit_table(spec: Any, result: dict[str, Any]) -> Table:
 
     m = result.get("metrics", {})
     cells = {"learner": spec.learner, "iters": str(result["n_iter"]), "converged": str(result["converged"]),
-             "K": k_cell(result), "effective K": str(result["n_effective"]),
+             "K": k_cell({"n_components": spec.components, **result}),
+             "effective K": str(result["n_effective"]),
              "ELBO (exact)": f"{result['elbo']:.6g}", "NMI": f"{m['nmi']:.3f}" if m else "-",
              "ACC": f"{m['acc']:.3f}" if m else "-", "seconds": f"{result['seconds']:.1f}"}
     table = Table(title=f"vbcluster fit {spec.store}", title_justify="left", box=box.SIMPLE_HEAD,

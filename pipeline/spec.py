@@ -60,7 +60,7 @@ class FitSpec:
                          "int", estimator="n_components", sklearn=1, minimum=1, flag="--components/-k")
     grow: bool = _s(True, "Grow the truncation (vbem, DP weights) while the fit ends with nearly every "
                     "component in use, up to max_components.", "bool", estimator="grow", sklearn=False,
-                    flag="--grow/--no-grow")
+                    flag="--no-grow")
     max_components: int | None = _s(None, "Upper limit of the truncation when it grows; default: "
                                     "max(4 K, 1024), at most the number of rows.", "int",
                                     estimator="max_components", minimum=1)
