@@ -91,7 +91,7 @@ def test_a_warm_start_after_an_append_adopts_the_unchanged_chunks(tmp_path):
     FeatureStore.create(store, 5, chunk_rows=100).append(X[:1050])
     run = CliRunner().invoke
     common = ["-k", "8", "--covariance", "diag", "--seed", "0", "--tol", "1e-5", "-q",
-              "--priors", "sklearn", "--init", "kmeans", "--no-grow"]  # VBMixture's model and start
+              "--priors", "sklearn", "--init", "kmeans"]  # VBMixture's model and start
     r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r1"), "-o", "memo=1", *common])
     assert r.exit_code == 0, r.output
     FeatureStore.open(store, "r+").append(X[1050:])  # fills the last chunk and adds one
