@@ -114,18 +114,25 @@ def test_cli_reports_the_truncation(tmp_path) -> None:
     s.append(x)
     runner = CliRunner()
     res = runner.invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r"), "-k", "2",
-                              "--max-components", "3", "-q"])
+                              "--grow", "--max-components", "3", "-q"])
     assert res.exit_code == 0, res.output
     assert "warning: the fit uses 3 of its 3 components and the upper limit max_components = 3" in \
         " ".join(res.output.split())
     result = json.loads((tmp_path / "r" / "result.json").read_text())
     assert result["truncation"]["limit_hit"] and result["truncation"]["final"] == 3
     res = runner.invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r2"),
-                              "-k", "2", "-q"])
+                              "-k", "2", "--grow", "-q"])
     assert res.exit_code == 0, res.output
     result = json.loads((tmp_path / "r2" / "result.json").read_text())
     assert not result["truncation"]["limit_hit"] and result["n_effective"] == 6
     assert "warning" not in res.output
+    # a fixed truncation (the default) that every cluster fills is reported too
+    res = runner.invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r3"),
+                              "-k", "2", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "warning: the fit uses 2 of its 2 components and the truncation did not grow" in \
+        " ".join(res.output.split())
+    assert json.loads((tmp_path / "r3" / "result.json").read_text())["truncation"]["limit_hit"]
 
 
 def test_the_bound_after_births_is_exact(blobs) -> None:

@@ -313,18 +313,24 @@ def test_sga_f_on_the_full_batch_climbs_to_the_mm_point(problem):
 
 
 def test_threshold_rule_prunes_exactly_the_sticks_under_thr():
-    """Section 4.5: the clusters with E[v_k] < THR are discarded, no other. MM's sticks in closed form,
-    ``v_k = n_k / (n_k + n_{>k} + a0 - 1)``, the default THR a tenth of the largest."""
+    """Section 4.5: with THR set, the clusters with E[v_k] < THR are discarded, no other. MM's sticks in
+    closed form, ``v_k = n_k / (n_k + n_{>k} + a0 - 1)``, give the weights ``pi_k = n_k / (N + a0 - 1)``:
+    the default rule (a tenth of the largest weight) keeps the clusters with at least a tenth of the
+    largest count whatever a0 (a tenth of the largest *stick* pruned all but one cluster at a0 = 1)."""
     from vbcore.sga import PRUNE_RELATIVE, default_threshold, mm_sticks
 
     nk = np.array([5000.0, 2600.0, 900.0, 700.0, 260.0, 120.0, 40.0, 3.0, 0.0])
-    a0 = nk.sum()
-    v = [nk[k] / (nk[k] + nk[k + 1:].sum() + a0 - 1.0) for k in range(nk.size)]
-    assert mm_sticks(nk, a0) == pytest.approx(v, rel=1e-12)
-    thr = default_threshold(mm_sticks(nk, a0))
-    assert PRUNE_RELATIVE == 0.1 and thr == pytest.approx(0.1 * max(v), rel=1e-12)
-    kept = prune_order(mm_sticks(nk, a0), thr)
-    assert sorted(kept.tolist()) == [k for k in range(nk.size) if v[k] >= thr] == [0, 1, 2, 3]
+    for a0 in (nk.sum(), 1.5, 50.0):  # (a0 = 1 with an empty last cluster is 0/0 in closed form)
+        v = [nk[k] / (nk[k] + nk[k + 1:].sum() + a0 - 1.0) for k in range(nk.size)]
+        assert mm_sticks(nk, a0) == pytest.approx(v, rel=1e-12)
+        pi = nk / (nk.sum() + a0 - 1.0)
+        assert np.exp(log_stick_weights(mm_sticks(nk, a0))) == pytest.approx(pi, rel=1e-9, abs=1e-9)
+        thr = default_threshold(mm_sticks(nk, a0))
+        assert PRUNE_RELATIVE == 0.1 and thr == pytest.approx(0.1 * pi.max(), rel=1e-9)
+        kept = prune_order(mm_sticks(nk, a0), thr, on="weights")
+        assert sorted(kept.tolist()) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="on must be"):
+        prune_order(mm_sticks(nk, 1.0), 0.1, on="counts")
     rng = np.random.default_rng(2)
     for _ in range(20):  # any THR: exactly the sticks at or above it survive, by descending weight
         sticks = rng.uniform(0.0, 0.5, size=30) ** 3

@@ -216,4 +216,4 @@ def test_pruning_relabels_the_search_instead_of_restarting_it(blobs, monkeypatch
                   learner_options={"minibatch": 150, "candidates": 2, "neighbours": 4} if learner != "mm"
                   else {"candidates": 2, "neighbours": 4}).fit(blobs)
     assert m.n_components_ < 20
-    assert calls == [20]
+    assert len(calls) == 1 and calls[0] <= 20  # once, after the start's pruning

@@ -25,11 +25,13 @@ Choices where Lim & Jiang 2024 is ambiguous (docs/algorithms.md, "SGA learners",
 * SGA+F divides by the empirical Fisher (eq. 11) floored at the curvature of eqs. 20-21, which keeps
   the step at most ``eta`` times the Newton step where a dimension has no spread in the minibatch;
 * a stick step that would leave (0, 1) goes half-way to the boundary instead;
-* a cluster is pruned when ``E[v_k] < THR`` (section 4.5), THR by default a tenth of the largest
-  stick at the start (``PRUNE_RELATIVE``, fixed for the fit by the learner): with ``a0 = N`` a stick
-  is about its cluster's share of the rows (between half of it and all of it), so no fixed THR suits
-  10 and 400 classes alike (measured, docs/decisions.md); with any THR > 0 MM drops the clusters
-  left without rows (MAP stick 0).
+* a cluster is pruned when ``E[v_k] < THR`` (section 4.5) for a THR the user sets; by default when
+  its mixture weight ``pi_k`` is under a tenth of the largest weight at the start
+  (``PRUNE_RELATIVE``, fixed for the fit by the learner). MM's weights are ``pi_k = n_k / (N + a0)``
+  for every ``a0``, so the default is a share of the largest cluster's rows, whatever ``a0``; a
+  relative rule on the sticks themselves is not (with ``a0 = 1`` the last stick is 1 and a tenth of it
+  pruned every cluster but one); no fixed THR suits 10 and 400 classes alike (measured,
+  docs/decisions.md); with any THR > 0 MM drops the clusters left without rows (MAP stick 0).
 """
 
 from __future__ import annotations
@@ -217,15 +219,19 @@ def mm_sticks(nk: np.ndarray, a0: float) -> np.ndarray:
 
 
 # ---- section 4.5: pruning and re-ordering ----------------------------------------------------------
-def prune_order(sticks: np.ndarray, threshold: float) -> np.ndarray:
-    """Indices of the clusters kept (``E[v_k] >= threshold``), by descending mixture weight
-    ``pi_k = v_k prod_{l<k} (1 - v_l)`` (stable). At least one cluster (the largest stick) is always
-    kept. Use :func:`reorder` to move a point to this order: its sticks must be re-derived."""
-    keep = np.flatnonzero(sticks >= threshold)
+def prune_order(sticks: np.ndarray, threshold: float, on: str = "sticks") -> np.ndarray:
+    """Indices of the clusters kept, by descending mixture weight ``pi_k = v_k prod_{l<k} (1 - v_l)``
+    (stable): those with ``E[v_k] >= threshold`` (``on="sticks"``, section 4.5's rule) or with
+    ``pi_k >= threshold`` (``on="weights"``, the default rule, :func:`default_threshold`). At least one
+    cluster (the largest stick) is always kept. Use :func:`reorder` to move a point to this order: its
+    sticks must be re-derived."""
+    if on not in ("sticks", "weights"):
+        raise ValueError(f"prune_order: on must be 'sticks' or 'weights', got {on!r}")
+    weights = log_stick_weights(sticks)
+    keep = np.flatnonzero((sticks if on == "sticks" else np.exp(weights)) >= threshold)
     if keep.size == 0:
         keep = np.array([int(np.argmax(sticks))])
-    weights = log_stick_weights(sticks)[keep]
-    return keep[np.argsort(-weights, kind="stable")]
+    return keep[np.argsort(-weights[keep], kind="stable")]
 
 
 def reorder(point: DPPoint, order: np.ndarray) -> DPPoint:
@@ -241,14 +247,15 @@ def reorder(point: DPPoint, order: np.ndarray) -> DPPoint:
     return DPPoint(point.means[order], sticks)
 
 
-#: the default THR of section 4.5 as a fraction of the largest stick (measured: docs/decisions.md)
+#: the default threshold as a fraction of the largest mixture weight (measured: docs/decisions.md)
 PRUNE_RELATIVE = 0.1
 
 
 def default_threshold(sticks: np.ndarray) -> float:
-    """The default THR for the sticks ``E[v_k]``: ``PRUNE_RELATIVE`` times the largest (see the module
+    """The default threshold on the mixture weights ``pi_k`` of the sticks ``E[v_k]``
+    (``prune_order(..., on="weights")``): ``PRUNE_RELATIVE`` times the largest weight (see the module
     docstring). 0 for no sticks."""
-    return PRUNE_RELATIVE * float(np.max(sticks)) if np.size(sticks) else 0.0
+    return PRUNE_RELATIVE * float(np.exp(np.max(log_stick_weights(sticks)))) if np.size(sticks) else 0.0
 
 
 # ---- eqs. 22-29: the bounds --------------------------------------------------------------------------

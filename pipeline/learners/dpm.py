@@ -162,7 +162,7 @@ class DPPointLearner(Learner):
         self.a0 = float(ctx.prior.weight_concentration)
         self.point: DPPoint | None = None
         self.counts = np.zeros(0)
-        #: the default THR, fixed at the first pruning (the initial sticks): see prune_threshold
+        #: the default threshold, fixed at the first pruning (the initial weights): see prune_kept
         self.thr: float | None = None
 
     @classmethod
@@ -172,18 +172,19 @@ class DPPointLearner(Learner):
             raise ConfigError(f"learner option 'prune_threshold' of {cls.name!r} must be in [0, 1), "
                               f"got {thr!r}")
 
-    def prune_threshold(self, sticks: np.ndarray) -> float:
-        """THR of Lim & Jiang 2024 section 4.5: the option ``prune_threshold`` when set, else
-        :func:`vbcore.sga.default_threshold` of the sticks ``E[v_k]`` of the first pruning (the start),
-        kept for the whole fit (checkpointed): a THR that followed the largest stick as clusters go
-        would prune again after every pruning (SGA+M's momentum inflated the largest stick and took
-        Fashion-MNIST from 36 clusters to 2, docs/decisions.md)."""
+    def prune_kept(self, sticks: np.ndarray) -> np.ndarray:
+        """The clusters kept by the threshold rule (:func:`vbcore.sga.prune_order`'s order). With the
+        option ``prune_threshold`` set, Lim & Jiang 2024 section 4.5's rule ``E[v_k] >= THR``; by
+        default a mixture weight of at least :func:`vbcore.sga.default_threshold` of the first pruning
+        (the start), kept for the whole fit (checkpointed): a threshold that followed the largest
+        cluster as clusters go would prune again after every pruning (SGA+M's momentum inflated the
+        largest stick and took Fashion-MNIST from 36 clusters to 2, docs/decisions.md)."""
         thr = self.opts.get("prune_threshold")
         if thr is not None:
-            return float(thr)
+            return prune_order(sticks, float(thr))
         if self.thr is None:
             self.thr = default_threshold(sticks)
-        return self.thr
+        return prune_order(sticks, self.thr, on="weights")
 
     def threshold_state(self) -> dict[str, np.ndarray]:
         return {} if self.thr is None else {"prune_threshold": np.array([self.thr])}
@@ -246,7 +247,7 @@ class DPPointLearner(Learner):
 
     # -- state
     def _set(self, point: DPPoint, counts: np.ndarray) -> None:
-        order = prune_order(point.sticks, self.prune_threshold(point.sticks))
+        order = self.prune_kept(point.sticks)
         self.point = reorder(point, order)
         self.counts = np.asarray(counts, dtype=np.float64)[order]
         self._reorder(order)

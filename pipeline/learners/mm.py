@@ -17,7 +17,7 @@ from pipeline.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
 from pipeline.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.elbo import ElboTerms, elbo_terms
 from vbcore.posterior import Posterior
-from vbcore.sga import map_bound, mm_sticks, mm_update, prune_order
+from vbcore.sga import map_bound, mm_sticks, mm_update
 from vbcore.sga_stats import take_stats
 
 
@@ -37,7 +37,7 @@ class MM(HardMovesMixin, DPPointLearner):
         self._iteration = iteration
         stats = self.apply_moves(iteration, self.hard_pass(self.point))
         sticks = mm_sticks(stats.nk, self.a0)
-        keep = prune_order(sticks, self.prune_threshold(sticks))
+        keep = self.prune_kept(sticks)
         # re-order by descending count, then the MM update in that order (section 4.5): the sticks
         # are the MAP of the new order, and the stick part of the bound is largest for it
         order = keep[np.argsort(-stats.nk[keep], kind="stable")]

@@ -3,8 +3,8 @@
 Each iteration: the VB E-step on a minibatch drawn with ``ctx.rng(iteration)`` (next to the data),
 then the natural-gradient step of the global parameters towards the posterior of the N/M-scaled
 minibatch statistics with ``rho_t = (t + tau)^-kappa`` (:func:`vbcore.svi.svi_update`), then pruning
-of the sticks with ``E[v_k]`` under the threshold (Lim & Jiang 2024 section 4.5,
-:meth:`pipeline.learners.dpm.DPPointLearner.prune_threshold`) and re-ordering by descending count.
+by the threshold rule (Lim & Jiang 2024 section 4.5,
+:meth:`pipeline.learners.dpm.DPPointLearner.prune_kept`) and re-ordering by descending count.
 Merges (``moves=merge``) are judged on a full pass: see :meth:`SVI.merge_round`.
 The reported ELBO is the minibatch estimate (``elbo='minibatch'``) or exact (``elbo='full'``, one
 more full pass).
@@ -88,9 +88,7 @@ class SVI(DPPointLearner):
         """Drop the sticks with ``E[v_k] = a_k / (a_k + b_k)`` under the threshold (section 4.5) and
         re-order the rest by descending expected count."""
         a, b = post.weight_concentration
-        keep = np.flatnonzero(a / (a + b) >= self.prune_threshold(a / (a + b)))
-        if keep.size == 0:
-            keep = np.array([int(np.argmax(a))])
+        keep = self.prune_kept(a / (a + b))
         order = keep[np.argsort(-a[keep], kind="stable")]  # by descending expected count
         # q(v_k) = Beta(1 + N_k, alpha0 + N_{>k}) with the running counts N_k = a_k - 1: the second
         # parameter is re-derived for the new order (permuting b with a would change every weight;
