@@ -96,7 +96,7 @@ def test_the_next_refresh_resumes_a_refresh_that_died(tmp_path, prefect_api, mon
     the bits of a refresh that never died."""
     import errno
 
-    from flows.schedule import refresh_flow
+    from flows.schedule import refresh_flow, refresh_options
     from pipeline.fitting import fit_run, make_spec
     from pipeline.publish import claim_version
     from vbcore.errors import CheckpointError
@@ -116,7 +116,8 @@ def test_the_next_refresh_resumes_a_refresh_that_died(tmp_path, prefect_api, mon
 
     monkeypatch.setattr(np, "savez", disk_full_once)
     with pytest.raises(CheckpointError, match="No space left on device"):
-        fit_run(dead, make_spec(store, checkpoint_every=5, **kw))
+        # the refresh's own settings (its memoized VB EM), as a refresh that died would have them
+        fit_run(dead, make_spec(store, checkpoint_every=5, learner_options=refresh_options(None, None), **kw))
     monkeypatch.setattr(np, "savez", real)
     assert latest(out) is None and not (dead / "result.json").exists()
     res = refresh_flow(store, out, **kw)
