@@ -178,7 +178,7 @@ class DPPointLearner(Learner):
         default a mixture weight of at least :func:`vbcore.sga.default_threshold` of the first pruning
         (the start), kept for the whole fit (checkpointed): a threshold that followed the largest
         cluster as clusters go would prune again after every pruning (SGA+M's momentum inflated the
-        largest stick and took Fashion-MNIST from 36 clusters to 2, docs/decisions.md)."""
+        largest cluster and took Fashion-MNIST from 36 clusters to 2, docs/decisions.md)."""
         thr = self.opts.get("prune_threshold")
         if thr is not None:
             return prune_order(sticks, float(thr))
