@@ -5,7 +5,9 @@ used, ELBO per row, metrics); the ELBO per row against data passes, one panel pe
 bounds compare (same store, model and kind of bound: :mod:`pipeline.report_curves`), side by side;
 for every run the sorted cluster sizes (expected rows per component, like the E[v] bar plot of
 Lim & Jiang 2024), a contingency heat map against the store's labels when it has them, a 2-D PCA
-scatter of a sample of rows coloured by cluster, and for ``image:`` stores the segmentation. Plots
+scatter of a sample of rows coloured by cluster, for ``image:`` stores the segmentation, and its
+clusters with their sizes and most typical rows (ids, image thumbnails: :mod:`pipeline.report_clusters`,
+found by :mod:`pipeline.typical` in the pass that labels the rows). Plots
 are drawn with matplotlib's Agg backend; the page reads at 600 px and on a phone (the table scrolls).
 
 Everything is written into a temporary directory that is renamed into place when complete; a run
@@ -30,17 +32,19 @@ import numpy as np
 
 from pipeline import leftovers
 from pipeline.atomic import named_oserror
+from pipeline.report_clusters import CSS as CLUSTERS_CSS
+from pipeline.report_clusters import EXEMPLARS, clusters_html
 from pipeline.report_curves import bound_label, data_passes, elbo_figures, k_cell, model_label, run_prior
 from pipeline.runs import (
     ASSIGNMENTS,
     POSTERIOR,
     RESULT,
-    assign_rows,
     load_model,
     publish_dir,
     read_result,
     verify_posterior,
 )
+from pipeline.typical import typical_rows
 from vbcore.errors import InputError
 from vbcore.metrics import acc, nmi
 
@@ -324,9 +328,10 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
         notes.append(f"store plots skipped: {exc}")
         return {"dir": d, "result": r, "figs": figs, "notes": notes}
     model = load_model(d)
+    typical = typical_rows(model, src, EXEMPLARS)  # one pass: every row's label, each cluster's top rows
     pred = _stored_assignments(d, r)
     if pred is None:
-        pred, _ = assign_rows(model, src)
+        pred = typical.labels
     else:
         notes.append(f"clusters read from {r['store']}/{ASSIGNMENTS}/{d.resolve().name}")
     labels = src.labels()
@@ -338,6 +343,7 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.choice(src.n_rows, size=min(sample, src.n_rows), replace=False))
     store = FeatureStore.open(r["store"])
+    clusters = clusters_html(store, typical, r.get("counts"))
     X = np.asarray(store.features.get_orthogonal_selection((rows, slice(None))), dtype=np.float64)
     means = np.asarray(model.means_, dtype=np.float64)
     if model.projection_ is not None:  # a fit on projected rows (pca): its means in the store's space
@@ -347,7 +353,7 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
     if store.attrs.get("extractor") == "pixels-rgb-rowcol":
         _segmentation_plot(store, pred, means, title, tmp / f"run{i}-segmentation.png")
         figs.append((f"run{i}-segmentation.png", "Segmentation (image store)"))
-    return {"dir": d, "result": r, "figs": figs, "notes": notes}
+    return {"dir": d, "result": r, "figs": figs, "notes": notes, "clusters": clusters}
 
 
 def _stored_assignments(d: Path, r: dict[str, Any]) -> np.ndarray | None:
@@ -418,7 +424,7 @@ def _html(dirs: list[Path], results: list[dict[str, Any]], figures: list[tuple[s
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-        f"<title>vbcluster report</title><style>{CSS}</style></head><body>",
+        f"<title>vbcluster report</title><style>{CSS}{CLUSTERS_CSS}</style></head><body>",
         f"<h1>vbcluster report</h1><p>written {html.escape(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}. "
         "ELBO per row: the evidence lower bound divided by the store's rows, in nats; bounds compare "
         "only within one ELBO panel (same store, model and kind of bound). K: the truncation asked "
@@ -438,5 +444,6 @@ def _html(dirs: list[Path], results: list[dict[str, Any]], figures: list[tuple[s
                      f"{_fmt(display(str(s['dir'].resolve())))}</p>")
         parts += [f"<p><em>{html.escape(n)}</em></p>" for n in s["notes"]]
         parts += [_img(tmp, n, c) for n, c in s["figs"]]
+        parts.append(s.get("clusters", ""))
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -1,0 +1,143 @@
+"""The report's clusters: per cluster its size and its most typical rows (pipeline/typical.py, found
+in one pass over the chunks, on both engines), shown by id, with thumbnails for a store ingested from
+images, by id only (and saying why) when the images are gone or changed; every id escaped."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from pipeline import VBMixture
+from pipeline.engine import DaskEngine, LocalEngine
+from pipeline.ingest import ingest
+from pipeline.report import write_report
+from pipeline.runs import assign_rows, save_run
+from pipeline.sources import ArraySource
+from pipeline.store import FeatureStore
+from pipeline.typical import top_per_cluster, typical_rows
+from vbcore.kernels import estep_params, log_rho, prepare_chunk
+
+
+@pytest.fixture(scope="module")
+def digits_model():
+    X = load_digits().data.astype(np.float64)
+    model = VBMixture(n_components=8, covariance_type="diag", max_iter=15, random_state=0).fit(X)
+    return X, model
+
+
+def _brute_force(model, X: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's ln rho (one chunk, float64, all N x K at once: fine at 1,797 x 8) and, per
+    cluster, its rows sorted in Python by (-score, row)."""
+    shift = model.prior_.mean
+    lr = np.asarray(log_rho(prepare_chunk(X, shift, "diag"), estep_params(model.posterior_, shift)))
+    lab = lr.argmax(1)
+    k = lr.shape[1]
+    rows = np.full((k, m), -1)
+    for c in range(k):
+        mine = sorted(np.flatnonzero(lab == c), key=lambda n: (-lr[n, c], n))[:m]
+        rows[c, :len(mine)] = mine
+    return rows, lab
+
+
+def test_typical_rows_match_a_brute_force_reference_whatever_the_chunking(digits_model):
+    X, model = digits_model
+    want, lab = _brute_force(model, X, 5)
+    for chunk_rows in (100, 257, 1797):
+        t = typical_rows(model, ArraySource(X, chunk_rows), 5)
+        np.testing.assert_array_equal(t.rows, want)
+        np.testing.assert_array_equal(t.labels, lab)
+        np.testing.assert_array_equal(t.sizes, np.bincount(lab, minlength=8))
+        assert np.all(np.diff(t.scores, axis=1)[t.rows[:, 1:] >= 0] <= 0)  # most typical first
+    assert (t.labels == assign_rows(model, ArraySource(X, 300))[0]).all()  # the label assign writes
+
+
+def test_equal_scores_go_to_the_lower_row():
+    """Every row twice (two identical chunks, so identical bits): each cluster's list holds a row,
+    then its copy, and the first copy always comes first."""
+    X = load_digits().data.astype(np.float32)[:600]
+    model = VBMixture(n_components=5, covariance_type="diag", max_iter=10, random_state=0).fit(X)
+    t = typical_rows(model, ArraySource(np.concatenate([X, X]), 600), 6)
+    for k in range(5):
+        r = t.rows[k][t.rows[k] >= 0]
+        assert len(r) == 6 and (r[0::2] < 600).all() and (r[1::2] == r[0::2] + 600).all()
+    # the reduction alone: ties by row, clusters without candidates padded
+    rows, scores = top_per_cluster(np.array([1, 1, 1, 0]), np.array([2.0, 5.0, 5.0, 1.0]),
+                                   np.array([9, 7, 3, 4]), 3, 2)
+    assert rows.tolist() == [[4, -1], [3, 7], [-1, -1]] and scores[1].tolist() == [5.0, 5.0]
+    assert np.isneginf(scores[2]).all()
+
+
+def test_dask_workers_find_the_same_rows(digits_model, client):
+    X, model = digits_model
+    local = typical_rows(model, ArraySource(X, 200), 4, LocalEngine(persist="never"))
+    dask = typical_rows(model, ArraySource(X, 200), 4, DaskEngine(client))
+    for name in ("rows", "scores", "labels", "sizes"):
+        np.testing.assert_array_equal(getattr(local, name), getattr(dask, name))
+
+
+def test_report_shows_sizes_and_ids_of_a_feature_store(tmp_path):
+    store = str(tmp_path / "d.zarr")
+    ingest("digits", store, chunk_rows=500)
+    model = VBMixture(n_components=6, covariance_type="diag", max_iter=15, random_state=0).fit(store)
+    save_run(tmp_path / "run", model, store)
+    page = write_report([tmp_path / "run"]).read_text()
+    t = typical_rows(model, ArraySource(load_digits().data.astype(np.float32), 500), 6)
+    biggest = int(np.argmax(t.sizes))
+    head = f"cluster {biggest}: {t.sizes[biggest]:,} rows, {model.counts_[biggest]:.1f} expected"
+    assert head in page
+    held = FeatureStore.open(store).read_ids()
+    ids = ", ".join(str(held[r]) for r in t.rows[biggest])  # the store's ids of the rows
+    assert f"{head}</h3><p class='ids'>{ids}</p>" in page
+    assert "data:image/png;base64" not in page.split("Clusters")[-1]  # no thumbnails for features
+
+
+def _colour_folder(root: Path) -> None:
+    rng = np.random.default_rng(0)
+    for name, rgb in (("red", (220, 30, 30)), ("blue", (30, 30, 220))):
+        (root / name).mkdir(parents=True)
+        for i in range(12):
+            img = np.clip(np.array(rgb) + rng.integers(-20, 20, (16, 16, 3)), 0, 255).astype(np.uint8)
+            fname = f"a<b>&{i}.png" if name == "red" else f"{i}.png"  # markup in file names
+            Image.fromarray(img).save(root / name / fname)
+
+
+def _thumbs(page: str) -> list[np.ndarray]:
+    part = page.split("<div class='clusters'>")[1]
+    return [np.asarray(Image.open(io.BytesIO(base64.b64decode(m))).convert("RGB"))
+            for m in re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", part)]
+
+
+def test_image_store_report_has_thumbnails_then_ids_when_the_images_are_gone(tmp_path):
+    src = tmp_path / "imgs"
+    _colour_folder(src)
+    store = str(tmp_path / "s.zarr")
+    ingest(str(src), store, labels="folders", extractor="color-hog", size=16, chunk_rows=8)
+    model = VBMixture(n_components=2, covariance_type="spherical", max_iter=20, random_state=0).fit(store)
+    save_run(tmp_path / "run", model, store)
+    page = write_report([tmp_path / "run"]).read_text()
+    thumbs = _thumbs(page)
+    assert len(thumbs) == 12 and all(t.shape == (16, 16, 3) for t in thumbs)  # 6 per cluster, 16 px
+    reds = sum(t[..., 0].mean() > t[..., 2].mean() for t in thumbs)
+    assert reds == 6  # one cluster's thumbnails are red, the other's blue: the images of its rows
+    assert page.count('alt="red/a&lt;b&gt;&amp;') == 6 and "a<b>" not in page  # ids escaped
+    assert f"thumbnails from {html.escape(str(src))}" in page
+    # one image changed since the ingest: shown by its id only, and the page says so
+    one = re.search(r'alt="(blue/\d+\.png)"', page)[1]
+    os.utime(src / one, ns=(1, 1))
+    page = write_report([tmp_path / "run"]).read_text()
+    assert len(_thumbs(page)) == 11 and "1 changed since they were ingested" in page
+    assert f"<figcaption>{one}</figcaption></figure>" in page
+    shutil.move(src, tmp_path / "elsewhere")  # the images are gone: ids only, and why
+    page = write_report([tmp_path / "run"]).read_text()
+    assert _thumbs(page) == [] and "cannot be located" in page and "without thumbnails" in page
+    assert re.search(r"<p class='ids'>blue/\d+\.png, ", page) and "red/a&lt;b&gt;&amp;" in page
