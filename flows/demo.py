@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     t_all = time.perf_counter()
     from pipeline.learners import LEARNERS
+    from pipeline.runs import CLUSTERS_FOUND
 
     wanted = [x.strip() for x in args.learners.split(",") if x.strip()]
     learners = [x for x in wanted if x in LEARNERS]
@@ -82,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                       str(r["converged"]), str(r["n_effective"]), f"{r['elbo']:.6g}",
                       f"{m['nmi']:.3f}" if m else "-", f"{m['acc']:.3f}" if m else "-", f"{secs:.1f}")
     console.print(table)
-    console.print("clusters found = components with at least one expected row; NMI/ACC against the labels; "
-                  "seconds = the whole flow run (fit, checkpoints, assignments).")
+    console.print(f"{CLUSTERS_FOUND}; NMI/ACC against the labels; seconds = the whole flow run (fit, "
+                  "checkpoints, assignments).", soft_wrap=True)
     console.print(f"report: {page}")
     console.print(f"total {time.perf_counter() - t_all:.0f} s")
     return 0

@@ -66,14 +66,15 @@ def fit_table(spec: Any, result: dict[str, Any]) -> Table:
     m = result.get("metrics", {})
     cells = {"learner": spec.learner, "iters": str(result["n_iter"]), "converged": str(result["converged"]),
              "K": k_cell({"n_components": spec.components, **result}),
-             "effective K": str(result["n_effective"]),
+             "clusters found": str(result["n_effective"]),  # pipeline.runs.CLUSTERS_FOUND
              "ELBO (exact)": f"{result['elbo']:.6g}", "NMI": f"{m['nmi']:.3f}" if m else "-",
              "ACC": f"{m['acc']:.3f}" if m else "-", "seconds": f"{result['seconds']:.1f}"}
     table = Table(title=f"vbcluster fit {spec.store}", title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
     for header, value in cells.items():
         width = max(len(value), *(len(w) for w in header.split()))
-        table.add_column(header, justify="right", min_width=width, no_wrap=False)
+        table.add_column(header, justify="right", min_width=width, max_width=max(width, len(value) + 2),
+                         no_wrap=False)  # a two-word header wraps rather than push the others
     table.add_row(*cells.values())
     return table
 

@@ -1,4 +1,4 @@
-"""Progress of fits: a rich progress bar (ELBO, clusters alive, seconds per iteration) and a
+"""Progress of fits: a rich progress bar (ELBO, clusters found, seconds per iteration) and a
 structured log (one JSON object per iteration in ``RUN_DIR/iterations.jsonl``).
 
 ``FitProgress`` is the ``callback`` of ``VBMixture.fit``: it receives ``info`` with the keys
@@ -51,7 +51,7 @@ class FitProgress:
         if not self.quiet:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("ELBO {task.fields[elbo]}"), TextColumn("clusters {task.fields[alive]}"),
+                TextColumn("ELBO {task.fields[elbo]}"), TextColumn("clusters found {task.fields[alive]}"),
                 TextColumn("{task.fields[rate]} s/iter"), TimeElapsedColumn(),
                 console=self._console, transient=False,
             )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import os
 import shutil
 import time
@@ -37,6 +38,7 @@ from pipeline.report_clusters import EXEMPLARS, clusters_html
 from pipeline.report_curves import bound_label, data_passes, elbo_figures, k_cell, model_label, run_prior
 from pipeline.runs import (
     ASSIGNMENTS,
+    CLUSTERS_FOUND,
     POSTERIOR,
     RESULT,
     load_model,
@@ -55,6 +57,12 @@ SAMPLE_ROWS = 3000
 MAX_HEATMAP = 60  # rows / columns of the contingency table drawn (largest classes / clusters)
 USED_COLOUR = "#1f77b4"  # clusters with at least one expected row
 EMPTY_COLOUR = "#ff7f0e"  # kept components with less than one expected row (hatched)
+DPI = 110  # of every plot's PNG
+MIN_FONT_PT = 9  # the smallest text in any plot (tick labels, legends)
+#: every plot's text sizes: at DPI, 9 pt is 13.75 px of the PNG
+FONTS = {"font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10, "xtick.labelsize": MIN_FONT_PT,
+         "ytick.labelsize": MIN_FONT_PT, "legend.fontsize": MIN_FONT_PT, "figure.titlesize": 10}
+READABLE_PX = 9  # the smallest text on screen: an image is never drawn narrower than this allows
 
 
 def _check_run(run_dir: Path) -> dict[str, Any]:
@@ -112,7 +120,7 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[
     try:
         (tmp / MARKER).write_text(json.dumps({"written_by": "vbcluster report",
                                               "runs": [str(d) for d in dirs]}))
-        with matplotlib.rc_context({"text.parse_math": False}):  # a '$' in a name is text, not TeX
+        with matplotlib.rc_context({"text.parse_math": False, **FONTS}):  # a '$' in a name is text, not TeX
             _write_pages(dirs, results, tmp, sample, seed)
         publish_dir(tmp, target)
     except BaseException as exc:
@@ -175,13 +183,15 @@ def _name(d: Path, r: dict[str, Any]) -> str:
 
 
 def sizes_title(r: dict[str, Any]) -> str:
-    """'U of K = 80 components used, P pruned during the fit': K is the truncation asked for, or the
-    one it grew to (result.json's ``truncation``)."""
+    """'F clusters found of K = 80 components, P pruned during the fit': F is result.json's
+    ``n_effective`` (:data:`pipeline.runs.CLUSTERS_FOUND`), K the truncation asked for, or the one it
+    grew to (result.json's ``truncation``)."""
     counts = np.asarray(r["counts"], dtype=np.float64)
     grown = (r.get("truncation") or {}).get("final")
     k = int(grown or r.get("n_components") or len(counts))  # pruned components have no count in result.json
+    found = int(r["n_effective"]) if r.get("n_effective") is not None else int(np.sum(counts >= 1.0))
     pruned = f", {k - len(counts)} pruned during the fit" if k > len(counts) else ""
-    return f"{int(np.sum(counts >= 1.0))} of K = {k} components used{pruned}"
+    return f"{found} clusters found of K = {k} components{pruned}"
 
 
 def sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
@@ -194,7 +204,7 @@ def sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6.0, min(14.0, 0.12 * kept + 4)), 3.8))
     alive = counts >= 1.0
     x = np.arange(1, kept + 1)
-    ax.bar(x[alive], counts[alive], color=USED_COLOUR, label="used: >= 1 expected row")
+    ax.bar(x[alive], counts[alive], color=USED_COLOUR, label="cluster found: >= 1 expected row")
     if (~alive).any():  # drawn at their value, in a colour no used cluster has, with a hatch
         ax.bar(x[~alive], np.maximum(counts[~alive], 1e-3), color=EMPTY_COLOUR, hatch="//",
                edgecolor="#a0522d", label="empty: < 1 expected row")
@@ -203,11 +213,12 @@ def sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("component (sorted by size)")
     ax.set_ylabel("expected rows (log scale)")
-    ax.set_title(f"{title}: {sizes_title(r)}", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_title(f"{title}: {sizes_title(r)}")
+    # below the axes, never over the bars
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, borderaxespad=0.0, frameon=False)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
@@ -231,17 +242,16 @@ def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Pa
     ax.set_xlabel("cluster (ordered by majority class)")
     ax.set_ylabel("class (label)")
     if sub.shape[0] <= 40:
-        ax.set_yticks(np.arange(sub.shape[0]), [str(c) for c in classes[rows]], fontsize=7)
+        ax.set_yticks(np.arange(sub.shape[0]), [str(c) for c in classes[rows]])
     if sub.shape[1] <= 40:
-        ax.set_xticks(np.arange(sub.shape[1]), [str(c) for c in clusters[cols][order]], fontsize=7,
-                      rotation=90)
+        ax.set_xticks(np.arange(sub.shape[1]), [str(c) for c in clusters[cols][order]], rotation=90)
     shown = "" if (len(classes) <= MAX_HEATMAP and len(clusters) <= MAX_HEATMAP) else \
         f" (largest {sub.shape[0]} of {len(classes)} classes, {sub.shape[1]} of {len(clusters)} clusters)"
     ax.set_title(f"{title}: share of each class in each cluster{shown}\n"
-                 f"NMI {nmi(labels, pred):.3f}, ACC {acc(labels, pred):.3f}", fontsize=10)
+                 f"NMI {nmi(labels, pred):.3f}, ACC {acc(labels, pred):.3f}")
     fig.colorbar(im, ax=ax, label="share of the class's rows")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
@@ -273,12 +283,12 @@ def _pca_plot(X: np.ndarray, pred: np.ndarray, means: np.ndarray, title: str, pa
     ax.scatter(M[used, 0], M[used, 1], marker="x", c="black", s=30, label="cluster means")
     ax.set_xlabel(f"PC 1 ({100 * var[0]:.1f}% of variance)")
     ax.set_ylabel(f"PC 2 ({100 * var[1]:.1f}% of variance)" if len(var) > 1 else "PC 2")
-    more = "" if len(used) <= len(biggest) else f"; the {len(biggest)} largest coloured, the rest grey"
-    ax.set_title(f"{title}: {len(X)} rows, {len(used)} clusters{more}", fontsize=10)
-    ax.legend(fontsize=8, loc="best")
+    more = "" if len(used) <= len(biggest) else f"; the {len(biggest)} largest clusters coloured, others grey"
+    ax.set_title(f"{title}: {len(X)} sampled rows{more}")
+    ax.legend(loc="best")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
@@ -301,7 +311,7 @@ def _segmentation_plot(store: Any, pred: np.ndarray, means: np.ndarray, title: s
     for a in (a1, a2):
         a.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
@@ -377,8 +387,17 @@ def _stored_assignments(d: Path, r: dict[str, Any]) -> np.ndarray | None:
 
 # ---- HTML ---------------------------------------------------------------------------------------
 def _img(tmp: Path, name: str, caption: str) -> str:
-    data = base64.b64encode((tmp / name).read_bytes()).decode("ascii")
-    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+    """A plot, embedded; never drawn narrower than the width at which its smallest text
+    (MIN_FONT_PT at DPI) is READABLE_PX on screen: on a phone the figure scrolls sideways instead."""
+    from PIL import Image
+
+    data = (tmp / name).read_bytes()
+    with Image.open(tmp / name) as im:
+        width = im.size[0]
+    min_width = min(width, math.ceil(width * READABLE_PX / (MIN_FONT_PT * DPI / 72)))
+    encoded = base64.b64encode(data).decode("ascii")
+    return (f'<figure><img alt="{html.escape(caption)}" style="--minw:{min_width}px" '
+            f'src="data:image/png;base64,{encoded}">'
             f"<figcaption>{html.escape(caption)} ({html.escape(name)})</figcaption></figure>")
 
 
@@ -391,15 +410,18 @@ def _fmt(v: Any, spec: str = "") -> str:
 CSS = (
     "body{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em;line-height:1.4}"
     ".scroll{overflow-x:auto;-webkit-overflow-scrolling:touch;max-width:100%}"
-    "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:3px 8px;"
-    "text-align:right;white-space:nowrap}th{background:#f3f3f3}td.l,th.l{text-align:left}"
-    "img{max-width:100%;height:auto}figure{margin:1em 0}figcaption{color:#555;font-size:90%}"
+    "table{border-collapse:collapse;font-size:85%}td,th{border:1px solid #ccc;padding:3px 5px;"
+    "text-align:right;white-space:nowrap}th{background:#f3f3f3;white-space:normal}td.l,th.l{text-align:left}"
+    "td.l{white-space:normal;overflow-wrap:anywhere;min-width:4em}"
+    "img{max-width:100%;height:auto;min-width:var(--minw,0)}figure{margin:1em 0;overflow-x:auto}"
+    "figcaption{color:#555;font-size:90%}"
     "h2{font-size:1.2em;overflow-wrap:anywhere}p{overflow-wrap:anywhere}"
     ".panels{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,480px),1fr));gap:0 1em}"
     "@media (max-width:700px){body{padding:0 .5em;font-size:15px}table{font-size:80%}h1{font-size:1.4em}}"
 )
 COLUMNS = ("run", "learner", "model", "bound", "ELBO panel", "iterations", "data passes", "K",
-           "effective K", "clusters used", "ELBO per row", "NMI", "ACC", "ARI", "seconds", "warm start from")
+           "clusters found", "ELBO per row", "NMI", "ACC", "ARI", "seconds", "warm start from")
+LEFT = {COLUMNS.index(c) for c in ("run", "learner", "model", "bound", "warm start from")}  # text: wraps
 
 
 def _row(d: Path, r: dict[str, Any], panel: str) -> str:
@@ -408,18 +430,17 @@ def _row(d: Path, r: dict[str, Any], panel: str) -> str:
     elbo = float(r["elbo"]) / float(r["n_rows"]) if r.get("n_rows") else None
     cells = (display(d.resolve().name), r.get("learner"), model_label(r, run_prior(d)), bound_label(r), panel,
              r.get("n_iter"),
-             _fmt(float(passes[-1]), ".3g"), k_cell(r), r.get("n_effective"),
-             m.get("clusters_used"), _fmt(elbo, ".6g"), _fmt(m.get("nmi"), ".3f"), _fmt(m.get("acc"), ".3f"),
+             _fmt(float(passes[-1]), ".3g"), k_cell(r), r.get("n_effective"), _fmt(elbo, ".6g"),
+             _fmt(m.get("nmi"), ".3f"), _fmt(m.get("acc"), ".3f"),
              _fmt(m.get("ari"), ".3f"), _fmt(r.get("seconds"), ".1f"),
              Path(r["warm_start_from"]).name if r.get("warm_start_from") else None)
-    left = {0, 1, 2, 3}
-    return "<tr>" + "".join(f"<td{' class=l' if j in left else ''}>{_fmt(c)}</td>"
+    return "<tr>" + "".join(f"<td{' class=l' if j in LEFT else ''}>{_fmt(c)}</td>"
                             for j, c in enumerate(cells)) + "</tr>"
 
 
 def _html(dirs: list[Path], results: list[dict[str, Any]], figures: list[tuple[str, str]],
           sections: list[dict[str, Any]], tmp: Path, panel: dict[int, str]) -> str:
-    head = "".join(f"<th{' class=l' if j < 4 else ''}>{c}</th>" for j, c in enumerate(COLUMNS))
+    head = "".join(f"<th{' class=l' if j in LEFT else ''}>{c}</th>" for j, c in enumerate(COLUMNS))
     body = [_row(d, r, panel[i]) for i, (d, r) in enumerate(zip(dirs, results, strict=True))]
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
@@ -428,8 +449,7 @@ def _html(dirs: list[Path], results: list[dict[str, Any]], figures: list[tuple[s
         f"<h1>vbcluster report</h1><p>written {html.escape(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}. "
         "ELBO per row: the evidence lower bound divided by the store's rows, in nats; bounds compare "
         "only within one ELBO panel (same store, model and kind of bound). K: the truncation asked "
-        "for; effective K: components with at least one expected row; clusters used: distinct hard "
-        "labels (argmax of q(z)). Data passes: rows read divided by the store's rows.</p>",
+        f"for; {html.escape(CLUSTERS_FOUND)}. Data passes: rows read divided by the store's rows.</p>",
         f"<div class='scroll'><table><tr>{head}</tr>{''.join(body)}</table></div>",
     ]
     if len(figures) > 1:

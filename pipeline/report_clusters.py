@@ -1,8 +1,9 @@
 """The report's clusters section: per cluster its size and its most typical rows (used by
 :mod:`pipeline.report`).
 
-Clusters are listed largest first (rows whose MAP cluster it is; ties by index), at most
-:data:`MAX_CLUSTERS` of them, each with its expected rows (result.json's ``counts``) and its
+The clusters found (:data:`pipeline.runs.CLUSTERS_FOUND`: at least one expected row, result.json's
+``counts``) are listed largest first (ties by index), at most :data:`MAX_CLUSTERS` of them, each with
+its expected rows, the rows whose MAP cluster it is (which can be none) and its
 :data:`EXEMPLARS` most typical rows (:mod:`pipeline.typical`): their ids (the store's ``ids``, or
 the row index when it has none) and, for a store ingested from images, a thumbnail of each image
 read again from the source the store records. An image that cannot be read, or whose size or
@@ -121,30 +122,32 @@ def _exemplar(name: str, thumb: str | None) -> str:
 
 def clusters_html(store: Any, typical: TypicalRows, counts: list[float] | None) -> str:
     """The clusters section (see the module docstring) as HTML, every id escaped."""
-    order = np.lexsort((np.arange(len(typical.sizes)), -typical.sizes))
-    shown = [int(k) for k in order if typical.sizes[k] > 0][:MAX_CLUSTERS]
+    expected = np.asarray(counts if counts is not None else typical.sizes, dtype=np.float64)
+    order = np.lexsort((np.arange(len(expected)), -expected))  # largest first, ties by index
+    found = [int(k) for k in order if expected[k] >= 1.0]  # the clusters found (pipeline.runs.CLUSTERS_FOUND)
+    shown = found[:MAX_CLUSTERS]
     rows = typical.rows[shown, :EXEMPLARS]
     ids = row_ids(store, rows.ravel())
     locations, note = image_locations(store, sorted(set(ids.values())))
     thumbs, failed = thumbnails(locations) if locations else ({}, 0)
     if failed:
         note += f"; {failed} could not be read"
-    n_used = int(np.sum(typical.sizes > 0))
-    more = "" if n_used <= len(shown) else f" (the {len(shown)} largest of {n_used})"
-    parts = [f"<h3>Clusters{more}: size and most typical rows</h3>",
-             "<p>Rows: the rows whose most probable cluster it is (argmax of q(z)); expected: the sum of "
-             "the rows' responsibilities. Most typical rows: those of highest ln rho_nk, the row's "
+    more = "" if len(found) <= len(shown) else f", the {len(shown)} largest shown"
+    parts = [f"<h3>{len(found)} clusters found{more}: size and most typical rows</h3>",
+             "<p>Expected: the sum of the rows' responsibilities (a cluster is found when it is at least "
+             "one); rows: the rows whose most probable cluster it is (argmax of q(z)), which can be none. "
+             "Most typical rows: those of highest ln rho_nk, the row's "
              "expected log density under the cluster (most typical first; equal scores: lower row "
              "first). Each is shown by its id" + (", with its image" if thumbs else "") + ".</p>"]
     if note:
         parts.append(f"<p><em>{html.escape(note)}</em></p>")
     parts.append("<div class='clusters'>")
     for j, k in enumerate(shown):
-        expected = f", {counts[k]:.1f} expected" if counts is not None and k < len(counts) else ""
         names = [ids[int(r)] for r in rows[j] if r >= 0]
         body = ("<div class='ex'>" + "".join(_exemplar(n, thumbs.get(n)) for n in names) + "</div>"
                 if thumbs else f"<p class='ids'>{', '.join(html.escape(n) for n in names)}</p>")
-        parts.append(f"<div class='cl'><h3>cluster {k}: {int(typical.sizes[k]):,} rows{expected}</h3>"
+        parts.append(f"<div class='cl'><h3>cluster {k}: {int(typical.sizes[k]):,} rows, {expected[k]:.1f} "
+                     "expected</h3>"
                      f"{body}</div>")
     parts.append("</div>")
     return "\n".join(parts)

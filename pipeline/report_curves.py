@@ -218,12 +218,12 @@ def _elbo_panel(dirs: list[Path], results: list[dict[str, Any]], names: list[str
         scale = 1.0 / step
         top = ax.secondary_xaxis("top", functions=(lambda x: np.multiply(x, scale),
                                                    lambda s: np.multiply(s, step)))
-        top.set_xlabel("minibatch steps", fontsize=9)
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("data passes" + (f" ({next(iter(how))})" if len(how) == 1 else ""), fontsize=9)
+        top.set_xlabel("minibatch steps")
+    ax.set_title(title)
+    ax.set_xlabel("data passes" + (f" ({next(iter(how))})" if len(how) == 1 else ""))
     ax.set_ylabel("ELBO per row (nats)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

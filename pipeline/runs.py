@@ -36,6 +36,10 @@ from vbcore.projection import Projection
 RESULT = "result.json"
 POSTERIOR = "posterior.npz"
 ASSIGNMENTS = "assignments"
+#: what "clusters found" means in every output (fit summary, result.json's ``n_effective``, the report,
+#: the demos, the progress bar): docs/guide.md section 5
+CLUSTERS_FOUND = ("clusters found: components holding at least one expected row (N_k = sum_n q(z_n = k) "
+                  ">= 1) at the end of the fit, result.json's n_effective")
 WRITTEN_BY = "vbcluster assign"  # the attribute of every assignment group: the only kind assign replaces
 
 

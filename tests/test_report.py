@@ -96,14 +96,16 @@ def test_the_page_reads_on_a_narrow_screen(runs, tmp_path):
     html = write_report([diag, spherical], tmp_path / "r").read_text()
     assert "<meta name='viewport' content='width=device-width, initial-scale=1'>" in html
     assert "<div class='scroll'><table>" in html and ".scroll{overflow-x:auto" in html  # the table scrolls
-    assert "img{max-width:100%;height:auto}" in html and "@media (max-width:700px)" in html
+    assert "img{max-width:100%;height:auto;min-width:var(--minw,0)}" in html
+    assert "@media (max-width:700px)" in html
     assert "<div class='panels'>" in html  # ELBO panels side by side when wide, stacked when narrow
 
 
 def test_used_of_k_counts_against_the_truncation_asked_for():
     r = {"counts": [300.0, 12.0, 1.0, 0.4, 0.0], "n_components": 80}
-    assert sizes_title(r) == "3 of K = 80 components used, 75 pruned during the fit"
-    assert sizes_title({"counts": [5.0, 2.0], "n_components": 2}) == "2 of K = 2 components used"
+    assert sizes_title(r) == "3 clusters found of K = 80 components, 75 pruned during the fit"
+    assert sizes_title({"counts": [5.0, 2.0], "n_components": 2}) == "2 clusters found of K = 2 components"
+    assert sizes_title(dict(r, n_effective=3)) == sizes_title(r)  # result.json's n_effective when written
 
 
 def test_empty_clusters_have_their_own_colour(tmp_path):

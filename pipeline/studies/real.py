@@ -13,7 +13,7 @@ by default (diag, or the learner's own), on the raw
 features and, where the projection stage (``VBMixture(pca=...)``) is installed, after ``pca=64`` and
 ``pca=128`` (VB EM also with full covariance there); scikit-learn's ``BayesianGaussianMixture``
 (Dirichlet process, K = 50; diag, and full on the projected features) and ``KMeans`` told the true
-K = 10. Reported per fit: clusters found (distinct labels of the hard assignment), NMI, ACC, ARI, the
+K = 10. Reported per fit: labels used (distinct labels of the hard assignment), NMI, ACC, ARI, the
 ELBO per row (vbcluster's; scikit-learn's bound leaves out constants, so it is not comparable),
 iterations and wall time. Every fit runs alone, with one BLAS thread.
 

@@ -1,0 +1,62 @@
+""""Clusters found" has one definition (docs/guide.md section 5, pipeline.runs.CLUSTERS_FOUND): the
+components holding at least one expected row, result.json's n_effective. The fit summary, result.json,
+the report (table, sizes plot title, clusters section) and `vbcluster demo` give the same number."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from sklearn.datasets import load_digits
+from typer.testing import CliRunner
+
+from pipeline import VBMixture
+from pipeline.cli import app
+from pipeline.ingest import ingest
+from pipeline.report import COLUMNS, sizes_title, write_report
+from pipeline.runs import CLUSTERS_FOUND, read_result
+
+runner = CliRunner()
+
+
+def _summary_value(output: str, header: str) -> str:
+    """The fit summary's value under ``header``: the value row is the line after the rule; its
+    cells are read from the right (K may hold spaces: '12 -> 14')."""
+    lines = output.splitlines()
+    rule = next(i for i, line in enumerate(lines) if set(line.strip()) <= {"─", " "} and line.strip())
+    head = " ".join(lines[:rule])
+    assert header in head, head
+    right = ["clusters found", "ELBO (exact)", "NMI", "ACC", "seconds"]
+    return lines[rule + 1].split()[right.index(header) - len(right)]
+
+
+def test_fit_summary_result_json_and_report_agree(tmp_path):
+    store = str(tmp_path / "d.zarr")
+    ingest("digits", store, chunk_rows=500)
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["fit", store, "--run-dir", str(run), "-k", "30", "--max-iter", "25", "-q"])
+    assert res.exit_code == 0, res.output
+    r = read_result(run)
+    found = r["n_effective"]
+    assert found == int(np.sum(np.asarray(r["counts"]) >= 1.0))  # the definition: >= 1 expected row
+    assert _summary_value(res.output, "clusters found") == str(found)
+    page = write_report([run]).read_text()
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", page.split("<table>")[1].split("</table>")[0])
+    assert "clusters used" not in COLUMNS and "effective K" not in COLUMNS
+    assert cells[COLUMNS.index("clusters found")] == str(found)
+    assert f"<h3>{found} clusters found" in page  # the clusters section lists exactly those
+    assert len(re.findall(r"<div class='cl'><h3>cluster \d+:", page)) == found
+    assert sizes_title(r).startswith(f"{found} clusters found of K = ")
+    assert CLUSTERS_FOUND in page.replace("&gt;", ">").replace("&#x27;", "'")
+
+
+def test_demo_counts_clusters_found(tmp_path):
+    res = runner.invoke(app, ["demo", "--n-components", "6", "--max-iter", "8"])
+    assert res.exit_code == 0, res.output
+    X, _ = load_digits(return_X_y=True)
+    for ct in ("full", "diag", "spherical"):
+        row = next(line for line in res.output.splitlines() if line.strip("│ ").startswith(ct))
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        model = VBMixture(6, covariance_type=ct, max_iter=8, random_state=0).fit(X)
+        assert cells[3] == str(model.n_effective_), (ct, cells)
+    assert "clusters found: components holding at least one expected row" in res.output
