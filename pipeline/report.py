@@ -1,14 +1,17 @@
 """``vbcluster report``: one self-contained HTML file (PNGs embedded as base64, and written beside it).
 
-A summary table (learner, model, kind of bound, iterations, data passes, K, effective K, clusters
-used, ELBO per row, metrics); the ELBO per row against data passes, one panel per group of runs whose
+A summary table (learner, model, kind of bound, iterations, data passes, K, clusters found
+(:data:`pipeline.runs.CLUSTERS_FOUND`), ELBO per row, metrics); the ELBO per row against data passes, one
+panel per group of runs whose
 bounds compare (same store, model and kind of bound: :mod:`pipeline.report_curves`), side by side;
 for every run the sorted cluster sizes (expected rows per component, like the E[v] bar plot of
 Lim & Jiang 2024), a contingency heat map against the store's labels when it has them, a 2-D PCA
 scatter of a sample of rows coloured by cluster, for ``image:`` stores the segmentation, and its
 clusters with their sizes and most typical rows (ids, image thumbnails: :mod:`pipeline.report_clusters`,
 found by :mod:`pipeline.typical` in the pass that labels the rows). Plots
-are drawn with matplotlib's Agg backend; the page reads at 600 px and on a phone (the table scrolls).
+are drawn with matplotlib's Agg backend, their text at least :data:`MIN_FONT_PT`; the run table's text
+cells wrap (it fits 1200 px), and an image is never shown so narrow that its text is under
+:data:`READABLE_PX` on screen (on a phone it scrolls sideways instead).
 
 Everything is written into a temporary directory that is renamed into place when complete; a run
 directory without results is refused before anything is written. Every report directory holds the
