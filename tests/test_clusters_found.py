@@ -19,15 +19,17 @@ from pipeline.runs import CLUSTERS_FOUND, read_result
 runner = CliRunner()
 
 
-def _summary_value(output: str, header: str) -> str:
-    """The fit summary's value under ``header``: the value row is the line after the rule; its
-    cells are read from the right (K may hold spaces: '12 -> 14')."""
+def _clusters_found_cell(output: str) -> str:
+    """The fit summary's value under its right-justified header 'clusters found' (which may wrap at
+    its space): the value row is the line after the rule, the cell the one ending where the header
+    ends."""
     lines = output.splitlines()
     rule = next(i for i, line in enumerate(lines) if set(line.strip()) <= {"─", " "} and line.strip())
-    head = " ".join(lines[:rule])
-    assert header in head, head
-    right = ["clusters found", "ELBO (exact)", "NMI", "ACC", "seconds"]
-    return lines[rule + 1].split()[right.index(header) - len(right)]
+    found = next(line for line in lines[:rule] if re.search(r"\bfound\b", line))
+    end = re.search(r"\bfound\b", found).end()
+    assert any(line[:end].endswith("clusters") or line[:end].endswith("clusters found")
+               for line in lines[:rule]), lines[:rule]
+    return lines[rule + 1][:end].split()[-1]
 
 
 def test_fit_summary_result_json_and_report_agree(tmp_path):
@@ -39,7 +41,7 @@ def test_fit_summary_result_json_and_report_agree(tmp_path):
     r = read_result(run)
     found = r["n_effective"]
     assert found == int(np.sum(np.asarray(r["counts"]) >= 1.0))  # the definition: >= 1 expected row
-    assert _summary_value(res.output, "clusters found") == str(found)
+    assert _clusters_found_cell(res.output) == str(found)
     page = write_report([run]).read_text()
     cells = re.findall(r"<td[^>]*>(.*?)</td>", page.split("<table>")[1].split("</table>")[0])
     assert "clusters used" not in COLUMNS and "effective K" not in COLUMNS
