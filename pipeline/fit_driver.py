@@ -133,6 +133,18 @@ class CountingEngine:
         return self.inner.map_keep(*args, **kwargs)
 
 
+ITERATING = "iterating"  # the last stage: the iterations, reported through the callback itself
+
+
+def report_stage(callback: Any, text: str) -> None:
+    """Tell a progress display what the fit does before its first iteration (reading, initialising:
+    20 s at K = 200), through the callback's ``stage(text)`` method when it has one (FitProgress);
+    ``text`` is :data:`ITERATING` when the iterations start. Plain callbacks see iterations only."""
+    stage = getattr(callback, "stage", None)
+    if stage is not None:
+        stage(text)
+
+
 def n_effective(post: Posterior, prior: Prior) -> int:
     """Components holding at least one sample's worth of responsibility."""
     wc = post.weight_concentration
@@ -235,12 +247,16 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     if projection is not None:
         check_projection(projection, source.n_features, spec.pca, bool(spec.whiten),
                          "the warm start" if loaded is None else str(loaded.path))
+    report_stage(callback, "reading the rows (chunks, moments, prior)")
     ctx = setup(spec, source, CountingEngine(engine), random_state, projection)
     ctx.engine.passes = 0  # the setup's passes are not the learner's
     try:
         learner = make_learner(spec.learner, ctx, spec.learner_options)
         try:
+            report_stage(callback, "loading the checkpoint" if loaded is not None else "warm start"
+                         if warm is not None else f"initialising ({spec.init}, K = {spec.components})")
             loop, post = _begin(spec, ctx, learner, loaded, warm, resp_init, random_state)
+            report_stage(callback, ITERATING)
             adopted = learner.adopt(warm_state) if warm is not None and warm_state and loaded is None else 0
             loop.started = t_start
             if loaded is not None and callback is not None and loop.history:  # the bar starts there

@@ -1,13 +1,17 @@
-"""Progress and structured logs: `vbcluster fit` shows a rich bar (ELBO, clusters alive, s/iter) and
-writes one JSON object per iteration; --quiet prints only the summary."""
+"""Progress and structured logs: `vbcluster fit` shows a rich bar (ELBO, clusters found, s/iter, ETA),
+prints its stages before the first iteration (reading, initialising) and writes one JSON object per
+iteration; --quiet prints only the summary."""
 
 from __future__ import annotations
 
+import io
 import json
 
+from rich.console import Console
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.progress import FitProgress, eta
 from pipeline.runs import read_result
 
 runner = CliRunner()
@@ -31,3 +35,38 @@ def test_fit_progress_bar_log_and_quiet(tmp_path):
     assert res.exit_code == 0 and "s/iter" not in res.output and "vbcluster fit" in res.output
     res = runner.invoke(app, ["ingest", "digits", "--out", str(tmp_path / "e.zarr"), "-q"])
     assert res.exit_code == 0 and "ingest digits" not in res.output and "wrote 1797 rows" in res.output
+
+
+def test_stages_and_eta_are_shown_unless_quiet(tmp_path):
+    out = io.StringIO()
+    with FitProgress(10, "fit", console=Console(file=out, width=200)) as bar:
+        bar.stage("initialising (kmeans, K = 200)")
+        bar.stage("iterating")
+        bar({"iteration": 1, "elbo": -5.0, "n_effective": 3, "seconds": 4.0})
+        bar({"iteration": 2, "elbo": -4.0, "n_effective": 3, "seconds": 2.0})
+        status = bar._progress.tasks[0].fields["status"]  # while it runs: 8 iterations at 3 s
+    text = out.getvalue()
+    assert status == "<= 0:00:24 left"
+    assert "initialising (kmeans, K = 200) ..." in text and "initialising (kmeans, K = 200): " in text
+    assert eta(3, [600.0, 600.0]) == "<= 0:30:00 left" and eta(0, [1.0]) == "done"
+    assert eta(5, []) == ""
+    quiet = io.StringIO()
+    with FitProgress(10, "fit", quiet=True, console=Console(file=quiet)) as bar:
+        bar.stage("initialising (kmeans, K = 200)")
+        bar({"iteration": 1, "elbo": -5.0, "n_effective": 3, "seconds": 4.0})
+    assert quiet.getvalue() == ""
+
+
+def test_the_cli_shows_the_initialisation_and_an_eta(tmp_path):
+    store = str(tmp_path / "d.zarr")
+    assert runner.invoke(app, ["ingest", "digits", "--out", store, "-q"]).exit_code == 0
+    args = ["fit", store, "-k", "30", "--max-iter", "5", "--tol", "0", "--init", "kmeans"]
+    res = runner.invoke(app, [*args, "--run-dir", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "reading the rows (chunks, moments, prior) ..." in res.output
+    start = "initialising (kmeans, K = 30)"
+    assert f"{start} ..." in res.output and f"{start}: " in res.output  # its start, then its seconds
+    lines = res.output.splitlines()
+    assert lines.index(f"{start} ...") < next(i for i, x in enumerate(lines) if "5/5" in x)
+    res = runner.invoke(app, [*args, "--run-dir", str(tmp_path / "b"), "-q"])
+    assert res.exit_code == 0 and "initialising" not in res.output and "reading the rows" not in res.output
