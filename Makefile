@@ -50,7 +50,7 @@ bench: venv
 	$(VPY) bench/bench_moves_cost.py
 	$(VPY) bench/bench_real.py --out bench/out  # the real-data study: hours (features cached in bench/out/real)
 
-# One VB EM iteration against scikit-learn and the GEMM share (about 1 minute).
+# One VB EM iteration against scikit-learn and the GEMM share, interleaved rounds (about 1 minute).
 bench-quick: venv
 	$(VPY) bench/bench_vbem.py
 
