@@ -184,3 +184,9 @@ def test_api_build_reports_a_module_it_cannot_document(tmp_path, monkeypatch):
     assert any("vbcore.no_such" in p for p in problems), problems
     assert "missing page: vbcore/no_such.html" in problems
     assert (tmp_path / "api" / "vbcore" / "errors.html").is_file()
+
+
+def test_readme_says_how_long_make_test_takes():
+    """A new user knows before `make test` that it runs for minutes (the figure: CI's test time)."""
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(r"`make test` takes about \d+ minutes on a 2-core machine \(CI measured \d+ s", readme)
