@@ -13,8 +13,10 @@ their statistics, so a later fit can start from them); ``0`` (the default) keeps
 The bound is exact at every iteration: it is the ELBO of q(Z) = each chunk's responsibilities from its
 last visit with the q(theta) of the M-step from their statistics (the ELBO reads q(Z) through the
 statistics only), and it never decreases (a visit maximises the chunk's q(Z) for the current q(theta),
-the M-step q(theta) for the new statistics). A chunk not visited for ``ceil(1 / memo)`` iterations
-is visited next, so every chunk is refreshed at least that often.
+the M-step q(theta) for the new statistics). A chunk not visited for ``ceil(1 / memo)`` iterations,
+or not yet by this fit, is visited next, so every chunk is refreshed at least that often. The fit
+converges when the bound rose by less than ``tol`` per unit of weight over the last lap (the
+iterations since the oldest last visit of any chunk: :meth:`MemoStats.converged`).
 
 Warm starts (``vbcluster fit GROWN --warm-from R1``, a scheduled refresh, ``VBMixture`` with
 ``warm_start``): the statistics of chunks whose content key (the store's chunk checksums, a CRC-32 of
@@ -96,15 +98,15 @@ class MemoStats:
         self.visited = np.zeros(n, dtype=np.int64)  # iteration of the last visit (0: never)
         self.keys = chunk_keys(ctx.source)
         self.rows = np.asarray([s.stop - s.start for s in ctx.source.chunk_slices()], dtype=np.float64)
-        self.last_visit = np.zeros(0, dtype=np.int64)  # chunks visited by the last iteration
         self.k = -1  # components of the kept statistics (-1: not known yet)
 
     def choose(self, iteration: int) -> np.ndarray:
         """The chunks this iteration visits, ascending: those without statistics, then the ones not
-        visited for ``ceil(1/share)`` iterations, then by descending movement (ties: chunk order)."""
+        visited for ``ceil(1/share)`` iterations or never by this fit (adopted), then by descending
+        movement (ties: chunk order)."""
         n = self.have.size
         budget = max(1, math.ceil(self.share * n))
-        stale = iteration - self.visited >= math.ceil(1.0 / self.share)
+        stale = (self.visited == 0) | (iteration - self.visited >= math.ceil(1.0 / self.share))
         rank = np.where(~self.have, 0, np.where(stale, 1, 2))
         order = np.lexsort((np.arange(n), -self.moved, rank))
         new = int(np.sum(~self.have))
@@ -120,17 +122,23 @@ class MemoStats:
         for i, s, m in zip(idx.tolist(), kept, moved, strict=True):
             self.states[i], self.moved[i], self.visited[i] = s, float(m), iteration
         self.have[idx] = True
-        self.last_visit = idx
         return self.total()
 
     def converged(self, history: list[float], tol: float, n_weight: float) -> bool:
-        """The bound changed by less than ``tol`` per unit of weight *of the rows visited* by the last
-        iteration (the only rows whose q(z) moved): a partial iteration is held to the standard of a
-        full one, not diluted by the rows it did not read."""
-        if len(history) < 2 or self.last_visit.size == 0:
+        """The bound rose by less than ``tol`` per unit of weight over the last *lap*: the iterations
+        since the oldest last visit of any chunk, so every row's q(z) was refreshed within them. This
+        is a full pass's test (one pass refreshes every row once); a chunk never visited by this fit
+        (adopted by a warm start) leaves it unconverged, so a refresh ends only after every old chunk
+        was visited under the new posterior. ``history[-1]`` is the bound after iteration
+        ``self.visited.max()``; earlier entries, the iterations before (a warm start's previous bound
+        may precede them)."""
+        if self.have.size == 0 or not self.have.all():
             return False
-        share = float(self.rows[self.last_visit].sum() / self.rows.sum())
-        return abs(history[-1] - history[-2]) / (n_weight * share) < tol
+        now, oldest = int(self.visited.max()), int(self.visited.min())
+        before = len(history) - 1 - (now - oldest + 1)  # the bound before the lap's first iteration
+        if oldest < 2 or before < 0:
+            return False
+        return abs(history[-1] - history[before]) / n_weight < tol
 
     def total(self) -> KernelResult:
         """Every chunk's kept statistics reduced over the fixed tree (all chunks must have them)."""
