@@ -20,7 +20,14 @@ from sklearn.utils import check_random_state
 
 from pipeline.learners import FitContext, learner_class
 from pipeline.projection import ProjectedSource, projection_pass
-from pipeline.sources import ArraySource, DaskArraySource, StoreSource, is_dask_array, is_store_path
+from pipeline.sources import (
+    ArraySource,
+    DaskArraySource,
+    StoreSource,
+    chunk_weights,
+    is_dask_array,
+    is_store_path,
+)
 from pipeline.spec import FitSpec
 from vbcore.errors import ConfigError, InputError
 from vbcore.init_kernels import (
@@ -192,20 +199,25 @@ def initial_stats(spec: FitSpec, ctx: FitContext, resp_init: Any, random_state: 
     if spec.init == "random":
         seeds = np.random.SeedSequence(int(rng.randint(2**31 - 1))).spawn(len(slices))
         return engine.map_reduce(random_stats_kernel, handles, k, per_chunk=seeds)
-    sample = sample_rows(source, k, random_state).astype(np.float64)
+    sample, w = sample_rows(source, k, random_state, weights=True)
+    sample = sample.astype(np.float64)
+    if w is not None:  # weighted rows: a row of weight 0 is no row, and none may seed a centre
+        sample, w = sample[w > 0], w[w > 0]
     m = min(k, sample.shape[0])
-    if spec.init == "k-means++-projected":
+    if spec.init == "k-means++-projected":  # (seeds among the rows of positive weight, unweighted)
         return projected_init_stats(ctx, sample, m, k, rng)
-    if spec.init == "kmeans":
+    if spec.init == "kmeans":  # k-means of the weighted rows (a weighted coreset: of the data)
         from sklearn.cluster import KMeans
 
-        centres = KMeans(n_clusters=m, n_init=1, random_state=rng).fit(sample).cluster_centers_
+        km = KMeans(n_clusters=m, n_init=1, random_state=rng)
+        centres = km.fit(sample, sample_weight=w).cluster_centers_
     elif spec.init == "k-means++":
         from sklearn.cluster import kmeans_plusplus
 
-        centres, _ = kmeans_plusplus(sample, m, random_state=rng)
-    else:  # random_from_data
-        centres = sample[rng.choice(sample.shape[0], size=m, replace=False)]
+        centres, _ = kmeans_plusplus(sample, m, sample_weight=w, random_state=rng)
+    else:  # random_from_data: rows drawn in proportion to their weight
+        p = None if w is None or np.all(w == w[0]) else w / w.sum()  # equal weights: uniform
+        centres = sample[rng.choice(sample.shape[0], size=m, replace=False, p=p)]
     return engine.map_reduce(nearest_stats_kernel, handles, np.asarray(centres, dtype=np.float64), k)
 
 
@@ -252,17 +264,24 @@ def check_resp_init(resp_init: Any, n: int, k: int) -> np.ndarray:
     return r
 
 
-def sample_rows(source: Any, k: int, random_state: Any) -> np.ndarray:
-    """Whole chunks picked at random (seeded) until ``max(10000, 20 K)`` rows: k-means input."""
+def sample_rows(source: Any, k: int, random_state: Any, weights: bool = False) -> Any:
+    """Whole chunks picked at random (seeded) until ``max(10000, 20 K)`` rows: k-means input. With
+    ``weights``: ``(rows, their weights)``, the weights None for unweighted rows."""
     rng = check_random_state(random_state)
     target = max(10_000, 20 * k)
     slices = source.chunk_slices()
     if source.n_rows <= target:
-        return np.concatenate([source.load(i) for i in range(len(slices))])
-    picked, total = [], 0
-    for i in rng.permutation(len(slices)):
-        picked.append(int(i))
-        total += slices[i].stop - slices[i].start
-        if total >= target:
-            break
-    return np.concatenate([source.load(i) for i in sorted(picked)])
+        picked = list(range(len(slices)))
+    else:
+        picked, total = [], 0
+        for i in rng.permutation(len(slices)):
+            picked.append(int(i))
+            total += slices[i].stop - slices[i].start
+            if total >= target:
+                break
+        picked.sort()
+    rows = np.concatenate([source.load(i) for i in picked])
+    if not weights:
+        return rows
+    w = [chunk_weights(source, i) for i in picked]
+    return rows, None if any(v is None for v in w) else np.concatenate(w)

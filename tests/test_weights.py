@@ -71,6 +71,33 @@ def test_integer_weights_equal_repeated_rows_and_zero_weights_dropped_rows(learn
     _same(_fit(learner, opts, cov, X, resp, ones), _fit(learner, opts, cov, X[ones > 0], resp[ones > 0]))
 
 
+@pytest.mark.parametrize("init", ["kmeans", "k-means++", "random_from_data"])
+def test_the_data_start_weighs_the_rows(init):
+    """The start from the data (no resp_init): a row of weight 0 seeds no centre and moves none
+    (the fit is that of the rows dropped), and k-means weighs the rows it clusters, so a weighted
+    coreset starts as its data would. (The projected k-means++ start seeds among the rows of positive
+    weight too, but its draw of them depends on their number: not the dropped rows' bits.)"""
+    def fit(X_, w=None, **kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return VBMixture(K, covariance_type="diag", init_params=init, random_state=0, tol=0.0, chunk_rows=50,
+                             reg_covar=0.0, **kw).fit(X_, sample_weight=w)
+
+    ones = np.minimum(W, 1)
+    _same(fit(X, ones, max_iter=3), fit(X[ones > 0], max_iter=3))
+    if init != "kmeans":
+        return
+    # two blobs of 400 rows of weight 1, and 4 rows of weight 300 away from both: the weighted
+    # 2-means puts one centre on the heavy rows (cost 20,000 against 30,000 and more for the others)
+    rng = np.random.default_rng(3)
+    heavy = np.concatenate([rng.normal(c, 0.3, (n, 2)) for c, n in (((0, 0), 400), ((10, 0), 400),
+                                                                      ((0, 10), 4))])
+    w = np.r_[np.ones(800), np.full(4, 300.0)]
+    weighted, repeated = fit(heavy, w, max_iter=0), fit(np.repeat(heavy, w.astype(int), axis=0), max_iter=0)
+    assert np.abs(weighted.means_ - [0.0, 10.0]).sum(1).min() < 0.5  # a centre on the heavy rows
+    _same(weighted, repeated)
+
+
 def test_unit_weights_change_no_bit():
     resp = _resp(X.shape[0])
     a, b = _fit("vbem", {}, "diag", X, resp), _fit("vbem", {}, "diag", X, resp, np.ones(X.shape[0]))
