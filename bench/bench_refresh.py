@@ -147,7 +147,7 @@ def partial(store: str, labels: np.ndarray, full, k: int, n: int) -> None:
 
 
 def coreset(store: str, labels: np.ndarray, full, k: int, size: int, n: int) -> None:
-    """A lightweight coreset (Bachem, Lucic & Krause 2018): rows drawn with probability
+    """A lightweight coreset (Bachem et al. 2018): rows drawn with probability
     ``q = 1/(2N) + d^2 / (2 sum d^2)`` (d: distance to the mean), weights ``1 / (size q)``; fitted with
     ``sample_weight`` and compared with the full fit on every row (NMI of the two labelings)."""
     from pipeline import VBMixture
