@@ -48,7 +48,7 @@ bench: venv
 	$(VPY) bench/bench_projection.py --store bench/out/sun397.zarr
 	$(VPY) bench/bench_extract.py --workdir bench/out --images 64
 	$(VPY) bench/bench_moves_cost.py
-	$(VPY) bench/bench_refresh.py --workdir bench/out  # issue 28: 500,000 x 128, memo / partial_fit / coreset
+	$(VPY) bench/bench_refresh.py --workdir bench/out  # 500,000 x 128: memoized refresh, partial_fit, coreset
 	$(VPY) bench/bench_real.py --out bench/out  # the real-data study: hours (features cached in bench/out/real)
 
 # One VB EM iteration against scikit-learn and the GEMM share, interleaved rounds (about 1 minute).

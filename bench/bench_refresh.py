@@ -1,4 +1,4 @@
-"""A growing store (issue 28): the memoized refresh against a cold and a warm-started full-pass fit,
+"""A growing store: the memoized refresh against a cold and a warm-started full-pass fit,
 partial_fit over batches against fit on all, and a weighted coreset against the full fit.
 
 Setting: a SUN397-shaped synthetic store (``vbcluster ingest synthetic``) of ``--rows`` x ``--dim``
