@@ -79,10 +79,11 @@ def typical_kernel(chunk: Chunk, params: EStepParams, m: int) -> tuple[np.ndarra
     xp = array_namespace(lr)
     resp = normalise(lr)[0]
     lab = xp.argmax(resp, axis=1)  # the label assign writes (argmax of the normalised responsibilities)
-    score = xp.take_along_axis(lr, xp.reshape(lab, (-1, 1)), axis=1)[:, 0]
+    k = int(params.const.shape[0])
+    own = xp.reshape(lab, (-1, 1)) == xp.reshape(xp.arange(k, dtype=lab.dtype), (1, -1))  # (n, K) bool
+    score = xp.max(xp.where(own, lr, xp.asarray(-np.inf, dtype=lr.dtype)), axis=1)  # ln rho at the label
     labels = to_host(lab).astype(np.int64)
     scores = to_host(score).astype(np.float64)
-    k = int(params.const.shape[0])
     rows, top = top_per_cluster(labels, scores, np.arange(len(labels), dtype=np.int64), k, m)
     return labels.astype(np.int32), rows, top
 

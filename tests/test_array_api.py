@@ -264,3 +264,19 @@ def test_assignments_of_standard_chunks_equal_numpys(xps, data):
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_allclose(got[1], ref[1], rtol=1e-5)
     assert np.unique(ref[0]).size == K
+
+
+def test_typical_rows_of_standard_chunks_equal_numpys(xps, data):
+    """The report's kernel (pipeline/typical.py) keeps the n x K log responsibilities where the chunk
+    lives and returns labels and a K x m table, the same on standard arrays as on NumPy's."""
+    from pipeline.typical import typical_kernel
+
+    prior, post = _posterior(data, "diag")
+    params = estep_params(post, prior.mean)
+    X = data.astype(np.float32)
+    ref = typical_kernel(prepare_chunk(X, prior.mean, "diag"), params, 3)
+    got = typical_kernel(prepare_chunk(xps.asarray(X), prior.mean, "diag"), params, 3)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    np.testing.assert_allclose(got[2], ref[2], rtol=1e-5)
+    assert (ref[1] >= 0).all() and ref[1].shape == (K, 3)

@@ -141,3 +141,24 @@ def test_image_store_report_has_thumbnails_then_ids_when_the_images_are_gone(tmp
     page = write_report([tmp_path / "run"]).read_text()
     assert _thumbs(page) == [] and "cannot be located" in page and "without thumbnails" in page
     assert re.search(r"<p class='ids'>blue/\d+\.png, ", page) and "red/a&lt;b&gt;&amp;" in page
+
+
+def test_a_store_from_idx_files_shows_its_images(tmp_path):
+    """MNIST-format files (ids PREFIX/INDEX): the thumbnails are the grey images of the rows."""
+    rng = np.random.default_rng(1)
+    dark = rng.integers(0, 40, (12, 8, 8))
+    bright = rng.integers(200, 256, (12, 8, 8))
+    images = np.concatenate([dark, bright]).astype(np.uint8)
+    head = bytes([0, 0, 8, 3]) + b"".join(int(v).to_bytes(4, "big") for v in images.shape)
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / "train-images-idx3-ubyte").write_bytes(head + images.tobytes())
+    store = str(tmp_path / "s.zarr")
+    ingest(str(tmp_path / "idx"), store, extractor="color-hog", size=16, chunk_rows=8)
+    model = VBMixture(n_components=2, covariance_type="spherical", max_iter=20, random_state=0).fit(store)
+    save_run(tmp_path / "run", model, store)
+    page = write_report([tmp_path / "run"]).read_text()
+    thumbs = _thumbs(page)
+    assert len(thumbs) == 12 and all(t.shape == (8, 8, 3) for t in thumbs)
+    shown = re.findall(r'alt="train/(\d+)"', page)
+    for index, thumb in zip(shown, thumbs, strict=True):
+        np.testing.assert_array_equal(thumb[..., 0], images[int(index)])  # the row's own image
