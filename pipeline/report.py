@@ -200,7 +200,7 @@ def sizes_title(r: dict[str, Any]) -> str:
 def sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
     """Expected rows per kept component, sorted, log scale; empty ones (< 1 row) in their own colour."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
     counts = np.sort(np.asarray(r["counts"], dtype=np.float64))[::-1]
     kept = len(counts)
@@ -213,6 +213,10 @@ def sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
                edgecolor="#a0522d", label="empty: < 1 expected row")
     ax.axhline(1.0, color="#555", lw=0.8, ls="--")
     ax.set_yscale("log")
+    # plain numbers: the log axis's default labels are TeX ($\mathdefault{10^{3}}$), shown raw with
+    # text.parse_math off (which keeps a '$' in a run name as text)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("component (sorted by size)")
     ax.set_ylabel("expected rows (log scale)")

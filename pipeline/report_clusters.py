@@ -122,7 +122,9 @@ def _exemplar(name: str, thumb: str | None) -> str:
 
 def clusters_html(store: Any, typical: TypicalRows, counts: list[float] | None) -> str:
     """The clusters section (see the module docstring) as HTML, every id escaped."""
-    expected = np.asarray(counts if counts is not None else typical.sizes, dtype=np.float64)
+    if counts is None or len(counts) != len(typical.sizes):  # result.json without them (or edited)
+        counts = [float(v) for v in typical.sizes]
+    expected = np.asarray(counts, dtype=np.float64)
     order = np.lexsort((np.arange(len(expected)), -expected))  # largest first, ties by index
     found = [int(k) for k in order if expected[k] >= 1.0]  # the clusters found (pipeline.runs.CLUSTERS_FOUND)
     shown = found[:MAX_CLUSTERS]

@@ -51,7 +51,7 @@ def report(tmp_path_factory):
         legends = [(ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer))
                    for ax in fig.axes if ax.get_legend() is not None]
         drawn.append({"name": str(path).rsplit("/", 1)[-1], "min_pt": min(t.get_fontsize() for t in texts),
-                      "legends": legends})
+                      "legends": legends, "texts": [t.get_text() for t in texts]})
         return save(fig, path, *args, **kwargs)
 
     mp = pytest.MonkeyPatch()
@@ -68,6 +68,7 @@ def test_every_plot_reads_at_a_phone_width(report):
     assert {d["name"] for d in drawn} >= {"run0-sizes.png", "run0-contingency.png", "run0-pca.png"}
     for d in drawn:
         assert d["min_pt"] >= 9, d  # no text drawn under 9 pt
+        assert not [t for t in d["texts"] if "\\mathdefault" in t], d  # no raw TeX (log axis labels)
     imgs = re.findall(r'<img alt="[^"]*" style="--minw:(\d+)px" src="data:image/png;base64,([^"]+)"', page)
     assert len(imgs) >= len(drawn) and "min-width:var(--minw" in CSS
     min_pt = min(d["min_pt"] for d in drawn)
