@@ -51,7 +51,7 @@ def fit(run_dir: str, spec: FitSpec, engine: EngineSpec, warm_from: str | None =
         eng.close()
     if result.get("resumed_from"):
         logger.info("resumed from %s", result["resumed_from"])
-    logger.info("%s: %d iterations, converged %s, %d clusters, ELBO %.6g", run_dir, result["n_iter"],
+    logger.info("%s: %d iterations, converged %s, %d clusters found, ELBO %.6g", run_dir, result["n_iter"],
                 result["converged"], result["n_effective"], result["elbo"])
     return result
 

@@ -143,7 +143,7 @@ def refresh_flow(
                           cluster=spec.cluster, warm_start_from=warm, quiet=quiet, extra={"refresh": p},
                           settings={"pca": spec.pca, "whiten": spec.whiten or None})
     publish_version(out, str(run_dir))
-    logger.info("published %s (%s start, %d rows, %d iterations, %d clusters)", run_dir.name,
+    logger.info("published %s (%s start, %d rows, %d iterations, %d clusters found)", run_dir.name,
                 p["action"], result["n_rows"], result["n_iter"], result["n_effective"])
     return {"action": p["action"], "reason": p["reason"], "version": str(run_dir),
             "n_iter": result["n_iter"], "elbo": result["elbo"], "n_effective": result["n_effective"],
