@@ -97,7 +97,6 @@ class MemoStats:
         self.moved = np.full(n, np.inf)  # movement at the last visit
         self.visited = np.zeros(n, dtype=np.int64)  # iteration of the last visit (0: never)
         self.keys = chunk_keys(ctx.source)
-        self.rows = np.asarray([s.stop - s.start for s in ctx.source.chunk_slices()], dtype=np.float64)
         self.k = -1  # components of the kept statistics (-1: not known yet)
 
     def choose(self, iteration: int) -> np.ndarray:
