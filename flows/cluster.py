@@ -10,6 +10,7 @@ same way when it is run again on the same run directory (``vbcluster resume`` do
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +70,17 @@ def assign(run_dir: str, engine: EngineSpec) -> str:
 
 
 @task(name="report", retries=2, retry_delay_seconds=1, cache_policy=NONE)
-def report(run_dirs: list[str], out: str | None = None) -> str:
-    """The HTML report (with its PNGs) of one or more run directories."""
+def report(run_dirs: list[str], out: str | None = None, engine: EngineSpec | None = None) -> str:
+    """The HTML report (with its PNGs) of one or more run directories; its pass over the rows (labels,
+    each cluster's most typical rows) on ``engine``'s cluster, streaming the chunks."""
     from pipeline.report import write_report
 
-    return str(write_report(run_dirs, out))
+    eng = None if engine is None else replace(engine, persist="never").open()
+    try:
+        return str(write_report(run_dirs, out, engine=eng))
+    finally:
+        if eng is not None:
+            eng.close()
 
 
 @flow(name="vbcluster-cluster", retries=1, retry_delay_seconds=1)
@@ -133,7 +140,7 @@ def cluster_flow(
         result = fit(run_dir, spec, engine, warm_start_from, quiet, extra)
         if assign_labels:
             result["assignments"] = assign(run_dir, engine)
-    if write_report:
-        result["report"] = report([run_dir])
+        if write_report:
+            result["report"] = report([run_dir], engine=engine)
     result["run_dir"] = str(run_dir)
     return result

@@ -200,11 +200,11 @@ def ingest(
                   f"the store has {report.n_rows} rows")
 
 
-def _engine(cluster: str | None):  # type: ignore[no-untyped-def]
+def _engine(cluster: str | None, persist: str = "auto"):  # type: ignore[no-untyped-def]
     from pipeline.cluster import dashboard_link
     from pipeline.engine import DaskEngine, make_engine
 
-    engine = make_engine(cluster or "local")
+    engine = make_engine(cluster or "local", persist)
     if isinstance(engine, DaskEngine):
         link = dashboard_link(engine.client)
         console.print(f"Dask cluster: {engine.client.scheduler.address}"
@@ -433,13 +433,20 @@ def report(
     out: str | None = typer.Option(None, "--out", help="The report directory (default: "
                                    "FIRST_RUN_DIR/report)."),
     sample: int = typer.Option(3000, help="Rows drawn for the PCA scatter."),
+    cluster: str | None = typer.Option(None, help="Where the pass over the rows (labels, each cluster's "
+                                       "most typical rows) runs: a cluster config or scheduler address."),
 ) -> None:
     """Write one self-contained HTML report (PNGs embedded, and written beside it)."""
     from pipeline.report import write_report
     from vbcore.errors import VBClusterError
 
     try:
-        path = write_report(run_dirs, out, sample=sample)
+        engine = _engine(cluster, "never") if cluster else None  # one pass: chunks streamed
+        try:
+            path = write_report(run_dirs, out, sample=sample, engine=engine)
+        finally:
+            if engine is not None:
+                engine.close()
     except VBClusterError as exc:
         fail(exc)
         return

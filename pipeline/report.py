@@ -92,7 +92,7 @@ def display(text: str) -> str:
 
 def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                  out: str | os.PathLike[str] | None = None, *, sample: int = SAMPLE_ROWS,
-                 seed: int = 0) -> Path:
+                 seed: int = 0, engine: Any = None) -> Path:
     """Write ``report.html`` and its PNGs; returns the HTML file's path.
 
     Parameters
@@ -105,6 +105,10 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[
         is refused.
     sample : int
         Rows drawn (seeded) for the PCA scatter.
+    engine : pipeline engine, optional
+        Where the pass over the rows (their labels and each cluster's most typical rows) runs: a
+        :class:`~pipeline.engine.DaskEngine` maps it over the chunks on its workers; default
+        in-process, streaming the chunks.
     """
     import matplotlib
 
@@ -124,7 +128,7 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[
         (tmp / MARKER).write_text(json.dumps({"written_by": "vbcluster report",
                                               "runs": [str(d) for d in dirs]}))
         with matplotlib.rc_context({"text.parse_math": False, **FONTS}):  # a '$' in a name is text, not TeX
-            _write_pages(dirs, results, tmp, sample, seed)
+            _write_pages(dirs, results, tmp, sample, seed, engine)
         publish_dir(tmp, target)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -136,13 +140,14 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]] | str | os.PathLike[
     return target / REPORT_HTML
 
 
-def _write_pages(dirs: list[Path], results: list[dict[str, Any]], tmp: Path, sample: int, seed: int) -> None:
+def _write_pages(dirs: list[Path], results: list[dict[str, Any]], tmp: Path, sample: int, seed: int,
+                 engine: Any) -> None:
     """The plots and the page, into the temporary report directory ``tmp``."""
     sections = []
     panels = elbo_figures(dirs, results, [_name(d, r) for d, r in zip(dirs, results, strict=True)], tmp)
     figures = [(name, caption) for name, caption, _ in panels]
     for i, (d, r) in enumerate(zip(dirs, results, strict=True)):
-        sections.append(_run_section(i, d, r, tmp, sample, seed))
+        sections.append(_run_section(i, d, r, tmp, sample, seed, engine))
     panel = {i: (name[5:-4] or "-") if len(panels) > 1 else "-" for name, _, members in panels
              for i in members}
     page = _html(dirs, results, figures, sections, tmp, panel)
@@ -323,7 +328,8 @@ def _segmentation_plot(store: Any, pred: np.ndarray, means: np.ndarray, title: s
 
 
 # ---- one run ------------------------------------------------------------------------------------
-def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, seed: int) -> dict[str, Any]:
+def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, seed: int,
+                 engine: Any) -> dict[str, Any]:
     from pipeline.sources import StoreSource
     from pipeline.store import FeatureStore
 
@@ -345,7 +351,7 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
         notes.append(f"store plots skipped: {exc}")
         return {"dir": d, "result": r, "figs": figs, "notes": notes}
     model = load_model(d)
-    typical = typical_rows(model, src, EXEMPLARS)  # one pass: every row's label, each cluster's top rows
+    typical = typical_rows(model, src, EXEMPLARS, engine)  # one pass: labels and each cluster's top rows
     pred = _stored_assignments(d, r)
     if pred is None:
         pred = typical.labels

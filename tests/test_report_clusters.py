@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
+from typer.testing import CliRunner
 
 from pipeline import VBMixture
+from pipeline.cli import app
 from pipeline.engine import DaskEngine, LocalEngine
 from pipeline.ingest import ingest
 from pipeline.report import write_report
@@ -162,3 +164,20 @@ def test_a_store_from_idx_files_shows_its_images(tmp_path):
     shown = re.findall(r'alt="train/(\d+)"', page)
     for index, thumb in zip(shown, thumbs, strict=True):
         np.testing.assert_array_equal(thumb[..., 0], images[int(index)])  # the row's own image
+
+
+def test_the_report_pass_runs_on_dask_workers(tmp_path, client):
+    """`write_report(engine=DaskEngine)` (`vbcluster report --cluster`, and cluster_flow's report on
+    the flow's cluster) maps the pass over the chunks on the workers: the same page section."""
+    store = str(tmp_path / "d.zarr")
+    ingest("digits", store, chunk_rows=300)
+    model = VBMixture(n_components=6, covariance_type="diag", max_iter=10, random_state=0).fit(store)
+    save_run(tmp_path / "run", model, store)
+    local = write_report([tmp_path / "run"], tmp_path / "local").read_text()
+    on_dask = write_report([tmp_path / "run"], tmp_path / "dask", engine=DaskEngine(client)).read_text()
+    section = "<div class='clusters'>"
+    assert section in local and local.split(section)[1] == on_dask.split(section)[1]
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "cli"),
+                                   "--cluster", client.scheduler.address])
+    assert res.exit_code == 0 and f"Dask cluster: {client.scheduler.address}" in res.output, res.output
+    assert (tmp_path / "cli" / "report.html").read_text().split(section)[1] == local.split(section)[1]
