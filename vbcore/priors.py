@@ -179,10 +179,9 @@ def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d
         raise ConfigError(f"prior defaults must be one of {PRIOR_DEFAULTS}, got {defaults!r}")
     if defaults != "empirical":
         return (), weight_concentration, degrees_of_freedom, 1.0
-    free = tuple(name for name, value in (("mean_precision", mean_precision), ("covariance", covariance))
-                 if value is None and not (name == "covariance" and covariance_type == "fixed"))
-    if "covariance" in free and degrees_of_freedom is None and covariance_type in ("diag", "spherical"):
-        free += ("degrees_of_freedom",)  # the Gamma prior's shape, with its rate
+    # only beta0 is re-estimated: jointly with the covariance prior (and nu0) the bound has no maximum
+    # where a component has no spread in some direction (docs/decisions.md, "Empirical Bayes: beta0 only")
+    free: tuple[str, ...] = ("mean_precision",) if mean_precision is None else ()
     if degrees_of_freedom is None:
         degrees_of_freedom = float(d) if covariance_type in WISHART_TYPES else EMPIRICAL_DOF
     if weight_concentration is None and weight_type == "dirichlet_process":
