@@ -94,7 +94,8 @@ class FitSpec:
         None, "Weight concentration (DP alpha / Dirichlet); default 1 for the DP with priors=empirical, "
         "else 1/K (a0 = N for mm, sga*, svi).",
         "float", estimator="weight_concentration_prior", minimum=0, above=True)
-    mean_precision_prior: float | None = _s(None, "Precision of the means' prior; default 1.", "float",
+    mean_precision_prior: float | None = _s(None, "Precision of the means' prior; default 1 (sklearn), "
+                                            "re-estimated from the bound (empirical).", "float",
                                             estimator="mean_precision_prior", minimum=0, above=True)
     mean_prior: Any = _s(None, "Mean of the means' prior, shape (D,); default: the data mean.", "array",
                          estimator="mean_prior")
@@ -102,12 +103,13 @@ class FitSpec:
                                                 "default 2 for diag and spherical with priors=empirical, "
                                                 "else D (checked against D with the prior).", "prior",
                                                 estimator="degrees_of_freedom_prior")
-    covariance_prior: Any = _s(None, "Covariance prior; default: the data covariance (sklearn), "
-                               "re-estimated from the bound (empirical).", "array",
+    covariance_prior: Any = _s(None, "Covariance prior; default: the data covariance (sklearn), nu0 "
+                               "times it (empirical; held: a prior variance equal to the data's).", "array",
                                estimator="covariance_prior")
     priors: str = _s("sklearn", "How unset priors are filled: empirical (nu0 = 2 for diag and spherical, "
-                     "alpha0 = 1 for the DP, beta0 and the covariance prior re-estimated from the bound "
-                     "between iterations) | sklearn (scikit-learn's: alpha0 = 1/K, nu0 = D, fixed).",
+                     "alpha0 = 1 for the DP, a prior variance equal to the data's, beta0 re-estimated "
+                     "from the bound between iterations) | sklearn (scikit-learn's: alpha0 = 1/K, nu0 = D, "
+                     "fixed).",
                      "str", estimator="prior_defaults", sklearn="sklearn", choices=PRIOR_DEFAULTS)
     fixed_variance: float | None = _s(None, "sigma^2 of covariance 'fixed'; default: estimated.", "float",
                                       estimator="fixed_variance", minimum=0, above=True)

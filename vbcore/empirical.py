@@ -20,6 +20,21 @@ Bishop 2006 sec. 10.2 gives the model). Closed forms, with ``E[Lambda_k]`` the p
 
 ``m0`` stays where it was set (it is also the rows' shift); the Wishart families' ``nu0`` too (it
 must stay above D - 1). 'fixed' has no covariance prior: only ``beta0`` moves.
+
+**The 'empirical' defaults free ``beta0`` only** (:func:`vbcore.priors.default_prior`; issue 26).
+With the covariance prior free as well, the bound has no maximum wherever a component has no spread
+in some dimension (ReLU features: a cluster that is exactly 0 there). Scaling ``beta0`` and the
+Gamma rates by ``s`` (q following) moves the bound by ``c ln s`` with
+``c = sum_{k,d} (1/2 + a0) - sum_{(k,d) without spread} (a0 + N_k / 2)``, negative once the
+(component, dimension) pairs without spread hold more than about ``(1 + 2 a0) K D`` rows in all (the
+30 classes of issue 26's synthetic 20,000 x 64 store: 28,777 rows against 5,760 with ``a0 = 1``);
+the bound then grows without limit as ``s -> 0``. Each update above is still the exact coordinate
+maximum, so the ascent runs to that singularity: on that store, in float64 with ``reg_covar = 0``,
+``beta0`` fell to 1e-29 and the precisions rose to 1e23 within 30 iterations; with the default
+``reg_covar`` they stop at its floor (1e6), where the float32 E-step's rounding made the reported
+bound fall by up to hundreds of nats (float64 rows: monotone; docs/decisions.md). The
+covariance prior and ``nu0`` updates stay available through :attr:`Prior.empirical` for data
+without such ties; with ``beta0`` alone (the covariance prior held) the bound is bounded above.
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ class Prior:
     empirical : tuple of str
         The hyperparameters re-estimated from the bound between iterations (empirical Bayes,
         :mod:`vbcore.empirical`): a subset of ``('mean_precision', 'covariance', 'degrees_of_freedom')``;
-        empty: all fixed.
+        empty: all fixed. The 'empirical' defaults free ``mean_precision`` only: with the covariance prior
+        free as well the bound has no maximum where a component has no spread in some dimension.
     """
 
     covariance_type: str
@@ -180,7 +181,7 @@ def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d
     if defaults != "empirical":
         return (), weight_concentration, degrees_of_freedom, 1.0
     # only beta0 is re-estimated: jointly with the covariance prior (and nu0) the bound has no maximum
-    # where a component has no spread in some direction (docs/decisions.md, "Empirical Bayes: beta0 only")
+    # where a component has no spread in some direction (vbcore/empirical.py; docs/decisions.md)
     free: tuple[str, ...] = ("mean_precision",) if mean_precision is None else ()
     if degrees_of_freedom is None:
         degrees_of_freedom = float(d) if covariance_type in WISHART_TYPES else EMPIRICAL_DOF
@@ -216,9 +217,9 @@ def default_prior(
     ``defaults='empirical'`` (the pipeline's): ``alpha0 = 1`` for the DP (the same model for every
     truncation; ``1/K`` stays for finite Dirichlet weights), ``nu0 =`` :data:`EMPIRICAL_DOF` for the
     diagonal families (``D`` for the Wishart ones, which need ``nu0 > D - 1``), the covariance prior
-    ``nu0`` times scikit-learn's (a prior variance equal to the data's), and ``beta0`` and the
-    covariance prior, where unset, re-estimated from the bound between iterations
-    (:attr:`Prior.empirical`, :mod:`vbcore.empirical`).
+    ``nu0`` times scikit-learn's (a prior variance equal to the data's), held, and ``beta0``, where
+    unset, re-estimated from the bound between iterations (:attr:`Prior.empirical`,
+    :mod:`vbcore.empirical`, which says why the covariance prior is not).
 
     Parameters
     ----------
