@@ -222,7 +222,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         callback : callable, optional
             Called after every iteration with a dict: ``iteration``, ``elbo``, ``n_effective``
             (clusters alive), ``n_components`` (components kept), ``seconds`` (of that iteration),
-            ``passes`` (engine passes so far) and ``learner``.
+            ``passes`` (engine passes so far, all attempts) and ``learner``; a resumed fit first calls it
+            with ``event='resumed'`` and ``after_iteration`` (the checkpoint's) instead of ``iteration``.
         """
         self._fit(X, resp_init, callback, sample_weight)
         return self

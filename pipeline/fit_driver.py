@@ -260,9 +260,10 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
             adopted = learner.adopt(warm_state) if warm is not None and warm_state and loaded is None else 0
             loop.started = t_start
             if loaded is not None and callback is not None and loop.history:  # the bar starts there
-                callback({"iteration": loop.n_iter, "elbo": loop.history[-1], "event": "resumed",
+                # not an iteration (no "iteration" key: the log holds each iteration once, issue 29)
+                callback({"event": "resumed", "after_iteration": loop.n_iter, "elbo": loop.history[-1],
                           "n_effective": n_effective(post, ctx.prior), "n_components": post.n_components,
-                          "seconds": 0.0, "passes": 0, "learner": spec.learner,
+                          "seconds": 0.0, "passes": learner.passes, "learner": spec.learner,
                           "bound": learner.bound_kind()})
             post = _iterate(spec, ctx, learner, loop, post, ckpt, identity, previous_bound, callback,
                             log, log_every)
@@ -298,6 +299,7 @@ def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, 
         loop.history_se = list(m.get("elbo_history_se", [None] * len(loop.history)))
         learner.load_state(post, {k[len(LEARNER_KEY):]: v for k, v in loaded.state.items()
                                   if k.startswith(LEARNER_KEY)})
+        ctx.engine.passes = int(m.get("passes", 0))  # the count goes on (older checkpoints: from 0)
         return loop, post
     if warm is not None:
         post = warm
@@ -362,4 +364,4 @@ def _save(ckpt: Checkpointer, loop: _Loop, post: Posterior, learner: Any, identi
     return ckpt.save(loop.n_iter, state, dict(identity, converged=loop.converged, elbo_history=loop.history,
                                               elbo_history_se=loop.history_se,
                                               elbo_terms=asdict(loop.terms), wall_seconds=loop.wall(),
-                                              bound_kind=learner.bound_kind()))
+                                              bound_kind=learner.bound_kind(), passes=learner.passes))

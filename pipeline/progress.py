@@ -95,7 +95,7 @@ class FitProgress:
         if self._progress is not None:
             secs = [float(r.get("seconds", math.nan)) for r in self.history if "event" not in r]
             rate = sum(secs) / len(secs) if secs else math.nan
-            done = int(info.get("iteration", len(self.history)))
+            done = int(info.get("iteration", info.get("after_iteration", len(self.history))))
             self._progress.update(self._task, completed=done,
                                   elbo=f"{float(info.get('elbo', math.nan)):.6g}" + (
                                       f" +- {float(info['elbo_se']):.2g}" if "elbo_se" in info else ""),

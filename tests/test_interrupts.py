@@ -22,6 +22,7 @@ from flows.cli import app
 from pipeline import VBMixture
 from pipeline.fit_driver import STOP, stop_on_signals
 from pipeline.ingest import ingest
+from pipeline.progress import FitProgress
 from vbcore.errors import FitInterrupted
 
 
@@ -86,6 +87,37 @@ def test_stop_request_checkpoints_and_resume_is_bitwise(data, tmp_path):
     resumed = VBMixture(checkpoint_dir=str(tmp_path / "ck"), **kw).fit(data)
     assert resumed.resumed_from_ and np.array_equal(resumed.means_, full.means_)
     assert np.array_equal(resumed.lower_bounds_, full.lower_bounds_)
+
+
+def test_a_resumed_log_holds_each_iteration_once_and_counts_passes_on(data, tmp_path):
+    """SIGINT then resume (issue 29): iterations.jsonl held the interrupted iteration twice (the
+    resume's record) and ``passes`` restarted at 0, so the report counted fewer data passes than
+    iterations. Now the log and ``n_passes_`` are those of the uninterrupted fit."""
+    kw = dict(n_components=6, covariance_type="diag", max_iter=12, tol=0.0, random_state=0,
+              checkpoint_every=100, learner="ncg")  # ncg: line searches, more than one pass per iteration
+    full_log, log = tmp_path / "full.jsonl", tmp_path / "run" / "iterations.jsonl"
+    with FitProgress(12, log_path=full_log, quiet=True) as bar:
+        full = VBMixture(**kw).fit(data, callback=bar)
+
+    def stop_at_5(info):
+        bar(info)
+        if info.get("iteration") == 5:
+            STOP(signal.SIGINT)
+
+    with FitProgress(12, log_path=log, quiet=True) as bar, stop_on_signals(), pytest.raises(FitInterrupted):
+        VBMixture(checkpoint_dir=str(tmp_path / "ck"), **kw).fit(data, callback=stop_at_5)
+    with FitProgress(12, log_path=log, quiet=True) as bar:
+        resumed = VBMixture(checkpoint_dir=str(tmp_path / "ck"), **kw).fit(data, callback=bar)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    want = [(r["iteration"], r["passes"]) for r in map(json.loads, full_log.read_text().splitlines())]
+    assert [(r["iteration"], r["passes"]) for r in records if "iteration" in r] == want
+    assert want[-1][1] > 12 and resumed.n_passes_ == full.n_passes_ == want[-1][1]
+    event = [r for r in records if "iteration" not in r]
+    assert [(r["event"], r["after_iteration"], r["passes"]) for r in event] == [("resumed", 5, want[4][1])]
+    from pipeline.report_curves import data_passes
+
+    x, how = data_passes(log.parent, {"elbo_history": list(resumed.lower_bounds_), "learner": "ncg"})
+    assert how == "engine passes from iterations.jsonl" and x.tolist() == [p for _, p in want]
 
 
 def _start_fit(store: str, run: Path) -> subprocess.Popen[bytes]:
