@@ -39,7 +39,7 @@ def ingest_source(source: str, out: str, appends_before: int, append: bool, over
         if rec.get("source") == str(source):
             logger.info("%s was already appended to %s by an earlier attempt", source, out)
             return {"source": source, "rows_written": int(rec["rows"]), "already_done": True}
-    with Progress(SpinnerColumn(), TextColumn("[bold]ingest {task.description}"),
+    with Progress(SpinnerColumn(), TextColumn("ingest {task.description}", style="bold", markup=False),
                   TextColumn("{task.completed:,} rows"), TaskProgressColumn(show_speed=True),
                   TimeElapsedColumn(), disable=quiet) as bar:
         t = bar.add_task(str(source), total=None)

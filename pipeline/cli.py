@@ -12,6 +12,7 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pipeline.cli_format import fit_table, install_help_formatting
 
@@ -72,7 +73,8 @@ app = _App(add_completion=False, no_args_is_help=True,
            context_settings={"help_option_names": ["-h", "--help"]},
            help="Variational Bayesian clustering of large feature stores. Errors are one line (exit 2: "
            "bad input, 1: environment); add --debug to see the traceback.")
-console = Console(width=110) if not Console().is_terminal else Console()
+# markup off: messages hold paths and values ('feats[v2].zarr', 'vbcluster[gpu]'), printed as they are
+console = Console(width=110, markup=False) if not Console().is_terminal else Console(markup=False)
 
 
 install_help_formatting()
@@ -142,7 +144,7 @@ def key_values(pairs: list[str]) -> dict[str, str]:
 
 
 def fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+    console.print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
     raise typer.Exit(code=exit_code(exc))
 
 
@@ -183,7 +185,7 @@ def ingest(
 
     try:
         check_input_file(source)  # an empty (0-byte) source file is named, not "Aborted."
-        with Progress(SpinnerColumn(), TextColumn("[bold]ingest {task.description}"),
+        with Progress(SpinnerColumn(), TextColumn("ingest {task.description}", style="bold", markup=False),
                       TextColumn("{task.completed:,} rows"), TaskProgressColumn(show_speed=True),
                       TimeElapsedColumn(), console=console,
                       disable=quiet) as bar:
@@ -367,7 +369,8 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
         console.print(f"the per-iteration bounds are minibatch estimates (last {last}, standard error); "
                       "the ELBO above is exact (one full pass)", soft_wrap=True)
     if (result.get("truncation") or {}).get("limit_hit"):
-        console.print(f"[bold yellow]warning:[/] {truncation_message(result['truncation'])}", soft_wrap=True)
+        warning = truncation_message(result["truncation"])
+        console.print(Text.assemble(("warning:", "bold yellow"), f" {warning}"), soft_wrap=True)
     console.print(f"wrote {run_dir}/result.json and {run_dir}/posterior.npz")
 
 
@@ -481,7 +484,7 @@ def check(
         fail(exc)
         return
     for w in caught:
-        console.print(f"[yellow]warning:[/yellow] {w.message}", soft_wrap=True)
+        console.print(Text.assemble(("warning:", "yellow"), f" {w.message}"), soft_wrap=True)
     if rep.nonfinite_rows:
         fail(ValueError(f"{store}: {rep.nonfinite_rows} rows of 'features' hold NaN/inf"))
     how = "checksums verified" if rep.checksummed else "no checksums: only presence and decoding checked"

@@ -60,6 +60,7 @@ def fit_table(spec: Any, result: dict[str, Any]) -> Table:
     """The summary of a fit: one row that fits 80 columns whole (no cell ends in '…'): no vertical
     rules, headers wrap at their spaces, every column at least as wide as its value."""
     from rich import box
+    from rich.text import Text
 
     from pipeline.report_curves import k_cell
 
@@ -69,7 +70,7 @@ def fit_table(spec: Any, result: dict[str, Any]) -> Table:
              "clusters found": str(result["n_effective"]),  # pipeline.runs.CLUSTERS_FOUND
              "ELBO (exact)": f"{result['elbo']:.6g}", "NMI": f"{m['nmi']:.3f}" if m else "-",
              "ACC": f"{m['acc']:.3f}" if m else "-", "seconds": f"{result['seconds']:.1f}"}
-    table = Table(title=f"vbcluster fit {spec.store}", title_justify="left", box=box.SIMPLE_HEAD,
+    table = Table(title=Text(f"vbcluster fit {spec.store}"), title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
     for header, value in cells.items():
         width = max(len(value), *(len(w) for w in header.split()))

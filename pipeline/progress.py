@@ -59,7 +59,8 @@ class FitProgress:
     def __enter__(self) -> FitProgress:
         if not self.quiet:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.description}", style="bold", markup=False),  # a run directory's name
+                BarColumn(), MofNCompleteColumn(),
                 TextColumn("ELBO {task.fields[elbo]}"), TextColumn("clusters found {task.fields[alive]}"),
                 TextColumn("{task.fields[rate]} s/iter"), TimeElapsedColumn(),
                 TextColumn("{task.fields[status]}"),
@@ -79,9 +80,9 @@ class FitProgress:
         if self._progress is not None:
             if self._stage is not None:
                 last, started = self._stage
-                self._progress.console.print(f"{last}: {now - started:.1f} s", soft_wrap=True)
+                self._progress.console.print(f"{last}: {now - started:.1f} s", soft_wrap=True, markup=False)
             if text != ITERATING:
-                self._progress.console.print(f"{text} ...", soft_wrap=True)
+                self._progress.console.print(f"{text} ...", soft_wrap=True, markup=False)
             self._progress.update(self._task, status=f"{text} ..." if text != ITERATING else "")
         self._stage = None if text == ITERATING else (text, now)
 
