@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from flows.ingest import ingest_flow
     from flows.runtime import dask_cluster
 
-    console = Console() if Console().is_terminal else Console(width=120)
+    console = Console(markup=False) if Console().is_terminal else Console(width=120, markup=False)
     import distributed  # noqa: F401 - configures its loggers on import; quieten them after that
 
     for name in list(logging.root.manager.loggerDict):

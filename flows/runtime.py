@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-console = Console(stderr=True)
+console = Console(stderr=True, markup=False)  # addresses and class names as they are
 
 
 @dataclass(frozen=True)
