@@ -73,8 +73,8 @@ PERSIST_MODES = ("auto", "always", "never")
 # The optional extra that installs each cluster package.
 EXTRAS = {"dask_jobqueue": "hpc", "dask_kubernetes": "k8s", "dask_cuda": "gpu"}
 
-# The default when no config is given; cluster_config/local.yaml holds the same settings (a test
-# keeps them equal), but is not installed with the package.
+# default_config()'s settings (a Dask cluster without a file; vbcluster without --cluster starts none);
+# cluster_config/local.yaml holds the same (a test keeps them equal), but is not installed with the package.
 DEFAULT_CONFIG: Mapping[str, Any] = MappingProxyType(
     {
         "cluster_class": "distributed.LocalCluster",
@@ -442,7 +442,8 @@ def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:
 
 
 def default_config() -> ClusterConfig:
-    """The built-in default: ``cluster_config/local.yaml`` (2 local worker processes, 1 thread each)."""
+    """``cluster_config/local.yaml``'s settings, built in (2 local worker processes, 1 thread each): a
+    Dask cluster without a file. Not what vbcluster uses without ``--cluster`` (the local engine)."""
     return ClusterConfig.from_dict(DEFAULT_CONFIG, source="<default: cluster_config/local.yaml>")
 
 

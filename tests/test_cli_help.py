@@ -77,6 +77,9 @@ def test_the_onnx_output_named_everywhere_is_the_one_the_export_makes():
         assert names == {"/classifier/classifier.4/Relu_output_0"}, (where, names)
     head = (root / "cluster_config/local.yaml").read_text().splitlines()[:3]
     assert "the default" not in head[0] and "Not the default" in head[1]
+    readme = " ".join((root / "cluster_config/README.md").read_text().split())
+    assert "Without a config, vbcluster starts no Dask cluster: the chunks run in its own process" in readme
+    assert "Without a config, vbcluster uses the settings of `local.yaml`" not in readme  # it said so
 
 
 def test_defaults_lists_both_faces_and_why_they_differ():
