@@ -331,6 +331,15 @@ def test_threshold_rule_prunes_exactly_the_sticks_under_thr():
         assert sorted(kept.tolist()) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="on must be"):
         prune_order(mm_sticks(nk, 1.0), 0.1, on="counts")
+    # the data's support keeps a cluster whose stick a step threw under the threshold, no other
+    sticks = mm_sticks(nk, nk.sum())
+    thrown = sticks.copy()
+    thrown[2] = 1e-6  # 900 rows, its stick stepped to almost 0
+    thr = default_threshold(sticks)
+    assert 2 not in prune_order(thrown, thr, on="weights").tolist()
+    share = nk / (nk.sum() + nk.sum())
+    kept = prune_order(thrown, thr, on="weights", support=share)
+    assert sorted(kept.tolist()) == [0, 1, 2, 3]
     rng = np.random.default_rng(2)
     for _ in range(20):  # any THR: exactly the sticks at or above it survive, by descending weight
         sticks = rng.uniform(0.0, 0.5, size=30) ** 3

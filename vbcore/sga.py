@@ -219,16 +219,22 @@ def mm_sticks(nk: np.ndarray, a0: float) -> np.ndarray:
 
 
 # ---- section 4.5: pruning and re-ordering ----------------------------------------------------------
-def prune_order(sticks: np.ndarray, threshold: float, on: str = "sticks") -> np.ndarray:
+def prune_order(sticks: np.ndarray, threshold: float, on: str = "sticks",
+                support: np.ndarray | None = None) -> np.ndarray:
     """Indices of the clusters kept, by descending mixture weight ``pi_k = v_k prod_{l<k} (1 - v_l)``
     (stable): those with ``E[v_k] >= threshold`` (``on="sticks"``, section 4.5's rule) or with
-    ``pi_k >= threshold`` (``on="weights"``, the default rule, :func:`default_threshold`). At least one
-    cluster (the largest stick) is always kept. Use :func:`reorder` to move a point to this order: its
-    sticks must be re-derived."""
+    ``pi_k >= threshold`` (``on="weights"``, the default rule, :func:`default_threshold`); with
+    ``support`` (weights the data give the clusters, e.g. the shares of a minibatch's counts), a
+    cluster is kept when either its weight or its support reaches the threshold. At least one
+    cluster (the largest stick) is always kept. Use :func:`reorder` to move a point to this order:
+    its sticks must be re-derived."""
     if on not in ("sticks", "weights"):
         raise ValueError(f"prune_order: on must be 'sticks' or 'weights', got {on!r}")
     weights = log_stick_weights(sticks)
-    keep = np.flatnonzero((sticks if on == "sticks" else np.exp(weights)) >= threshold)
+    values = sticks if on == "sticks" else np.exp(weights)
+    if support is not None:
+        values = np.maximum(values, support)
+    keep = np.flatnonzero(values >= threshold)
     if keep.size == 0:
         keep = np.array([int(np.argmax(sticks))])
     return keep[np.argsort(-weights[keep], kind="stable")]

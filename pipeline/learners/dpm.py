@@ -172,19 +172,26 @@ class DPPointLearner(Learner):
             raise ConfigError(f"learner option 'prune_threshold' of {cls.name!r} must be in [0, 1), "
                               f"got {thr!r}")
 
-    def prune_kept(self, sticks: np.ndarray) -> np.ndarray:
+    def prune_kept(self, sticks: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
         """The clusters kept by the threshold rule (:func:`vbcore.sga.prune_order`'s order). With the
         option ``prune_threshold`` set, Lim & Jiang 2024 section 4.5's rule ``E[v_k] >= THR``; by
         default a mixture weight of at least :func:`vbcore.sga.default_threshold` of the first pruning
         (the start), kept for the whole fit (checkpointed): a threshold that followed the largest
         cluster as clusters go would prune again after every pruning (SGA+M's momentum inflated the
-        largest cluster and took Fashion-MNIST from 36 clusters to 2, docs/decisions.md)."""
+        largest cluster and took Fashion-MNIST from 36 clusters to 2, docs/decisions.md). ``counts``
+        (the rows the data give each cluster, estimated from a minibatch) also keep a cluster under
+        the default rule when their share ``n_k / (N + a0)`` (MM's weight of those counts) reaches the
+        threshold: a stick step that overshoots does not prune a cluster that holds rows."""
         thr = self.opts.get("prune_threshold")
         if thr is not None:
             return prune_order(sticks, float(thr))
         if self.thr is None:
             self.thr = default_threshold(sticks)
-        return prune_order(sticks, self.thr, on="weights")
+        support = None
+        if counts is not None:
+            counts = np.asarray(counts, dtype=np.float64)
+            support = counts / (counts.sum() + self.a0)
+        return prune_order(sticks, self.thr, on="weights", support=support)
 
     def threshold_state(self) -> dict[str, np.ndarray]:
         return {} if self.thr is None else {"prune_threshold": np.array([self.thr])}
@@ -247,7 +254,7 @@ class DPPointLearner(Learner):
 
     # -- state
     def _set(self, point: DPPoint, counts: np.ndarray) -> None:
-        order = self.prune_kept(point.sticks)
+        order = self.prune_kept(point.sticks, counts)
         self.point = reorder(point, order)
         self.counts = np.asarray(counts, dtype=np.float64)[order]
         self._reorder(order)
