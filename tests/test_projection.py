@@ -13,7 +13,7 @@ from pipeline.sources import ArraySource, StoreSource
 from pipeline.store import FeatureStore
 from tests._reference import planted_blobs, same_fit_bits
 from vbcore.errors import ConfigError, InputError
-from vbcore.projection import RowMoments, fit_projection, row_moments
+from vbcore.projection import BLOCK_ROWS, RowMoments, fit_projection, row_moments
 
 F64 = 1e-10  # the named tolerance of float64 results against NumPy
 F32 = 1e-6  # float32 rows: float32 GEMMs summed in float64
@@ -51,6 +51,25 @@ def test_moments_of_float32_rows():
     m = data_moments(LocalEngine(threads=1), ArraySource(X, 512))
     cov = np.cov(X.astype(np.float64).T)
     assert np.abs(m.covariance() - cov).max() <= F32 * np.abs(cov).max()
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, F32), (np.float64, 1e-12)])
+def test_syrk_scatter_equals_the_plain_product(dtype, tol):
+    """The BLAS path (SYRK blocks of BLOCK_ROWS rows, centred a few rows at a time, the triangle
+    mirrored) against ``xc.T @ xc`` in float64 over more than two blocks and a partial one."""
+    X = _skewed(n=2 * BLOCK_ROWS + 123, d=300, offset=50.0).astype(dtype)
+    m = row_moments(X, X[0].astype(np.float64))
+    X64 = X.astype(np.float64)
+    xc = X64 - X64.mean(axis=0)
+    ref = xc.T @ xc
+    assert m.scatter.dtype == np.float64 and m.scatter.flags.c_contiguous
+    assert np.abs(m.scatter - ref).max() <= tol * np.abs(ref).max()
+    assert np.abs(m.mean - X64.mean(axis=0)).max() <= tol * 50.0
+    # the local engine's in-place merge gives the merge's bits
+    a, b = row_moments(X[:5000], X[0]), row_moments(X[5000:], X[0])
+    merged, owned = a.merge(b), row_moments(X[:5000], X[0]).merge_owned(b)
+    assert np.array_equal(merged.scatter, owned.scatter) and np.array_equal(merged.mean, owned.mean)
+    assert np.abs(merged.scatter - ref).max() <= tol * np.abs(ref).max()
 
 
 def test_merge_is_the_pairwise_update_and_empty_parts_are_neutral():

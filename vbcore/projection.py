@@ -12,9 +12,11 @@ Three pieces, each usable alone:
 * :class:`Projection` -- ``(x - mean) @ W`` on a chunk, one GEMM in the data's dtype (float32 data:
   a float32 GEMM), in the chunk's array namespace (NumPy or CuPy).
 
-Float32 rows are centred in float64 and multiplied with float32 GEMMs of at most ``BLOCK_ROWS`` rows,
-each block's product summed into float64 (the project's rule: float32 GEMMs, float64 accumulators);
-float64 rows use float64 GEMMs.
+Float32 rows are centred in float64 and multiplied with float32 products of at most ``BLOCK_ROWS``
+rows, each block's product summed into float64 (the project's rule: float32 GEMMs, float64
+accumulators); float64 rows use float64 products. On NumPy rows each product is a BLAS SYRK (the
+upper triangle: half a GEMM's flops) into reused buffers, so the pass costs what its ``N D^2``
+flops cost; other array namespaces (CuPy) use ``xc.T @ xc``.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.blas
 
 from vbcore.errors import ConfigError, InputError
 from vbcore.validation import check_finite
 
 Array = Any
 
-#: rows per float32 GEMM of a chunk's scatter; each block's product is added in float64
+#: rows per float32 SYRK of a chunk's scatter; each block's product is added in float64
 BLOCK_ROWS = 4096
+#: bytes of the float64 scratch in which rows are centred (small enough to stay in cache)
+SCRATCH_BYTES = 1 << 20
 #: keys of a projection in a saved run (``posterior.npz``) or a checkpoint
 KEYS = ("projection_mean", "projection_components", "projection_variances", "projection_whiten",
         "projection_n_rows")
@@ -64,6 +69,14 @@ class RowMoments:
 
     def merge(self, other: RowMoments) -> RowMoments:
         """The moments of both sets (Chan et al. 1979, the pairwise update)."""
+        return self._merged(other, None)
+
+    def merge_owned(self, other: RowMoments) -> RowMoments:
+        """:meth:`merge` adding into ``self.scatter`` (the same bits, no new D x D array): only for
+        moments nothing else holds (the local engine's reduction)."""
+        return self._merged(other, self.scatter)
+
+    def _merged(self, other: RowMoments, out: np.ndarray | None) -> RowMoments:
         if self.n == 0:
             return other
         if other.n == 0:
@@ -71,8 +84,8 @@ class RowMoments:
         n = self.n + other.n
         delta = other.offset - self.offset
         offset = self.offset + delta * (other.n / n)
-        scatter = self.scatter + other.scatter
-        scatter += np.outer(delta, delta * (self.n * other.n / n))
+        scatter = np.add(self.scatter, other.scatter, out=out)
+        _add_outer(scatter, delta, delta * (self.n * other.n / n))
         return RowMoments(n, self.shift, offset, scatter)
 
     def covariance(self) -> np.ndarray:
@@ -119,14 +132,76 @@ def row_moments(x: Array, shift: np.ndarray) -> RowMoments:
     # a first mean, then the sums of the rows centred on it: the (naive) column sums' rounding
     # does not reach the mean, and the scatter is summed over centred rows
     guess = (xp.sum(x, axis=0, dtype=xp.float64) - n * s) / n
+    if xp is np:
+        residual, scatter = _centred_scatter_blas(x, shift, guess)
+        _add_outer(scatter, -residual, residual / n)  # the scatter about the corrected mean
+        return RowMoments(n, shift, guess + residual / n, scatter)
     scatter, residual = xp.zeros((d, d), dtype=xp.float64), xp.zeros(d, dtype=xp.float64)
     for start in range(0, n, BLOCK_ROWS):
         xc = (xp.astype(x[start:min(start + BLOCK_ROWS, n), :], xp.float64) - s) - guess
         residual += xp.sum(xc, axis=0)
         xc = xp.astype(xc, x.dtype, copy=False)
-        scatter += xp.astype(xp.matrix_transpose(xc) @ xc, xp.float64)  # a SYRK in the data's dtype
+        scatter += xp.astype(xp.matrix_transpose(xc) @ xc, xp.float64)  # a GEMM in the data's dtype
     scatter -= residual[:, None] * (residual / n)[None, :]  # the scatter about the corrected mean
     return RowMoments(n, shift, to_numpy(guess + residual / n), to_numpy(scatter))
+
+
+def _centred_scatter_blas(x: np.ndarray, shift: np.ndarray,
+                          guess: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy rows: ``sum_n xc_n`` and ``sum_n xc_n xc_n^T`` of ``xc = (x - shift) - guess``.
+
+    Each block of :data:`BLOCK_ROWS` rows is centred in float64 a few rows at a time (a scratch that
+    stays in cache), written once in the data's dtype into a reused buffer, and multiplied by a BLAS
+    SYRK (``ssyrk`` for float32 rows, ``dsyrk`` for float64: the upper triangle only, half a GEMM's
+    flops) whose product is added into a float64 accumulator; the triangle is mirrored once at the end.
+    """
+    n, d = x.shape
+    dtype = x.dtype
+    rows = min(BLOCK_ROWS, n)
+    block = np.empty((rows, d), dtype=dtype)  # block.T is (D, rows) in Fortran order: SYRK's A
+    acc = np.zeros((d, d), dtype=np.float64, order="F")  # the upper triangle is summed
+    single = dtype == np.float32
+    product = np.zeros((d, d), dtype=np.float32, order="F") if single else acc
+    scratch = np.empty((max(1, SCRATCH_BYTES // (8 * d)), d), dtype=np.float64)
+    residual = np.zeros(d, dtype=np.float64)
+    syrk = scipy.linalg.blas.ssyrk if single else scipy.linalg.blas.dsyrk
+    for start in range(0, n, rows):
+        m = min(rows, n - start)
+        for i in range(0, m, len(scratch)):
+            j = min(i + len(scratch), m)
+            t = scratch[:j - i]
+            np.subtract(x[start + i:start + j], shift, out=t)
+            np.subtract(t, guess, out=t)
+            residual += np.sum(t, axis=0)
+            block[i:j] = t  # float32 rows: rounded once, as the float32 GEMM sees them
+        # product = A A^T with A = block[:m].T (D x m): the scatter of the block's rows
+        out = syrk(1.0, block[:m].T, beta=1.0 if product is acc else 0.0, c=product, trans=0,
+                   lower=0, overwrite_c=1)
+        if not np.shares_memory(out, product):  # pragma: no cover - SciPy copies only a wrong layout
+            raise RuntimeError("the SYRK did not write into its output buffer")
+        if single:
+            acc += product
+    return residual, _mirror_upper(acc)
+
+
+def _mirror_upper(acc: np.ndarray) -> np.ndarray:
+    """The symmetric matrix whose upper triangle is that of the Fortran-ordered ``acc`` (C order,
+    in ``acc``'s memory: its transpose's lower triangle is copied above the diagonal, in row blocks)."""
+    m = acc.T  # C order; m's lower triangle holds acc's upper one
+    d, step = m.shape[0], 256
+    for i in range(0, d, step):
+        j = min(i + step, d)
+        diag = m[i:j, i:j]
+        diag[...] = np.tril(diag) + np.tril(diag, -1).T
+        m[i:j, j:] = m[j:, i:j].T
+    return m
+
+
+def _add_outer(a: np.ndarray, u: np.ndarray, v: np.ndarray) -> None:
+    """``a += outer(u, v)`` in place, a row block at a time (no D x D temporary; the same bits)."""
+    step = max(1, SCRATCH_BYTES // (8 * max(len(v), 1)))
+    for i in range(0, len(u), step):
+        a[i:i + step] += np.outer(u[i:i + step], v)
 
 
 @dataclass(frozen=True)
