@@ -1,17 +1,25 @@
-"""The projection pass (``--pca``) against VB EM iterations on the same store, in one run.
+"""The projection pass (``--pca``) against VB EM iterations at K components on the same store, in one run.
 
 Issue 25's target: on the 108,754 x 4096 synthetic store, the pass that computes the projection
 (read every chunk, its mean and centred D x D scatter, the merges, the eigendecomposition) costs at
-most 1.5 VB EM iterations there. Both are measured here on the same engine, one after the other:
+most 1.5 VB EM iterations there. Both are measured here on the same engine (in-process, its default
+threads), one after the other:
 
-* ``projection``: :func:`pipeline.projection.projection_pass`, streamed as in a fit;
-* ``vbem``: the seconds of each iteration of a VB EM fit of the raw store (K components, diag,
-  DP weights, rows from ``random_from_data``), with the exact E-step (``candidates=0``) and with
-  the default truncated one; ``--persist never`` streams the store in every pass as the
-  projection pass does (out of core), ``always`` keeps the prepared chunks in memory.
+* ``projection``: :func:`pipeline.projection.projection_pass`, streamed as in a fit (``N D^2`` flops:
+  a SYRK per block of rows);
+* ``vbem``: each iteration of a VB EM fit of the raw store (diag, DP weights) that still has all K
+  components: started from ``k-means++-projected`` (seeds among the rows, not collapsing ones) with
+  pruning off (``prune_below=0``), checked from the iterations' ``n_components``; with the exact
+  E-step (``candidates=0``) and with the default, truncated one. ``--persist never`` (the default)
+  streams the store in every pass as the projection pass does (out of core); ``always`` keeps the
+  prepared chunks in memory (then an iteration reads nothing from disk).
 
-Run ``python bench/bench_projection.py --store /work/scratch/sun.zarr`` (``make bench`` runs it when
-the store exists). Prints one JSON object; the ratios are what count on a shared machine.
+An iteration's CPU seconds are this process's between two callbacks (its whole work, driver
+included); iteration 1 is left out (the truncated E-step's first one scores every cluster).
+``--parts`` also times the pass's parts (reads, moments, merges, eigh) one chunk at a time on one
+thread. Run ``python bench/bench_projection.py --store /work/scratch/sun.zarr --parts`` (``make
+bench`` runs it on its synthetic store). Prints one JSON object; on a shared machine the ratios are
+what count.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 import warnings
@@ -28,31 +37,76 @@ def _load() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
+def _usage() -> tuple[float, float, float]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), r.ru_utime, r.ru_stime
+
+
 def vbem_iterations(store: str, k: int, iters: int, persist: str,
-                    candidates: int | None) -> tuple[list[float], list[float]]:
-    """Wall seconds of each VB EM iteration (the callback's ``seconds``: the iteration alone) and
-    this process's CPU seconds between the callbacks (the first from the end of the setup)."""
+                    candidates: int | None) -> dict[str, list[float]]:
+    """Wall seconds of each VB EM iteration (the callback's ``seconds``: the iteration alone), this
+    process's CPU seconds between the callbacks (the first: NaN) and each iteration's components."""
     from sklearn.exceptions import ConvergenceWarning
 
     from pipeline import VBMixture
 
     seconds: list[float] = []
     cpu: list[float] = []
+    components: list[float] = []
     marks: list[float] = []
 
     def note(info: dict[str, object]) -> None:
+        if "iteration" not in info:
+            return
         now = time.process_time()
         cpu.append(now - marks[-1] if marks else float("nan"))
         marks.append(now)
         seconds.append(float(info["seconds"]))  # type: ignore[arg-type]
+        components.append(float(info["n_components"]))  # type: ignore[arg-type]
 
-    opts = None if candidates is None else {"candidates": candidates}
-    model = VBMixture(k, covariance_type="diag", init_params="random_from_data", max_iter=iters, tol=0.0,
-                      random_state=0, persist=persist, learner_options=opts)
+    opts: dict[str, object] = {"prune_below": 0.0}  # K stays K: no component is dropped
+    if candidates is not None:
+        opts["candidates"] = candidates
+    model = VBMixture(k, covariance_type="diag", init_params="k-means++-projected", max_iter=iters,
+                      tol=0.0, random_state=0, persist=persist, learner_options=opts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(store, callback=note)
-    return seconds, cpu
+    return {"seconds": seconds, "cpu": cpu, "components": components}
+
+
+def pass_parts(store: str, pca: int) -> dict[str, list[float]]:
+    """The pass's parts, one chunk at a time on one thread: [user, sys] CPU seconds of the chunks'
+    reads (decode and checksum), their moments (centring and SYRKs), the merges, the eigh."""
+    import numpy as np
+
+    from pipeline.blas import one_blas_thread
+    from pipeline.engine import tree_reduce
+    from pipeline.sources import StoreSource
+    from vbcore.projection import fit_projection, row_moments
+
+    src = StoreSource(store)
+    parts = {"read": [0.0, 0.0], "moments": [0.0, 0.0], "merges": [0.0, 0.0], "eigh": [0.0, 0.0]}
+
+    def timed(name: str, f: object) -> object:
+        _, u, s = _usage()
+        out = f()  # type: ignore[operator]
+        _, u2, s2 = _usage()
+        parts[name][0] += u2 - u
+        parts[name][1] += s2 - s
+        return out
+
+    with one_blas_thread():
+        shift = np.asarray(src.load(0)[0], dtype=np.float64)
+        res = []
+        for i in range(len(src.chunk_slices())):
+            x = timed("read", lambda i=i: src.load(i))
+            res.append(timed("moments", lambda x=x: row_moments(x, shift)))
+            del x
+        moments = timed("merges", lambda: tree_reduce(res, lambda a, b: a.merge_owned(b)))
+        eps = float(np.finfo(np.float32).eps)
+        timed("eigh", lambda: fit_projection(moments, pca, False, eps=eps))  # type: ignore[arg-type]
+    return {k: [round(v, 2) for v in u_s] for k, u_s in parts.items()}
 
 
 def main() -> None:
@@ -63,31 +117,45 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3, help="iterations per fit (>= 2)")
     ap.add_argument("--persist", default="never", choices=("never", "always"))
     ap.add_argument("--skip-truncated", action="store_true")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time the pass's parts, one chunk at a time on one thread")
     args = ap.parse_args()
+    if args.iters < 2:
+        ap.error("--iters must be at least 2 (the first iteration is not timed)")
 
+    from pipeline.blas import blas_libraries
     from pipeline.engine import LocalEngine
     from pipeline.projection import projection_pass
     from pipeline.sources import StoreSource
 
     src = StoreSource(args.store)
-    out: dict[str, object] = {"store": args.store, "shape": [src.n_rows, src.n_features], "pca": args.pca,
-                              "k": args.components, "persist": args.persist, "load_before": _load()}
-    t, c = time.perf_counter(), time.process_time()
-    proj = projection_pass(LocalEngine(), src, args.pca, False)
-    out["projection_s"] = round(time.perf_counter() - t, 2)
-    out["projection_cpu_s"] = round(time.process_time() - c, 2)
-    out["explained_variance"] = round(float(proj.variances.sum()), 4)
-    out["load_after_projection"] = _load()
+    engine = LocalEngine()
+    n, d = src.n_rows, src.n_features
+    out: dict[str, object] = {"store": args.store, "shape": [n, d], "pca": args.pca, "k": args.components,
+                              "persist": args.persist, "threads": engine.threads, "load_before": _load()}
+    t0, u0, s0 = _usage()
+    proj = projection_pass(engine, src, args.pca, False)
+    t1, u1, s1 = _usage()
+    wall, cpu = t1 - t0, (u1 - u0) + (s1 - s0)
+    out.update(projection_s=round(wall, 2), projection_cpu_s=round(cpu, 2),
+               projection_user_s=round(u1 - u0, 2), projection_sys_s=round(s1 - s0, 2),
+               projection_gflops_per_cpu_s=round(n * d * (d + 1) / cpu / 1e9, 1),
+               explained_variance=round(float(proj.variances.sum()), 4), load_after_projection=_load(),
+               blas=blas_libraries())
+    if args.parts:
+        out["projection_parts_user_sys_s"] = pass_parts(args.store, args.pca)
+        out["load_after_parts"] = _load()
     runs = {"exact": 0} if args.skip_truncated else {"exact": 0, "truncated": None}
     for name, cand in runs.items():
-        secs, cpu = vbem_iterations(args.store, args.components, args.iters, args.persist, cand)
-        # iterations after the first: the CPU seconds between two callbacks are one iteration's
-        # (and the truncated E-step's first iteration scores every cluster)
-        typical, typical_cpu = statistics.median(secs[1:]), statistics.median(cpu[1:])
-        out[f"vbem_{name}_iteration_s"] = [round(s, 2) for s in secs]
-        out[f"vbem_{name}_iteration_cpu_s"] = [round(s, 2) for s in cpu[1:]]
-        out[f"projection_over_{name}_iteration"] = round(float(out["projection_s"]) / typical, 3)
-        out[f"projection_over_{name}_iteration_cpu"] = round(float(out["projection_cpu_s"]) / typical_cpu, 3)
+        it = vbem_iterations(args.store, args.components, args.iters, args.persist, cand)
+        typical, typical_cpu = statistics.median(it["seconds"][1:]), statistics.median(it["cpu"][1:])
+        out[f"vbem_{name}_iteration_s"] = [round(s, 2) for s in it["seconds"]]
+        out[f"vbem_{name}_iteration_cpu_s"] = [round(s, 2) for s in it["cpu"][1:]]
+        out[f"vbem_{name}_components"] = [int(c) for c in it["components"]]
+        if min(it["components"][1:]) < args.components:
+            out[f"vbem_{name}_warning"] = "components were dropped: the iterations are not at K"
+        out[f"projection_over_{name}_iteration"] = round(wall / typical, 3)
+        out[f"projection_over_{name}_iteration_cpu"] = round(cpu / typical_cpu, 3)
         out[f"load_after_{name}"] = _load()
         print(json.dumps(out), flush=True)
     print(json.dumps(out, indent=1))

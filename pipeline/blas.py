@@ -80,3 +80,13 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def blas_libraries() -> list[str]:
+    """The BLAS libraries loaded in this process, one line each: implementation, version, the kernel
+    it chose for this CPU (OpenBLAS's core type) and its threads (benchmarks print it next to timings)."""
+    from threadpoolctl import threadpool_info
+
+    return [f"{i['internal_api']} {i.get('version')} kernel={i.get('architecture')} "
+            f"threads={i['num_threads']} ({os.path.basename(i['filepath'])})"
+            for i in threadpool_info() if i.get("user_api") == "blas"]

@@ -44,7 +44,11 @@ def projection_pass(engine: Any, source: Any, n_components: int, whiten: bool) -
     check_pca(int(n_components), source.n_features, source.n_rows)
     moments = data_moments(engine, source)
     eps = float(np.finfo(np.float32 if np.dtype(source.dtype) == np.float32 else np.float64).eps)
-    return fit_projection(moments, int(n_components), bool(whiten), eps=eps)
+    # one BLAS thread, as the chunk kernels: eigenvectors whose bits do not depend on the driver's
+    # cores (and on a busy 2-core machine LAPACK's eigh at D = 4096 took 7 CPU s on one thread,
+    # 20 on two)
+    with one_blas_thread():
+        return fit_projection(moments, int(n_components), bool(whiten), eps=eps)
 
 
 def check_projection(projection: Projection, n_features: int, pca: int | None, whiten: bool,
