@@ -244,7 +244,7 @@ def fit(
     mean_precision_prior: float | None = typer.Option(None, help=spec_help("mean_precision_prior")),
     degrees_of_freedom_prior: float | None = typer.Option(None, help=spec_help("degrees_of_freedom_prior")),
     priors: str | None = typer.Option(None, help=spec_help("priors")),
-    grow: bool = typer.Option(False, "--grow", help="Grow the truncation from -k (vbem; experimental)."),
+    grow: bool | None = typer.Option(None, "--grow/--no-grow", help=spec_help("grow")),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
@@ -270,7 +270,7 @@ def fit(
                          fixed_variance=fixed_variance, weight_concentration_prior=weight_concentration_prior,
                          mean_precision_prior=mean_precision_prior, reg_covar=reg_covar, cluster=cluster,
                          degrees_of_freedom_prior=degrees_of_freedom_prior, chunk_rows=chunk_rows,
-                         priors=priors, grow=True if grow else None, max_components=max_components,
+                         priors=priors, grow=grow, max_components=max_components,
                          keep=keep, checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                          learner_options=key_values(learner_option), pca=pca, whiten=whiten or None)
     except VBClusterError as exc:

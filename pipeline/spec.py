@@ -58,9 +58,9 @@ class FitSpec:
     components: int = _s(50, "K: number of components (the starting truncation of the Dirichlet process, "
                          "which vbem grows while the fit uses nearly all of it; see grow).",
                          "int", estimator="n_components", sklearn=1, minimum=1, flag="--components/-k")
-    grow: bool = _s(False, "Grow the truncation (vbem, DP weights) while the fit ends with nearly every "
+    grow: bool = _s(True, "Grow the truncation (vbem, DP weights) while the fit ends with nearly every "
                     "component in use, up to max_components.", "bool", estimator="grow", sklearn=False,
-                    flag="--grow")
+                    flag="--grow/--no-grow")
     max_components: int | None = _s(None, "Upper limit of the truncation when it grows; default: "
                                     "max(4 K, 1024), at most the number of rows.", "int",
                                     estimator="max_components", minimum=1)
@@ -75,9 +75,9 @@ class FitSpec:
                     sklearn=1e-3, minimum=0, identity=False)
     seed: int | None = _s(0, "Random seed (drives every random draw of the fit).", "int",
                           estimator="random_state", sklearn=None, minimum=0, nullable=True)
-    init: str = _s("kmeans", "kmeans | k-means++ | random | random_from_data | k-means++-projected "
-                   "(seeds among sample rows, nearest seed in a 256-dimensional projection; no Lloyd "
-                   "iterations).", "str", estimator="init_params", sklearn="kmeans",
+    init: str = _s("k-means++-projected", "k-means++-projected (seeds among sample rows, nearest seed "
+                   "in a 256-dimensional projection; no Lloyd iterations) | kmeans | k-means++ | random | "
+                   "random_from_data.", "str", estimator="init_params", sklearn="kmeans",
                    choices=INIT_METHODS)
     n_init: int = _s(1, "Restarts; the one with the best ELBO is kept.", "int", estimator="n_init",
                      minimum=1)
@@ -106,7 +106,7 @@ class FitSpec:
     covariance_prior: Any = _s(None, "Covariance prior; default: the data covariance (sklearn), nu0 "
                                "times it (empirical; held: a prior variance equal to the data's).", "array",
                                estimator="covariance_prior")
-    priors: str = _s("sklearn", "How unset priors are filled: empirical (nu0 = 2 for diag and spherical, "
+    priors: str = _s("empirical", "How unset priors are filled: empirical (nu0 = 2 for diag and spherical, "
                      "alpha0 = 1 for the DP, a prior variance equal to the data's, beta0 re-estimated "
                      "from the bound between iterations) | sklearn (scikit-learn's: alpha0 = 1/K, nu0 = D, "
                      "fixed).",
