@@ -167,7 +167,7 @@ def test_conflicting_append_is_refused_and_writes_nothing(tmp_path):
     assert FeatureStore.open(out).n_rows == 100
     res = CliRunner().invoke(app, ["ingest", str(tmp_path / "x.npy"), "--out", str(out), "--append",
                                    "--allow-duplicate", "--normalize", "none", "-q"])
-    assert res.exit_code != 0
+    assert res.exit_code == 2  # bad input
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "error:" in lines[0] and "--normalize 'none'" in lines[0], res.output
     with pytest.raises(ConfigError, match=r"--normalize \(normalize=\) must be one of none, l2, power-l2"):

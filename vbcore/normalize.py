@@ -3,9 +3,9 @@
 * ``'none'``: the rows as they are;
 * ``'l2'``: each row divided by its Euclidean norm;
 * ``'power-l2'``: power normalisation ``x -> sign(x) |x|^0.5`` of every value, then the row divided
-  by its Euclidean norm (Perronnin, Sanchez & Mensink 2010, "Improving the Fisher kernel for
-  large-scale image classification"; docs/references.md). On pooled ReLU features it evens out
-  a few large activations against many small ones.
+  by its Euclidean norm (Perronnin et al. 2010, "Improving the Fisher kernel for large-scale
+  image classification"; docs/references.md). On pooled ReLU features it evens out a few large
+  activations against many small ones.
 
 The arithmetic is float64 whatever the input (the result is cast once, at the end), in row blocks
 so that memory stays at a few blocks. **An all-zero row stays all zeros** (its norm is 0: it is not
