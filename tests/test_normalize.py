@@ -64,6 +64,9 @@ def test_zero_rows_stay_zero_and_no_nan():
     np.testing.assert_allclose(normalize_rows(X, "l2")[1], [0.6, 0.0, 0.8], rtol=1e-7)
     np.testing.assert_array_equal(normalize_rows(X, "none"), X)
     assert normalize_rows(np.array([[1, 0], [0, 0]]), "l2").dtype == np.float64  # integers: float64
+    import vbcore
+
+    assert vbcore.normalize_rows is normalize_rows  # the package's public name
 
 
 def test_bad_method_and_shape_are_one_line_errors():
