@@ -164,6 +164,9 @@ def ingest(
                                         "(counted) instead of failing."),
     allow_duplicate: bool = typer.Option(False, "--allow-duplicate", help="Append a source the store "
                                          "already holds (same source fingerprint); refused otherwise."),
+    normalize: str | None = typer.Option(None, "--normalize", metavar="none|l2|power-l2",
+                                         help="Rows of a new store made unit length (l2), after sign(x)|x|^0.5 "
+                                         "(power-l2); recorded, every append applies it. Default: none."),
     rows: int | None = typer.Option(None, help="synthetic: number of rows."),
     dim: int | None = typer.Option(None, help="synthetic: number of features."),
     classes: int | None = typer.Option(None, help="synthetic: number of classes."),
@@ -193,7 +196,7 @@ def ingest(
             report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
                                 overwrite=overwrite, drop_nonfinite=drop_nonfinite,
                                 allow_duplicate=allow_duplicate, progress=lambda n: bar.advance(t, n),
-                                weights=weights, **opts)
+                                weights=weights, normalize=normalize, **opts)
     except (VBClusterError, OSError) as exc:
         fail(exc)
         return

@@ -48,7 +48,7 @@ from pipeline.image_sources import ImageSet, is_image_source, label_codes, list_
 from pipeline.image_store import Batch, append_store, create_store, read_manifest
 from pipeline.ingest import IngestReport
 from pipeline.ingest.plan import as_int
-from pipeline.ingest.writer import check_target
+from pipeline.ingest.writer import check_target, store_normalization
 from pipeline.store import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError, VBClusterError
 
@@ -220,7 +220,7 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
                   labels: str | None = None, ids: str | None = None, append: bool = False,
                   drop_nonfinite: bool = False, overwrite: bool = False, compression_level: int = 1,
                   batch_chunks: int = 1, progress: Callable[[int], None] | None = None,
-                  **options: Any) -> ExtractReport:
+                  normalize: str | None = None, **options: Any) -> ExtractReport:
     """Extract the images of ``source`` into the store ``out`` (see the module docstring).
 
     Parameters are those of :func:`pipeline.ingest.ingest`; ``progress(n)`` is called with the
@@ -232,6 +232,7 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
     out = Path(out)
     st = _settings(options)
     check_target(out, append, overwrite)
+    normalize = store_normalization(out, append, normalize)  # an append: the store's
     if ids is not None:
         raise ConfigError("an image source's ids are the images' relative paths; leave ids unset")
     images = list_images(source, labels)
@@ -267,7 +268,8 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
                                     skipped)
                        if append else
                        create_store(out, blocks, str(source), chunk_rows, batch_chunks, drop_nonfinite,
-                                    compression_level, ext, params, lab, images, todo, skipped))
+                                    compression_level, ext, params, lab, images, todo, skipped,
+                                    normalize))
     except VBClusterError:
         shutil.rmtree(work, ignore_errors=True)  # a bad image or setting: the listing will change
         raise

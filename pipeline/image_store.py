@@ -65,13 +65,14 @@ def _remove_store(root: Path) -> None:
 
 def create_store(out: Path, blocks: Iterator[Batch], source: str, chunk_rows: int, batch_chunks: int,
             drop: bool, level: int, ext: FeatureExtractor, params: dict[str, Any], labels: bool,
-            images: ImageSet, todo: list[int], skipped: list[str]) -> int:
-    """Build the store at a temporary sibling path and move it into place once complete."""
+            images: ImageSet, todo: list[int], skipped: list[str], normalize: str = "none") -> int:
+    """Build the store at a temporary sibling path and move it into place once complete; ``normalize``:
+    its row normalisation (:mod:`vbcore.normalize`)."""
     tmp = leftovers.make_temp(out)  # .OUT.tmp-<random>, its writer recorded (pipeline.leftovers)
     try:
         store = FeatureStore.create(tmp, ext.n_features, chunk_rows=chunk_rows, labels=labels, ids="str",
                                     source=source, extractor=ext.name, extractor_params=params,
-                                    compression_level=level)
+                                    compression_level=level, normalize=normalize)
         size = chunk_rows * batch_chunks
         written = store.append_batches(aligned(blocks, size, size), source=source,
                                        on_nonfinite="drop" if drop else "raise")

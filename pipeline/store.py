@@ -2,9 +2,10 @@
 optional ``labels`` (int64), ``ids`` (int64 or strings) and ``weights`` (float64 row weights, >= 0).
 
 Group attributes: ``format``, ``schema_version``, ``n_rows``, ``n_features``, ``chunk_rows``,
-``source``, ``extractor``, ``extractor_params``, ``fingerprint`` (a sha256 chained over every
-append), ``appends`` (one record per append; ingest adds the ``source_fingerprint``), ``created``
-and ``checksums`` (``crc32c``). Every chunk
+``source``, ``extractor``, ``extractor_params``, ``normalize`` (the row normalisation every append
+applies, :mod:`vbcore.normalize`; ``'none'`` when absent), ``fingerprint`` (a sha256 chained over
+every append), ``appends`` (one record per append; ingest adds the ``source_fingerprint``),
+``created`` and ``checksums`` (``crc32c``). Every chunk
 ends with its CRC-32C; :attr:`FeatureStore.fingerprint` of such a store derives from the chunk
 checksums, found when it is opened (see :mod:`pipeline.integrity`).
 
@@ -55,8 +56,9 @@ import zarr
 from pipeline import integrity, leftovers
 from pipeline import store_journal as journal
 from pipeline.store_journal import AppendLock, journal_paths
-from vbcore.errors import InputError, StoreError
+from vbcore.errors import ConfigError, InputError, StoreError
 from vbcore.limits import check_magnitude
+from vbcore.normalize import check_normalization, normalize_rows
 from vbcore.validation import check_finite, check_layout, check_weights, row_is_finite
 
 FORMAT = "vbcluster-feature-store"
@@ -81,11 +83,12 @@ def _now() -> str:
 
 
 def check_rows(X: Any, n_features: int | None, where: str, first_row: int = 0,
-               on_nonfinite: str = "raise") -> tuple[np.ndarray, np.ndarray | None]:
+               on_nonfinite: str = "raise", normalize: str = "none") -> tuple[np.ndarray, np.ndarray | None]:
     """Validate a batch of rows for a store: 2-D, numeric, finite, the store's width.
 
-    Returns the rows as float32 and, when ``on_nonfinite='drop'``, the boolean mask of kept rows
-    (None when nothing was dropped). ``where`` and ``first_row`` make messages point at the source.
+    Returns the rows as float32, normalised by ``normalize`` (:func:`vbcore.normalize.normalize_rows`,
+    in float64 from the source's values) and, when ``on_nonfinite='drop'``, the boolean mask of kept
+    rows (None when nothing was dropped). ``where`` and ``first_row`` make messages point at the source.
     """
     arr = np.asarray(X)
     check_layout(arr.shape, arr.dtype, where, min_rows=0)
@@ -94,15 +97,17 @@ def check_rows(X: Any, n_features: int | None, where: str, first_row: int = 0,
             f"{where}: rows have {arr.shape[1]} features but the store has {n_features}"
         )
     check_magnitude(arr, where, first_row)  # |x| too large for float32 sums, as the source has it
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    finite = row_is_finite(arr)
-    if finite.all():
-        return arr, None
-    if on_nonfinite == "drop":
-        return arr[finite], finite
-    check_finite(arr, where, first_row=first_row,
-                 hint="clean the source or ingest with --drop-nonfinite")
-    raise AssertionError("unreachable: a row is not finite")  # pragma: no cover
+    finite = row_is_finite(arr)  # the source's values (a float32 cast keeps them finite: see above)
+    kept = None
+    if not finite.all():
+        if on_nonfinite != "drop":
+            check_finite(arr, where, first_row=first_row,
+                         hint="clean the source or ingest with --drop-nonfinite")
+            raise AssertionError("unreachable: a row is not finite")  # pragma: no cover
+        arr, kept = arr[finite], finite
+    if normalize != "none":
+        return normalize_rows(arr, normalize, dtype=np.float32), kept
+    return np.ascontiguousarray(arr, dtype=np.float32), kept
 
 
 @dataclass
@@ -131,9 +136,12 @@ class FeatureStore:
         extractor_params: dict[str, Any] | None = None,
         compression_level: int = 1,
         overwrite: bool = False,
+        normalize: str = "none",
     ) -> FeatureStore:
-        """Create an empty store. ``ids`` is None, 'int' or 'str'; ``weights``: a row weight array."""
+        """Create an empty store. ``ids`` is None, 'int' or 'str'; ``weights``: a row weight array;
+        ``normalize``: the row normalisation every append applies (:mod:`vbcore.normalize`)."""
         path = str(path)
+        normalize = check_normalization(normalize)
         if int(n_features) < 1:
             raise StoreError(f"{path}: n_features must be >= 1, got {n_features}")
         if int(chunk_rows) < 1:
@@ -169,6 +177,7 @@ class FeatureStore:
             "source": source,
             "extractor": extractor,
             "extractor_params": extractor_params or {},
+            "normalize": normalize,
             "fingerprint": seed,
             "appends": [],
             "created": _now(),
@@ -287,6 +296,15 @@ class FeatureStore:
         return str(self.group.attrs["fingerprint"])
 
     @property
+    def normalize(self) -> str:
+        """The row normalisation every append applies (``'none'`` for stores written before it was
+        recorded)."""
+        try:
+            return check_normalization(self.group.attrs.get("normalize"), f"{self.path}: attribute 'normalize'")
+        except ConfigError as exc:  # damaged metadata, not a setting
+            raise StoreError(f"{exc}; restore the store or re-ingest its source") from None
+
+    @property
     def has_labels(self) -> bool:
         return "labels" in self.group.array_keys()
 
@@ -332,7 +350,8 @@ class FeatureStore:
         """Append batches ``(X, labels, ids[, weights])`` as ONE atomic transaction, streaming (only one
         batch is in memory at a time). Returns the number of rows written; with
         ``on_nonfinite='drop'`` rows with NaN/inf are skipped and counted in the append record;
-        ``record`` adds entries to it (ingest's ``source_fingerprint``)."""
+        ``record`` adds entries to it (ingest's ``source_fingerprint``). The rows are normalised by
+        the store's :attr:`normalize` (recorded at creation) before they are written."""
         if not self.writable:
             raise StoreError(f"{self.path} is open read-only; open it with mode='r+' to append")
         if _is_url(self.path):
@@ -349,13 +368,14 @@ class FeatureStore:
         root = Path(self.path)
         old_n = self.n_rows
         fp = str(self.group.attrs["fingerprint"])  # the chain over appends (kept for old readers)
+        normalize = self.normalize
         journal.begin(root, self.group, old_n, self.chunk_rows)
         written = dropped = 0
         where = source or "appended rows"
         try:
             for X, labels, ids, *more in batches:
                 rows, kept = check_rows(X, self.n_features, where, first_row=written + dropped,
-                                        on_nonfinite=on_nonfinite)
+                                        on_nonfinite=on_nonfinite, normalize=normalize)
                 n_in = rows.shape[0] if kept is None else kept.shape[0]
                 lab = self._check_side("labels", labels, n_in, kept, where)
                 idv = self._check_side("ids", ids, n_in, kept, where)

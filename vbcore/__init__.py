@@ -18,7 +18,7 @@ _HOME = {
     "ConfigError": "errors", "InputError": "errors", "NumericalError": "errors", "VBClusterError": "errors",
     "Chunk": "kernels", "EStepParams": "kernels", "chunk_statistics": "kernels", "estep_params": "kernels",
     "prepare_chunk": "kernels", "vbem_kernel": "kernels",
-    "m_step": "mstep", "Posterior": "posterior",
+    "m_step": "mstep", "normalize_rows": "normalize", "Posterior": "posterior",
     "COVARIANCE_TYPES": "priors", "WEIGHT_TYPES": "priors", "Prior": "priors", "default_prior": "priors",
     "SuffStats": "stats",
 }

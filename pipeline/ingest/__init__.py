@@ -46,7 +46,7 @@ from pipeline.ingest.numpy_files import read_npy, read_npz
 from pipeline.ingest.plan import Batch, Plan, as_int, with_weights
 from pipeline.ingest.synthetic import SYNTHETIC_DEFAULTS, read_synthetic, synthetic_class_sizes
 from pipeline.ingest.tables import read_csv, read_parquet
-from pipeline.ingest.writer import check_target, counted, write_plan
+from pipeline.ingest.writer import check_target, counted, store_normalization, write_plan
 from vbcore.errors import ConfigError, InputError, StoreError
 
 __all__ = ["ingest", "IngestReport", "bundled_images", "synthetic_class_sizes", "SYNTHETIC_DEFAULTS",
@@ -74,7 +74,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
            ids: str | None = None, append: bool = False, drop_nonfinite: bool = False,
            overwrite: bool = False, compression_level: int = 1, batch_chunks: int = 1,
            progress: Callable[[int], None] | None = None, allow_duplicate: bool = False,
-           weights: str | None = None, **options: Any) -> IngestReport:
+           weights: str | None = None, normalize: str | None = None, **options: Any) -> IngestReport:
     """Stream ``source`` into the feature store ``out``.
 
     Parameters
@@ -101,6 +101,9 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
         ``progress(rows)`` after each batch read from the source, with the number of rows in it.
     weights : str, optional
         A .npy file of row weights, one per source row (finite, >= 0): the store's ``weights``.
+    normalize : {'none', 'l2', 'power-l2'}, optional
+        A new store's row normalisation (:mod:`vbcore.normalize`; default ``'none'``), recorded in its
+        ``normalize`` attribute; an append applies the store's and refuses a different one.
     allow_duplicate : bool
         Append a source that the store already holds (same source fingerprint,
         :mod:`pipeline.ingest.fingerprint`); refused by default.
@@ -123,13 +126,14 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
         return ingest_images(str(source), out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
                              drop_nonfinite=drop_nonfinite, overwrite=overwrite,
                              compression_level=compression_level, batch_chunks=batch_chunks,
-                             progress=progress, **options)
+                             progress=progress, normalize=normalize, **options)
     # ---- end of image sources -------------------------------------------------------------------
     t0 = time.perf_counter()
     out = Path(out)
     chunk_rows = as_int("chunk_rows", chunk_rows, minimum=1)
     batch_chunks = as_int("batch_chunks", batch_chunks, minimum=1)
     check_target(out, append, overwrite)
+    normalize = store_normalization(out, append, normalize)
     plan = with_weights(open_source(str(source), labels, ids, dict(options), chunk_rows), weights)
     if progress is not None:
         plan.blocks = counted(plan.blocks, progress)
@@ -143,11 +147,15 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, 
         stack.enter_context(zarr.config.set({"array.write_empty_chunks": True}))
         store, written = write_plan(plan, out, str(source), append, chunk_rows, batch_chunks,
                                     "drop" if drop_nonfinite else "raise", compression_level,
-                                    {"source_fingerprint": fp})
+                                    {"source_fingerprint": fp}, normalize)
+    return _report(store, written, str(source), t0, plan)
+
+
+def _report(store: Any, written: int, source: str, t0: float, plan: Plan) -> IngestReport:
     record = store.attrs["appends"][-1]
-    return IngestReport(path=str(out), rows_written=int(written),
+    return IngestReport(path=str(store.path), rows_written=int(written),
                         rows_dropped=int(record.get("dropped_nonfinite", 0)),
-                        n_features=store.n_features, source=str(source),
+                        n_features=store.n_features, source=source,
                         elapsed_s=time.perf_counter() - t0, n_rows=store.n_rows,
                         skipped_files=tuple(plan.skipped))
 

@@ -17,16 +17,18 @@ from pipeline.ingest.plan import Batch, Plan
 from pipeline.store import FeatureStore
 from pipeline.store_journal import AppendLock, journal_paths
 from vbcore.errors import ConfigError, StoreError
+from vbcore.normalize import check_normalization
 
 #: the chunk of a store made from a source smaller than the ``chunk_rows`` asked for (the default)
 SMALL_SOURCE_CHUNK_ROWS = 8192
 
 
 def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int, batch_chunks: int,
-               on_nonfinite: str, compression_level: int,
-               record: dict[str, Any] | None = None) -> tuple[FeatureStore, int]:
+               on_nonfinite: str, compression_level: int, record: dict[str, Any] | None = None,
+               normalize: str = "none") -> tuple[FeatureStore, int]:
     """Append the plan's rows to the store at ``out``, or build a new store and move it there;
-    ``record`` goes into the append record (the source fingerprint)."""
+    ``record`` goes into the append record (the source fingerprint); ``normalize``: a new store's
+    row normalisation (an append applies the store's, :func:`store_normalization`)."""
     if append:
         store = FeatureStore.open(out, "r+")
         size = store.chunk_rows * batch_chunks
@@ -46,7 +48,7 @@ def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int
             tmp, plan.n_features, chunk_rows=chunk_rows, labels=plan.labels, ids=plan.ids,
             weights=plan.weights, source=source,
             extractor=plan.extractor, extractor_params=plan.extractor_params,
-            compression_level=compression_level)
+            compression_level=compression_level, normalize=normalize)
         written = store.append_batches(_aligned(blocks, size, size), source=source,
                                        on_nonfinite=on_nonfinite, record=record)
         _move_into_place(tmp, out)
@@ -87,6 +89,21 @@ def check_target(out: Path, append: bool, overwrite: bool) -> None:
             raise StoreError(f"{out} already exists; pass --append (append=True) to add rows to it or "
                              "--overwrite (overwrite=True) to replace it")
         check_replaceable(out)
+
+
+def store_normalization(out: Path, append: bool, normalize: str | None) -> str:
+    """The row normalisation of an ingest into ``out`` (:mod:`vbcore.normalize`): a new store takes
+    ``normalize`` (None: ``'none'``); an append applies the one the store recorded when it was
+    created, and refuses an explicit ``normalize`` that differs from it."""
+    asked = None if normalize is None else check_normalization(normalize, "--normalize (normalize=)")
+    if not append:
+        return asked or "none"
+    held = FeatureStore.open(out, "r").normalize
+    if asked is not None and asked != held:
+        raise StoreError(f"{out}: the store's rows are normalised {held!r} (recorded when it was created), "
+                         f"but this append asks for --normalize {asked!r}; leave --normalize out to apply "
+                         f"{held!r}, or ingest into a new store")
+    return held
 
 
 def check_replaceable(out: Path) -> None:
