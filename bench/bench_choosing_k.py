@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 
-# 'empirical' re-estimates beta0 only; the covariance prior is held at nu0 = 2 times the data's
+# 'empirical' re-estimates beta0 only; the covariance prior is held at nu0 = 512 times the data's
 # variance (with it re-estimated too the bound has no maximum on ReLU features: vbcore/empirical.py)
 PRIORS = {"sklearn": dict(prior_defaults="sklearn", weight_concentration_prior=1.0),
           "empirical": dict(prior_defaults="empirical")}

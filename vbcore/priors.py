@@ -32,8 +32,9 @@ WEIGHT_TYPES = ("dirichlet_distribution", "dirichlet_process")
 #: the ways of filling unset hyper-parameters (:func:`default_prior`)
 PRIOR_DEFAULTS = ("empirical", "sklearn")
 #: ``nu0`` of the diagonal families under the 'empirical' defaults: a prior as strong as this many
-#: rows per component, whatever D (docs/decisions.md "Priors that do not depend on the dimension")
-EMPIRICAL_DOF = 2.0
+#: rows per component at the data's variance, whatever D (chosen from measurements on real and
+#: synthetic stores: docs/decisions.md "Priors that do not depend on the dimension")
+EMPIRICAL_DOF = 512.0
 #: the DP concentration under the 'empirical' defaults: one model for every truncation
 EMPIRICAL_ALPHA = 1.0
 
