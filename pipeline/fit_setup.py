@@ -178,7 +178,7 @@ def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float
         degrees_of_freedom=spec.degrees_of_freedom_prior,
         covariance=None if spec.covariance_prior is None
         else np.asarray(spec.covariance_prior, dtype=np.float64),
-        fixed_variance=fixed_variance, defaults=spec.priors,
+        fixed_variance=fixed_variance, defaults=spec.priors, n_rows=float(moments.total_weight),
     )
 
 

@@ -15,7 +15,7 @@ from vbcore.elbo import elbo_terms
 from vbcore.empirical import empirical_update, prior_from_state, prior_state
 from vbcore.errors import ConfigError
 from vbcore.mstep import m_step
-from vbcore.priors import EMPIRICAL_ALPHA, EMPIRICAL_DOF, default_prior
+from vbcore.priors import EMPIRICAL_ALPHA, EMPIRICAL_DOF, default_prior, empirical_dof
 
 CTS = ["diag", "spherical", "full", "tied", "fixed"]
 
@@ -91,7 +91,7 @@ def test_vbem_with_empirical_bayes_never_lowers_the_bound(ct: str) -> None:
     assert np.all(np.diff(h) >= -1e-9 * abs(h[-1]))
     assert m.prior_.empirical == ("mean_precision",)  # the covariance prior and nu0 are held
     assert m.mean_precision_prior_ != 1.0  # re-estimated
-    assert m.prior_.degrees_of_freedom == (4.0 if ct == "full" else EMPIRICAL_DOF)
+    assert m.prior_.degrees_of_freedom == (4.0 if ct == "full" else 6.0)  # 1% of 600 rows
     # the reported bound is the exact ELBO under the final, re-estimated prior: one more iteration from
     # the fitted posterior, recomputed here with the library's pieces, lands where the fit's next one does
     from vbcore.kernels import estep_params, prepare_chunk, responsibilities
@@ -113,6 +113,12 @@ def test_defaults_do_not_grow_with_the_dimension() -> None:
         s = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=50,
                           data_mean=np.zeros(d), data_covariance=np.full(d, 2.0))
         assert s.degrees_of_freedom == d and s.weight_concentration == 1 / 50 and s.empirical == ()
+        for n, nu0 in ((100, 2.0), (20_000, 200.0), (10**6, EMPIRICAL_DOF)):  # 1% of the rows, 2 to 512
+            p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=50,
+                              data_mean=np.zeros(d), data_covariance=np.full(d, 2.0), defaults="empirical",
+                              n_rows=n)
+            assert p.degrees_of_freedom == nu0 == empirical_dof(n)
+            assert np.allclose(p.covariance / nu0, 2.0)
     # settings given by the user are held
     p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=5,
                       data_mean=np.zeros(3), data_covariance=np.ones(3), defaults="empirical",
@@ -137,9 +143,9 @@ def test_estimator_keeps_sklearn_defaults_and_spec_names_the_setting() -> None:
     from pipeline.spec import FitSpec
 
     spec = VBMixture(3).spec()
-    assert spec.priors == "sklearn" and spec.grow is False
-    pipe = FitSpec().resolved()  # the pipeline's too, until empirical Bayes is monotone on every store
-    assert pipe.priors == "sklearn" and pipe.grow is False and pipe.init == "kmeans"
+    assert spec.priors == "sklearn" and spec.grow is False and spec.init == "kmeans"
+    pipe = FitSpec().resolved()  # the pipeline's: the number of clusters from the data (issue 26)
+    assert pipe.priors == "empirical" and pipe.grow is True and pipe.init == "k-means++-projected"
     with pytest.raises(ConfigError, match=r"priors \(--priors\) must be one of empirical, sklearn"):
         FitSpec(priors="auto").resolved()
 
@@ -162,7 +168,7 @@ def test_the_bound_has_no_maximum_over_beta0_and_the_covariance_prior_jointly() 
     k = 5
     stats = stats_of(x, np.eye(k)[lab], "diag", np.zeros(x.shape[1]))  # unshifted: exact zeros stay 0
     prior = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=k,
-                          data_mean=x.mean(0), data_covariance=x.var(0), defaults="empirical")
+                          data_mean=x.mean(0), data_covariance=x.var(0), defaults="empirical", n_rows=len(x))
 
     def bound(s: float) -> float:
         p = replace(prior, mean_precision=s * prior.mean_precision, covariance=s * prior.covariance)

@@ -126,9 +126,9 @@ def test_cli_reports_the_truncation(tmp_path) -> None:
     result = json.loads((tmp_path / "r2" / "result.json").read_text())
     assert not result["truncation"]["limit_hit"] and result["n_effective"] == 6
     assert "warning" not in res.output
-    # a fixed truncation (the default) that every cluster fills is reported too
+    # a fixed truncation that every cluster fills is reported too
     res = runner.invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r3"),
-                              "-k", "2", "-q"])
+                              "-k", "2", "--no-grow", "-q"])
     assert res.exit_code == 0, res.output
     assert "warning: the fit uses 2 of its 2 components and the truncation did not grow" in \
         " ".join(res.output.split())
@@ -167,3 +167,24 @@ def test_the_bound_after_births_is_exact(blobs) -> None:
     post = m_step(stats, before.prior_)
     bound = elbo_terms(stats, post, empirical_update(before.prior_, post)).total
     assert after.lower_bound_ == pytest.approx(bound, rel=1e-9)
+
+
+def test_births_split_merged_groups_before_large_single_ones() -> None:
+    """The split's explained share (between-halves over total scatter) ranks a component holding two
+    groups above a larger one holding a single Gaussian, whatever their sizes."""
+    from pipeline.learners.growth import split_share, two_means
+
+    rng = np.random.default_rng(3)
+    d = 32
+    single = rng.standard_normal((400, d))
+    merged = np.concatenate([rng.standard_normal((50, d)) + 4.0, rng.standard_normal((50, d)) - 4.0])
+    scale = np.ones(d)
+    shares = []
+    for rows in (single, merged):
+        worst = int(np.argmax(((rows - rows.mean(0)) ** 2).sum(1)))
+        lab = two_means(rows, rows.mean(0), rows[worst])
+        shares.append(split_share(rows, lab, scale))
+    assert shares[1] > 0.9 and shares[0] < 0.15
+    # closed form: two equal halves at +-c in every dimension, unit noise: c^2 / (c^2 + 1) explained
+    assert shares[1] == pytest.approx(16.0 / 17.0, abs=0.03)
+    assert split_share(np.zeros((5, 3)), np.array([0, 0, 1, 1, 1]), np.ones(3)) == 0.0

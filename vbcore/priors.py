@@ -31,10 +31,12 @@ WISHART_TYPES = ("full", "tied")
 WEIGHT_TYPES = ("dirichlet_distribution", "dirichlet_process")
 #: the ways of filling unset hyper-parameters (:func:`default_prior`)
 PRIOR_DEFAULTS = ("empirical", "sklearn")
-#: ``nu0`` of the diagonal families under the 'empirical' defaults: a prior as strong as this many
-#: rows per component at the data's variance, whatever D (chosen from measurements on real and
-#: synthetic stores: docs/decisions.md "Priors that do not depend on the dimension")
+#: ``nu0`` of the diagonal families under the 'empirical' defaults: a prior as strong as
+#: ``EMPIRICAL_DOF_SHARE`` of the rows per component (at least 2), at most ``EMPIRICAL_DOF`` rows, at
+#: the data's variance, whatever D (chosen from measurements on real and synthetic stores:
+#: docs/decisions.md "Priors that do not depend on the dimension"); :func:`empirical_dof`
 EMPIRICAL_DOF = 512.0
+EMPIRICAL_DOF_SHARE = 0.01
 #: the DP concentration under the 'empirical' defaults: one model for every truncation
 EMPIRICAL_ALPHA = 1.0
 
@@ -170,9 +172,18 @@ def validate_prior(p: Prior) -> None:
         raise ConfigError(f"covariance_prior must be > 0 everywhere; entry {bad} is not")
 
 
+def empirical_dof(n_rows: float | None) -> float:
+    """``nu0`` of 'diag' and 'spherical' under the 'empirical' defaults for data of ``n_rows`` rows
+    (their total weight): ``EMPIRICAL_DOF_SHARE * n_rows`` between 2 and ``EMPIRICAL_DOF`` (the
+    largest when ``n_rows`` is unknown)."""
+    if n_rows is None:
+        return EMPIRICAL_DOF
+    return float(min(EMPIRICAL_DOF, max(2.0, EMPIRICAL_DOF_SHARE * float(n_rows))))
+
+
 def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d: int,
                         weight_concentration: float | None, mean_precision: float | None,
-                        degrees_of_freedom: float | None, covariance: object) -> tuple[tuple[str, ...],
+                        degrees_of_freedom: float | None, n_rows: float | None) -> tuple[tuple[str, ...],
                                                                                        float | None,
                                                                                        float | None, float]:
     """For :func:`default_prior`: the free hyperparameters, alpha0, nu0 and the covariance prior's scale
@@ -185,7 +196,7 @@ def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d
     # where a component has no spread in some direction (vbcore/empirical.py; docs/decisions.md)
     free: tuple[str, ...] = ("mean_precision",) if mean_precision is None else ()
     if degrees_of_freedom is None:
-        degrees_of_freedom = float(d) if covariance_type in WISHART_TYPES else EMPIRICAL_DOF
+        degrees_of_freedom = float(d) if covariance_type in WISHART_TYPES else empirical_dof(n_rows)
     if weight_concentration is None and weight_type == "dirichlet_process":
         weight_concentration = EMPIRICAL_ALPHA
     scale = float(degrees_of_freedom) if covariance_type != "fixed" else 1.0
@@ -206,6 +217,7 @@ def default_prior(
     covariance: np.ndarray | float | None = None,
     fixed_variance: float | None = None,
     defaults: str = "sklearn",
+    n_rows: float | None = None,
 ) -> Prior:
     """Fill unset hyper-parameters with data-dependent defaults.
 
@@ -216,8 +228,9 @@ def default_prior(
     ``fixed_variance`` defaults to the mean per-dimension variance of the data.
 
     ``defaults='empirical'`` (the pipeline's): ``alpha0 = 1`` for the DP (the same model for every
-    truncation; ``1/K`` stays for finite Dirichlet weights), ``nu0 =`` :data:`EMPIRICAL_DOF` for the
-    diagonal families (``D`` for the Wishart ones, which need ``nu0 > D - 1``), the covariance prior
+    truncation; ``1/K`` stays for finite Dirichlet weights), ``nu0 =`` :func:`empirical_dof` of
+    ``n_rows`` (the data's rows or total weight; 1% of them, between 2 and 512) for the diagonal
+    families (``D`` for the Wishart ones, which need ``nu0 > D - 1``), the covariance prior
     ``nu0`` times scikit-learn's (a prior variance equal to the data's), held, and ``beta0``, where
     unset, re-estimated from the bound between iterations (:attr:`Prior.empirical`,
     :mod:`vbcore.empirical`, which says why the covariance prior is not).
@@ -236,7 +249,7 @@ def default_prior(
     d = data_mean.shape[0]
     free, weight_concentration, degrees_of_freedom, scale = _empirical_defaults(
         defaults, covariance_type, weight_type, d, weight_concentration, mean_precision, degrees_of_freedom,
-        covariance)
+        n_rows)
     if covariance is None and covariance_type != "fixed":
         if covariance_type in WISHART_TYPES:
             if data_cov.ndim != 2:

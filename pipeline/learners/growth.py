@@ -5,8 +5,9 @@ a row's worth of responsibility or more (:func:`saturated`), the truncation doub
 limit) by **births** (Hughes & Sudderth 2013 grow and shrink K by moves on the exact bound):
 
 1. a uniform sample of rows (seeded by the iteration, gathered through the engine) is scored under
-   the current posterior; the sample rows of each component, largest first, are cut in two by
-   2-means started from the component's mean and the row it explains worst (a split move);
+   the current posterior; the sample rows of each component are cut in two by 2-means started from
+   the component's mean and the row it explains worst, and the components whose cut explains the
+   largest share of their scatter (merged groups before single ones) are split (a split move);
 2. the parent takes one half's mean, a child the other's, with the parent's covariance and half its
    count each; the children's sticks follow the existing ones;
 3. up to ``grow_iters`` exact VB EM iterations (E-step pass, M-step, empirical Bayes, pruning) run on
@@ -85,12 +86,27 @@ def two_means(rows: np.ndarray, first: np.ndarray, second: np.ndarray,
     return lab
 
 
+def split_share(rows: np.ndarray, lab: np.ndarray, scale: np.ndarray) -> float:
+    """The share of the rows' scatter (dimensions divided by ``scale``) that a split into the two
+    groups ``lab`` explains: the between-group sum of squares over the total. Near 1 for two classes
+    merged into one component, small for one Gaussian cut in two (about ``2/pi`` of its largest
+    direction's share of the variance)."""
+    z = rows / scale
+    total = float(((z - z.mean(0)) ** 2).sum())
+    if total <= 0.0:
+        return 0.0
+    within = sum(float(((z[lab == j] - z[lab == j].mean(0)) ** 2).sum()) for j in (0, 1))
+    return max(0.0, 1.0 - within / total)
+
+
 def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int) -> tuple[np.ndarray, np.ndarray,
                                                                                           np.ndarray]:
-    """Splits of the largest components: ``(parents, parent means, child means)``, shifted, at most
-    ``n_births``. A uniform sample of rows is scored under ``post``; the rows of each component (largest
-    first, at least ``SPLIT_MIN_ROWS`` of them) are cut in two by 2-means started from the component's
-    mean and the row it explains worst; the parent takes one half's mean, a child the other's."""
+    """Splits of the components that look most like merged groups: ``(parents, parent means, child
+    means)``, shifted, at most ``n_births``. A uniform sample of rows is scored under ``post``; the rows
+    of each component (at least ``SPLIT_MIN_ROWS`` of them) are cut in two by 2-means started from the
+    component's mean and the row it explains worst; the components whose cut explains the largest share
+    of their scatter (:func:`split_share`, dimensions scaled by the sample's spread; ties: larger
+    first) are split, the parent taking one half's mean, a child the other's."""
     size = min(ctx.n_rows, max(GROW_MIN_ROWS, GROW_ROWS_PER_CLUSTER * (post.n_components + n_births)))
     rows = draw_rows(ctx.rng(GROW_TAG, iteration), ctx.n_rows, size)
     sample = np.asarray(gather_rows(ctx.engine, ctx.handles, chunk_bounds(ctx), rows), dtype=np.float64)
@@ -98,21 +114,24 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int) ->
     scores = np.asarray(log_rho(chunk, estep_params(post, ctx.shift)), dtype=np.float64)
     owner = np.argmax(scores, axis=1)
     fit = scores[np.arange(len(owner)), owner]
-    parents, kept, children = [], [], []
-    for k in np.argsort(-used_counts(post), kind="stable"):
+    spread = sample.std(0)
+    scale = np.where(spread > 0, spread, 1.0)
+    cuts = []  # (share, order by size, component, kept mean, child mean)
+    for rank, k in enumerate(np.argsort(-used_counts(post), kind="stable")):
         mine = np.flatnonzero(owner == k)
-        if len(parents) >= n_births or mine.size < SPLIT_MIN_ROWS:
+        if mine.size < SPLIT_MIN_ROWS:
             continue
         worst = mine[np.argmin(fit[mine])]
         lab = two_means(sample[mine], post.means[k] - ctx.shift, sample[worst])
         if lab.min() == lab.max():
             continue
-        parents.append(int(k))
-        kept.append(sample[mine[lab == 0]].mean(0))
-        children.append(sample[mine[lab == 1]].mean(0))
+        cuts.append((split_share(sample[mine], lab, scale), rank, int(k),
+                     sample[mine[lab == 0]].mean(0), sample[mine[lab == 1]].mean(0)))
+    cuts.sort(key=lambda c: (-c[0], c[1]))
+    chosen = cuts[:max(int(n_births), 0)]
     d = sample.shape[1]
-    return (np.asarray(parents, dtype=np.int64), np.asarray(kept).reshape(-1, d),
-            np.asarray(children).reshape(-1, d))
+    return (np.asarray([c[2] for c in chosen], dtype=np.int64), np.asarray([c[3] for c in chosen]).reshape(-1, d),
+            np.asarray([c[4] for c in chosen]).reshape(-1, d))
 
 
 def with_children(post: Posterior, prior: Any, shift: np.ndarray, parents: np.ndarray, kept: np.ndarray,
