@@ -188,3 +188,19 @@ def test_births_split_merged_groups_before_large_single_ones() -> None:
     # closed form: two equal halves at +-c in every dimension, unit noise: c^2 / (c^2 + 1) explained
     assert shares[1] == pytest.approx(16.0 / 17.0, abs=0.03)
     assert split_share(np.zeros((5, 3)), np.array([0, 0, 1, 1, 1]), np.ones(3)) == 0.0
+
+
+@pytest.mark.parametrize("k", [5, 20, 200])
+def test_the_pipeline_defaults_find_planted_classes_from_any_truncation(k) -> None:
+    """Issue 26's planted case: the command line's defaults (empirical priors, growth, moves, the
+    projected start) find the 20 planted Gaussian classes from a quarter to ten times the truth."""
+    from pipeline.estimator import VBMixture
+    from pipeline.spec import FitSpec
+    from sklearn.metrics import normalized_mutual_info_score
+
+    x, lab = planted_blobs(n=6000, d=16, k=20, seed=11)
+    spec = FitSpec().resolved()
+    m = VBMixture(k, covariance_type="diag", prior_defaults=spec.priors, grow=spec.grow,
+                  init_params=spec.init, max_iter=200, random_state=0).fit(x.astype(np.float32))
+    assert m.n_effective_ == 20
+    assert normalized_mutual_info_score(lab, m.predict(x)) > 0.99
