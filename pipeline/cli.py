@@ -164,9 +164,9 @@ def ingest(
                                         "(counted) instead of failing."),
     allow_duplicate: bool = typer.Option(False, "--allow-duplicate", help="Append a source the store "
                                          "already holds (same source fingerprint); refused otherwise."),
-    normalize: str | None = typer.Option(None, "--normalize", metavar="none|l2|power-l2",
-                                         help="Rows of a new store made unit length (l2), after sign(x)|x|^0.5 "
-                                         "(power-l2); recorded, every append applies it. Default: none."),
+    normalize: str | None = typer.Option(None, "--normalize", metavar="none|l2|power-l2", help="Rows of a "
+                                         "new store made unit length (l2), after sign(x)|x|^0.5 (power-l2); "
+                                         "recorded, every append applies it. Default: none."),
     rows: int | None = typer.Option(None, help="synthetic: number of rows."),
     dim: int | None = typer.Option(None, help="synthetic: number of features."),
     classes: int | None = typer.Option(None, help="synthetic: number of classes."),
@@ -247,7 +247,7 @@ def fit(
     mean_precision_prior: float | None = typer.Option(None, help=spec_help("mean_precision_prior")),
     degrees_of_freedom_prior: float | None = typer.Option(None, help=spec_help("degrees_of_freedom_prior")),
     priors: str | None = typer.Option(None, help=spec_help("priors")),
-    grow: bool | None = typer.Option(None, "--grow/--no-grow", help=spec_help("grow")),
+    no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem grows it)."),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
@@ -273,7 +273,7 @@ def fit(
                          fixed_variance=fixed_variance, weight_concentration_prior=weight_concentration_prior,
                          mean_precision_prior=mean_precision_prior, reg_covar=reg_covar, cluster=cluster,
                          degrees_of_freedom_prior=degrees_of_freedom_prior, chunk_rows=chunk_rows,
-                         priors=priors, grow=grow, max_components=max_components,
+                         priors=priors, grow=False if no_grow else None, max_components=max_components,
                          keep=keep, checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                          learner_options=key_values(learner_option), pca=pca, whiten=whiten or None)
     except VBClusterError as exc:

@@ -71,9 +71,9 @@ class VBMixture(DensityMixin, BaseEstimator):
     weight_concentration_prior, mean_precision_prior, mean_prior, degrees_of_freedom_prior,
     covariance_prior : priors, as in scikit-learn; None takes the data-dependent defaults.
     prior_defaults : {'sklearn', 'empirical'}, default='sklearn'
-        How unset priors are filled: scikit-learn's defaults (``alpha0 = 1/K``, ``nu0 = D``, fixed), or
-        the pipeline's (``alpha0 = 1`` for the DP, ``nu0`` = 1% of the rows, 2 to 512, for diag and
-        spherical, a prior variance equal to the data's, ``beta0`` re-estimated from the bound between iterations; docs/guide.md "Choosing K").
+        Unset priors filled as scikit-learn does (``alpha0 = 1/K``, ``nu0 = D``, fixed), or as the pipeline
+        (DP ``alpha0 = 1``, diag/spherical ``nu0`` = 1% of the rows, 2 to 512, a prior variance equal to
+        the data's, ``beta0`` re-estimated from the bound; docs/guide.md "Choosing K").
     grow : bool, default=False
         Grow the truncation (learner 'vbem', DP weights) while the fit ends with nearly every
         component in use (the pipeline's default is True); ``n_components`` is then the start.

@@ -60,7 +60,7 @@ class FitSpec:
                          "int", estimator="n_components", sklearn=1, minimum=1, flag="--components/-k")
     grow: bool = _s(True, "Grow the truncation (vbem, DP weights) while the fit ends with nearly every "
                     "component in use, up to max_components.", "bool", estimator="grow", sklearn=False,
-                    flag="--grow/--no-grow")
+                    flag="--no-grow")
     max_components: int | None = _s(None, "Upper limit of the truncation when it grows; default: "
                                     "max(4 K, 1024), at most the number of rows.", "int",
                                     estimator="max_components", minimum=1)
@@ -101,15 +101,16 @@ class FitSpec:
                          estimator="mean_prior")
     degrees_of_freedom_prior: float | None = _s(None, "Degrees of freedom nu0 of the precisions' prior; "
                                                 "default 1% of the rows (2 to 512) for diag and "
-                                                "spherical with priors=empirical, else D (checked against D with the prior).", "prior",
+                                                "spherical with priors=empirical, else D (checked "
+                                                "against D with the prior).", "prior",
                                                 estimator="degrees_of_freedom_prior")
     covariance_prior: Any = _s(None, "Covariance prior; default: the data covariance (sklearn), nu0 "
                                "times it (empirical; held: a prior variance equal to the data's).", "array",
                                estimator="covariance_prior")
     priors: str = _s("empirical", "How unset priors are filled: empirical (nu0 = 1% of the rows, 2 to "
-                     "512, for diag and spherical, alpha0 = 1 for the DP, a prior variance equal to the data's, beta0 re-estimated "
-                     "from the bound between iterations) | sklearn (scikit-learn's: alpha0 = 1/K, nu0 = D, "
-                     "fixed).",
+                     "512, for diag and spherical, alpha0 = 1 for the DP, a prior variance equal to the "
+                     "data's, beta0 re-estimated from the bound between iterations) | sklearn "
+                     "(scikit-learn's: alpha0 = 1/K, nu0 = D, fixed).",
                      "str", estimator="prior_defaults", sklearn="sklearn", choices=PRIOR_DEFAULTS)
     fixed_variance: float | None = _s(None, "sigma^2 of covariance 'fixed'; default: estimated.", "float",
                                       estimator="fixed_variance", minimum=0, above=True)

@@ -300,7 +300,8 @@ class FeatureStore:
         """The row normalisation every append applies (``'none'`` for stores written before it was
         recorded)."""
         try:
-            return check_normalization(self.group.attrs.get("normalize"), f"{self.path}: attribute 'normalize'")
+            where = f"{self.path}: attribute 'normalize'"
+            return check_normalization(self.group.attrs.get("normalize"), where)
         except ConfigError as exc:  # damaged metadata, not a setting
             raise StoreError(f"{exc}; restore the store or re-ingest its source") from None
 

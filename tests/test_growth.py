@@ -114,14 +114,14 @@ def test_cli_reports_the_truncation(tmp_path) -> None:
     s.append(x)
     runner = CliRunner()
     res = runner.invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r"), "-k", "2",
-                              "--grow", "--max-components", "3", "-q"])
+                              "--max-components", "3", "-q"])
     assert res.exit_code == 0, res.output
     assert "warning: the fit uses 3 of its 3 components and the upper limit max_components = 3" in \
         " ".join(res.output.split())
     result = json.loads((tmp_path / "r" / "result.json").read_text())
     assert result["truncation"]["limit_hit"] and result["truncation"]["final"] == 3
     res = runner.invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r2"),
-                              "-k", "2", "--grow", "-q"])
+                              "-k", "2", "-q"])
     assert res.exit_code == 0, res.output
     result = json.loads((tmp_path / "r2" / "result.json").read_text())
     assert not result["truncation"]["limit_hit"] and result["n_effective"] == 6
@@ -194,9 +194,10 @@ def test_births_split_merged_groups_before_large_single_ones() -> None:
 def test_the_pipeline_defaults_find_planted_classes_from_any_truncation(k) -> None:
     """Issue 26's planted case: the command line's defaults (empirical priors, growth, moves, the
     projected start) find the 20 planted Gaussian classes from a quarter to ten times the truth."""
+    from sklearn.metrics import normalized_mutual_info_score
+
     from pipeline.estimator import VBMixture
     from pipeline.spec import FitSpec
-    from sklearn.metrics import normalized_mutual_info_score
 
     x, lab = planted_blobs(n=6000, d=16, k=20, seed=11)
     spec = FitSpec().resolved()

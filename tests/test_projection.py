@@ -231,7 +231,8 @@ def test_cli_fit_assign_and_warm_start_from_a_run(tmp_path):
     assert res.exit_code == 0, res.output
     model = load_model(run)
     assert model.projection_.n_components == 4 and model.projection_.whiten
-    assert model.means_.shape == (5, 4) and model.n_features_in_ == 9
+    # moves may merge or delete components of the K = 5 start (the command line's defaults)
+    assert model.means_.shape[1] == 4 and 1 <= model.means_.shape[0] <= 5 and model.n_features_in_ == 9
     g = FeatureStore.open(store)
     X = g.read()
     import zarr

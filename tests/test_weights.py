@@ -80,8 +80,8 @@ def test_the_data_start_weighs_the_rows(init):
     def fit(X_, w=None, **kw):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return VBMixture(K, covariance_type="diag", init_params=init, random_state=0, tol=0.0, chunk_rows=50,
-                             reg_covar=0.0, **kw).fit(X_, sample_weight=w)
+            return VBMixture(K, covariance_type="diag", init_params=init, random_state=0, tol=0.0,
+                             chunk_rows=50, reg_covar=0.0, **kw).fit(X_, sample_weight=w)
 
     ones = np.minimum(W, 1)
     _same(fit(X, ones, max_iter=3), fit(X[ones > 0], max_iter=3))

@@ -130,7 +130,8 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int) ->
     cuts.sort(key=lambda c: (-c[0], c[1]))
     chosen = cuts[:max(int(n_births), 0)]
     d = sample.shape[1]
-    return (np.asarray([c[2] for c in chosen], dtype=np.int64), np.asarray([c[3] for c in chosen]).reshape(-1, d),
+    parents = np.asarray([c[2] for c in chosen], dtype=np.int64)
+    return (parents, np.asarray([c[3] for c in chosen]).reshape(-1, d),
             np.asarray([c[4] for c in chosen]).reshape(-1, d))
 
 
