@@ -200,12 +200,12 @@ def initial_stats(spec: FitSpec, ctx: FitContext, resp_init: Any, random_state: 
         seeds = np.random.SeedSequence(int(rng.randint(2**31 - 1))).spawn(len(slices))
         return engine.map_reduce(random_stats_kernel, handles, k, per_chunk=seeds)
     sample, w = sample_rows(source, k, random_state, weights=True)
-    sample = sample.astype(np.float64)
     if w is not None:  # weighted rows: a row of weight 0 is no row, and none may seed a centre
         sample, w = sample[w > 0], w[w > 0]
     m = min(k, sample.shape[0])
     if spec.init == "k-means++-projected":  # (seeds among the rows of positive weight, unweighted)
-        return projected_init_stats(ctx, sample, m, k, rng)
+        return projected_init_stats(ctx, sample, m, k, rng)  # converts only the rows it draws
+    sample = sample.astype(np.float64)
     if spec.init == "kmeans":  # k-means of the weighted rows (a weighted coreset: of the data)
         from sklearn.cluster import KMeans
 
@@ -240,7 +240,7 @@ def projected_init_stats(ctx: FitContext, sample: np.ndarray, m: int, k: int, rn
     gen = np.random.default_rng(np.random.SeedSequence(seed))
     size = min(sample.shape[0], max(PROJECTED_MIN_ROWS, PROJECTED_ROWS_PER_CLUSTER * k))
     rows = np.sort(gen.choice(sample.shape[0], size=size, replace=False))
-    sub = sample[rows] - ctx.shift
+    sub = np.asarray(sample[rows], dtype=np.float64) - ctx.shift  # float64, exact for float32 rows
     idx = kmeanspp_seeds(sub, m, gen)
     d = sub.shape[1]
     proj = (np.eye(d) if d <= PROJECTED_WIDTH
