@@ -153,10 +153,10 @@ def refresh_flow(
 def refresh_options(learner: str | None, options: dict[str, Any] | None) -> dict[str, Any] | None:
     """The learner options of a refresh: VB EM keeps memoized statistics (``memo`` =
     :data:`REFRESH_MEMO` unless given), so that after an append the next refresh adopts those of the
-    unchanged chunks and visits the new ones first (:mod:`pipeline.learners.memo`)."""
+    unchanged chunks and visits the new ones first (:mod:`pipeline.learners.memo`). The memoized fit
+    keeps the spec's growth and merge/delete moves (the cold first run of a schedule included)."""
     opts = dict(options or {})
-    if (learner or "vbem") == "vbem" and "memo" not in opts and int(opts.get("candidates", -1)) <= 0 \
-            and opts.get("moves", "none") == "none":
+    if (learner or "vbem") == "vbem" and "memo" not in opts and int(opts.get("candidates", -1)) <= 0:
         opts["memo"] = REFRESH_MEMO
     return opts or None
 

@@ -3,7 +3,9 @@
 The global statistics are every chunk's kept statistics reduced over the engines' fixed tree: the
 bits of a full recomputation of the same responsibilities, after any visiting order; the bound never
 decreases; a resumed fit and a Dask fit give the bits of the uninterrupted in-process one; a warm
-start after an append adopts the unchanged chunks' statistics and visits the new ones first.
+start after an append adopts the unchanged chunks' statistics and visits the new ones first; with
+the pipeline's births and moves, a memoized fit finds what the fit without memo finds, its kept
+statistics stay a full recomputation's bits, and it resumes bitwise.
 """
 
 import warnings
@@ -17,11 +19,13 @@ from pipeline.cli import app
 from pipeline.engine import LocalEngine, tree_reduce
 from pipeline.fit_driver import CountingEngine
 from pipeline.fit_setup import open_source, setup
-from pipeline.learners.memo import MemoStats
-from pipeline.learners.vbem import vbem_pass
+from pipeline.learners.memo import MemoStats, take_memo
+from pipeline.learners.vbem import VBEM, vbem_pass
 from pipeline.store import FeatureStore
+from tests._reference import planted_blobs, same_fit_bits
 from vbcore.errors import ConfigError
 from vbcore.kernels import estep_params, vbem_kernel
+from vbcore.metrics import nmi
 
 RNG = np.random.default_rng(2013)
 CENTRES = RNG.normal(0.0, 4.0, size=(6, 5))
@@ -102,7 +106,7 @@ def test_a_warm_start_after_an_append_adopts_the_unchanged_chunks(tmp_path):
 
     res = json.loads((tmp_path / "r2" / "result.json").read_text())
     assert res["adopted_chunks"] == 10  # chunks 0-9; chunk 10 changed, chunk 11 is new
-    full = _fit(X, max_iter=200, tol=1e-5)
+    full = _fit(X, max_iter=200, tol=1e-5, grow=True)  # the command line's growth and moves
     assert res["elbo"] / 1200 == pytest.approx(full.lower_bound_ / 1200, rel=1e-3)
 
 
@@ -134,3 +138,107 @@ def test_memo_options_are_checked():
         _fit(X, learner_options={"memo": 1.5})
     with pytest.raises(ConfigError, match=r"'memo' of 'vbem' .* cannot be combined with 'candidates' > 0"):
         _fit(X, learner_options={"memo": 0.5, "candidates": 2})
+
+
+# ---- with the pipeline's growth (births) and merge/delete moves (issue 26's defaults) ---------------
+PLANTED, PLANTED_LAB = planted_blobs(n=6000, d=16, k=20, seed=11)
+PLANTED = PLANTED.astype(np.float32)
+GROW = dict(n_components=5, covariance_type="diag", random_state=0, chunk_rows=500, max_iter=200, tol=1e-3,
+            grow=True, prior_defaults="empirical", init_params="k-means++-projected")
+
+
+def test_a_memoized_fit_grows_and_moves_as_the_fit_without_memo():
+    """From 5 components to the 20 planted classes by births, as without memoized statistics (before,
+    memo switched births and moves off: the fit kept 5 components)."""
+    plain = _fit(PLANTED, **GROW)
+    memo = _fit(PLANTED, **GROW, learner_options={"memo": 0.25})
+    assert memo.truncation_["grew"] >= 2 and memo.converged_
+    assert memo.n_effective_ == plain.n_effective_ == 20
+    assert nmi(PLANTED_LAB, memo.predict(PLANTED)) > 0.99
+    assert memo.lower_bound_ == pytest.approx(plain.lower_bound_, rel=1e-5)
+
+
+def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputation(monkeypatch):
+    """Every chunk's kept statistics, reduced, are the bits of recomputing each chunk's statistics with
+    the posterior of its last visit (then the relabellings since), after every iteration where all
+    chunks have them: births keep the statistics of their passes, a move round's pass invalidates them
+    (the next iteration visits every chunk)."""
+    log: dict[int, list] = {}  # chunk -> [the E-step parameters of its last visit, relabellings since]
+    seen = {"births": 0, "rounds": 0, "checks": 0}
+    run, relabel, invalidate, step = MemoStats.run, MemoStats.relabel, MemoStats.invalidate, VBEM.step
+    snapshot, restore = MemoStats.snapshot, MemoStats.restore
+
+    def logged_run(self, params, iteration, visit=None):
+        visit = self.choose(iteration) if visit is None else np.asarray(visit)
+        log.update({i: [params] for i in visit.tolist()})
+        return run(self, params, iteration, visit=visit)
+
+    def logged_relabel(self, order):
+        if self.have.any():
+            for i in log:
+                log[i].append(np.asarray(order))
+        relabel(self, order)
+
+    def logged_invalidate(self):
+        log.clear()
+        invalidate(self)
+
+    def logged_snapshot(self):  # a birth proposal: refused, the kept states before it come back
+        return {i: list(v) for i, v in log.items()}, snapshot(self)
+
+    def logged_restore(self, snap):
+        log.clear()
+        log.update(snap[0])
+        restore(self, snap[1])
+
+    def checked_step(self, iteration):
+        grown, rounds = self.growth.grown, self.moves.due(iteration) and not self.growth.pending
+        out = step(self, iteration)
+        seen["rounds"] += rounds
+        if self.memo.have.all():
+            want = []
+            for i, h in enumerate(self.ctx.handles):
+                res = vbem_kernel(h, log[i][0])
+                for order in log[i][1:]:
+                    res = take_memo(res, order)
+                want.append(res)
+            _same_stats(self.memo.total().stats, tree_reduce(want).stats)
+            seen["checks"] += 1
+            seen["births"] += self.growth.grown > grown
+        return out
+
+    for name, fn in (("run", logged_run), ("relabel", logged_relabel), ("invalidate", logged_invalidate),
+                     ("snapshot", logged_snapshot), ("restore", logged_restore)):
+        monkeypatch.setattr(MemoStats, name, fn)
+    monkeypatch.setattr(VBEM, "step", checked_step)
+    fitted = _fit(PLANTED, **GROW, learner_options={"memo": 0.25})
+    assert fitted.n_effective_ == 20 and seen["births"] >= 2 and seen["rounds"] >= 2
+    assert seen["checks"] >= fitted.n_iter_ // 2
+
+
+def test_a_memoized_fit_with_births_resumes_and_runs_on_dask_with_the_same_bits(tmp_path, client):
+    kw = {**GROW, "learner_options": {"memo": 0.3}, "checkpoint_every": 3}
+    reference = _fit(PLANTED, **kw)
+    assert reference.truncation_["grew"] >= 2
+    cut = _fit(PLANTED, **{**kw, "max_iter": 12}, checkpoint_dir=str(tmp_path / "a"))
+    assert 0 < cut.truncation_["grew"] < reference.truncation_["grew"]  # stopped between births
+    resumed = _fit(PLANTED, **kw, checkpoint_dir=str(tmp_path / "a"))
+    assert resumed.resumed_from_.endswith("ckpt-00000012")
+    for got in (resumed, _fit(PLANTED, client, **kw)):
+        same_fit_bits(got, reference)
+
+
+def test_a_scheduled_cold_fit_keeps_growth_and_moves(tmp_path):
+    """refresh_options puts memoized statistics on every scheduled run, the cold first one included:
+    the spec's births and moves stay on (the fit finds the 20 planted classes from 5)."""
+    from flows.schedule import REFRESH_MEMO, refresh_options
+    from pipeline.fitting import fit_run, make_spec
+
+    assert refresh_options(None, {"moves": "merge"}) == {"moves": "merge", "memo": REFRESH_MEMO}
+    store = str(tmp_path / "s.zarr")
+    FeatureStore.create(store, PLANTED.shape[1], chunk_rows=500).append(PLANTED)
+    spec = make_spec(store, components=5, covariance="diag", learner_options=refresh_options(None, None))
+    res = fit_run(tmp_path / "run", spec)
+    assert spec.grow and res["learner_options"]["memo"] == REFRESH_MEMO
+    assert res["learner_options"]["moves"] == "merge,delete"
+    assert res["truncation"]["grew"] >= 2 and res["n_effective"] == 20

@@ -18,6 +18,13 @@ or not yet by this fit, is visited next, so every chunk is refreshed at least th
 converges when the bound rose by less than ``tol`` per unit of weight over the last lap (the
 iterations since the oldest last visit of any chunk: :meth:`MemoStats.converged`).
 
+Births and merge/delete moves (the pipeline's defaults) run as without ``memo``: a birth proposal's
+passes visit every chunk through :meth:`MemoStats.run` (a refused proposal restores the kept
+statistics of before: :meth:`MemoStats.restore`), and a move round's pass, whose chosen statistics
+are no chunk's kept ones, invalidates them (:meth:`MemoStats.invalidate`): the next iteration visits
+every chunk. The learner's
+convergence test combines the lap test with the moves' and growth's.
+
 Warm starts (``vbcluster fit GROWN --warm-from R1``, a scheduled refresh, ``VBMixture`` with
 ``warm_start``): the statistics of chunks whose content key (the store's chunk checksums, a CRC-32 of
 in-memory rows) matches a kept one are adopted, so after an append only the new chunks (and the old
@@ -123,17 +130,16 @@ class MemoStats:
         self.have[idx] = True
         return self.total()
 
-    def converged(self, history: list[float], tol: float, n_weight: float) -> bool:
+    def converged(self, history: list[float], tol: float, n_weight: float, now: int) -> bool:
         """The bound rose by less than ``tol`` per unit of weight over the last *lap*: the iterations
         since the oldest last visit of any chunk, so every row's q(z) was refreshed within them. This
         is a full pass's test (one pass refreshes every row once); a chunk never visited by this fit
         (adopted by a warm start) leaves it unconverged, so a refresh ends only after every old chunk
-        was visited under the new posterior. ``history[-1]`` is the bound after iteration
-        ``self.visited.max()``; earlier entries, the iterations before (a warm start's previous bound
-        may precede them)."""
+        was visited under the new posterior. ``history[-1]`` is the bound after iteration ``now``;
+        earlier entries, the iterations before (a warm start's previous bound may precede them)."""
         if self.have.size == 0 or not self.have.all():
             return False
-        now, oldest = int(self.visited.max()), int(self.visited.min())
+        oldest = int(self.visited.min())
         before = len(history) - 1 - (now - oldest + 1)  # the bound before the lap's first iteration
         if oldest < 2 or before < 0:
             return False
@@ -147,10 +153,30 @@ class MemoStats:
         self.k = total.stats.n_components
         return total
 
+    def invalidate(self) -> None:
+        """An iteration outside :meth:`run` (a move round's pass, a birth proposal) set q(Z) and the
+        components: no kept state describes them, so every chunk is visited next (a full pass that
+        keeps its statistics)."""
+        self.states = [None] * self.have.size
+        self.have[:] = False
+        self.moved[:] = np.inf
+        self.k = -1
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """The kept states and bookkeeping, for :meth:`restore` (references: nothing is copied off
+        the engine)."""
+        return list(self.states), self.have.copy(), self.moved.copy(), self.visited.copy(), self.k
+
+    def restore(self, snap: tuple[Any, ...]) -> None:
+        """Back to a :meth:`snapshot` (a refused birth proposal leaves q(Z) and q(theta) as they were)."""
+        states, have, moved, visited, self.k = snap
+        self.states, self.have, self.moved = list(states), have.copy(), moved.copy()
+        self.visited = visited.copy()
+
     def relabel(self, order: np.ndarray) -> None:
         """The components became ``order`` (old indices, new order): every kept state follows."""
         order = np.asarray(order, dtype=np.int64)
-        if order.size == self.k and np.array_equal(order, np.arange(self.k)):
+        if not self.have.any() or (order.size == self.k and np.array_equal(order, np.arange(self.k))):
             return
         self.k = order.size  # (rare: gathered, taken and placed back where the chunks live)
         parts = [take_memo(p, order) for p in self.ctx.engine.fetch_states(self.states)]
@@ -209,6 +235,8 @@ class MemoStats:
 def _results(arrays: Mapping[str, np.ndarray], rows: Any, present: np.ndarray) -> list[KernelResult | None]:
     """The kept results of rows ``rows`` of the stacked arrays (None where not ``present``)."""
     out: list[KernelResult | None] = []
+    if not np.any(present):  # (a checkpoint right after a move round keeps no statistics)
+        return [None] * len(present)
     shift, pooled = arrays[_PREFIX + "shift"], bool(arrays[_PREFIX + "pooled"])
     for j, ok in zip(rows, present, strict=True):
         if not ok:

@@ -3,7 +3,8 @@
 Options beyond the plain algorithm: the truncated E-step over candidate clusters per row
 (``candidates``, :mod:`pipeline.learners.truncated`; Forster & Lücke 2018) and merge/delete moves on
 the exact ELBO (``moves``, :mod:`pipeline.learners.moves`; Hughes & Sudderth 2013). Both are off by
-default; they combine (:mod:`vbcore.trunc_moves`).
+default; they combine (:mod:`vbcore.trunc_moves`). Memoized statistics (``memo``,
+:mod:`pipeline.learners.memo`) combine with the moves and births, not with the truncated E-step.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ class VBEM(TruncatedLearner):
         check_truncated_options(cls.name, opts)
         check_move_options(cls.name, {**opts, "moves": "none"} if opts["moves"] == "auto" else opts)
         check_memo_option(cls.name, opts["memo"])
-        if opts["memo"] > 0 and (opts["candidates"] > 0 or opts["moves"] not in ("none", "auto")):
+        if opts["memo"] > 0 and opts["candidates"] > 0:
             raise ConfigError(f"learner option 'memo' of {cls.name!r} keeps the exact E-step's statistics: "
-                              "it cannot be combined with 'candidates' > 0 or 'moves' yet")
+                              "it cannot be combined with 'candidates' > 0 yet")
         if int(opts["grow_iters"]) < 1:
             raise ConfigError(f"learner option 'grow_iters' of {cls.name!r} must be >= 1, "
                               f"got {opts['grow_iters']!r}")
@@ -83,19 +84,19 @@ class VBEM(TruncatedLearner):
         if self.opts["moves"] == "auto":
             tied_trunc = ctx.covariance_type == "tied" and int(self.opts.get("candidates", 0)) > 0
             dp = ctx.weight_type == "dirichlet_process"
-            memo = float(self.opts["memo"]) > 0
-            self.opts["moves"] = "merge,delete" if ctx.grow and dp and not tied_trunc and not memo else "none"
+            self.opts["moves"] = "merge,delete" if ctx.grow and dp and not tied_trunc else "none"
         self.moves = Moves(self.name, self.opts)
         memo = float(self.opts["memo"])
         self.memo = MemoStats(ctx, memo) if memo > 0 else None
         start = int(ctx.prior.n_components)
         limit = ctx.max_components if ctx.max_components is not None else default_limit(start, ctx.n_rows)
-        enabled = (ctx.grow and ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
-                   and self.memo is None)  # memoized statistics are per component: no births yet
+        enabled = ctx.grow and ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
         self.growth = Growth(enabled, start, limit, int(self.opts["grow_iters"]))
+        self.iteration = 0  # the last step's (the memoized convergence test's lap ends there)
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
+        self.iteration = iteration
         if self.growth.pending:
             return self.grow(iteration)
         trunc = self.truncated
@@ -108,6 +109,8 @@ class VBEM(TruncatedLearner):
             stats = trunc.run(self.post, iteration).stats
         elif self.moves.due(iteration):
             stats = self.moves.run(self.ctx, self.post)
+            if self.memo is not None:  # the round's q(Z) is not the kept one
+                self.memo.invalidate()
         elif self.memo is not None:
             stats = self.memo.run(estep_params(self.post, self.ctx.shift), iteration).stats
         else:
@@ -145,14 +148,17 @@ class VBEM(TruncatedLearner):
         growth, ctx = self.growth, self.ctx
         growth.pending = False
         old_post, old_prior, last = self.post, ctx.prior, growth.last
+        kept = None if self.memo is None else self.memo.snapshot()
         k = growth.next_truncation()
         proposal = propose(ctx, old_post, old_prior, k, iteration)
         if proposal is not None:
             ctx.prior = replace(old_prior, n_components=k)
             self.post = proposal
             for _ in range(growth.iters):
-                stats = vbem_pass(ctx, self.post).stats
+                stats = self.full_pass(iteration)
                 terms, keep = self.update(stats)
+                if keep is not None and self.memo is not None:
+                    self.memo.relabel(kept_components(self.post, keep))
                 if terms.total > last.total + growth.min_gain:
                     growth.truncation, growth.grown = k, growth.grown + 1
                     if self.truncated is not None:  # new candidate sets for the new components
@@ -160,12 +166,24 @@ class VBEM(TruncatedLearner):
                     self.moves.restart(iteration, stats, keep, self.post, ctx.prior, ctx.reg_covar)
                     return self.post, terms
         ctx.prior, self.post, growth.last, growth.refused = old_prior, old_post, last, True
+        if kept is not None and self.memo is not None:  # q(Z) and q(theta) as before the proposal
+            self.memo.restore(kept)
         return old_post, last
 
+    def full_pass(self, iteration: int) -> SuffStats:
+        """A pass over every chunk (a birth proposal's): memoized statistics keep theirs."""
+        assert self.post is not None
+        if self.memo is None:
+            return vbem_pass(self.ctx, self.post).stats
+        every = np.arange(len(self.ctx.handles))
+        return self.memo.run(estep_params(self.post, self.ctx.shift), iteration, visit=every).stats
+
     def converged(self, history: list[float], tol: float) -> bool:
-        if self.memo is not None:  # per unit of the visited rows' weight
-            return self.memo.converged(history, tol, self.ctx.n_weight)
-        done = self.moves.converged(super().converged(history, tol))
+        if self.memo is not None:  # over the last lap of visits, per unit of weight
+            base = self.memo.converged(history, tol, self.ctx.n_weight, self.iteration)
+        else:
+            base = super().converged(history, tol)
+        done = self.moves.converged(base)
         assert self.post is not None
         self.growth.min_gain = tol * self.ctx.n_weight
         return done and not self.growth.wants(n_used(self.post), self.post.n_components)
