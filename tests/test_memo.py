@@ -217,15 +217,22 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
 
 
 def test_a_memoized_fit_with_births_resumes_and_runs_on_dask_with_the_same_bits(tmp_path, client):
-    kw = {**GROW, "learner_options": {"memo": 0.3}, "checkpoint_every": 3}
+    """Cut after iteration 30 (between births) and 50 (a move round's: its checkpoint keeps no
+    statistics), resumed: the bits of the uninterrupted fit, as on Dask."""
+    kw = {**GROW, "learner_options": {"memo": 0.3}, "checkpoint_every": 10}
     reference = _fit(PLANTED, **kw)
-    assert reference.truncation_["grew"] >= 2
-    cut = _fit(PLANTED, **{**kw, "max_iter": 12}, checkpoint_dir=str(tmp_path / "a"))
-    assert 0 < cut.truncation_["grew"] < reference.truncation_["grew"]  # stopped between births
-    resumed = _fit(PLANTED, **kw, checkpoint_dir=str(tmp_path / "a"))
-    assert resumed.resumed_from_.endswith("ckpt-00000012")
-    for got in (resumed, _fit(PLANTED, client, **kw)):
-        same_fit_bits(got, reference)
+    assert reference.truncation_["grew"] >= 2 and reference.n_iter_ > 50
+    for cut in (30, 50):
+        where = str(tmp_path / str(cut))
+        stopped = _fit(PLANTED, **{**kw, "max_iter": cut}, checkpoint_dir=where)
+        assert cut != 30 or 0 < stopped.truncation_["grew"] < reference.truncation_["grew"]
+        with np.load(f"{where}/ckpt-{cut:08d}/state.npz") as ckpt:
+            have = next(ckpt[k] for k in ckpt.files if k.endswith("memo.have"))
+        assert have.all() == (cut == 30)
+        resumed = _fit(PLANTED, **kw, checkpoint_dir=where)
+        assert resumed.resumed_from_.endswith(f"ckpt-{cut:08d}")
+        same_fit_bits(resumed, reference)
+    same_fit_bits(_fit(PLANTED, client, **kw), reference)
 
 
 def test_a_scheduled_cold_fit_keeps_growth_and_moves(tmp_path):

@@ -9,6 +9,7 @@ default; they combine (:mod:`vbcore.trunc_moves`). Memoized statistics (``memo``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -88,6 +89,8 @@ class VBEM(TruncatedLearner):
         self.moves = Moves(self.name, self.opts)
         memo = float(self.opts["memo"])
         self.memo = MemoStats(ctx, memo) if memo > 0 else None
+        if self.memo is not None:  # move_every counts passes: a lap of visits is ceil(1 / memo) iterations
+            self.moves.opts["move_every"] = int(self.opts["move_every"]) * math.ceil(1.0 / memo)
         start = int(ctx.prior.n_components)
         limit = ctx.max_components if ctx.max_components is not None else default_limit(start, ctx.n_rows)
         enabled = ctx.grow and ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
