@@ -36,7 +36,8 @@ import numpy as np
 
 KW = dict(covariance_type="diag", random_state=0, tol=1e-4, max_iter=300, chunk_rows=8192)
 #: the model of ``--model``: the command line's defaults (FitSpec), or VBMixture's scikit-learn ones
-MODELS = {"cli": dict(prior_defaults="empirical", grow=True, init_params="k-means++-projected"), "sklearn": {}}
+MODELS = {"cli": dict(prior_defaults="empirical", grow=True, init_params="k-means++-projected"),
+          "sklearn": {}}
 
 
 def _fit(model, X, **kw):
