@@ -24,8 +24,9 @@ from pipeline.learners.vbem import VBEM, vbem_pass
 from pipeline.store import FeatureStore
 from tests._reference import planted_blobs, same_fit_bits
 from vbcore.errors import ConfigError
-from vbcore.kernels import estep_params, vbem_kernel
+from vbcore.kernels import EStepParams, KernelResult, estep_params, vbem_kernel
 from vbcore.metrics import nmi
+from vbcore.moves import move_kernel
 
 RNG = np.random.default_rng(2013)
 CENTRES = RNG.normal(0.0, 4.0, size=(6, 5))
@@ -156,22 +157,29 @@ def test_a_memoized_fit_grows_and_moves_as_the_fit_without_memo():
     assert memo.n_effective_ == plain.n_effective_ == 20
     assert nmi(PLANTED_LAB, memo.predict(PLANTED)) > 0.99
     assert memo.lower_bound_ == pytest.approx(plain.lower_bound_, rel=1e-5)
+    same_fit_bits(_fit(PLANTED, **GROW, learner_options={"memo": 1.0}), plain)  # every chunk, every iteration
 
 
 def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputation(monkeypatch):
     """Every chunk's kept statistics, reduced, are the bits of recomputing each chunk's statistics with
     the posterior of its last visit (then the relabellings since), after every iteration where all
-    chunks have them: births keep the statistics of their passes, a move round's pass invalidates them
-    (the next iteration visits every chunk)."""
-    log: dict[int, list] = {}  # chunk -> [the E-step parameters of its last visit, relabellings since]
+    chunks have them: births keep the statistics of their passes, a move round keeps its regular
+    statistics when it accepts nothing and invalidates them when it does (the next iteration visits
+    every chunk)."""
+    log: dict[int, list] = {}  # chunk -> [the E-step (or move) parameters of its last visit, relabellings]
     seen = {"births": 0, "rounds": 0, "checks": 0}
     run, relabel, invalidate, step = MemoStats.run, MemoStats.relabel, MemoStats.invalidate, VBEM.step
+    run_moves = MemoStats.run_moves
     snapshot, restore = MemoStats.snapshot, MemoStats.restore
 
     def logged_run(self, params, iteration, visit=None):
         visit = self.choose(iteration) if visit is None else np.asarray(visit)
         log.update({i: [params] for i in visit.tolist()})
         return run(self, params, iteration, visit=visit)
+
+    def logged_run_moves(self, params, iteration):
+        log.update({i: [params] for i in range(len(self.ctx.handles))})
+        return run_moves(self, params, iteration)
 
     def logged_relabel(self, order):
         if self.have.any():
@@ -198,7 +206,9 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
         if self.memo.have.all():
             want = []
             for i, h in enumerate(self.ctx.handles):
-                res = vbem_kernel(h, log[i][0])
+                p = log[i][0]
+                res = (vbem_kernel(h, p) if isinstance(p, EStepParams)
+                       else KernelResult(move_kernel(h, p).stats, 0.0))
                 for order in log[i][1:]:
                     res = take_memo(res, order)
                 want.append(res)
@@ -207,7 +217,8 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
             seen["births"] += self.growth.grown > grown
         return out
 
-    for name, fn in (("run", logged_run), ("relabel", logged_relabel), ("invalidate", logged_invalidate),
+    for name, fn in (("run", logged_run), ("run_moves", logged_run_moves), ("relabel", logged_relabel),
+                     ("invalidate", logged_invalidate),
                      ("snapshot", logged_snapshot), ("restore", logged_restore)):
         monkeypatch.setattr(MemoStats, name, fn)
     monkeypatch.setattr(VBEM, "step", checked_step)
@@ -217,12 +228,12 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
 
 
 def test_a_memoized_fit_with_births_resumes_and_runs_on_dask_with_the_same_bits(tmp_path, client):
-    """Cut after iteration 30 (between births) and 50 (a move round's: its checkpoint keeps no
-    statistics), resumed: the bits of the uninterrupted fit, as on Dask."""
-    kw = {**GROW, "learner_options": {"memo": 0.3}, "checkpoint_every": 10}
+    """Cut after iteration 30 (between births) and 32 (a move round that merged: its checkpoint keeps
+    no statistics), resumed: the bits of the uninterrupted fit, as on Dask."""
+    kw = {**GROW, "learner_options": {"memo": 0.3}, "checkpoint_every": 2}
     reference = _fit(PLANTED, **kw)
-    assert reference.truncation_["grew"] >= 2 and reference.n_iter_ > 50
-    for cut in (30, 50):
+    assert reference.truncation_["grew"] >= 3 and reference.n_iter_ > 32
+    for cut in (30, 32):
         where = str(tmp_path / str(cut))
         stopped = _fit(PLANTED, **{**kw, "max_iter": cut}, checkpoint_dir=where)
         assert cut != 30 or 0 < stopped.truncation_["grew"] < reference.truncation_["grew"]

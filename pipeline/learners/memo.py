@@ -20,9 +20,10 @@ iterations since the oldest last visit of any chunk: :meth:`MemoStats.converged`
 
 Births and merge/delete moves (the pipeline's defaults) run as without ``memo``: a birth proposal's
 passes visit every chunk through :meth:`MemoStats.run` (a refused proposal restores the kept
-statistics of before: :meth:`MemoStats.restore`), and a move round's pass, whose chosen statistics
+statistics of before: :meth:`MemoStats.restore`), a move round's pass keeps each chunk's regular
+statistics (:meth:`MemoStats.run_moves`), and a round that accepts a move, whose chosen statistics
 are no chunk's kept ones, invalidates them (:meth:`MemoStats.invalidate`): the next iteration visits
-every chunk. The learner's
+every chunk. ``memo=1`` is plain VB EM's trajectory bit for bit, births and moves included. The learner's
 convergence test combines the lap test with the moves' and growth's.
 
 Warm starts (``vbcluster fit GROWN --warm-from R1``, a scheduled refresh, ``VBMixture`` with
@@ -40,9 +41,11 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine import tree_reduce
 from pipeline.learners.base import FitContext, restart_lineage
 from vbcore.errors import ConfigError
 from vbcore.kernels import EStepParams, KernelResult, vbem_kernel
+from vbcore.moves import MoveParams, MoveResult, move_kernel
 from vbcore.stats import SuffStats
 
 _PREFIX = "memo."
@@ -61,10 +64,25 @@ def memo_kernel(chunk: Any, old: KernelResult | None, params: EStepParams) -> tu
     state, and how far its responsibilities moved since the last visit (``sum_k |dN_k|`` per unit of
     weight; infinite on the first visit)."""
     new = vbem_kernel(chunk, params)
+    return new, _movement(old, new)
+
+
+def memo_move_kernel(chunk: Any, old: KernelResult | None,
+                     params: MoveParams) -> tuple[KernelResult, tuple[MoveResult, float]]:
+    """A move round's visit (:func:`vbcore.moves.move_kernel`): its regular statistics kept as the
+    chunk's new state (no spread of ``ln sum rho``: VB EM reads none), the round's result and the
+    movement."""
+    res = move_kernel(chunk, params)
+    new = KernelResult(res.stats, res.log_norm)
+    return new, (res, _movement(old, new))
+
+
+def _movement(old: KernelResult | None, new: KernelResult) -> float:
+    """``sum_k |dN_k|`` per unit of weight since the last visit (infinite without one)."""
     if old is None or old.stats.nk.shape != new.stats.nk.shape:
-        return new, math.inf
+        return math.inf
     w = new.stats.total_weight
-    return new, float(np.sum(np.abs(new.stats.nk - old.stats.nk)) / w) if w > 0 else 0.0
+    return float(np.sum(np.abs(new.stats.nk - old.stats.nk)) / w) if w > 0 else 0.0
 
 
 def take_memo(memo: KernelResult | None, order: np.ndarray) -> KernelResult | None:
@@ -129,6 +147,18 @@ class MemoStats:
             self.states[i], self.moved[i], self.visited[i] = s, float(m), iteration
         self.have[idx] = True
         return self.total()
+
+    def run_moves(self, params: MoveParams, iteration: int) -> MoveResult:
+        """A move round's pass over every chunk, keeping each chunk's regular statistics: the round's
+        result reduced over the fixed tree (a ``map_reduce``'s bits). If the round accepts a move,
+        the learner invalidates the kept statistics; if not, they are the round's q(Z)."""
+        ctx = self.ctx
+        kept, parts = ctx.engine.map_keep(memo_move_kernel, ctx.handles, self.states, params, combine=list)
+        self.states = list(kept)
+        self.moved[:] = [m for _, m in parts]
+        self.visited[:], self.have[:] = iteration, True
+        self.k = params.estep.const.shape[0]
+        return tree_reduce([r for r, _ in parts])
 
     def converged(self, history: list[float], tol: float, n_weight: float, now: int) -> bool:
         """The bound rose by less than ``tol`` per unit of weight over the last *lap*: the iterations

@@ -180,11 +180,13 @@ class Moves:
         keep = np.setdiff1d(np.arange(k), self.deletes) if self.deletes.size else None
         return keep, (_EMPTY if keep is None else reindex_pairs(self.pairs, keep, k))
 
-    def run(self, ctx: Any, post: Posterior) -> SuffStats:
-        """One move round: the E-step pass with the move quantities, then the best exact ELBO."""
+    def run(self, ctx: Any, post: Posterior, pass_: Any = None) -> SuffStats:
+        """One move round: the E-step pass with the move quantities, then the best exact ELBO.
+        ``pass_(params)``: the pass (default: ``map_reduce`` of :func:`vbcore.moves.move_kernel`;
+        VB EM's memoized statistics keep each chunk's regular statistics)."""
         keep, keep_pairs = self._prepare(post.n_components)
         params = MoveParams(estep_params(post, ctx.shift), self.pairs, keep, keep_pairs)
-        res = ctx.engine.map_reduce(move_kernel, ctx.handles, params)
+        res = ctx.engine.map_reduce(move_kernel, ctx.handles, params) if pass_ is None else pass_(params)
         return self.choose(ctx, res.stats, res.h, res.alt, res.alt_h, keep, keep_pairs)
 
     def truncated_request(self, k: int) -> TruncMoveRequest:

@@ -111,9 +111,11 @@ class VBEM(TruncatedLearner):
         elif trunc is not None:
             stats = trunc.run(self.post, iteration).stats
         elif self.moves.due(iteration):
-            stats = self.moves.run(self.ctx, self.post)
-            if self.memo is not None:  # the round's q(Z) is not the kept one
-                self.memo.invalidate()
+            memo = self.memo
+            stats = self.moves.run(self.ctx, self.post, None if memo is None else
+                                   lambda params: memo.run_moves(params, iteration))
+            if memo is not None and (self.moves.last_round["merges"] or self.moves.last_round["deleted"]):
+                memo.invalidate()  # the accepted moves' q(Z) is no chunk's kept one
         elif self.memo is not None:
             stats = self.memo.run(estep_params(self.post, self.ctx.shift), iteration).stats
         else:
