@@ -11,17 +11,20 @@ statistics over the fixed pairwise tree (the bits of a full pass over those resp
 M-step, and the exact bound.
 The rows of earlier batches are not read again: their responsibilities stay those of their last
 call, so the bound is the exact ELBO of all rows seen with that q(Z) and never decreases within a
-call. The first call (of an unfitted model) builds the prior from its batch (the data-dependent
-defaults of :func:`pipeline.fit_setup.build_prior`) and initialises as ``fit`` does; a model fitted
-by ``fit`` continues from its posterior and prior, with no statistics of the rows ``fit`` saw.
+call. The first call (of an unfitted model) *is* ``fit`` of its batch (one initialisation, the
+spec's growth and moves, the data-dependent prior of :func:`pipeline.fit_setup.build_prior` and its
+empirical updates; the same bits as ``fit`` with ``n_init=1``), keeping memoized statistics whose sum
+becomes the batch's statistics, so a representative first batch gives the model ``fit`` would give
+and later batches refine it. Later calls keep that prior and truncation (no growth, no pruning). A
+model fitted by ``fit`` continues from its posterior and prior, with no statistics of the rows
+``fit`` saw.
 
 Against scikit-learn's conventions (its mixtures have no ``partial_fit``; ``MiniBatchKMeans`` and the
 SGD estimators do): one call is one pass of the model over one batch. ``n_iter_`` is the number of
 VB EM iterations of the last call; ``converged_`` says whether the last call's bound changed by less
 than ``tol`` per unit of the batch's weight (its rows, or their ``sample_weight``) before ``max_iter``;
 ``lower_bound_`` is the exact bound over every row seen so far; ``lower_bounds_`` holds the last
-call's iterations. No ``ConvergenceWarning``: a batch need not converge. Only VB EM (``learner='vbem'``)
-and no pruning (the truncation keeps ``n_components``).
+call's iterations. No ``ConvergenceWarning``: a batch need not converge. Only VB EM (``learner='vbem'``).
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine import make_engine, tree_reduce
-from pipeline.fit_driver import CountingEngine
-from pipeline.fit_setup import initial_posterior, open_source, setup
-from pipeline.learners.memo import chunk_keys
+from pipeline.fit_driver import CountingEngine, run_fit
+from pipeline.fit_setup import open_source, setup
+from pipeline.learners.memo import chunk_keys, kept_total
 from pipeline.learners.vbem import vbem_pass
 from pipeline.spec import FitSpec
 from vbcore.elbo import ElboTerms, elbo_terms
@@ -76,15 +79,16 @@ def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: P
     source = open_source(X, int(spec.chunk_rows), sample_weight)
     eng = make_engine(engine, spec.persist)
     try:
+        if state is None and post is None:
+            return _first_fit(spec, source, eng, random_state)
         shift = None if state is None else state.shift
         ctx = setup(spec, source, CountingEngine(eng), random_state, shift=shift)
         try:
             if state is None:
                 state = PartialState(ctx.shift, ctx.prior if prior is None else prior)
             ctx = replace(ctx, prior=state.prior)
-            if post is None:
-                post = initial_posterior(spec, ctx, None, random_state)
-            elif post.n_features != source.n_features:
+            assert post is not None  # (an unfitted model's first call is _first_fit)
+            if post.n_features != source.n_features:
                 raise InputError(f"X has {source.n_features} features, but the model was fitted with "
                                  f"{post.n_features}")
             key = "/".join(chunk_keys(source))
@@ -100,6 +104,19 @@ def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: P
         state.keys.append(key)
     state.memos[at] = memo
     return out, state
+
+
+def _first_fit(spec: FitSpec, source: Any, engine: Any,
+               random_state: Any) -> tuple[PartialOutcome, PartialState]:
+    """The first batch of an unfitted model: ``fit`` of the batch (one initialisation; growth and moves
+    as the spec says) keeping memoized statistics (``memo``; 1 unless given: plain VB EM's bits),
+    whose sum over the batch's chunks becomes the batch's statistics."""
+    opts = dict(spec.learner_options)
+    opts["memo"] = opts.get("memo") or 1.0
+    out = run_fit(replace(spec, learner_options=opts), source, engine, random_state=random_state)
+    memo = kept_total(out.kept)
+    state = PartialState(np.asarray(memo.stats.shift), out.prior, [memo], ["/".join(chunk_keys(source))])
+    return PartialOutcome(out.post, out.terms, out.history, out.converged, out.n_iter), state
 
 
 def _iterate(spec: FitSpec, ctx: Any, state: PartialState, post: Posterior,

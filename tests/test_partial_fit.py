@@ -13,6 +13,7 @@ import pytest
 
 from pipeline import VBMixture
 from pipeline.engine import tree_reduce
+from tests._reference import planted_blobs, same_fit_bits
 from vbcore.elbo import elbo_terms
 from vbcore.errors import ConfigError, InputError
 
@@ -40,9 +41,8 @@ def test_one_batch_of_all_rows_is_fit_and_five_batches_end_near_it():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         full = VBMixture(**KW).fit(X)
-    one = VBMixture(**KW).partial_fit(X)
-    np.testing.assert_allclose(one.means_, full.means_, rtol=1e-9, atol=1e-9)
-    assert one.lower_bound_ == pytest.approx(full.lower_bound_, rel=1e-9)
+    one = VBMixture(**KW).partial_fit(X)  # the first call of an unfitted model is fit
+    same_fit_bits(one, full)
     five = VBMixture(**KW)  # (ten batches of 300 rows here start from too few rows: 4 clusters, -0.4%)
     for batch in np.array_split(X, 5):
         five.partial_fit(batch)
@@ -85,3 +85,26 @@ def test_a_batch_passed_again_replaces_its_statistics_and_laps_reach_fit():
     assert sum(m.stats.n_rows for m in model.partial_state_.memos) == X.shape[0]
     assert laps[0] <= laps[1] <= laps[2]  # a revisit replaces the batch's statistics: the bound rises
     assert model.lower_bound_ == pytest.approx(full.lower_bound_, rel=1e-4)
+
+
+def test_the_first_call_is_fit_of_its_batch_with_growth_and_moves():
+    """The first call of an unfitted model fits its batch as ``fit`` does (the command line's model:
+    births from 5 components to the 20 planted classes, moves), the same bits, and keeps the batch's
+    statistics: their bound with the posterior is the fit's; a second batch then refines it."""
+    x, _ = planted_blobs(n=6000, d=16, k=20, seed=11)
+    x = x.astype(np.float32)
+    kw = dict(n_components=5, covariance_type="diag", random_state=0, chunk_rows=500, max_iter=200,
+              grow=True, prior_defaults="empirical", init_params="k-means++-projected")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = VBMixture(**kw).fit(x[:3000])
+    first = VBMixture(**kw).partial_fit(x[:3000])
+    same_fit_bits(first, full)
+    assert first.n_effective_ == 20 and first.converged_ == full.converged_  # from 5 components: births
+    (memo,) = first.partial_state_.memos
+    assert memo.stats.n_rows == 3000
+    assert elbo_terms(memo.stats, first.posterior_, first.prior_).total == pytest.approx(first.lower_bound_,
+                                                                                          rel=1e-9)
+    first.partial_fit(x[3000:])
+    assert first.n_effective_ == 20 and len(first.partial_state_.memos) == 2
+    assert np.all(np.diff(first.lower_bounds_) >= -1e-9 * abs(first.lower_bound_))

@@ -262,6 +262,15 @@ class MemoStats:
         return int(take.sum())
 
 
+def kept_total(arrays: Mapping[str, np.ndarray]) -> KernelResult:
+    """The kept results of :meth:`MemoStats.state` (every chunk must have one) reduced over the fixed
+    tree: the global statistics of the fit's last iteration, the bits of :meth:`MemoStats.total`."""
+    have = np.asarray(arrays[_PREFIX + "have"], dtype=bool)
+    if have.size == 0 or not have.all():
+        raise ConfigError("memoized statistics: a chunk has not been visited yet")
+    return tree_reduce(_results(arrays, range(have.size), have))
+
+
 def _results(arrays: Mapping[str, np.ndarray], rows: Any, present: np.ndarray) -> list[KernelResult | None]:
     """The kept results of rows ``rows`` of the stacked arrays (None where not ``present``)."""
     out: list[KernelResult | None] = []

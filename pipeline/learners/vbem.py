@@ -96,10 +96,11 @@ class VBEM(TruncatedLearner):
         enabled = ctx.grow and ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
         self.growth = Growth(enabled, start, limit, int(self.opts["grow_iters"]))
         self.iteration = 0  # the last step's (the memoized convergence test's lap ends there)
+        self.round = False  # the last step was a move round (a full pass)
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
-        self.iteration = iteration
+        self.iteration, self.round = iteration, False
         if self.growth.pending:
             return self.grow(iteration)
         trunc = self.truncated
@@ -111,7 +112,7 @@ class VBEM(TruncatedLearner):
         elif trunc is not None:
             stats = trunc.run(self.post, iteration).stats
         elif self.moves.due(iteration):
-            memo = self.memo
+            memo, self.round = self.memo, True
             stats = self.moves.run(self.ctx, self.post, None if memo is None else
                                    lambda params: memo.run_moves(params, iteration))
             if memo is not None and (self.moves.last_round["merges"] or self.moves.last_round["deleted"]):
@@ -184,9 +185,9 @@ class VBEM(TruncatedLearner):
         return self.memo.run(estep_params(self.post, self.ctx.shift), iteration, visit=every).stats
 
     def converged(self, history: list[float], tol: float) -> bool:
-        if self.memo is not None:  # over the last lap of visits, per unit of weight
+        if self.memo is not None and not self.round:  # over the last lap of visits, per unit of weight
             base = self.memo.converged(history, tol, self.ctx.n_weight, self.iteration)
-        else:
+        else:  # (a move round is a full pass, whatever it did to the kept statistics)
             base = super().converged(history, tol)
         done = self.moves.converged(base)
         assert self.post is not None
