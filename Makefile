@@ -36,7 +36,7 @@ demo: venv
 	@mkdir -p .vbcluster/prefect
 	PREFECT_HOME=$(CURDIR)/.vbcluster/prefect $(TEST_ENV) $(VPY) -m flows.demo --out .vbcluster/demo
 
-# All benchmarks (about 20-25 minutes on 2 cores by the parts, plus bench_refresh: 21 minutes at load 9-11;
+# All benchmarks (about 20-25 minutes on 2 cores by the parts, plus bench_refresh: 6-7 minutes at load 6;
 # the synthetic stores are kept in bench/out/).
 bench: venv
 	$(VPY) bench/bench_vbem.py
