@@ -123,13 +123,17 @@ def refresh_flow(
     if p["action"] == "skip":
         return {"action": "skip", "reason": p["reason"], "latest": p["previous"]}
     warm = p["previous"] if p["action"] == "warm" else None
-    spec = make_spec(store, learner=learner, components=components, covariance=covariance,
-                     weights=weights, max_iter=max_iter, tol=tol, seed=seed, cluster=cluster,
-                     learner_options=refresh_options(learner, learner_options), pca=pca,
-                     whiten=whiten or None)
+
+    def refresh_spec(cold: bool) -> Any:
+        return make_spec(store, learner=learner, components=components, covariance=covariance,
+                         weights=weights, max_iter=max_iter, tol=tol, seed=seed, cluster=cluster,
+                         learner_options=refresh_options(learner, learner_options, cold), pca=pca,
+                         whiten=whiten or None)
+
+    spec = refresh_spec(warm is None)
     if warm is not None and (problem := warm_start_problem(warm, spec)):
         logger.info("cold start instead of a warm start from %s: %s", warm, problem)
-        warm = None
+        warm, spec = None, refresh_spec(True)
         p["action"], p["reason"] = "cold", problem
     # a refresh that died mid-fit: resume it
     run_dir = unfinished_version(out, p["fingerprint"], spec.to_dict())
@@ -150,14 +154,17 @@ def refresh_flow(
             "warm_start_from": result.get("warm_start_from")}
 
 
-def refresh_options(learner: str | None, options: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The learner options of a refresh: VB EM keeps memoized statistics (``memo`` =
-    :data:`REFRESH_MEMO` unless given), so that after an append the next refresh adopts those of the
-    unchanged chunks and visits the new ones first (:mod:`pipeline.learners.memo`). The memoized fit
-    keeps the spec's growth and merge/delete moves (the cold first run of a schedule included)."""
+def refresh_options(learner: str | None, options: dict[str, Any] | None,
+                    cold: bool = False) -> dict[str, Any] | None:
+    """The learner options of a refresh: VB EM keeps memoized statistics (``memo`` unless given), so
+    that after an append the next refresh adopts those of the unchanged chunks and visits the new ones
+    first (:mod:`pipeline.learners.memo`): :data:`REFRESH_MEMO` for a warm start, 1 for a ``cold`` one
+    (every chunk every iteration: plain VB EM's trajectory bit for bit, with the statistics kept; at
+    0.1 a cold fit's ``max_iter`` would be a tenth of the passes, too few for births from below the
+    truth). The memoized fit keeps the spec's growth and merge/delete moves."""
     opts = dict(options or {})
     if (learner or "vbem") == "vbem" and "memo" not in opts and int(opts.get("candidates", -1)) <= 0:
-        opts["memo"] = REFRESH_MEMO
+        opts["memo"] = 1.0 if cold else REFRESH_MEMO
     return opts or None
 
 

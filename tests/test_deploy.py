@@ -117,7 +117,8 @@ def test_the_next_refresh_resumes_a_refresh_that_died(tmp_path, prefect_api, mon
     monkeypatch.setattr(np, "savez", disk_full_once)
     with pytest.raises(CheckpointError, match="No space left on device"):
         # the refresh's own settings (its memoized VB EM), as a refresh that died would have them
-        fit_run(dead, make_spec(store, checkpoint_every=5, learner_options=refresh_options(None, None), **kw))
+        opts = refresh_options(None, None, cold=True)  # (the first run of this output: a cold start)
+        fit_run(dead, make_spec(store, checkpoint_every=5, learner_options=opts, **kw))
     monkeypatch.setattr(np, "savez", real)
     assert latest(out) is None and not (dead / "result.json").exists()
     res = refresh_flow(store, out, **kw)

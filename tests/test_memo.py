@@ -247,16 +247,20 @@ def test_a_memoized_fit_with_births_resumes_and_runs_on_dask_with_the_same_bits(
 
 
 def test_a_scheduled_cold_fit_keeps_growth_and_moves(tmp_path):
-    """refresh_options puts memoized statistics on every scheduled run, the cold first one included:
-    the spec's births and moves stay on (the fit finds the 20 planted classes from 5)."""
+    """refresh_options puts memoized statistics on every scheduled run, the cold first one included
+    (memo=1 there: plain VB EM's bits, statistics kept): the spec's births and moves stay on (the
+    fit finds the 20 planted classes from 5), for a warm refresh's memo=0.1 as well."""
     from flows.schedule import REFRESH_MEMO, refresh_options
     from pipeline.fitting import fit_run, make_spec
 
     assert refresh_options(None, {"moves": "merge"}) == {"moves": "merge", "memo": REFRESH_MEMO}
+    assert refresh_options(None, None, cold=True) == {"memo": 1.0}
     store = str(tmp_path / "s.zarr")
     FeatureStore.create(store, PLANTED.shape[1], chunk_rows=500).append(PLANTED)
-    spec = make_spec(store, components=5, covariance="diag", learner_options=refresh_options(None, None))
-    res = fit_run(tmp_path / "run", spec)
-    assert spec.grow and res["learner_options"]["memo"] == REFRESH_MEMO
-    assert res["learner_options"]["moves"] == "merge,delete"
-    assert res["truncation"]["grew"] >= 2 and res["n_effective"] == 20
+    for cold in (True, False):
+        opts = refresh_options(None, None, cold)
+        spec = make_spec(store, components=5, covariance="diag", learner_options=opts)
+        res = fit_run(tmp_path / f"run-{cold}", spec)
+        assert spec.grow and res["learner_options"]["memo"] == opts["memo"]
+        assert res["learner_options"]["moves"] == "merge,delete"
+        assert res["truncation"]["grew"] >= 2 and res["n_effective"] == 20
