@@ -340,16 +340,15 @@ class VBMixture(DensityMixin, BaseEstimator):
                 ("pca", None if proj is None else proj.n_components, spec.pca),
                 ("whiten", proj is not None and proj.whiten, bool(spec.whiten)),
                 ("covariance_type", post.covariance_type, spec.covariance),
-                ("n_components", self.prior_.n_components, int(spec.components)),
+                ("n_components", self.prior_.n_components,  # growth moves the truncation: any will do
+                 self.prior_.n_components if spec.grow else int(spec.components)),
                 ("weight_concentration_prior_type", post.weight_type, spec.weights),
             )
             if old != new
         ]
         if changed:
-            raise ConfigError(
-                "warm_start: the new data or settings do not match the fitted model ("
-                + "; ".join(changed) + "); set warm_start=False to start over"
-            )
+            raise ConfigError("warm_start: the new data or settings do not match the fitted model ("
+                              + "; ".join(changed) + "); set warm_start=False to start over")
 
     def set_fitted(self, post: Posterior, prior: Prior, terms: ElboTerms, history: list[float],
                    converged: bool, n_iter: int, history_se: list[float | None] | None = None,

@@ -264,3 +264,24 @@ def test_a_scheduled_cold_fit_keeps_growth_and_moves(tmp_path):
         assert spec.grow and res["learner_options"]["memo"] == opts["memo"]
         assert res["learner_options"]["moves"] == "merge,delete"
         assert res["truncation"]["grew"] >= 2 and res["n_effective"] == 20
+
+
+def test_a_warm_start_from_a_fit_that_grew_continues_with_its_truncation(tmp_path):
+    """The command line's fit grows from 5 components; after an append, `--warm-from` it (what a
+    scheduled refresh runs) continues with the grown posterior and adopts the unchanged chunks'
+    statistics (before: 'warm_start: ... n_components 40 -> 5', exit 2)."""
+    import json
+
+    store = str(tmp_path / "s.zarr")
+    FeatureStore.create(store, PLANTED.shape[1], chunk_rows=500).append(PLANTED[:5000])
+    run, common = CliRunner().invoke, ["-k", "5", "--covariance", "diag", "--seed", "0", "-q"]
+    r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r1"), "-o", "memo=1", *common])
+    assert r.exit_code == 0, r.output
+    first = json.loads((tmp_path / "r1" / "result.json").read_text())
+    assert first["truncation"]["grew"] >= 2 and first["n_effective"] == 20
+    FeatureStore.open(store, "r+").append(PLANTED[5000:])  # two new chunks
+    r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r2"), "--warm-from", str(tmp_path / "r1"),
+                  "-o", "memo=0.2", *common])
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "r2" / "result.json").read_text())
+    assert res["adopted_chunks"] == 10 and res["n_effective"] == 20 and res["converged"]

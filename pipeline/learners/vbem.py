@@ -98,6 +98,14 @@ class VBEM(TruncatedLearner):
         self.iteration = 0  # the last step's (the memoized convergence test's lap ends there)
         self.round = False  # the last step was a move round (a full pass)
 
+    def start(self, post: Posterior) -> None:
+        """Begin from ``post``: a warm start from a fit whose truncation grew (or shrank) continues with
+        the warm posterior's components as its truncation (as a resume continues with its own)."""
+        if self.growth.enabled and post.n_components != self.ctx.prior.n_components:
+            self.ctx.prior = replace(self.ctx.prior, n_components=post.n_components)
+            self.growth.truncation = post.n_components
+        super().start(post)
+
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
         self.iteration, self.round = iteration, False
