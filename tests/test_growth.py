@@ -35,9 +35,8 @@ def test_saturation_rule() -> None:
     assert saturated(1, 1) and not saturated(0, 1) and saturated(90, 100) and not saturated(89, 100)
     g = Growth(True, 10, 40, 3)
     assert g.wants(9, 10) and g.next_truncation() == 20
-    assert not g.wants(8, 10)  # nothing accepted yet: a truncation that is not saturated stays
-    g.grown = 1
-    assert g.wants(8, 9) and g.next_truncation() == 10  # after a birth, births fill the truncation
+    assert not g.wants(8, 10)  # not saturated, no component pruned: nothing to fill
+    assert g.wants(8, 9) and g.next_truncation() == 10  # components pruned: births (if any pass) fill
     g.refused = True
     assert not g.wants(10, 10)
     assert not Growth(True, 40, 40, 3).wants(40, 40)  # at the limit
@@ -169,25 +168,38 @@ def test_the_bound_after_births_is_exact(blobs) -> None:
     assert after.lower_bound_ == pytest.approx(bound, rel=1e-9)
 
 
-def test_births_split_merged_groups_before_large_single_ones() -> None:
-    """The split's explained share (between-halves over total scatter) ranks a component holding two
-    groups above a larger one holding a single Gaussian, whatever their sizes."""
-    from pipeline.learners.growth import split_share, two_means
+def test_births_split_merged_groups_not_single_gaussians() -> None:
+    """The held-out bimodality test: two groups pass it at every size, one Gaussian fails it even with
+    few rows in many dimensions (where a direction fitted to the same rows would separate anything)."""
+    from pipeline.learners.growth import bimodal_threshold, held_out_bimodality
 
     rng = np.random.default_rng(3)
-    d = 32
-    single = rng.standard_normal((400, d))
-    merged = np.concatenate([rng.standard_normal((50, d)) + 4.0, rng.standard_normal((50, d)) - 4.0])
-    scale = np.ones(d)
-    shares = []
-    for rows in (single, merged):
-        worst = int(np.argmax(((rows - rows.mean(0)) ** 2).sum(1)))
-        lab = two_means(rows, rows.mean(0), rows[worst])
-        shares.append(split_share(rows, lab, scale))
-    assert shares[1] > 0.9 and shares[0] < 0.15
-    # closed form: two equal halves at +-c in every dimension, unit noise: c^2 / (c^2 + 1) explained
-    assert shares[1] == pytest.approx(16.0 / 17.0, abs=0.03)
-    assert split_share(np.zeros((5, 3)), np.array([0, 0, 1, 1, 1]), np.ones(3)) == 0.0
+    for n, d in ((20, 512), (60, 32), (400, 128)):
+        single = rng.standard_normal((n, d))
+        merged = np.concatenate([rng.standard_normal((n // 2, d)) + 1.0, rng.standard_normal((n // 2, d)) - 1.0])
+        assert held_out_bimodality(merged) > bimodal_threshold(n // 2) > held_out_bimodality(single)
+
+
+def test_best_cut_share_closed_forms_and_the_threshold_against_a_simulated_null() -> None:
+    from pipeline.learners.growth import best_cut_share, bimodal_threshold
+
+    assert best_cut_share(np.array([-2.0, -2.0, 3.0, 3.0, 3.0])) == pytest.approx(1.0)
+    assert best_cut_share(np.ones(4)) == 0.0
+    # brute force over every threshold of a small sample
+    p = np.random.default_rng(0).standard_normal(9)
+    tot = ((p - p.mean()) ** 2).sum()
+    brute = max(1 - (((p[p <= t] - p[p <= t].mean()) ** 2).sum() + ((p[p > t] - p[p > t].mean()) ** 2).sum()) / tot
+                for t in np.sort(p)[:-1])
+    assert best_cut_share(p) == pytest.approx(brute, rel=1e-12)
+    # a large Gaussian sample: 2/pi (the mean's split of a normal)
+    assert best_cut_share(np.random.default_rng(1).standard_normal(200_000)) == pytest.approx(2 / np.pi, abs=2e-3)
+    # the statistic of Gaussian rows (two held-out halves' cuts averaged) passes the threshold
+    # in at most 1% of draws at any size
+    rng = np.random.default_rng(2)
+    for half in (5, 10, 40):
+        stat = [(best_cut_share(rng.standard_normal(half)) + best_cut_share(rng.standard_normal(half))) / 2
+                for _ in range(2000)]
+        assert np.mean(np.asarray(stat) > bimodal_threshold(half)) <= 0.01
 
 
 @pytest.mark.parametrize("k", [5, 20, 200])

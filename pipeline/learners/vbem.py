@@ -164,7 +164,7 @@ class VBEM(TruncatedLearner):
         old_post, old_prior, last = self.post, ctx.prior, growth.last
         kept = None if self.memo is None else self.memo.snapshot()
         k = growth.next_truncation()
-        proposal = propose(ctx, old_post, old_prior, k, iteration)
+        proposal = propose(ctx, old_post, old_prior, k, iteration, gated=not growth.double)
         if proposal is not None:
             ctx.prior = replace(old_prior, n_components=k)
             self.post = proposal
