@@ -55,7 +55,7 @@ from vbcore.trunc_moves import TruncMoveRequest
 MOVE_KINDS = ("merge", "delete")
 #: the move options every learner with moves accepts, and their defaults
 MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
-                                "delete_share": 0.1, "delete_max": 8}
+                                "delete_share": 0.1, "delete_max": 32}
 #: the move options of the DP point learners and SVI (merges only; 'auto': on unless the candidate MAP
 #: search is, issue 26)
 HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", **{k: MOVE_OPTIONS[k] for k in (
