@@ -302,16 +302,15 @@ def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, 
         ctx.engine.passes = int(m.get("passes", 0))  # the count goes on (older checkpoints: from 0)
         return loop, post
     if warm is not None:
-        post = warm
-    else:
-        own = learner.initialise() if resp_init is None else None  # a learner's own initialisation
-        if own is None:
-            n0 = ctx.engine.passes
-            own = initial_posterior(spec, ctx, resp_init, random_state)
-            ctx.engine.passes = n0  # the setup's initialisation is not a learner pass
-        post = own
-    learner.start(post)
-    return loop, post
+        learner.start_warm(warm)
+        return loop, warm
+    own = learner.initialise() if resp_init is None else None  # a learner's own initialisation
+    if own is None:
+        n0 = ctx.engine.passes
+        own = initial_posterior(spec, ctx, resp_init, random_state)
+        ctx.engine.passes = n0  # the setup's initialisation is not a learner pass
+    learner.start(own)
+    return loop, own
 
 
 def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Posterior,

@@ -176,7 +176,8 @@ def test_births_split_merged_groups_not_single_gaussians() -> None:
     rng = np.random.default_rng(3)
     for n, d in ((20, 512), (60, 32), (400, 128)):
         single = rng.standard_normal((n, d))
-        merged = np.concatenate([rng.standard_normal((n // 2, d)) + 1.0, rng.standard_normal((n // 2, d)) - 1.0])
+        half = n // 2
+        merged = np.concatenate([rng.standard_normal((half, d)) + 1.0, rng.standard_normal((half, d)) - 1.0])
         assert held_out_bimodality(merged) > bimodal_threshold(n // 2) > held_out_bimodality(single)
 
 
@@ -188,11 +189,14 @@ def test_best_cut_share_closed_forms_and_the_threshold_against_a_simulated_null(
     # brute force over every threshold of a small sample
     p = np.random.default_rng(0).standard_normal(9)
     tot = ((p - p.mean()) ** 2).sum()
-    brute = max(1 - (((p[p <= t] - p[p <= t].mean()) ** 2).sum() + ((p[p > t] - p[p > t].mean()) ** 2).sum()) / tot
-                for t in np.sort(p)[:-1])
+    def within(g):
+        return ((g - g.mean()) ** 2).sum()
+
+    brute = max(1 - (within(p[p <= t]) + within(p[p > t])) / tot for t in np.sort(p)[:-1])
     assert best_cut_share(p) == pytest.approx(brute, rel=1e-12)
     # a large Gaussian sample: 2/pi (the mean's split of a normal)
-    assert best_cut_share(np.random.default_rng(1).standard_normal(200_000)) == pytest.approx(2 / np.pi, abs=2e-3)
+    big = np.random.default_rng(1).standard_normal(200_000)
+    assert best_cut_share(big) == pytest.approx(2 / np.pi, abs=2e-3)
     # the statistic of Gaussian rows (two held-out halves' cuts averaged) passes the threshold
     # in at most 1% of draws at any size
     rng = np.random.default_rng(2)
@@ -217,3 +221,26 @@ def test_the_pipeline_defaults_find_planted_classes_from_any_truncation(k) -> No
                   init_params=spec.init, max_iter=200, random_state=0).fit(x.astype(np.float32))
     assert m.n_effective_ == 20
     assert normalized_mutual_info_score(lab, m.predict(x)) > 0.99
+
+
+def test_a_warm_start_of_a_converged_grown_fit_spends_no_doubling(blobs) -> None:
+    """A warm start continues with a truncation its posterior does not saturate (it is a converged
+    answer): refitting the same rows proposes no doubling (passes: the iterations, the move rounds
+    among them, and no birth proposal's grow_iters passes) and keeps the classes."""
+    from pipeline.learners.growth import saturated, unsaturated_truncation
+
+    for n in (0, 1, 2, 9, 100, 397):
+        t = unsaturated_truncation(n)
+        assert not saturated(n, t) and (t == 1 or saturated(n, t - 1))
+    x, _ = blobs
+    first = _fit(x, 2)
+    assert first.n_effective_ == 8 and first.truncation_["grew"] >= 2
+    from pipeline.estimator import VBMixture
+
+    warm = VBMixture(2, covariance_type="diag", prior_defaults="empirical", grow=True, reg_covar=0.0,
+                     max_iter=120, random_state=0, chunk_rows=500, warm_start=True)
+    warm.posterior_, warm.prior_, warm.n_features_in_ = first.posterior_, first.prior_, x.shape[1]
+    warm.fit(x)
+    k = first.posterior_.n_components
+    assert warm.truncation_["start"] == unsaturated_truncation(k) and warm.truncation_["grew"] == 0
+    assert warm.n_effective_ == 8 and warm.n_passes_ == warm.n_iter_  # one pass an iteration, no proposal

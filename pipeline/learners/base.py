@@ -173,6 +173,11 @@ class Learner:
         """Begin from ``post`` (after initialisation, a warm start or a switch of learner)."""
         self.post = post
 
+    def start_warm(self, post: Posterior) -> None:
+        """Begin from the posterior of a finished fit (a warm start); :meth:`start` unless a learner
+        carries more over."""
+        self.start(post)
+
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         """One iteration; returns the posterior after it and the exact ELBO of the variational
         distribution it describes."""

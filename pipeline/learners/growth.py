@@ -61,6 +61,14 @@ def saturated(n_used: int, truncation: int) -> bool:
     return int(n_used) >= math.ceil(SATURATED_SHARE * int(truncation) - 1e-9)
 
 
+def unsaturated_truncation(n_used: int) -> int:
+    """The smallest truncation that ``n_used`` components do not saturate."""
+    t = int(math.floor(int(n_used) / SATURATED_SHARE + 1e-9)) + 1
+    while saturated(n_used, t):
+        t += 1
+    return t
+
+
 def default_limit(start: int, n_rows: int) -> int:
     """The default upper limit of a growing truncation: ``max(4 K, 1024)``, at most N."""
     return int(min(max(4 * int(start), 1024), max(int(n_rows), int(start))))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.learners import register
-from pipeline.learners.growth import Growth, default_limit, n_used, propose
+from pipeline.learners.growth import Growth, default_limit, n_used, propose, unsaturated_truncation
 from pipeline.learners.memo import MemoStats, check_memo_option
 from pipeline.learners.moves import MOVE_OPTIONS, Moves, check_move_options
 from pipeline.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
@@ -98,13 +98,17 @@ class VBEM(TruncatedLearner):
         self.iteration = 0  # the last step's (the memoized convergence test's lap ends there)
         self.round = False  # the last step was a move round (a full pass)
 
-    def start(self, post: Posterior) -> None:
-        """Begin from ``post``: a warm start from a fit whose truncation grew (or shrank) continues with
-        the warm posterior's components as its truncation (as a resume continues with its own)."""
-        if self.growth.enabled and post.n_components != self.ctx.prior.n_components:
-            self.ctx.prior = replace(self.ctx.prior, n_components=post.n_components)
-            self.growth.truncation = post.n_components
-        super().start(post)
+    def start_warm(self, post: Posterior) -> None:
+        """Begin from ``post``, a finished fit's. A warm start of a growing fit continues with a
+        truncation the warm posterior does not saturate (:func:`unsaturated_truncation`, at least
+        ``K``): that posterior is a converged answer, not a fit bound by its truncation, so the
+        refresh spends no doubling proposal on it; births still fill the truncation where new rows
+        bring new groups."""
+        if self.growth.enabled:
+            k = max(self.ctx.prior.n_components, unsaturated_truncation(post.n_components))
+            self.ctx.prior = replace(self.ctx.prior, n_components=k)
+            self.growth.truncation = self.growth.start = k
+        self.start(post)
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.post is not None, "start() first"
