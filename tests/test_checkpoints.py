@@ -169,6 +169,11 @@ def _cli(*args, env=None):
     return [sys.executable, "-m", "pipeline.cli", *args]
 
 
+def _newest_checkpoint(ckdir):
+    names = sorted(p.name for p in ckdir.glob("ckpt-*")) if ckdir.exists() else []
+    return names[-1] if names else ""
+
+
 def _posterior(run):
     with np.load(run / "posterior.npz") as z:
         return {k: z[k] for k in z.files if k != "meta"}
@@ -186,17 +191,24 @@ def test_sigkill_and_resume_is_bitwise(tmp_path, learner):
     subprocess.run(_cli("fit", str(store), "--run-dir", str(ref), *args), check=True, capture_output=True)
 
     run = tmp_path / "run"
+    ckdir = run / "checkpoints"
     env = dict(os.environ, **{PAUSE_ENV: "0.3"})  # widen the checkpoint-write window
     kill_rng = np.random.default_rng(1)
     kills = in_write = 0
     for attempt in range(12):
         cmd = (_cli("fit", str(store), "--run-dir", str(run), *args) if not (run / "run.json").exists()
                else _cli("resume", str(run), "-q"))
+        before = _newest_checkpoint(ckdir)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if attempt < 5:
-            time.sleep(kill_rng.uniform(1.5, 5.0))
+            # kill once this attempt has made progress (a newer checkpoint), at a random moment within
+            # about one iteration after it: the kills land while the fit runs whatever the machine's
+            # speed or load, and a fit that stops early (ncg: 10 iterations) still takes them all
+            deadline = time.monotonic() + 240
+            while proc.poll() is None and _newest_checkpoint(ckdir) == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(kill_rng.uniform(0.0, 0.3))
             if proc.poll() is None:
-                ckdir = run / "checkpoints"
                 in_write += bool(ckdir.exists() and list(ckdir.glob(".ckpt-*.tmp-*")))
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
