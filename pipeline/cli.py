@@ -247,7 +247,7 @@ def fit(
     mean_precision_prior: float | None = typer.Option(None, help=spec_help("mean_precision_prior")),
     degrees_of_freedom_prior: float | None = typer.Option(None, help=spec_help("degrees_of_freedom_prior")),
     priors: str | None = typer.Option(None, help=spec_help("priors")),
-    no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem grows it)."),
+    no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem, sga* grow it)."),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),

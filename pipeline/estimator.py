@@ -75,7 +75,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         (DP ``alpha0 = 1``, diag/spherical ``nu0`` = 1% of the rows, 2 to 512, a prior variance equal to
         the data's, ``beta0`` re-estimated from the bound; docs/guide.md "Choosing K").
     grow : bool, default=False
-        Grow the truncation (learner 'vbem', DP weights) while the fit ends with nearly every
+        Grow the truncation (learners 'vbem' and 'sga*', DP weights) while the fit ends with nearly every
         component in use (the pipeline's default is True); ``n_components`` is then the start.
     max_components : int, optional
         Upper limit of a growing truncation; default ``max(4 n_components, 1024)``.

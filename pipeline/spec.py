@@ -56,9 +56,9 @@ class FitSpec:
     learner: str = _s("vbem", "The learner (`vbcluster learners` lists them).", "learner",
                       estimator="learner")
     components: int = _s(50, "K: number of components (the starting truncation of the Dirichlet process, "
-                         "which vbem grows while the fit uses nearly all of it; see grow).",
+                         "which vbem and sga* grow while the fit uses nearly all of it; see grow).",
                          "int", estimator="n_components", sklearn=1, minimum=1, flag="--components/-k")
-    grow: bool = _s(True, "Grow the truncation (vbem, DP weights) while the fit ends with nearly every "
+    grow: bool = _s(True, "Grow the truncation (vbem, sga*, DP weights) while the fit ends with nearly every "
                     "component in use, up to max_components.", "bool", estimator="grow", sklearn=False,
                     flag="--no-grow")
     max_components: int | None = _s(None, "Upper limit of the truncation when it grows; default: "

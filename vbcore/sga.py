@@ -247,10 +247,15 @@ def reorder(point: DPPoint, order: np.ndarray) -> DPPoint:
     change every weight (with ``a0 = 1`` MM's last stick is 1; moved first it would take all the
     weight). The new sticks are ``v'_j = pi'_j / (1 - sum_{i<j} pi'_i)`` of the permuted weights
     ``pi' = pi[order]``; the weight of dropped clusters stays with the remainder of the stick."""
-    pi = np.exp(log_stick_weights(point.sticks))[order]
+    return DPPoint(point.means[order], sticks_of_weights(np.exp(log_stick_weights(point.sticks))[order]))
+
+
+def sticks_of_weights(pi: np.ndarray) -> np.ndarray:
+    """The sticks ``v_j = pi_j / (1 - sum_{i<j} pi_i)`` whose mixture weights are ``pi`` (in that
+    order; weights summing to less than 1 leave the remainder of the stick), clipped into (0, 1)."""
+    pi = np.asarray(pi, dtype=np.float64)
     left = 1.0 - np.concatenate(([0.0], np.cumsum(pi)[:-1]))
-    sticks = np.clip(pi / np.maximum(left, STICK_EPS), STICK_EPS, 1.0 - STICK_EPS)
-    return DPPoint(point.means[order], sticks)
+    return np.clip(pi / np.maximum(left, STICK_EPS), STICK_EPS, 1.0 - STICK_EPS)
 
 
 #: the default threshold as a fraction of the largest mixture weight (measured: docs/decisions.md)
@@ -322,4 +327,4 @@ def point_posterior(point: DPPoint, counts: np.ndarray, prior: Prior, sigma2: fl
 
 __all__ = ["PRUNE_RELATIVE", "SGA_METHODS", "Gradients", "MapBound", "Velocity", "default_threshold",
            "gradients", "map_bound", "minibatch_objective", "mm_sticks", "mm_update", "point_posterior",
-           "prune_order", "reorder", "sga_step"]
+           "prune_order", "reorder", "sga_step", "sticks_of_weights"]

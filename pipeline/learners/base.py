@@ -68,7 +68,7 @@ class FitContext:
     def n_weight(self) -> float:
         """The data's ``N``: the rows' total weight (``n_rows`` when the rows are unweighted)."""
         return float(self.n_rows) if self.total_weight is None else float(self.total_weight)
-    #: grow the truncation while it is saturated (learners that can: ``vbem``), up to ``max_components``
+    #: grow the truncation while it is saturated (learners that can: ``vbem``, ``sga*``), up to the limit
     grow: bool = False
     max_components: int | None = None
 

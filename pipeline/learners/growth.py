@@ -25,6 +25,8 @@ on by default where the truncation grows) shrink K on the bound.
 Refused proposals never enter the ELBO history, so the history stays monotone; the proposal's
 iterations run inside one iteration of the fit (its passes are counted). No draw depends on the
 engine or on a resume: the sample is ``ctx.rng(GROW_TAG, iteration)``.
+
+The SGA learners grow with the same rules and proposals (:mod:`pipeline.learners.point_growth`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ distribution *entering* the iteration: the minibatch is new to it, so the estima
 while the distribution after the step was fitted to those rows and would read optimistically (by
 7% of the bound for SVI on MIT67-shaped data, docs/algorithms.md). ``elbo='full'`` spends one more
 full pass per iteration for the exact value of the distribution after the step.
+
+With ``ctx.grow`` (the pipeline's default) and DP weights the truncation also grows by births checked
+every ``grow_every`` iterations and accepted on the exact bound of all rows
+(:mod:`pipeline.learners.point_growth`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pipeline.learners import register
 from pipeline.learners.base import FitContext
 from pipeline.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
 from pipeline.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
+from pipeline.learners.point_growth import POINT_GROW_OPTIONS, PointGrowthMixin, check_point_grow_options
 from pipeline.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.elbo import ElboTerms, elbo_terms, minibatch_standard_error
 from vbcore.errors import ConfigError
@@ -45,10 +50,11 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
                           f"got {opts['elbo']!r}")
 
 
-class _SGA(HardMovesMixin, DPPointLearner):
+class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
     method = "sga"
     options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch",
-               **HARD_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS}  # merges: pipeline.learners.moves
+               **HARD_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS,  # merges: pipeline.learners.moves
+               **POINT_GROW_OPTIONS}  # births: pipeline.learners.point_growth
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
@@ -60,6 +66,7 @@ class _SGA(HardMovesMixin, DPPointLearner):
         super().check_options(opts)
         check_range(cls.name, "eta", opts["eta"], 1e-3, 1e-1)  # Algorithm 1, step 3.i
         check_minibatch_options(cls.name, opts)
+        check_point_grow_options(cls.name, opts)
         if "alpha" in opts:
             check_range(cls.name, "alpha", opts["alpha"], 0.0, 1.0)
 
@@ -117,6 +124,9 @@ class _SGA(HardMovesMixin, DPPointLearner):
         if terms is None:
             terms = self.exact_terms()
         self.post = self.posterior()
+        grown = self.grow_check(iteration)  # births (pipeline.learners.point_growth)
+        if grown is not None:
+            terms, self.se = grown, None
         return self.post, terms
 
     def bound_kind(self) -> str:

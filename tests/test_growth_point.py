@@ -1,0 +1,193 @@
+"""Births for the DP point learners (pipeline.learners.point_growth): SGA+F started below the truth grows
+to the planted classes by splits accepted on the exact bound of all rows; a refused or absent proposal
+leaves the fit's bits those of a fit without growth; the same bits on both engines and after a resume."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.metrics import normalized_mutual_info_score
+
+from pipeline.learners.point_growth import split_point
+from tests._reference import planted_blobs, same_fit_bits
+from vbcore.sga import sticks_of_weights
+from vbcore.sga_stats import DPPoint, log_stick_weights
+
+
+@pytest.fixture(scope="module")
+def planted():
+    x, lab = planted_blobs(n=6000, d=16, k=20, seed=11)
+    return x.astype(np.float32), lab
+
+
+def _fit(x, k, learner="sga-f", callback=None, grow=True, options=None, **kw):
+    """The pipeline's defaults (FitSpec: priors, growth, start) for a point learner."""
+    from pipeline.estimator import VBMixture
+    from pipeline.spec import FitSpec
+
+    spec = FitSpec().resolved()
+    args = dict(covariance_type="fixed", prior_defaults=spec.priors, grow=grow and spec.grow,
+                init_params=spec.init, max_iter=200, random_state=0)
+    args.update(kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # max_iter ends a minibatch fit: ConvergenceWarning
+        return VBMixture(k, learner=learner, learner_options=options, **args).fit(x, callback=callback)
+
+
+@pytest.mark.parametrize("k", [5, 200])
+def test_sga_f_with_the_pipeline_defaults_finds_planted_classes_from_any_truncation(planted, k) -> None:
+    """Issue 26's planted case for sga-f: 20 classes from a quarter (births) and ten times (the
+    threshold rule and merges) the truth."""
+    x, lab = planted
+    m = _fit(x, k)
+    assert 18 <= m.n_effective_ <= 22
+    assert normalized_mutual_info_score(lab, m.predict(x)) > 0.99
+    t = m.truncation_
+    assert t["growth"] and t["start"] == k and not t["limit_hit"]
+    assert (t["grew"] >= 2 and t["final"] >= 20) if k == 5 else (t["grew"] == 0 and t["final"] == 200)
+    if k == 5:  # without births the truncation decides the answer
+        fixed = _fit(x, k, grow=False)
+        assert fixed.n_effective_ == 5 and fixed.truncation_["limit_hit"]
+
+
+@pytest.mark.parametrize("learner", ["sga", "sga-m"])
+def test_the_other_sga_learners_grow_too(planted, learner) -> None:
+    x, lab = planted
+    m = _fit(x, 5, learner=learner)
+    assert 18 <= m.n_effective_ <= 22 and m.truncation_["grew"] >= 2
+    assert normalized_mutual_info_score(lab, m.predict(x)) > 0.99
+
+
+def test_nothing_to_split_leaves_the_fit_bitwise_as_without_growth(planted) -> None:
+    """From ten times the truth nothing is saturated; the fill check finds no component that is two
+    groups, proposes nothing, and the growth ends: the fit is bit for bit the one without growth."""
+    x, _ = planted
+    grown, fixed = _fit(x, 200, max_iter=60), _fit(x, 200, max_iter=60, grow=False)
+    assert grown.truncation_["refused"] and grown.truncation_["grew"] == 0
+    same_fit_bits(grown, fixed)
+
+
+def test_a_refused_proposal_leaves_the_fit_bitwise_as_without_growth(planted) -> None:
+    """From a quarter of the truth the check proposes splits; a gain the bound cannot give (tol: 1e6
+    nats a row; a minibatch fit's convergence test does not read tol) refuses them: the proposal's
+    passes change nothing, and no later check is made."""
+    x, _ = planted
+    seen: list[dict] = []
+    refused = _fit(x, 5, max_iter=45, tol=1e6, callback=seen.append)
+    fixed = _fit(x, 5, max_iter=45, tol=1e6, grow=False)
+    t = refused.truncation_
+    assert t["refused"] and t["grew"] == 0 and t["final"] == 5
+    same_fit_bits(refused, fixed)
+    # the proposal's passes were spent at iteration 20 only (grow_every): the sample's gather, the
+    # current point's bound, and the current point's and the proposal's refinements (grow_iters + 1 each)
+    extra = np.diff([0] + [s["passes"] for s in seen]) - np.diff([0] + [s["passes"] for s in _passes(x)])
+    assert np.flatnonzero(extra).tolist() == [19] and extra[19] == 1 + 1 + 2 * (3 + 1)
+
+
+def _passes(x) -> list[dict]:
+    seen: list[dict] = []
+    _fit(x, 5, max_iter=45, tol=1e6, grow=False, callback=seen.append)
+    return seen
+
+
+def test_an_accepted_birth_raises_the_exact_bound_by_more_than_tol(planted) -> None:
+    """With the exact bound (elbo='full'): up to the first birth the fit is the one without growth;
+    the birth's iteration reports an exact bound above the stepped point's (what the fit without
+    growth reports there) by more than tol per row, and the fit ends with the classes."""
+    x, lab = planted
+    tol = 1e-3
+    seen: list[dict] = []
+    grown = _fit(x, 5, options={"elbo": "full"}, tol=tol, callback=seen.append)
+    ks = [s["n_components"] for s in seen]
+    first = next(i for i in range(1, len(ks)) if ks[i] > ks[i - 1])
+    fixed = _fit(x, 5, options={"elbo": "full"}, tol=tol, grow=False, max_iter=first + 1)
+    h, h0 = grown.lower_bounds_, fixed.lower_bounds_
+    assert np.array_equal(h[:first], h0[:first])
+    assert h[first] > h0[first] + tol * x.shape[0]
+    assert grown.n_effective_ == 20 and grown.converged_
+    assert normalized_mutual_info_score(lab, grown.predict(x)) > 0.99
+
+
+def test_resume_mid_growth_is_bitwise(planted, tmp_path) -> None:
+    x, _ = planted
+    straight = _fit(x, 5, max_iter=70)
+    assert straight.truncation_["grew"] >= 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _fit(x, 5, max_iter=30, checkpoint_dir=str(tmp_path), checkpoint_every=1)  # after one birth
+    resumed = _fit(x, 5, max_iter=70, checkpoint_dir=str(tmp_path))
+    assert resumed.resumed_from_.endswith(f"ckpt-{30:08d}")
+    same_fit_bits(resumed, straight)
+    assert resumed.truncation_ == straight.truncation_
+
+
+def test_resume_of_a_pending_birth_is_bitwise(planted, tmp_path) -> None:
+    """elbo='full': a converged fit whose truncation is saturated asks the next iteration for births
+    (checkpointed as pending); stopping there and resuming gives the straight fit's bits."""
+    x, _ = planted
+    opts = {"elbo": "full", "grow_every": 1000}  # births only where the exact bound converged
+    seen: list[dict] = []
+    kw = dict(tol=0.04, max_iter=60)  # SGA+F's exact bound at K = 5 still rises by 0.035 a row an iteration
+    straight = _fit(x, 5, options=opts, callback=seen.append, **kw)
+    ks = [s["n_components"] for s in seen]
+    first = next(i for i in range(1, len(ks)) if ks[i] > ks[i - 1])  # 0-based: iteration first + 1 grew
+    assert straight.truncation_["grew"] >= 1
+    assert not straight.converged_ or straight.n_iter_ > first + 1
+    _fit(x, 5, options=opts, tol=0.04, max_iter=first, checkpoint_dir=str(tmp_path), checkpoint_every=1)
+    resumed = _fit(x, 5, options=opts, checkpoint_dir=str(tmp_path), **kw)
+    assert resumed.resumed_from_.endswith(f"ckpt-{first:08d}")
+    same_fit_bits(resumed, straight)
+    assert resumed.truncation_ == straight.truncation_
+
+
+def test_growth_same_bits_on_dask(planted, client) -> None:
+    x, _ = planted
+    local = _fit(x, 5, max_iter=45)
+    assert local.truncation_["grew"] >= 2
+    same_fit_bits(_fit(x, 5, max_iter=45, engine=client), local)
+
+
+def test_split_point_halves_the_parent_weight() -> None:
+    rng = np.random.default_rng(0)
+    means = rng.standard_normal((4, 3))
+    pi = np.array([0.4, 0.3, 0.2, 0.05])
+    point = DPPoint(means, sticks_of_weights(pi))
+    assert np.allclose(np.exp(log_stick_weights(point.sticks)), pi)
+    shift = np.array([1.0, 2.0, 3.0])
+    kept, child = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+    new = split_point(point, np.array([0, 2]), kept, child, shift)
+    assert np.allclose(np.exp(log_stick_weights(new.sticks)), [0.2, 0.3, 0.1, 0.05, 0.2, 0.1])
+    assert np.array_equal(new.means[[0, 2]], kept + shift) and np.array_equal(new.means[4:], child + shift)
+    assert np.array_equal(new.means[[1, 3]], means[[1, 3]])
+
+
+def test_growth_options_are_checked() -> None:
+    from pipeline.learners.sga import SGAFisher
+    from vbcore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"learner option 'grow_every' of 'sga-f' must be an integer >= 1"):
+        SGAFisher.parse_options({"grow_every": 0})
+    with pytest.raises(ConfigError, match=r"learner option 'grow_iters' of 'sga-f' must be an integer >= 1"):
+        SGAFisher.parse_options({"grow_iters": 0})
+
+
+def test_a_warm_start_of_a_grown_fit_spends_no_doubling(planted) -> None:
+    """A warm start continues with a truncation the finished fit does not saturate, so refitting the
+    same rows grows nothing and keeps the classes."""
+    from pipeline.estimator import VBMixture
+    from pipeline.learners.growth import unsaturated_truncation
+
+    x, _ = planted
+    first = _fit(x, 5, max_iter=80)
+    k = first.posterior_.n_components
+    assert first.n_effective_ == 20 and first.truncation_["grew"] >= 2
+    warm = VBMixture(5, learner="sga-f", covariance_type="fixed", prior_defaults="empirical", grow=True,
+                     max_iter=40, random_state=0, warm_start=True)
+    warm.posterior_, warm.prior_, warm.n_features_in_ = first.posterior_, first.prior_, x.shape[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warm.fit(x)
+    t = warm.truncation_
+    assert t["start"] == unsaturated_truncation(k) and t["grew"] == 0 and warm.n_effective_ == 20
