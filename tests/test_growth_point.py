@@ -80,10 +80,10 @@ def test_a_refused_proposal_leaves_the_fit_bitwise_as_without_growth(planted) ->
     t = refused.truncation_
     assert t["refused"] and t["grew"] == 0 and t["final"] == 5
     same_fit_bits(refused, fixed)
-    # the proposal's passes were spent at iteration 20 only (grow_every): the sample's gather, the
-    # current point's bound, and the current point's and the proposal's refinements (grow_iters + 1 each)
+    # the proposal's passes were spent at iteration 20 only (grow_every): the sample's gather and the
+    # current point's and the proposal's refinements (grow_iters + 1 each; the first is the current bound)
     extra = np.diff([0] + [s["passes"] for s in seen]) - np.diff([0] + [s["passes"] for s in _passes(x)])
-    assert np.flatnonzero(extra).tolist() == [19] and extra[19] == 1 + 1 + 2 * (3 + 1)
+    assert np.flatnonzero(extra).tolist() == [19] and extra[19] == 1 + 2 * (3 + 1)
 
 
 def _passes(x) -> list[dict]:

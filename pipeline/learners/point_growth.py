@@ -20,7 +20,8 @@ the seeded sample of rows, the held-out bimodality test, the 2-means split, :cla
    ``grow_iters`` full-data MM steps (MAP assignments of all rows, :func:`vbcore.sga.mm_update`, the
    learner's threshold rule; :meth:`PointGrowthMixin.refine`), and the proposal is accepted only when
    its exact ELBO (:func:`vbcore.elbo.elbo_terms` of its hard statistics, one more full pass) exceeds
-   both the current point's and the refined current point's by more than ``tol`` per unit of weight.
+   both the current point's and the refined current point's by more than ``tol`` per unit of weight
+   (a check with a proposal: ``2 grow_iters + 3`` passes, the sample's gather included).
    Accepted: the learner goes on from the refined proposal (momentum restarts at zero; the default
    threshold may only fall, to a tenth of the proposal's largest weight) with the larger truncation,
    and that iteration reports the proposal's exact bound. Refused: the point, counts, threshold and
@@ -120,12 +121,12 @@ class PointGrowthMixin:
         parents, kept, children = split_proposals(ctx, me.post, births, iteration, gated=True)
         if parents.size == 0:
             return None
-        now = self.exact_of(me.point, me.hard_pass(me.point))
         old_thr = me.thr
-        base = self.exact_of(*self.refine(me.point))
+        refined, refined_stats, first = self.refine(me.point)  # first: the current point's pass
+        now, base = self.exact_of(me.point, first), self.exact_of(refined, refined_stats)
         proposal = split_point(me.point, parents, kept, children, ctx.shift)
         me.thr = min(old_thr, default_threshold(proposal.sticks)) if old_thr is not None else None
-        point, stats = self.refine(proposal)
+        point, stats, _ = self.refine(proposal)
         terms = self.exact_of(point, stats)
         if terms.total <= max(now.total, base.total) + g.min_gain:
             me.thr = old_thr
@@ -138,17 +139,21 @@ class PointGrowthMixin:
         me.moves.pending = True  # a merge round before an exact fit may converge
         return terms
 
-    def refine(self, point: DPPoint) -> tuple[DPPoint, SuffStats]:
-        """``grow_iters`` full-data MM steps from ``point`` (MAP assignments of all rows, the learner's
-        threshold rule, re-ordering by count, :func:`vbcore.sga.mm_update`), and the hard statistics of
-        all rows under the result (one more pass): ``grow_iters + 1`` passes."""
+    def refine(self, point: DPPoint) -> tuple[DPPoint, SuffStats, SuffStats]:
+        """``grow_iters`` (at least 1) full-data MM steps from ``point`` (MAP assignments of all rows, the
+        learner's threshold rule, re-ordering by count, :func:`vbcore.sga.mm_update`): the refined
+        point, the hard statistics of all rows under it (one more pass: ``grow_iters + 1`` passes), and
+        those under ``point`` itself (the first step's)."""
         me: Any = self
+        first = None
         for _ in range(self.growth.iters):
             stats = me.hard_pass(point)
+            first = stats if first is None else first
             keep = me.prune_kept(mm_sticks(stats.nk, me.a0), stats.nk)
             order = keep[np.argsort(-stats.nk[keep], kind="stable")]
             point = mm_update(take_stats(stats, order), me.ctx.prior, me.a0)
-        return point, me.hard_pass(point)
+        assert first is not None, "grow_iters >= 1"
+        return point, me.hard_pass(point), first
 
     def exact_of(self, point: DPPoint, stats: SuffStats) -> ElboTerms:
         """The exact ELBO of the distribution around ``point`` with the hard statistics ``stats`` of
