@@ -244,3 +244,19 @@ def test_a_warm_start_of_a_converged_grown_fit_spends_no_doubling(blobs) -> None
     k = first.posterior_.n_components
     assert warm.truncation_["start"] == unsaturated_truncation(k) and warm.truncation_["grew"] == 0
     assert warm.n_effective_ == 8 and warm.n_passes_ == warm.n_iter_  # one pass an iteration, no proposal
+
+
+@pytest.mark.parametrize("shape", [(32, 128), (20, 512), (300, 64), (64, 64)])
+def test_principal_direction_is_the_first_right_singular_vector(shape) -> None:
+    """The birth check's main direction (eigh of the smaller Gram matrix) against NumPy's SVD."""
+    from pipeline.learners.growth import principal_direction
+
+    rng = np.random.default_rng(sum(shape))
+    c = rng.normal(size=shape) * np.linspace(3.0, 1.0, shape[1])
+    c -= c.mean(0)
+    want = np.linalg.svd(c, full_matrices=False)[2][0]
+    got = principal_direction(c)
+    assert np.linalg.norm(got) == pytest.approx(1.0, abs=1e-12)
+    assert abs(float(got @ want)) == pytest.approx(1.0, abs=1e-10)
+    for zeros in (np.zeros((5, 3)), np.zeros((3, 5))):  # no spread: any direction, finite
+        assert np.isfinite(principal_direction(zeros)).all()

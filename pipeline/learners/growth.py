@@ -105,7 +105,7 @@ def pc_two_means(rows: np.ndarray, z: np.ndarray) -> np.ndarray:
     """:func:`two_means` of ``rows`` started from the two sides of the first principal component of
     ``z`` (the rows, scaled): the label of each row."""
     centred = z - z.mean(0)
-    side = centred @ np.linalg.svd(centred, full_matrices=False)[2][0] > 0
+    side = centred @ principal_direction(centred) > 0
     if side.all() or not side.any():
         return side.astype(np.int64)
     return two_means(rows, rows[~side].mean(0), rows[side].mean(0))
@@ -133,10 +133,21 @@ def held_out_bimodality(z: np.ndarray) -> float:
     Gaussian are a 1-D Gaussian sample, whatever the dimension (see :func:`bimodal_threshold`)."""
     out = []
     for fit, test in ((z[0::2], z[1::2]), (z[1::2], z[0::2])):
-        centred = fit - fit.mean(0)
-        direction = np.linalg.svd(centred, full_matrices=False)[2][0]
-        out.append(best_cut_share(test @ direction))
+        out.append(best_cut_share(test @ principal_direction(fit - fit.mean(0))))
     return float(np.mean(out))
+
+
+def principal_direction(centred: np.ndarray) -> np.ndarray:
+    """The first right singular vector of ``centred`` (a unit vector; its sign is arbitrary), from
+    the eigendecomposition of the smaller of its two Gram matrices: a few microseconds where a
+    thin SVD of a 32 x 128 block costs 1.5 ms of LAPACK set-up (the birth check scores hundreds)."""
+    c = np.asarray(centred, dtype=np.float64)
+    if c.shape[0] < c.shape[1]:
+        v = c.T @ np.linalg.eigh(c @ c.T)[1][:, -1]
+    else:
+        v = np.linalg.eigh(c.T @ c)[1][:, -1]
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else v
 
 
 def bimodal_threshold(n_half: int) -> float:
