@@ -285,3 +285,46 @@ def test_a_warm_start_from_a_fit_that_grew_continues_with_its_truncation(tmp_pat
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "r2" / "result.json").read_text())
     assert res["adopted_chunks"] == 10 and res["n_effective"] == 20 and res["converged"]
+
+
+def test_a_memoized_refresh_costs_the_new_rows(monkeypatch):
+    """After an append of rows like the old ones, the refresh with ``memo_stop='gain'`` (the default)
+    visits the new chunk and a sample of the old ones, under one lap of the store, runs no move round
+    (it adopts the first fit's verdict) and ends at the warm full-pass fit's bound and clusters;
+    ``memo_stop='lap'`` visits every old chunk under the new posterior (about two laps)."""
+    kw = {**GROW, "n_components": 20, "tol": 1e-4}
+    first = _fit(PLANTED[:5500], learner_options={"memo": 1.0}, **kw)
+    assert first.n_effective_ == 20 and first.converged_
+    visits, rounds = [], []
+    choose, run_moves = MemoStats.choose, MemoStats.run_moves
+    monkeypatch.setattr(MemoStats, "choose", lambda self, it: visits.append(c := choose(self, it)) or c)
+    monkeypatch.setattr(MemoStats, "run_moves", lambda self, *a: rounds.append(1) or run_moves(self, *a))
+
+    def refresh(opts, verdict=True):
+        visits.clear()
+        rounds.clear()
+        m = VBMixture(**{**kw, "n_components": first.prior_.n_components}, warm_start=True,
+                      learner_options=opts)
+        kept = {k: v for k, v in first.warm_state_.items() if verdict or k != "moves_flags"}
+        m.posterior_, m.prior_, m.warm_state_ = first.posterior_, first.prior_, kept
+        m.n_features_in_, m.lower_bound_ = PLANTED.shape[1], first.lower_bound_
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m.fit(PLANTED)
+        return m, sum(v.size for v in visits), len(rounds)
+
+    (gain, gain_visits, gain_rounds) = refresh({"memo": 0.25})
+    (lap, lap_visits, _) = refresh({"memo": 0.25, "memo_stop": "lap"})
+    full = refresh({})[0]
+    assert gain.adopted_chunks_ == 11 and gain.converged_ and lap.converged_ and full.converged_
+    assert gain_visits < 12 < lap_visits, (gain_visits, lap_visits)  # 12 chunks: under one lap; over one
+    assert gain_rounds == 0 and refresh({"memo": 0.25}, verdict=False)[2] == 1  # the verdict, adopted
+    assert gain.n_effective_ == lap.n_effective_ == full.n_effective_ == 20
+    for m in (gain, lap):
+        assert m.lower_bound_ == pytest.approx(full.lower_bound_, rel=1e-4)
+    assert nmi(PLANTED_LAB, gain.predict(PLANTED)) > 0.99
+
+
+def test_memo_stop_is_checked():
+    with pytest.raises(ConfigError, match=r"learner option 'memo_stop' of 'vbem' must be one of"):
+        _fit(X, learner_options={"memo": 0.5, "memo_stop": "sometimes"})

@@ -53,18 +53,27 @@ _PREFIX = "memo."
 _STATS = ("nk", "mean", "scatter")
 
 
-def check_memo_option(name: str, value: float) -> None:
+#: learner option ``memo_stop``: when a memoized fit has converged (:meth:`MemoStats.converged`)
+STOP_RULES = ("gain", "lap")
+#: the random stream ordering the adopted chunks' first visits: ``ctx.rng(ORDER_TAG)``
+ORDER_TAG = 2_813
+
+
+def check_memo_option(name: str, value: float, stop: str = "gain") -> None:
     if not 0.0 <= float(value) <= 1.0:
         raise ConfigError(f"learner option 'memo' of {name!r} must be in [0, 1] (the share of chunks "
                           f"an iteration visits; 0: no memoized statistics), got {value!r}")
+    if stop not in STOP_RULES:
+        raise ConfigError(f"learner option 'memo_stop' of {name!r} must be one of {STOP_RULES}, got {stop!r}")
 
 
-def memo_kernel(chunk: Any, old: KernelResult | None, params: EStepParams) -> tuple[KernelResult, float]:
+def memo_kernel(chunk: Any, old: KernelResult | None,
+                params: EStepParams) -> tuple[KernelResult, tuple[float, float]]:
     """A visit: the chunk's VB EM statistics (:func:`vbcore.kernels.vbem_kernel`), kept as its new
-    state, and how far its responsibilities moved since the last visit (``sum_k |dN_k|`` per unit of
-    weight; infinite on the first visit)."""
+    state, how far its responsibilities moved since the last visit (``sum_k |dN_k|`` per unit of
+    weight; infinite on the first visit) and its weight."""
     new = vbem_kernel(chunk, params)
-    return new, _movement(old, new)
+    return new, (_movement(old, new), float(new.stats.total_weight))
 
 
 def memo_move_kernel(chunk: Any, old: KernelResult | None,
@@ -113,10 +122,16 @@ class MemoStats:
     """The kept statistics of one fit: per-chunk states on the engine, per-chunk movement and last
     visit on the driver (see the module docstring)."""
 
-    def __init__(self, ctx: FitContext, share: float) -> None:
+    def __init__(self, ctx: FitContext, share: float, stop: str = "gain") -> None:
         self.ctx = ctx
         self.share = float(share)
+        self.stop = stop
         n = len(ctx.handles)
+        #: ties of the visiting order (adopted chunks' first visits) broken at random, not by position
+        self.tiebreak = ctx.rng(ORDER_TAG).permutation(n)
+        #: the weight the last :meth:`run` visited (0: it was not a full pass but visited a chunk
+        #: without statistics, whose new rows the bound's change is mostly about)
+        self.last_weight = 0.0
         self.states: list[Any] = [None] * n
         self.have = np.zeros(n, dtype=bool)  # chunks with kept statistics
         self.moved = np.full(n, np.inf)  # movement at the last visit
@@ -127,12 +142,13 @@ class MemoStats:
     def choose(self, iteration: int) -> np.ndarray:
         """The chunks this iteration visits, ascending: those without statistics, then the ones not
         visited for ``ceil(1/share)`` iterations or never by this fit (adopted), then by descending
-        movement (ties: chunk order)."""
+        movement (ties: a seeded random order, so the adopted chunks an iteration visits are a
+        sample of them wherever the store's rows are sorted)."""
         n = self.have.size
         budget = max(1, math.ceil(self.share * n))
         stale = (self.visited == 0) | (iteration - self.visited >= math.ceil(1.0 / self.share))
         rank = np.where(~self.have, 0, np.where(stale, 1, 2))
-        order = np.lexsort((np.arange(n), -self.moved, rank))
+        order = np.lexsort((self.tiebreak, -self.moved, rank))
         new = int(np.sum(~self.have))
         return np.sort(order[: max(budget, new)])
 
@@ -141,11 +157,14 @@ class MemoStats:
         ctx = self.ctx
         idx = self.choose(iteration) if visit is None else np.asarray(visit, dtype=np.int64)
         handles = [ctx.handles[i] for i in idx]
-        kept, moved = ctx.engine.map_keep(memo_kernel, handles, [self.states[i] for i in idx], post_params,
+        kept, parts = ctx.engine.map_keep(memo_kernel, handles, [self.states[i] for i in idx], post_params,
                                           combine=list)
-        for i, s, m in zip(idx.tolist(), kept, moved, strict=True):
+        full, new = idx.size == self.have.size, not bool(self.have[idx].all())
+        for i, s, (m, _) in zip(idx.tolist(), kept, parts, strict=True):
             self.states[i], self.moved[i], self.visited[i] = s, float(m), iteration
         self.have[idx] = True
+        # a full pass: plain VB EM's test, the same bits
+        self.last_weight = ctx.n_weight if full else 0.0 if new else math.fsum(w for _, w in parts)
         return self.total()
 
     def run_moves(self, params: MoveParams, iteration: int) -> MoveResult:
@@ -161,14 +180,29 @@ class MemoStats:
         return tree_reduce([r for r, _ in parts])
 
     def converged(self, history: list[float], tol: float, n_weight: float, now: int) -> bool:
-        """The bound rose by less than ``tol`` per unit of weight over the last *lap*: the iterations
-        since the oldest last visit of any chunk, so every row's q(z) was refreshed within them. This
-        is a full pass's test (one pass refreshes every row once); a chunk never visited by this fit
-        (adopted by a warm start) leaves it unconverged, so a refresh ends only after every old chunk
-        was visited under the new posterior. ``history[-1]`` is the bound after iteration ``now``;
-        earlier entries, the iterations before (a warm start's previous bound may precede them)."""
+        """Whether the fit has converged, by the rule ``memo_stop``. ``history[-1]`` is the bound after
+        iteration ``now``; earlier entries, the iterations before (a warm start's previous bound may
+        precede them). Every chunk must hold statistics (the new rows are in the bound).
+
+        * ``gain`` (default): the last iteration visited no chunk without statistics (unless it
+          visited every chunk) and raised the bound by less than ``tol`` per unit of the weight *it
+          visited*: refreshing those rows under the current q(theta) gains less than a full pass
+          must to go on, so a refresh after an append ends when the new rows are absorbed and a
+          visit of the old ones (the adopted chunks first, in a seeded random order, then the ones
+          that moved most) no longer pays. Its cost follows the new rows, not the store; the bound
+          is exact either way.
+        * ``lap``: the bound rose by less than ``tol`` per unit of weight over the last *lap*, the
+          iterations since the oldest last visit of any chunk, so every row's q(z) was refreshed
+          within them: a full pass's test; a refresh ends only after every old chunk was visited
+          under the new posterior (about two laps after an append that moves every cluster).
+
+        With ``memo=1`` (every chunk each iteration) both are plain VB EM's test."""
         if self.have.size == 0 or not self.have.all():
             return False
+        if self.stop == "gain":
+            if len(history) < 2 or self.last_weight <= 0:
+                return False
+            return abs(history[-1] - history[-2]) / self.last_weight < tol
         oldest = int(self.visited.min())
         before = len(history) - 1 - (now - oldest + 1)  # the bound before the lap's first iteration
         if oldest < 2 or before < 0:

@@ -53,14 +53,14 @@ class VBEM(TruncatedLearner):
     #: ``moves='auto'``: merge and delete moves where the truncation grows (``grow``, the pipeline's
     #: default, so K also shrinks on the bound), none otherwise (scikit-learn's trajectory).
     options = {"prune_below": 1e-6, "reorder": False, "grow_iters": 5, **TRUNCATED_OPTIONS, **MOVE_OPTIONS,
-               "moves": "auto", "memo": 0.0}
+               "moves": "auto", "memo": 0.0, "memo_stop": "gain"}
     empirical_bayes = True
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
         check_truncated_options(cls.name, opts)
         check_move_options(cls.name, {**opts, "moves": "none"} if opts["moves"] == "auto" else opts)
-        check_memo_option(cls.name, opts["memo"])
+        check_memo_option(cls.name, opts["memo"], opts["memo_stop"])
         if opts["memo"] > 0 and opts["candidates"] > 0:
             raise ConfigError(f"learner option 'memo' of {cls.name!r} keeps the exact E-step's statistics: "
                               "it cannot be combined with 'candidates' > 0 yet")
@@ -88,7 +88,7 @@ class VBEM(TruncatedLearner):
             self.opts["moves"] = "merge,delete" if ctx.grow and dp and not tied_trunc else "none"
         self.moves = Moves(self.name, self.opts)
         memo = float(self.opts["memo"])
-        self.memo = MemoStats(ctx, memo) if memo > 0 else None
+        self.memo = MemoStats(ctx, memo, str(self.opts["memo_stop"])) if memo > 0 else None
         if self.memo is not None:  # move_every counts passes: a lap of visits is ceil(1 / memo) iterations
             self.moves.opts["move_every"] = int(self.opts["move_every"]) * math.ceil(1.0 / memo)
         start = int(ctx.prior.n_components)
@@ -232,12 +232,19 @@ class VBEM(TruncatedLearner):
             self.memo.load_state(state)
 
     def keep_state(self) -> dict[str, np.ndarray]:
-        return {} if self.memo is None else self.memo.state()
+        return {} if self.memo is None else {**self.memo.state(), **self.moves.state()}
 
     def adopt(self, state: Mapping[str, np.ndarray]) -> int:
+        """A warm start takes the previous fit's memoized statistics of the unchanged chunks and,
+        when it took any, that fit's verdict on moves: its q(Z) on those chunks is the one its last
+        move round found no merge or delete for, so the refresh tries a round at its regular
+        schedule (every ``move_every`` laps) instead of one forced at its convergence."""
         if self.memo is None or self.post is None:
             return 0
-        return self.memo.adopt(state, self.post.n_components)
+        adopted = self.memo.adopt(state, self.post.n_components)
+        if adopted and self.moves.active and "moves_flags" in state:
+            self.moves.pending = bool(np.asarray(state["moves_flags"])[0])
+        return adopted
 
 
 def prune_components(post: Posterior, keep: np.ndarray) -> Posterior:
