@@ -15,8 +15,9 @@ last visit with the q(theta) of the M-step from their statistics (the ELBO reads
 statistics only), and it never decreases (a visit maximises the chunk's q(Z) for the current q(theta),
 the M-step q(theta) for the new statistics). A chunk not visited for ``ceil(1 / memo)`` iterations,
 or not yet by this fit, is visited next, so every chunk is refreshed at least that often. The fit
-converges when the bound rose by less than ``tol`` per unit of weight over the last lap (the
-iterations since the oldest last visit of any chunk: :meth:`MemoStats.converged`).
+converges (:meth:`MemoStats.converged`, option ``memo_stop``) when the last iteration raised the bound
+by less than ``tol`` per unit of the weight it visited (``gain``, the default: a refresh's cost follows
+the new rows) or over the last lap (``lap``: the iterations since the oldest last visit of any chunk).
 
 Births and merge/delete moves (the pipeline's defaults) run as without ``memo``: a birth proposal's
 passes visit every chunk through :meth:`MemoStats.run` (a refused proposal restores the kept
@@ -29,7 +30,8 @@ convergence test combines the lap test with the moves' and growth's.
 Warm starts (``vbcluster fit GROWN --warm-from R1``, a scheduled refresh, ``VBMixture`` with
 ``warm_start``): the statistics of chunks whose content key (the store's chunk checksums, a CRC-32 of
 in-memory rows) matches a kept one are adopted, so after an append only the new chunks (and the old
-last, partly filled one) lack statistics and are visited first.
+last, partly filled one) lack statistics and are visited first. The previous fit's verdict on moves
+is adopted with them (:meth:`pipeline.learners.vbem.VBEM.adopt`): no round is forced at the end.
 """
 
 from __future__ import annotations
