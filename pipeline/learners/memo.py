@@ -30,8 +30,7 @@ convergence test combines the lap test with the moves' and growth's.
 Warm starts (``vbcluster fit GROWN --warm-from R1``, a scheduled refresh, ``VBMixture`` with
 ``warm_start``): the statistics of chunks whose content key (the store's chunk checksums, a CRC-32 of
 in-memory rows) matches a kept one are adopted, so after an append only the new chunks (and the old
-last, partly filled one) lack statistics and are visited first. The previous fit's verdict on moves
-is adopted with them (:meth:`pipeline.learners.vbem.VBEM.adopt`): no round is forced at the end.
+last, partly filled one) lack statistics and are visited first.
 """
 
 from __future__ import annotations

@@ -232,19 +232,12 @@ class VBEM(TruncatedLearner):
             self.memo.load_state(state)
 
     def keep_state(self) -> dict[str, np.ndarray]:
-        return {} if self.memo is None else {**self.memo.state(), **self.moves.state()}
+        return {} if self.memo is None else self.memo.state()
 
     def adopt(self, state: Mapping[str, np.ndarray]) -> int:
-        """A warm start takes the previous fit's memoized statistics of the unchanged chunks and,
-        when it took any, that fit's verdict on moves: its q(Z) on those chunks is the one its last
-        move round found no merge or delete for, so the refresh tries a round at its regular
-        schedule (every ``move_every`` laps) instead of one forced at its convergence."""
         if self.memo is None or self.post is None:
             return 0
-        adopted = self.memo.adopt(state, self.post.n_components)
-        if adopted and self.moves.active and "moves_flags" in state:
-            self.moves.pending = bool(np.asarray(state["moves_flags"])[0])
-        return adopted
+        return self.memo.adopt(state, self.post.n_components)
 
 
 def prune_components(post: Posterior, keep: np.ndarray) -> Posterior:
