@@ -131,8 +131,8 @@ class MemoStats:
         #: ties of the visiting order (adopted chunks' first visits) broken at random, not by position
         self.tiebreak = ctx.rng(ORDER_TAG).permutation(n)
         #: the weight the last :meth:`run` visited (0: it was not a full pass but visited a chunk
-        #: without statistics, whose new rows the bound's change is mostly about)
-        self.last_weight = 0.0
+        #: without statistics, whose new rows the bound's change is mostly about); whether it did
+        self.last_weight, self.absorbed = 0.0, False
         self.states: list[Any] = [None] * n
         self.have = np.zeros(n, dtype=bool)  # chunks with kept statistics
         self.moved = np.full(n, np.inf)  # movement at the last visit
@@ -166,6 +166,7 @@ class MemoStats:
         self.have[idx] = True
         # a full pass: plain VB EM's test, the same bits
         self.last_weight = ctx.n_weight if full else 0.0 if new else math.fsum(w for _, w in parts)
+        self.absorbed = new and not full  # chunks without statistics visited beside kept ones
         return self.total()
 
     def run_moves(self, params: MoveParams, iteration: int) -> MoveResult:

@@ -161,6 +161,13 @@ class Moves:
             share = float(self.opts["delete_share"])
             self.deletes = delete_candidates(stats.nk, share, self.delete_limit, floor)
 
+    def round_next(self) -> None:
+        """Make the next iteration a round if one is pending (VB EM's memoized refresh: right after
+        the new rows are absorbed, the round's full pass doubles as the visit of every old row
+        under the new posterior, instead of a lap of visits followed by a round at convergence)."""
+        if self.active and self.pending:
+            self.force = True
+
     def converged(self, base: bool) -> bool:
         """The learner's rule ``base``, held back once when moves may still raise the ELBO."""
         if not (self.active and base):

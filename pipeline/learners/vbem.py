@@ -131,6 +131,8 @@ class VBEM(TruncatedLearner):
                 memo.invalidate()  # the accepted moves' q(Z) is no chunk's kept one
         elif self.memo is not None:
             stats = self.memo.run(estep_params(self.post, self.ctx.shift), iteration).stats
+            if self.memo.absorbed:  # new rows beside adopted statistics: the round comes now
+                self.moves.round_next()
         else:
             stats = vbem_pass(self.ctx, self.post).stats
         if self.ctx.weight_type == "dirichlet_process" and self.opts["reorder"]:
