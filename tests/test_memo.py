@@ -289,9 +289,9 @@ def test_a_warm_start_from_a_fit_that_grew_continues_with_its_truncation(tmp_pat
 
 def test_a_memoized_refresh_costs_the_new_rows(monkeypatch):
     """After an append of rows like the old ones, the refresh with ``memo_stop='gain'`` (the default)
-    visits the new chunk and a sample of the old ones, under one lap of the store, then the move round
-    forced at convergence, and ends at the warm full-pass fit's bound and clusters;
-    ``memo_stop='lap'`` visits every old chunk under the new posterior (more than a lap)."""
+    visits the new chunk, then makes its move round (a full pass, right after the new rows are
+    absorbed: Moves.round_next), then visits fewer chunks than one lap of the store, and ends at the
+    warm full-pass fit's bound and clusters; ``memo_stop='lap'`` visits more than a lap."""
     kw = {**GROW, "n_components": 20, "tol": 1e-4}
     first = _fit(PLANTED[:5500], learner_options={"memo": 1.0}, **kw)
     assert first.n_effective_ == 20 and first.converged_
@@ -317,7 +317,7 @@ def test_a_memoized_refresh_costs_the_new_rows(monkeypatch):
     full = refresh({})[0]
     assert gain.adopted_chunks_ == 11 and gain.converged_ and lap.converged_ and full.converged_
     assert gain_visits < 12 < lap_visits, (gain_visits, lap_visits)  # 12 chunks: under one lap; over one
-    assert gain_rounds == 1  # a fit converges only on a round that found nothing
+    assert gain_rounds == 1  # a fit converges only after a round that found nothing
     assert gain.n_effective_ == lap.n_effective_ == full.n_effective_ == 20
     for m in (gain, lap):
         assert m.lower_bound_ == pytest.approx(full.lower_bound_, rel=1e-4)
