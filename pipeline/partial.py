@@ -15,7 +15,9 @@ call. The first call (of an unfitted model) *is* ``fit`` of its batch (one initi
 spec's growth and moves, the data-dependent prior of :func:`pipeline.fit_setup.build_prior` and its
 empirical updates; the same bits as ``fit`` with ``n_init=1``), keeping memoized statistics whose sum
 becomes the batch's statistics, so a representative first batch gives the model ``fit`` would give
-and later batches refine it. Later calls keep that prior and truncation (no growth, no pruning). A
+and later batches refine it. Later calls keep that truncation (no growth, no pruning) and prior,
+whose free hyperparameters (the empirical defaults' ``beta0``) they re-estimate after every M-step
+as ``fit`` does (:func:`vbcore.empirical.empirical_update`). A
 model fitted by ``fit`` continues from its posterior and prior, with no statistics of the rows
 ``fit`` saw.
 
@@ -41,6 +43,7 @@ from pipeline.learners.memo import chunk_keys, kept_total
 from pipeline.learners.vbem import vbem_pass
 from pipeline.spec import FitSpec
 from vbcore.elbo import ElboTerms, elbo_terms
+from vbcore.empirical import empirical_update
 from vbcore.errors import ConfigError, InputError
 from vbcore.kernels import KernelResult
 from vbcore.mstep import m_step
@@ -132,6 +135,7 @@ def _iterate(spec: FitSpec, ctx: Any, state: PartialState, post: Posterior,
         memo = vbem_pass(ctx, post)
         total = tree_reduce([*others[:at], memo, *others[at:]])
         post = m_step(total.stats, state.prior, ctx.reg_covar)
+        state.prior = empirical_update(state.prior, post)  # as fit's M-step (never lowers the bound)
         terms = elbo_terms(total.stats, post, state.prior)
         history.append(terms.total)
         if len(history) > 1 and abs(history[-1] - history[-2]) / ctx.n_weight < float(spec.tol):

@@ -108,3 +108,23 @@ def test_the_first_call_is_fit_of_its_batch_with_growth_and_moves():
     first.partial_fit(x[3000:])
     assert first.n_effective_ == 20 and len(first.partial_state_.memos) == 2
     assert np.all(np.diff(first.lower_bounds_) >= -1e-9 * abs(first.lower_bound_))
+
+
+def test_later_calls_re_estimate_the_free_hyperparameters_as_fit_does():
+    """With the pipeline's empirical priors ``beta0`` is re-estimated after every M-step, in later
+    calls too (before, they kept the first batch's): it is the bound's maximiser given the final
+    posterior, the bound is exact under that prior and never decreases within a call."""
+    from vbcore.empirical import best_mean_precision
+
+    kw = {**KW, "prior_defaults": "empirical"}
+    model = VBMixture(**kw)
+    batches = np.array_split(X, 3)
+    model.partial_fit(batches[0])
+    first = model.prior_.mean_precision
+    for batch in batches[1:]:
+        model.partial_fit(batch)
+        assert np.all(np.diff(model.lower_bounds_) >= -1e-9 * abs(model.lower_bound_))
+    assert "mean_precision" in model.prior_.empirical and model.prior_.mean_precision != first
+    assert model.prior_.mean_precision == best_mean_precision(model.posterior_, model.prior_.mean)
+    total = tree_reduce(model.partial_state_.memos).stats
+    assert elbo_terms(total, model.posterior_, model.prior_).total == model.lower_bound_
