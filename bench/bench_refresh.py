@@ -162,9 +162,10 @@ def bound_under(model, prior, store: str) -> float:
 
 def partial(store: str, labels: np.ndarray, full, k: int, n: int) -> None:
     """partial_fit over 10 batches of the grown store against fit on all of it (``full``). Each
-    ``lower_bound_`` is under its own prior: partial_fit's is the first batch's (with the empirical
-    defaults ``nu0`` is 1% of the rows, so 10x smaller than fit's), so the two bounds per row are
-    also compared under fit's final prior (:func:`bound_under`: one VB EM iteration from each)."""
+    ``lower_bound_`` is under its own prior: partial_fit's data defaults follow every row seen (after
+    the last batch, fit's) but each model re-estimates its own ``beta0``, and partial_fit's bound
+    keeps each earlier batch's assignments from its call; so the two are also compared under fit's
+    final prior (:func:`bound_under`: one VB EM iteration over all rows from each)."""
     from pipeline import VBMixture
     from pipeline.store import FeatureStore
     from vbcore.metrics import nmi

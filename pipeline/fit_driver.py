@@ -63,6 +63,8 @@ class FitOutcome:
     adopted: int = 0
     #: the truncation: start, final, limit, used, saturated, limit_hit (``Learner.truncation_info``)
     truncation: dict[str, Any] = field(default_factory=dict)
+    #: the data's moments the prior was built from (:attr:`FitContext.moments`)
+    moments: Any = None
 
 
 class StopRequest:
@@ -283,7 +285,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
                       None if loaded is None else str(loaded.path),
                       [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall(),
-                      loop.history_se, options, ctx.projection, kept, adopted, truncation)
+                      loop.history_se, options, ctx.projection, kept, adopted, truncation, ctx.moments)
 
 
 def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,

@@ -108,7 +108,7 @@ def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
                       n_features=source.n_features, covariance_type=ct, weight_type=spec.weights,
                       seed=seed_entropy(random_state),
                       chunk_starts=[sl.start for sl in source.chunk_slices()], projection=projection,
-                      total_weight=moments.weight,
+                      total_weight=moments.weight, moments=moments,
                       grow=bool(spec.grow),
                       max_components=None if spec.max_components is None else int(spec.max_components))
 

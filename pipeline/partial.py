@@ -15,9 +15,12 @@ call. The first call (of an unfitted model) *is* ``fit`` of its batch (one initi
 spec's growth and moves, the data-dependent prior of :func:`pipeline.fit_setup.build_prior` and its
 empirical updates; the same bits as ``fit`` with ``n_init=1``), keeping memoized statistics whose sum
 becomes the batch's statistics, so a representative first batch gives the model ``fit`` would give
-and later batches refine it. Later calls keep that truncation (no growth, no pruning) and prior,
-whose free hyperparameters (the empirical defaults' ``beta0``) they re-estimate after every M-step
-as ``fit`` does (:func:`vbcore.empirical.empirical_update`). A
+and later batches refine it. Later calls keep that truncation (no growth, no pruning); the prior's
+data-dependent defaults (prior mean, covariance prior, the empirical ``nu0``) follow the moments of
+every row seen (each batch's kept beside its statistics: after the last batch they are what ``fit``
+builds on all rows), and its free hyperparameters (the empirical defaults' ``beta0``) are
+re-estimated after every M-step as ``fit`` does (:func:`vbcore.empirical.empirical_update`). A model
+fitted by ``fit`` keeps its prior (its rows' moments are not kept). A
 model fitted by ``fit`` continues from its posterior and prior, with no statistics of the rows
 ``fit`` saw.
 
@@ -38,7 +41,7 @@ import numpy as np
 
 from pipeline.engine import make_engine, tree_reduce
 from pipeline.fit_driver import CountingEngine, run_fit
-from pipeline.fit_setup import open_source, setup
+from pipeline.fit_setup import build_prior, open_source, setup
 from pipeline.learners.memo import chunk_keys, kept_total
 from pipeline.learners.vbem import vbem_pass
 from pipeline.spec import FitSpec
@@ -49,6 +52,7 @@ from vbcore.kernels import KernelResult
 from vbcore.mstep import m_step
 from vbcore.posterior import Posterior
 from vbcore.priors import Prior
+from vbcore.stats import SuffStats
 
 
 @dataclass
@@ -59,6 +63,9 @@ class PartialState:
     prior: Prior
     memos: list[KernelResult] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)  # each batch's content key (pipeline.learners.memo)
+    #: each batch's data moments (the prior's data-dependent defaults follow their sum); None for a
+    #: model fitted by ``fit``, whose rows' moments are not kept (its prior stays)
+    moments: list[SuffStats] | None = None
 
 
 @dataclass
@@ -89,13 +96,15 @@ def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: P
         try:
             if state is None:
                 state = PartialState(ctx.shift, ctx.prior if prior is None else prior)
+            key = "/".join(chunk_keys(source))
+            at = state.keys.index(key) if key in state.keys else len(state.memos)
+            if state.moments is not None:  # the defaults of every row seen, this batch's included
+                state.prior = prior_of_rows(spec, state, ctx.moments, at, source.n_features)
             ctx = replace(ctx, prior=state.prior)
             assert post is not None  # (an unfitted model's first call is _first_fit)
             if post.n_features != source.n_features:
                 raise InputError(f"X has {source.n_features} features, but the model was fitted with "
                                  f"{post.n_features}")
-            key = "/".join(chunk_keys(source))
-            at = state.keys.index(key) if key in state.keys else len(state.memos)
             out, memo = _iterate(spec, ctx, state, post, at)
         finally:
             ctx.engine.release(ctx.handles)
@@ -105,8 +114,24 @@ def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: P
     if at == len(state.memos):
         state.memos.append(memo)
         state.keys.append(key)
+        if state.moments is not None:
+            state.moments.append(ctx.moments)
     state.memos[at] = memo
+    if state.moments is not None:
+        state.moments[at] = ctx.moments
     return out, state
+
+
+def prior_of_rows(spec: FitSpec, state: PartialState, batch: SuffStats, at: int, d: int) -> Prior:
+    """The prior ``fit`` would build on every row seen (the kept batches' moments with ``batch`` at
+    position ``at``, summed over the fixed tree), keeping the truncation and the values of the
+    hyperparameters the bound re-estimates (:mod:`vbcore.empirical`)."""
+    assert state.moments is not None
+    parts = [*state.moments[:at], batch, *state.moments[at + 1:]]
+    new = build_prior(spec, tree_reduce(parts), d, None)
+    free = set(new.empirical) | ({"covariance"} if "degrees_of_freedom" in new.empirical else set())
+    return replace(new, n_components=state.prior.n_components,
+                   **{name: getattr(state.prior, name) for name in sorted(free)})
 
 
 def _first_fit(spec: FitSpec, source: Any, engine: Any,
@@ -118,7 +143,8 @@ def _first_fit(spec: FitSpec, source: Any, engine: Any,
     opts["memo"] = opts.get("memo") or 1.0
     out = run_fit(replace(spec, learner_options=opts), source, engine, random_state=random_state)
     memo = kept_total(out.kept)
-    state = PartialState(np.asarray(memo.stats.shift), out.prior, [memo], ["/".join(chunk_keys(source))])
+    state = PartialState(np.asarray(memo.stats.shift), out.prior, [memo], ["/".join(chunk_keys(source))],
+                         None if out.moments is None or spec.pca is not None else [out.moments])
     return PartialOutcome(out.post, out.terms, out.history, out.converged, out.n_iter), state
 
 

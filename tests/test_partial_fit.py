@@ -128,3 +128,27 @@ def test_later_calls_re_estimate_the_free_hyperparameters_as_fit_does():
     assert model.prior_.mean_precision == best_mean_precision(model.posterior_, model.prior_.mean)
     total = tree_reduce(model.partial_state_.memos).stats
     assert elbo_terms(total, model.posterior_, model.prior_).total == model.lower_bound_
+
+
+@pytest.mark.parametrize("defaults", ["sklearn", "empirical"])
+def test_the_prior_follows_every_row_seen(defaults):
+    """The data-dependent defaults (prior mean, covariance prior, the empirical nu0) are built from
+    the moments of every row seen, as ``fit`` builds them on all rows: after the last batch they are
+    fit's (before, the first batch's); a batch passed again replaces its moments."""
+    kw = {**KW, "prior_defaults": defaults}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = VBMixture(**kw).fit(X)
+    model = VBMixture(**kw)
+    batches = np.array_split(X, 5)
+    for batch in [*batches, batches[2]]:
+        model.partial_fit(batch)
+    assert len(model.partial_state_.moments) == 5
+    for name in ("mean", "covariance", "degrees_of_freedom"):
+        want, got = getattr(full.prior_, name), getattr(model.prior_, name)
+        if name == "covariance" and "degrees_of_freedom" in full.prior_.empirical:
+            continue  # re-estimated by the bound, not a data default
+        np.testing.assert_allclose(got, want, rtol=1e-10, err_msg=name)
+    assert model.prior_.n_components == full.prior_.n_components
+    total = tree_reduce(model.partial_state_.memos).stats
+    assert elbo_terms(total, model.posterior_, model.prior_).total == model.lower_bound_

@@ -47,6 +47,9 @@ class FitContext:
         ``sum_n w_n`` of weighted rows (the data's ``N`` in every formula that counts rows: the
         convergence test per row, minibatch scaling, default thresholds); None: ``n_rows``
         (:attr:`n_weight`).
+    moments : SuffStats or None
+        The data's one-component moments (count, mean, scatter; shifted), from which the prior's
+        data-dependent defaults were built (``partial_fit`` sums them over its batches).
     """
 
     engine: Any
@@ -63,6 +66,7 @@ class FitContext:
     chunk_starts: list[int] = field(default_factory=list)
     projection: Any = None
     total_weight: float | None = None
+    moments: Any = None
 
     @property
     def n_weight(self) -> float:
