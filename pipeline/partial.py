@@ -20,9 +20,8 @@ data-dependent defaults (prior mean, covariance prior, the empirical ``nu0``) fo
 every row seen (each batch's kept beside its statistics: after the last batch they are what ``fit``
 builds on all rows), and its free hyperparameters (the empirical defaults' ``beta0``) are
 re-estimated after every M-step as ``fit`` does (:func:`vbcore.empirical.empirical_update`). A model
-fitted by ``fit`` keeps its prior (its rows' moments are not kept). A
-model fitted by ``fit`` continues from its posterior and prior, with no statistics of the rows
-``fit`` saw.
+fitted by ``fit`` continues from its posterior and prior, with no statistics (nor moments) of the
+rows ``fit`` saw, so its data defaults stay ``fit``'s. A call that fails changes no state.
 
 Against scikit-learn's conventions (its mixtures have no ``partial_fit``; ``MiniBatchKMeans`` and the
 SGD estimators do): one call is one pass of the model over one batch. ``n_iter_`` is the number of
@@ -96,21 +95,22 @@ def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: P
         try:
             if state is None:
                 state = PartialState(ctx.shift, ctx.prior if prior is None else prior)
-            key = "/".join(chunk_keys(source))
-            at = state.keys.index(key) if key in state.keys else len(state.memos)
-            if state.moments is not None:  # the defaults of every row seen, this batch's included
-                state.prior = prior_of_rows(spec, state, ctx.moments, at, source.n_features)
-            ctx = replace(ctx, prior=state.prior)
             assert post is not None  # (an unfitted model's first call is _first_fit)
             if post.n_features != source.n_features:
                 raise InputError(f"X has {source.n_features} features, but the model was fitted with "
                                  f"{post.n_features}")
-            out, memo = _iterate(spec, ctx, state, post, at)
+            key = "/".join(chunk_keys(source))
+            at = state.keys.index(key) if key in state.keys else len(state.memos)
+            # the defaults of every row seen, this batch's included (the state changes only at the end)
+            start = state.prior if state.moments is None else prior_of_rows(spec, state, ctx.moments, at,
+                                                                            source.n_features)
+            out, memo, end_prior = _iterate(spec, replace(ctx, prior=start), state, post, at)
         finally:
             ctx.engine.release(ctx.handles)
     finally:
         if eng is not engine:
             eng.close()
+    state.prior = end_prior
     if at == len(state.memos):
         state.memos.append(memo)
         state.keys.append(key)
@@ -149,23 +149,25 @@ def _first_fit(spec: FitSpec, source: Any, engine: Any,
 
 
 def _iterate(spec: FitSpec, ctx: Any, state: PartialState, post: Posterior,
-             at: int) -> tuple[PartialOutcome, KernelResult]:
-    """E-steps of the batch and M-steps of all statistics (the batch's at position ``at``) until the
-    bound changes by less than ``tol`` per unit of the batch's weight, or ``max_iter``."""
+             at: int) -> tuple[PartialOutcome, KernelResult, Prior]:
+    """E-steps of the batch and M-steps of all statistics (the batch's at position ``at``), from the
+    prior ``ctx.prior``, until the bound changes by less than ``tol`` per unit of the batch's weight,
+    or ``max_iter``; returns the outcome, the batch's statistics and the prior at the end."""
     history: list[float] = []
     terms: ElboTerms | None = None
     memo: KernelResult | None = None
     converged = False
+    prior = ctx.prior
     others = [m for i, m in enumerate(state.memos) if i != at]
     for _ in range(max(int(spec.max_iter), 1)):
         memo = vbem_pass(ctx, post)
         total = tree_reduce([*others[:at], memo, *others[at:]])
-        post = m_step(total.stats, state.prior, ctx.reg_covar)
-        state.prior = empirical_update(state.prior, post)  # as fit's M-step (never lowers the bound)
-        terms = elbo_terms(total.stats, post, state.prior)
+        post = m_step(total.stats, prior, ctx.reg_covar)
+        prior = empirical_update(prior, post)  # as fit's M-step (never lowers the bound)
+        terms = elbo_terms(total.stats, post, prior)
         history.append(terms.total)
         if len(history) > 1 and abs(history[-1] - history[-2]) / ctx.n_weight < float(spec.tol):
             converged = True
             break
     assert terms is not None and memo is not None
-    return PartialOutcome(post, terms, history, converged, len(history)), memo
+    return PartialOutcome(post, terms, history, converged, len(history)), memo, prior

@@ -152,3 +152,31 @@ def test_the_prior_follows_every_row_seen(defaults):
     assert model.prior_.n_components == full.prior_.n_components
     total = tree_reduce(model.partial_state_.memos).stats
     assert elbo_terms(total, model.posterior_, model.prior_).total == model.lower_bound_
+
+
+def test_a_call_that_fails_changes_nothing(monkeypatch):
+    """A batch whose pass fails (a worker lost, say) leaves the model as it was: its prior, kept
+    statistics and moments; the next call folds the batch in as if the failure had not happened."""
+    import pipeline.partial
+
+    kw = {**KW, "prior_defaults": "empirical"}
+    model, twin = VBMixture(**kw), VBMixture(**kw)
+    batches = np.array_split(X, 3)
+    for m in (model, twin):
+        m.partial_fit(batches[0])
+        m.partial_fit(batches[1])
+    prior, state = model.prior_, model.partial_state_
+    n_memos, n_moments = len(state.memos), len(state.moments)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the pass failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline.partial, "vbem_pass", broken)
+        with pytest.raises(RuntimeError, match="the pass failed"):
+            model.partial_fit(batches[2])
+    assert model.partial_state_.prior is prior and model.prior_ is prior
+    assert len(state.memos) == n_memos and len(state.moments) == n_moments
+    model.partial_fit(batches[2])
+    twin.partial_fit(batches[2])
+    same_fit_bits(model, twin)
