@@ -307,8 +307,14 @@ class DPPointLearner(Learner):
         assert self.point is not None
         stats = self.hard_pass(self.point)
         self.counts = stats.nk.copy()
-        self.post = self.posterior()
-        return elbo_terms(stats, self.post, self.ctx.prior)
+        self.post, terms = self.bound_of(self.point, stats)
+        return terms
+
+    def bound_of(self, point: DPPoint, stats: SuffStats) -> tuple[Posterior, ElboTerms]:
+        """The distribution around ``point`` with the hard statistics ``stats`` of all rows, and its
+        exact ELBO."""
+        post = point_posterior(point, stats.nk, self.ctx.prior, self.sigma2, self.a0)
+        return post, elbo_terms(stats, post, self.ctx.prior)
 
 
 def check_range(learner: str, key: str, value: float, lo: float, hi: float, *,

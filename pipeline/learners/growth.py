@@ -244,6 +244,18 @@ class Growth:
         self.min_gain = 0.0  # nats a proposal must gain (tol x N, set by the learner)
         self.double = False  # the pending proposal doubles the truncation (else it fills it)
 
+    def warm_prior(self, prior: Any, n_components: int) -> Any:
+        """A warm start from a finished fit's posterior of ``n_components``: ``prior`` with a truncation
+        that posterior does not saturate (:func:`unsaturated_truncation`, at least ``prior``'s), which
+        becomes the growth's start. That posterior is a converged answer, not a fit bound by its
+        truncation, so the refresh spends no doubling proposal on it; births still fill the truncation
+        where new rows bring new groups. Disabled growth: ``prior`` as it is."""
+        if not self.enabled:
+            return prior
+        k = max(int(prior.n_components), unsaturated_truncation(n_components))
+        self.truncation = self.start = k
+        return replace(prior, n_components=k)
+
     def wants(self, n_used: int, n_components: int) -> bool:
         """Whether a converged fit using ``n_used`` components (``n_components`` kept) proposes births,
         and records the wish: a saturated truncation below the limit doubles; one that is not

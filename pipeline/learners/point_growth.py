@@ -40,11 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.learners.growth import Growth, default_limit, n_used, split_proposals, unsaturated_truncation
-from vbcore.elbo import ElboTerms, elbo_terms
+from pipeline.learners.growth import Growth, default_limit, n_used, split_proposals
+from vbcore.elbo import ElboTerms
 from vbcore.errors import ConfigError
 from vbcore.posterior import Posterior
-from vbcore.sga import Velocity, default_threshold, mm_sticks, mm_update, point_posterior, sticks_of_weights
+from vbcore.sga import Velocity, default_threshold, mm_sticks, mm_update, sticks_of_weights
 from vbcore.sga_stats import DPPoint, log_stick_weights, take_stats
 from vbcore.stats import SuffStats
 
@@ -86,14 +86,10 @@ class PointGrowthMixin:
         self.growth = Growth(enabled, start, limit, int(me.opts["grow_iters"]))
 
     def start_warm(self, post: Posterior) -> None:
-        """A warm start continues with a truncation ``post`` does not saturate (as VB EM's,
-        :meth:`pipeline.learners.vbem.VBEM.start_warm`): a finished fit's answer is no fit bound by
-        its truncation, so the first check spends no doubling on it."""
+        """A warm start continues with a truncation ``post`` does not saturate, as VB EM's
+        (:meth:`pipeline.learners.growth.Growth.warm_prior`)."""
         me: Any = self
-        if self.growth.enabled:
-            k = max(int(me.ctx.prior.n_components), unsaturated_truncation(post.n_components))
-            me.ctx.prior = replace(me.ctx.prior, n_components=k)
-            self.growth.truncation = self.growth.start = k
+        me.ctx.prior = self.growth.warm_prior(me.ctx.prior, post.n_components)
         super().start_warm(post)  # type: ignore[misc]
 
     def grow_check(self, iteration: int) -> ElboTerms | None:
@@ -123,11 +119,11 @@ class PointGrowthMixin:
             return None
         old_thr = me.thr
         refined, refined_stats, first = self.refine(me.point)  # first: the current point's pass
-        now, base = self.exact_of(me.point, first), self.exact_of(refined, refined_stats)
+        now, base = me.bound_of(me.point, first)[1], me.bound_of(refined, refined_stats)[1]
         proposal = split_point(me.point, parents, kept, children, ctx.shift)
         me.thr = min(old_thr, default_threshold(proposal.sticks)) if old_thr is not None else None
         point, stats, _ = self.refine(proposal)
-        terms = self.exact_of(point, stats)
+        terms = me.bound_of(point, stats)[1]
         if terms.total <= max(now.total, base.total) + g.min_gain:
             me.thr = old_thr
             return None
@@ -154,13 +150,6 @@ class PointGrowthMixin:
             point = mm_update(take_stats(stats, order), me.ctx.prior, me.a0)
         assert first is not None, "grow_iters >= 1"
         return point, me.hard_pass(point), first
-
-    def exact_of(self, point: DPPoint, stats: SuffStats) -> ElboTerms:
-        """The exact ELBO of the distribution around ``point`` with the hard statistics ``stats`` of
-        all rows (what :meth:`pipeline.learners.dpm.DPPointLearner.exact_terms` computes)."""
-        me: Any = self
-        post = point_posterior(point, stats.nk, me.ctx.prior, me.sigma2, me.a0)
-        return elbo_terms(stats, post, me.ctx.prior)
 
     def converged(self, history: list[float], tol: float) -> bool:
         me: Any = self

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.learners import register
-from pipeline.learners.growth import Growth, default_limit, n_used, propose, unsaturated_truncation
+from pipeline.learners.growth import Growth, default_limit, n_used, propose
 from pipeline.learners.memo import MemoStats, check_memo_option
 from pipeline.learners.moves import MOVE_OPTIONS, Moves, check_move_options
 from pipeline.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
@@ -99,15 +99,9 @@ class VBEM(TruncatedLearner):
         self.round = False  # the last step was a move round (a full pass)
 
     def start_warm(self, post: Posterior) -> None:
-        """Begin from ``post``, a finished fit's. A warm start of a growing fit continues with a
-        truncation the warm posterior does not saturate (:func:`unsaturated_truncation`, at least
-        ``K``): that posterior is a converged answer, not a fit bound by its truncation, so the
-        refresh spends no doubling proposal on it; births still fill the truncation where new rows
-        bring new groups."""
-        if self.growth.enabled:
-            k = max(self.ctx.prior.n_components, unsaturated_truncation(post.n_components))
-            self.ctx.prior = replace(self.ctx.prior, n_components=k)
-            self.growth.truncation = self.growth.start = k
+        """Begin from ``post``, a finished fit's, with a truncation it does not saturate
+        (:meth:`pipeline.learners.growth.Growth.warm_prior`)."""
+        self.ctx.prior = self.growth.warm_prior(self.ctx.prior, post.n_components)
         self.start(post)
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
