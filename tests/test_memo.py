@@ -26,7 +26,7 @@ from tests._reference import planted_blobs, same_fit_bits
 from vbcore.errors import ConfigError
 from vbcore.kernels import EStepParams, KernelResult, estep_params, vbem_kernel
 from vbcore.metrics import nmi
-from vbcore.moves import move_kernel
+from vbcore.move_pass import move_kernel
 
 RNG = np.random.default_rng(2013)
 CENTRES = RNG.normal(0.0, 4.0, size=(6, 5))

@@ -11,14 +11,12 @@ from tests._reference import same_fit_bits as _same_bits
 from tests._reference import stats_of as _stats
 from vbcore.elbo import elbo_terms
 from vbcore.kernels import estep_params, log_rho, normalise, prepare_chunk, vbem_kernel
+from vbcore.move_pass import MoveParams, move_kernel, pair_entropy
 from vbcore.moves import (
-    MoveParams,
     apply_merges,
     component_terms,
     delete_candidates,
     merge_gain_bound,
-    move_kernel,
-    pair_entropy,
     propose_pairs,
     reindex_pairs,
     removes_components,

@@ -9,7 +9,8 @@ import pytest
 
 from vbcore.elbo import elbo_terms
 from vbcore.kernels import chunk_statistics, estep_params, log_rho, prepare_chunk
-from vbcore.moves import apply_merges, pair_entropy, reindex_pairs, total_elbo
+from vbcore.move_pass import pair_entropy
+from vbcore.moves import apply_merges, reindex_pairs, total_elbo
 from vbcore.mstep import m_step
 from vbcore.priors import default_prior
 from vbcore.trunc_moves import TruncMoveRequest, candidate_pair_entropy

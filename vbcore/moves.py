@@ -9,13 +9,14 @@ pairwise sum of those of a and b (Chan et al.), so the M-step, the data and prio
 weight terms of the merged model follow from the summed statistics alone. The only per-row quantity
 is the change of the assignment entropy, ``h_ab = sum_n s ln s - r_a ln r_a - r_b ln r_b`` with
 ``s = r_na + r_nb``, gathered for a list of proposed pairs in the E-step pass itself
-(:func:`move_kernel`), as bnpy gathers its merge-pair entropies. Since ``h_ab >= 0`` the change
-without it is an upper bound of the exact change: pairs are proposed by that bound (cheap, from the
-last iteration's statistics) and evaluated exactly with ``h_ab``.
+(:func:`vbcore.move_pass.move_kernel`), as bnpy gathers its merge-pair entropies. Since ``h_ab >= 0``
+the change without it is an upper bound of the exact change: pairs are proposed by that bound
+(cheap, from the last iteration's statistics) and evaluated exactly with ``h_ab``.
 
 **Delete** of a set of small components: their rows' responsibilities are re-normalised over the
 other components (``r'_nk = r_nk / (1 - r_nc)``, which is the E-step with the deleted columns left
-out); the statistics of that q(Z) are gathered in the same pass, next to the regular ones.
+out); the statistics of that q(Z) are gathered in the same pass, next to the regular ones
+(:func:`vbcore.move_pass.delete_proposal`).
 
 The ELBO is split as ``sum_k C_k + W(N) - sum_nk r ln r`` with ``C_k`` the data and component-prior
 terms of component k (:func:`component_terms`) and ``W`` the weight terms (:func:`weight_terms`);
@@ -28,24 +29,11 @@ Hard-assignment (MAP) learners: :mod:`vbcore.hard_moves`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import betaln, digamma, gammaln
 
 from vbcore.elbo import elbo_terms, kl_gamma, kl_wishart
-from vbcore.kernels import (
-    BLOCK_ROWS,
-    Array,
-    Chunk,
-    EStepParams,
-    array_namespace,
-    chunk_statistics,
-    log_rho,
-    normalise,
-    to_numpy,
-    weigh,
-)
 from vbcore.mstep import m_step
 from vbcore.posterior import LOG_2PI, Posterior
 from vbcore.priors import Prior
@@ -340,79 +328,6 @@ def propose_pairs(stats: SuffStats, post: Posterior, prior: Prior, reg_covar: fl
     good = np.flatnonzero(bound > 0)
     good = good[np.lexsort((good, -bound[good]))][:max_pairs]
     return pairs[good]
-
-
-# ---- the move pass --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MoveParams:
-    """What a chunk needs for a move pass: the E-step, the pairs whose entropy change to gather, and
-    the components a delete proposal keeps (None: no delete proposal) with the pairs in its indexing."""
-
-    estep: EStepParams
-    pairs: np.ndarray  # (P, 2)
-    keep: np.ndarray | None  # (K',) components kept by the delete proposal
-    keep_pairs: np.ndarray  # (P', 2), indices into keep
-
-
-@dataclass(frozen=True)
-class MoveResult:
-    """Per chunk (then reduced): the regular statistics and ``sum ln sum rho``, the pairs' ``h``,
-    and the same for the delete proposal's q(Z)."""
-
-    stats: SuffStats
-    log_norm: float
-    h: np.ndarray
-    alt: SuffStats | None
-    alt_h: np.ndarray
-
-    def merge(self, other: MoveResult) -> MoveResult:
-        alt = None if self.alt is None or other.alt is None else self.alt.merge(other.alt)
-        return MoveResult(self.stats.merge(other.stats), self.log_norm + other.log_norm,
-                          self.h + other.h, alt, self.alt_h + other.alt_h)
-
-
-def pair_entropy(resp: Array, pairs: np.ndarray, w: Array | None = None) -> np.ndarray:
-    """``h_ab = sum_n w_n (s ln s - r_a ln r_a - r_b ln r_b)`` (``s = r_a + r_b``; ``w``: the rows'
-    weights, None: 1) per pair, float64 (P,)."""
-    if pairs.shape[0] == 0:
-        return np.zeros(0)
-    xp = array_namespace(resp)
-    ra = xp.take(resp, xp.asarray(pairs[:, 0]), axis=1)
-    rb = xp.take(resp, xp.asarray(pairs[:, 1]), axis=1)
-
-    def xlogx(r: Array) -> Array:
-        return r * xp.log(xp.where(r > 0, r, xp.ones_like(r)))
-
-    h = xlogx(ra + rb) - xlogx(ra) - xlogx(rb)
-    if w is not None:  # weighted rows: w_n h_n
-        h = h * xp.reshape(w, (-1, 1))
-    return to_numpy(xp.sum(h, axis=0, dtype=xp.float64))
-
-
-def move_kernel(chunk: Chunk, params: MoveParams) -> MoveResult:
-    """The E-step pass of a move iteration, block by block (``BLOCK_ROWS``): regular statistics,
-    the pairs' entropy changes, and the statistics of the delete proposal."""
-    xp = array_namespace(chunk.x)
-    out: MoveResult | None = None
-    keep = None if params.keep is None else xp.asarray(np.asarray(params.keep, dtype=np.int64))
-    for i in range(0, chunk.n_rows, BLOCK_ROWS):
-        j = min(i + BLOCK_ROWS, chunk.n_rows)
-        feats = None if chunk.feats is None else chunk.feats[i:j, :]
-        wb = None if chunk.w is None else chunk.w[i:j]
-        sub = Chunk(x=chunk.x[i:j, :], feats=feats, shift=chunk.shift, diagonal=chunk.diagonal,
-                    pooled=chunk.pooled, w=wb)
-        lr = log_rho(sub, params.estep)
-        resp, log_norm, rlogr = normalise(lr)  # chunk_statistics weighs r and r ln r
-        alt, alt_h = None, np.zeros(params.keep_pairs.shape[0])
-        if keep is not None:
-            resp2, _, rlogr2 = normalise(xp.take(lr, keep, axis=1))
-            alt, alt_h = chunk_statistics(sub, resp2, rlogr2), pair_entropy(resp2, params.keep_pairs, wb)
-        total = float(to_numpy(xp.sum(weigh(sub, 0, resp, log_norm)[1], dtype=xp.float64)))
-        stats = chunk_statistics(sub, resp, rlogr)
-        part = MoveResult(stats, total, pair_entropy(resp, params.pairs, wb), alt, alt_h)
-        out = part if out is None else out.merge(part)
-    assert out is not None, "a chunk has rows"
-    return out
 
 
 def delete_candidates(nk: np.ndarray, share: float, limit: int, floor: float = 0.0) -> np.ndarray:

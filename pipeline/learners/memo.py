@@ -46,7 +46,7 @@ from pipeline.engine import tree_reduce
 from pipeline.learners.base import FitContext, restart_lineage
 from vbcore.errors import ConfigError
 from vbcore.kernels import EStepParams, KernelResult, vbem_kernel
-from vbcore.moves import MoveParams, MoveResult, move_kernel
+from vbcore.move_pass import MoveParams, MoveResult, move_kernel
 from vbcore.stats import SuffStats
 
 _PREFIX = "memo."
@@ -79,7 +79,7 @@ def memo_kernel(chunk: Any, old: KernelResult | None,
 
 def memo_move_kernel(chunk: Any, old: KernelResult | None,
                      params: MoveParams) -> tuple[KernelResult, tuple[MoveResult, float]]:
-    """A move round's visit (:func:`vbcore.moves.move_kernel`): its regular statistics kept as the
+    """A move round's visit (:func:`vbcore.move_pass.move_kernel`): its regular statistics kept as the
     chunk's new state (no spread of ``ln sum rho``: VB EM reads none), the round's result and the
     movement."""
     res = move_kernel(chunk, params)

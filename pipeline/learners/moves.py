@@ -12,7 +12,7 @@ Learner options (added to VB EM's, MM's and the SGA learners'):
   less than ``delete_share`` of the mean count (halved after a rejection, reset after an acceptance).
 
 VB EM: pairs and the delete set are proposed at the end of the iteration before a round, from its
-statistics and for the posterior the next pass uses; the round's E-step pass (:func:`vbcore.moves.
+statistics and for the posterior the next pass uses; the round's E-step pass (:func:`vbcore.move_pass.
 move_kernel`, one engine pass, statistics next to the data, small results to the driver) returns the
 regular statistics, the pairs' entropy changes and the delete proposal's statistics. The driver keeps
 whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO, recomputed
@@ -35,12 +35,11 @@ import numpy as np
 from vbcore.errors import ConfigError
 from vbcore.hard_moves import merge_points, nearest_pairs, select_hard_merges
 from vbcore.kernels import estep_params
+from vbcore.move_pass import MoveParams, move_kernel
 from vbcore.moves import (
-    MoveParams,
     apply_merges,
     delete_candidates,
     expand_stats,
-    move_kernel,
     propose_pairs,
     reindex_pairs,
     removes_components,
@@ -189,7 +188,7 @@ class Moves:
 
     def run(self, ctx: Any, post: Posterior, pass_: Any = None) -> SuffStats:
         """One move round: the E-step pass with the move quantities, then the best exact ELBO.
-        ``pass_(params)``: the pass (default: ``map_reduce`` of :func:`vbcore.moves.move_kernel`;
+        ``pass_(params)``: the pass (default: ``map_reduce`` of :func:`vbcore.move_pass.move_kernel`;
         VB EM's memoized statistics keep each chunk's regular statistics)."""
         keep, keep_pairs = self._prepare(post.n_components)
         params = MoveParams(estep_params(post, ctx.shift), self.pairs, keep, keep_pairs)
