@@ -64,7 +64,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         Restarts (each from its own seed derived from ``random_state``); the fit with the best ELBO
         is kept.
     init_params : {'kmeans', 'k-means++', 'random', 'random_from_data', 'k-means++-projected'}
-        Default 'kmeans'
+        Default 'kmeans' (scikit-learn's k-means on ``max(10000, 20 K)`` sample rows)
         (the pipeline's default is 'k-means++-projected': seeds among sample rows, nearest seed in a
         random projection, no Lloyd iterations)
     weight_concentration_prior_type : {'dirichlet_process', 'dirichlet_distribution'}

@@ -202,6 +202,12 @@ def initial_stats(spec: FitSpec, ctx: FitContext, resp_init: Any, random_state: 
     sample, w = sample_rows(source, k, random_state, weights=True)
     if w is not None:  # weighted rows: a row of weight 0 is no row, and none may seed a centre
         sample, w = sample[w > 0], w[w > 0]
+    if spec.init in ("kmeans", "k-means++") and sample.shape[0] > sample_size(k):
+        # whole chunks overshoot the sample size (one 65,536-row chunk of an array: every row);
+        # scikit-learn's k-means costs O(rows K D) an iteration, so it gets sample_size(k) of them
+        gen = np.random.default_rng(int(rng.randint(2**31 - 1)))
+        keep = np.sort(gen.choice(sample.shape[0], size=sample_size(k), replace=False))
+        sample, w = sample[keep], None if w is None else w[keep]
     m = min(k, sample.shape[0])
     if spec.init == "k-means++-projected":  # (seeds among the rows of positive weight, unweighted)
         return projected_init_stats(ctx, sample, m, k, rng)  # converts only the rows it draws
@@ -264,11 +270,16 @@ def check_resp_init(resp_init: Any, n: int, k: int) -> np.ndarray:
     return r
 
 
+def sample_size(k: int) -> int:
+    """Rows the starts sample for ``k`` components: ``max(10000, 20 K)``."""
+    return max(10_000, 20 * int(k))
+
+
 def sample_rows(source: Any, k: int, random_state: Any, weights: bool = False) -> Any:
-    """Whole chunks picked at random (seeded) until ``max(10000, 20 K)`` rows: k-means input. With
+    """Whole chunks picked at random (seeded) until :func:`sample_size` rows: k-means input. With
     ``weights``: ``(rows, their weights)``, the weights None for unweighted rows."""
     rng = check_random_state(random_state)
-    target = max(10_000, 20 * k)
+    target = sample_size(k)
     slices = source.chunk_slices()
     if source.n_rows <= target:
         picked = list(range(len(slices)))
