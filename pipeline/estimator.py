@@ -28,7 +28,7 @@ from pipeline.engine import make_engine, split_rows
 from pipeline.fit_driver import FitOutcome, n_effective, run_fit
 from pipeline.fit_setup import open_source
 from pipeline.sources import is_store_path
-from pipeline.spec import FitSpec
+from pipeline.spec import CHUNK_ROWS, FitSpec
 from vbcore.elbo import ElboTerms
 from vbcore.errors import ConfigError, InputError, TruncationWarning, truncation_message
 from vbcore.kernels import estep_params, prepare_chunk, responsibilities
@@ -98,9 +98,9 @@ class VBMixture(DensityMixin, BaseEstimator):
     learner_options : dict, optional
         Options of the learner (step sizes, minibatch size, ...); each learner lists its own with
         their defaults in ``LEARNERS[name].options``.
-    chunk_rows : int, default=65536
+    chunk_rows : int, default=8192
         Rows per chunk for the map-reduce passes over in-memory arrays (stores and dask arrays
-        keep their own chunking).
+        keep their own chunking); the default is the chunking `vbcluster ingest` writes.
     engine : 'local', distributed.Client, 'tcp://host:port' or a cluster config path, default='local'
         Where the passes run. Engines give bitwise-identical results.
     persist : {'auto', 'always', 'never'}, default='auto'
@@ -146,7 +146,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         whiten: bool = False,
         learner: str = "vbem",
         learner_options: dict[str, Any] | None = None,
-        chunk_rows: int = 65536,
+        chunk_rows: int = CHUNK_ROWS,
         engine: Any = "local",
         persist: str = "auto",
         checkpoint_dir: str | None = None,

@@ -49,6 +49,7 @@ from pipeline.image_store import Batch, append_store, create_store, read_manifes
 from pipeline.ingest import IngestReport
 from pipeline.ingest.plan import as_int
 from pipeline.ingest.writer import check_target, store_normalization
+from pipeline.spec import CHUNK_ROWS
 from pipeline.store import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError, VBClusterError
 
@@ -216,7 +217,7 @@ def refresh_images(source: str, out: str | os.PathLike[str], **options: Any) -> 
     return ingest_images(source, out, append=exists, **options)
 
 
-def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192,
+def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_ROWS,
                   labels: str | None = None, ids: str | None = None, append: bool = False,
                   drop_nonfinite: bool = False, overwrite: bool = False, compression_level: int = 1,
                   batch_chunks: int = 1, progress: Callable[[int], None] | None = None,

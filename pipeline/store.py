@@ -55,6 +55,7 @@ import zarr
 
 from pipeline import integrity, leftovers
 from pipeline import store_journal as journal
+from pipeline.spec import CHUNK_ROWS
 from pipeline.store_journal import AppendLock, journal_paths
 from vbcore.errors import ConfigError, InputError, StoreError
 from vbcore.limits import check_magnitude
@@ -127,7 +128,7 @@ class FeatureStore:
         path: str | os.PathLike[str],
         n_features: int,
         *,
-        chunk_rows: int = 8192,
+        chunk_rows: int = CHUNK_ROWS,
         labels: bool = False,
         ids: str | None = None,
         weights: bool = False,

@@ -320,6 +320,26 @@ def test_chunk_rows_does_not_change_the_answer(iris, ct, wt):
                                atol=1e-12)
 
 
+@pytest.mark.parametrize("init", ["kmeans", "k-means++-projected"])
+def test_an_array_and_its_ingested_store_give_the_same_bits(tmp_path, init):
+    """In-memory arrays are cut into the chunks `vbcluster ingest` writes (8,192 rows), so the
+    summation order, and every bit of the fit, is the same for the rows and for their store."""
+    from pipeline.store import FeatureStore
+
+    rng = np.random.default_rng(0)
+    X = (rng.normal(size=(20_000, 6)) + 3 * rng.integers(0, 4, 20_000)[:, None]).astype(np.float32)
+    store = FeatureStore.create(tmp_path / "s.zarr", 6, labels=False)
+    store.append(X)
+    assert store.chunk_rows == VBMixture().chunk_rows < X.shape[0] // 2  # several chunks each
+    kw = dict(n_components=6, max_iter=10, tol=0.0, random_state=0, init_params=init)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ten iterations: not converged
+        a, b = VBMixture(**kw).fit(X), VBMixture(**kw).fit(str(tmp_path / "s.zarr"))
+    np.testing.assert_array_equal(a.lower_bounds_, b.lower_bounds_)
+    np.testing.assert_array_equal(a.means_, b.means_)
+    np.testing.assert_array_equal(a.covariances_, b.covariances_)
+
+
 # ---- 8. float32 --------------------------------------------------------------------------------
 @pytest.mark.parametrize("ct", ["full", "diag"])
 def test_float32_input_matches_float64(iris, ct):

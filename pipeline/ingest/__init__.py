@@ -47,6 +47,7 @@ from pipeline.ingest.plan import Batch, Plan, as_int, with_weights
 from pipeline.ingest.synthetic import SYNTHETIC_DEFAULTS, read_synthetic, synthetic_class_sizes
 from pipeline.ingest.tables import read_csv, read_parquet
 from pipeline.ingest.writer import check_target, counted, store_normalization, write_plan
+from pipeline.spec import CHUNK_ROWS
 from vbcore.errors import ConfigError, InputError, StoreError
 
 __all__ = ["ingest", "IngestReport", "bundled_images", "synthetic_class_sizes", "SYNTHETIC_DEFAULTS",
@@ -70,8 +71,9 @@ class IngestReport:
 
 
 # ---- the entry point ----------------------------------------------------------------------------
-def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = 8192, labels: str | None = None,
-           ids: str | None = None, append: bool = False, drop_nonfinite: bool = False,
+def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_ROWS,
+           labels: str | None = None, ids: str | None = None, append: bool = False,
+           drop_nonfinite: bool = False,
            overwrite: bool = False, compression_level: int = 1, batch_chunks: int = 1,
            progress: Callable[[int], None] | None = None, allow_duplicate: bool = False,
            weights: str | None = None, normalize: str | None = None, **options: Any) -> IngestReport:
