@@ -95,9 +95,8 @@ def to_host(x: Array) -> np.ndarray:
 
 class Sum64:
     """A float64 running sum of blocks, kept in the blocks' namespace (device memory for CuPy) and
-    copied to the host once by :meth:`result`: a K x 2D statistic summed over a chunk's blocks
-    crosses the bus once per chunk, not once per block. Each block is cast to float64 and added in
-    block order, the same adds as summing host copies of the blocks, so NumPy bits are unchanged."""
+    copied to the host once by :meth:`result` (once per chunk, not per block). Each block is cast to
+    float64 and added in block order, the same adds as summing host copies of the blocks."""
 
     def __init__(self, xp: Any, shape: tuple[int, ...]) -> None:
         self.xp = xp
@@ -403,9 +402,8 @@ def pooled_stats(nk: np.ndarray, sx: np.ndarray, xx: np.ndarray, sum_rlogr: floa
 
 @dataclass(frozen=True)
 class KernelResult:
-    """What one VB EM pass returns per chunk: statistics, ``sum_n ln sum_k rho_nk`` (the rows' share
-    of the ELBO) and the sum of its squared deviations from their mean (:func:`row_spread`; for a
-    minibatch estimate's standard error)."""
+    """What one VB EM pass returns per chunk: statistics, ``sum_n ln sum_k rho_nk`` and the sum of its
+    squared deviations from their mean (:func:`row_spread`; a minibatch estimate's standard error)."""
 
     stats: SuffStats
     log_norm: float
@@ -417,8 +415,9 @@ class KernelResult:
         return KernelResult(self.stats.merge(other.stats), self.log_norm + other.log_norm, m2)
 
 
-def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
-    """One VB EM chunk pass: E-step (eqs. 35-36) then statistics (eqs. 30-32)."""
+def vbem_kernel(chunk: Chunk, params: EStepParams, hook: Any = None) -> KernelResult:
+    """One VB EM chunk pass: E-step (eqs. 35-36) then statistics (eqs. 30-32). ``hook(i, ln rho, r,
+    sum r ln r)`` sees each block's unweighted E-step (diagonal families; the move rounds' extras)."""
     xp = array_namespace(chunk.x)
     if params.covariance_type == "tied":
         return _tied_kernel(chunk, params)
@@ -436,7 +435,10 @@ def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     n = chunk.n_rows
     for i in range(0, n, BLOCK_ROWS):
         f = chunk.features(i, min(i + BLOCK_ROWS, n))
-        resp, log_norm, rlogr = weigh(chunk, i, *normalise(f @ w + const))
+        resp, log_norm, rlogr = normalise(lr := f @ w + const)
+        if hook is not None:
+            hook(i, lr, resp, rlogr)
+        resp, log_norm, rlogr = weigh(chunk, i, resp, log_norm, rlogr)
         g.add(xp.matrix_transpose(resp) @ f)
         nk.add(xp.sum(resp, axis=0, dtype=xp.float64))
         rows.add(log_norm, rlogr)
@@ -446,8 +448,7 @@ def vbem_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
 
 class _RowSums:
     """The per-row values of a chunk's blocks (``ln sum_k rho`` and ``sum_k r ln r``), kept where they
-    were computed and summed on the host at the end, block by block in block order: one copy from
-    the device per chunk instead of one synchronisation per block, and the same sums as before."""
+    were computed and summed on the host at the end, block by block in block order."""
 
     def __init__(self) -> None:
         self.log_norm: list[Array] = []

@@ -26,6 +26,7 @@ from vbcore.kernels import (
     log_rho,
     normalise,
     to_numpy,
+    vbem_kernel,
     weigh,
 )
 from vbcore.stats import SuffStats
@@ -163,14 +164,21 @@ def delete_proposal(lr: Array, resp: Array, rlogr: Array, keep: Array, gone: Arr
 
 def move_kernel(chunk: Chunk, params: MoveParams) -> MoveResult:
     """The E-step pass of a move iteration, block by block (``BLOCK_ROWS``): regular statistics,
-    the pairs' entropy changes, and the statistics of the delete proposal (:func:`delete_proposal`)."""
+    the pairs' entropy changes, and the statistics of the delete proposal (:func:`delete_proposal`).
+
+    Diagonal families: the regular statistics are :func:`vbcore.kernels.vbem_kernel`'s, bit for bit
+    (its block hook gathers the rest), so a round that accepts no move is a regular VB EM iteration;
+    summing them otherwise (centred per block, then merged) put the bound up to 2.5e-8 of its size
+    (0.6 nats on 100,000 x 512) below a regular pass's and showed as a decrease in the history."""
     xp = array_namespace(chunk.x)
-    out: MoveResult | None = None
     keep = gone = None
     if params.keep is not None:
         k = int(params.estep.const.shape[0])
         keep = xp.asarray(np.asarray(params.keep, dtype=np.int64))
         gone = xp.asarray(np.setdiff1d(np.arange(k), np.asarray(params.keep, dtype=np.int64)))
+    if params.estep.covariance_type not in ("full", "tied"):
+        return _fused_move_kernel(chunk, params, keep, gone)
+    out: MoveResult | None = None
     for i in range(0, chunk.n_rows, BLOCK_ROWS):
         j = min(i + BLOCK_ROWS, chunk.n_rows)
         feats = None if chunk.feats is None else chunk.feats[i:j, :]
@@ -189,3 +197,30 @@ def move_kernel(chunk: Chunk, params: MoveParams) -> MoveResult:
         out = part if out is None else out.merge(part)
     assert out is not None, "a chunk has rows"
     return out
+
+
+def _block(chunk: Chunk, i: int, j: int) -> Chunk:
+    return Chunk(x=chunk.x[i:j, :], feats=None if chunk.feats is None else chunk.feats[i:j, :],
+                 shift=chunk.shift, diagonal=chunk.diagonal, pooled=chunk.pooled,
+                 w=None if chunk.w is None else chunk.w[i:j])
+
+
+def _fused_move_kernel(chunk: Chunk, params: MoveParams, keep: Array | None,
+                       gone: Array | None) -> MoveResult:
+    """:func:`move_kernel` for the diagonal families: the regular pass with a block hook."""
+    h = np.zeros(params.pairs.shape[0])
+    alt_h = np.zeros(params.keep_pairs.shape[0])
+    alt: list[SuffStats] = []
+
+    def hook(i: int, lr: Array, resp: Array, rlogr: Array) -> None:
+        nonlocal h, alt_h
+        sub = _block(chunk, i, i + resp.shape[0])
+        h = h + pair_entropy(resp, params.pairs, sub.w)
+        if keep is not None:
+            resp2, rlogr2 = delete_proposal(lr, resp, rlogr, keep, gone)
+            part = chunk_statistics(sub, resp2, rlogr2)
+            alt.append(part if not alt else alt.pop().merge(part))
+            alt_h = alt_h + pair_entropy(resp2, params.keep_pairs, sub.w)
+
+    regular = vbem_kernel(chunk, params.estep, hook)
+    return MoveResult(regular.stats, regular.log_norm, h, alt[0] if alt else None, alt_h)
