@@ -180,11 +180,8 @@ def move_kernel(chunk: Chunk, params: MoveParams) -> MoveResult:
         return _fused_move_kernel(chunk, params, keep, gone)
     out: MoveResult | None = None
     for i in range(0, chunk.n_rows, BLOCK_ROWS):
-        j = min(i + BLOCK_ROWS, chunk.n_rows)
-        feats = None if chunk.feats is None else chunk.feats[i:j, :]
-        wb = None if chunk.w is None else chunk.w[i:j]
-        sub = Chunk(x=chunk.x[i:j, :], feats=feats, shift=chunk.shift, diagonal=chunk.diagonal,
-                    pooled=chunk.pooled, w=wb)
+        sub = _block(chunk, i, min(i + BLOCK_ROWS, chunk.n_rows))
+        wb = sub.w
         lr = log_rho(sub, params.estep)
         resp, log_norm, rlogr = normalise(lr)  # chunk_statistics weighs r and r ln r
         alt, alt_h = None, np.zeros(params.keep_pairs.shape[0])
@@ -210,17 +207,17 @@ def _fused_move_kernel(chunk: Chunk, params: MoveParams, keep: Array | None,
     """:func:`move_kernel` for the diagonal families: the regular pass with a block hook."""
     h = np.zeros(params.pairs.shape[0])
     alt_h = np.zeros(params.keep_pairs.shape[0])
-    alt: list[SuffStats] = []
+    alt: SuffStats | None = None
 
     def hook(i: int, lr: Array, resp: Array, rlogr: Array) -> None:
-        nonlocal h, alt_h
+        nonlocal h, alt, alt_h
         sub = _block(chunk, i, i + resp.shape[0])
         h = h + pair_entropy(resp, params.pairs, sub.w)
         if keep is not None:
             resp2, rlogr2 = delete_proposal(lr, resp, rlogr, keep, gone)
             part = chunk_statistics(sub, resp2, rlogr2)
-            alt.append(part if not alt else alt.pop().merge(part))
+            alt = part if alt is None else alt.merge(part)
             alt_h = alt_h + pair_entropy(resp2, params.keep_pairs, sub.w)
 
     regular = vbem_kernel(chunk, params.estep, hook)
-    return MoveResult(regular.stats, regular.log_norm, h, alt[0] if alt else None, alt_h)
+    return MoveResult(regular.stats, regular.log_norm, h, alt, alt_h)
