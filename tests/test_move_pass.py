@@ -122,7 +122,8 @@ def test_delete_proposal_statistics_equal_the_brute_force_of_its_q(weighted: boo
     share = resp[:, [2, 6]].sum(1)
     for lo, hi in ((0.0, 0.0), (1e-300, 1e-15), (1e-15, 0.5), (0.5, 1.0)):  # every kind of row
         assert np.sum((share >= lo) & (share <= hi)) >= 10, (lo, hi)
-    q = np.where(share[:, None] >= 0.5, softmax(lr[:, keep], axis=1), resp[:, keep] / np.where(share < 0.5, 1.0 - share, 1.0)[:, None])
+    scaled = resp[:, keep] / np.where(share < 0.5, 1.0 - share, 1.0)[:, None]
+    q = np.where(share[:, None] >= 0.5, softmax(lr[:, keep], axis=1), scaled)
     ref = _stats(x, q if w is None else q * w[:, None], "diag", shift)
     assert res.alt is not None
     np.testing.assert_allclose(res.alt.nk, ref.nk, rtol=1e-10)
