@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from vbcore.blockgemm import log_rho_block, padded_weights, resp_t_dot
 from vbcore.posterior import LOG_2PI, Posterior
 from vbcore.priors import WISHART_TYPES
 from vbcore.spread import add_rows, merge_spread, row_spread  # noqa: F401  (their home was here)
@@ -247,8 +248,8 @@ def log_rho(chunk: Chunk, params: EStepParams) -> Array:
     if params.covariance_type == "tied":
         return _tied_log_rho(x, params)
     if params.covariance_type != "full":
-        assert params.weights is not None
-        return chunk.features(0, chunk.n_rows) @ xp.asarray(params.weights, dtype=dt) + const
+        w = xp.asarray(padded_weights(params.weights), dtype=dt)
+        return log_rho_block(chunk.features(0, chunk.n_rows), w, const)
     assert params.means is not None and params.prec_chol is not None
     k = params.const.shape[0]
     cols = []
@@ -320,7 +321,7 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
             g = Sum64(xp, (k, 2 * d))
             for i in range(0, n, BLOCK_ROWS):
                 j = min(i + BLOCK_ROWS, n)  # in-bounds slice stops (the standard leaves others unspecified)
-                g.add(xp.matrix_transpose(resp[i:j, :]) @ chunk.feats[i:j, :])
+                g.add(resp_t_dot(xp, resp[i:j, :], chunk.feats[i:j, :]))
             return _diag_stats(nk, g.result(), sum_rlogr, chunk)
         sq, lin = Sum64(xp, (k, d)), Sum64(xp, (k, d))  # no [x*x, x] cache: two products, no (n, 2D) copy
         for i in range(0, n, BLOCK_ROWS):
@@ -428,18 +429,18 @@ def vbem_kernel(chunk: Chunk, params: EStepParams, hook: Any = None) -> KernelRe
     # diagonal families: E-step, softmax and statistics block by block (see BLOCK_ROWS)
     assert params.weights is not None
     dt = chunk.x.dtype
-    w = xp.asarray(params.weights, dtype=dt)
+    w = xp.asarray(padded_weights(params.weights), dtype=dt)  # see vbcore.blockgemm
     const = xp.asarray(params.const, dtype=dt)
     k, d = params.const.shape[0], chunk.x.shape[1]
     g, nk, rows = Sum64(xp, (k, 2 * d)), Sum64(xp, (k,)), _RowSums()
     n = chunk.n_rows
     for i in range(0, n, BLOCK_ROWS):
         f = chunk.features(i, min(i + BLOCK_ROWS, n))
-        resp, log_norm, rlogr = normalise(lr := f @ w + const)
+        resp, log_norm, rlogr = normalise(lr := log_rho_block(f, w, const))
         if hook is not None:
             hook(i, lr, resp, rlogr)
         resp, log_norm, rlogr = weigh(chunk, i, resp, log_norm, rlogr)
-        g.add(xp.matrix_transpose(resp) @ f)
+        g.add(resp_t_dot(xp, resp, f))
         nk.add(xp.sum(resp, axis=0, dtype=xp.float64))
         rows.add(log_norm, rlogr)
     spread, sum_rlogr = rows.result()
@@ -482,9 +483,7 @@ def _tied_kernel(chunk: Chunk, params: EStepParams) -> KernelResult:
     """The 'tied' VB EM chunk pass, block by block (see BLOCK_ROWS): E-step GEMMs, softmax, and the
     statistics GEMMs of the same block while it is in cache."""
     xp = array_namespace(chunk.x)
-    sums = _PooledSums(xp, params.const.shape[0], chunk.x.shape[1])
-    rows = _RowSums()
-    n = chunk.n_rows
+    sums, rows, n = _PooledSums(xp, params.const.shape[0], chunk.x.shape[1]), _RowSums(), chunk.n_rows
     for i in range(0, n, BLOCK_ROWS):
         xb = chunk.x[i : min(i + BLOCK_ROWS, n), :]
         resp, log_norm, rlogr = weigh(chunk, i, *normalise(_tied_log_rho(xb, params)))

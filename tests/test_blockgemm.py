@@ -1,0 +1,106 @@
+"""The diagonal families' block products (vbcore.blockgemm): padded E-step weights and the sparse
+statistics product, against float64 brute force; and a VB EM pass on separated data (sparse
+responsibilities) against brute-force statistics."""
+
+import numpy as np
+import pytest
+import scipy.sparse
+
+from tests._reference import brute_stats
+from vbcore.blockgemm import PAD_COLUMNS, SPARSE_SHARE, log_rho_block, padded_weights, resp_t_dot
+from vbcore.kernels import EStepParams, normalise, prepare_chunk, vbem_kernel
+
+
+def _sparse_resp(n, k, nnz_per_row, dtype, seed=0):
+    """Responsibilities with ``nnz_per_row`` non-zero entries per row, rows summing to 1."""
+    rng = np.random.default_rng(seed)
+    r = np.zeros((n, k))
+    for i in range(n):
+        cols = rng.choice(k, size=nnz_per_row, replace=False)
+        r[i, cols] = rng.dirichlet(np.ones(nnz_per_row))
+    return r.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("nnz", [1, 2, 12])
+def test_resp_t_dot_matches_float64_brute_force(dtype, nnz):
+    n, k, m = 300, 24, 37
+    r = _sparse_resp(n, k, nnz, dtype)
+    f = np.random.default_rng(1).normal(size=(n, m)).astype(dtype)
+    ours = resp_t_dot(np, r, f)
+    assert ours.dtype == dtype and ours.shape == (k, m)
+    ref = r.astype(np.float64).T @ f.astype(np.float64)
+    scale = np.abs(r.astype(np.float64)).T @ np.abs(f.astype(np.float64))
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    assert np.all(np.abs(ours - ref) <= tol * scale + 1e-30)
+
+
+def test_resp_t_dot_takes_the_sparse_product_exactly_when_sparse_enough():
+    """At most SPARSE_SHARE non-zero: SciPy's CSR product (its bits); one more: the GEMM (its bits)."""
+    n, k = 64, 16
+    limit = int(SPARSE_SHARE * n * k)
+    f = np.random.default_rng(2).normal(size=(n, 40)).astype(np.float32)
+    flat = np.random.default_rng(3).permutation(n * k)
+    for count, sparse in ((limit, True), (limit + 1, False)):
+        r = np.zeros(n * k, dtype=np.float32)
+        r[flat[:count]] = np.random.default_rng(4).uniform(0.1, 1.0, size=count)
+        r = r.reshape(n, k)
+        ours = resp_t_dot(np, r, f)
+        want = scipy.sparse.csr_array(r.T) @ f if sparse else r.T @ f
+        np.testing.assert_array_equal(ours, want)
+        assert ours.dtype == np.float32
+
+
+def test_resp_t_dot_is_the_same_bits_every_time():
+    r = _sparse_resp(500, 30, 1, np.float32)
+    f = np.random.default_rng(5).normal(size=(500, 64)).astype(np.float32)
+    first = resp_t_dot(np, r, f)
+    for _ in range(3):
+        np.testing.assert_array_equal(resp_t_dot(np, r, f), first)
+
+
+@pytest.mark.parametrize("k", [1, 7, 8, 9, 23, 24, 50])
+def test_padded_weights_and_log_rho_block(k):
+    rng = np.random.default_rng(k)
+    w = rng.normal(size=(20, k))
+    wp = padded_weights(w)
+    assert wp.shape == (20, -(-k // PAD_COLUMNS) * PAD_COLUMNS)
+    np.testing.assert_array_equal(wp[:, :k], w)
+    assert not np.any(wp[:, k:])
+    if k % PAD_COLUMNS == 0:
+        assert wp is w
+    f = rng.normal(size=(33, 20))
+    const = rng.normal(size=k)
+    out = log_rho_block(f, wp, const)
+    assert out.shape == (33, k)
+    np.testing.assert_allclose(out, f @ w + const, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_pass_on_separated_data_takes_the_sparse_product_and_matches_brute_force(dtype):
+    """Well separated classes: almost every responsibility is exactly 0, so the pass's blocks take the
+    sparse product; its statistics equal float64 brute force from the same responsibilities."""
+    rng = np.random.default_rng(7)
+    k, d = 12, 6
+    # corners of a cube, neighbours 50 standard deviations apart (every coordinate within 25 of the
+    # mean, so float32's raw second moments keep their digits)
+    centres = np.zeros((k, d))
+    centres[:, :4] = 50.0 * ((np.arange(k)[:, None] >> np.arange(4)) & 1)
+    labels = rng.integers(0, k, size=3000)
+    X = (centres[labels] + rng.normal(size=(3000, d)) + 1e3).astype(dtype)
+    shift = X.astype(np.float64).mean(0)
+    chunk = prepare_chunk(X, shift, "diag")
+    # E-step of unit-variance components at the class centres (the diagonal families' GEMM form)
+    m, p = centres + 1e3 - shift, np.ones((k, d))
+    params = EStepParams("diag", np.log(1.0 / k) - 0.5 * np.sum(p * m * m, axis=1),
+                         np.concatenate((-0.5 * p, p * m), axis=1).T, None, None)
+    resp = normalise(np.asarray(chunk.features(0, len(X)) @ padded_weights(params.weights).astype(dtype))
+                     [:, :k] + params.const.astype(dtype))[0]
+    assert np.count_nonzero(resp) <= SPARSE_SHARE * resp.size  # the sparse product is the one used
+    ours = vbem_kernel(chunk, params).stats
+    nk, mean, scatter = brute_stats(X.astype(np.float64), resp.astype(np.float64))
+    scatter = np.diagonal(scatter, axis1=1, axis2=2)
+    tol = 1e-4 if dtype == np.float32 else 1e-9
+    np.testing.assert_allclose(ours.nk, nk, rtol=1e-6 if dtype == np.float32 else 1e-12)
+    np.testing.assert_allclose(ours.mean + shift, mean, rtol=tol, atol=tol)
+    np.testing.assert_allclose(ours.scatter, scatter, rtol=tol * 10, atol=tol * 10 * np.abs(scatter).max())
