@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse
 
-from tests._reference import brute_stats
-from vbcore.blockgemm import PAD_COLUMNS, SPARSE_SHARE, log_rho_block, padded_weights, resp_t_dot
+from vbcore.blockgemm import PAD_COLUMNS, log_rho_block, padded_weights, resp_t_dot, sparse_is_cheaper
 from vbcore.kernels import EStepParams, normalise, prepare_chunk, vbem_kernel
 
 
@@ -35,11 +34,23 @@ def test_resp_t_dot_matches_float64_brute_force(dtype, nnz):
     assert np.all(np.abs(ours - ref) <= tol * scale + 1e-30)
 
 
-def test_resp_t_dot_takes_the_sparse_product_exactly_when_sparse_enough():
-    """At most SPARSE_SHARE non-zero: SciPy's CSR product (its bits); one more: the GEMM (its bits)."""
-    n, k = 64, 16
-    limit = int(SPARSE_SHARE * n * k)
-    f = np.random.default_rng(2).normal(size=(n, 40)).astype(np.float32)
+def test_sparse_is_cheaper_is_the_cost_model():
+    """Sparse where the non-zero entries' products and the scan cost less than the GEMM's; never for
+    narrow features (the scan alone costs more), up to about 9% non-zero for 2D = 2,560."""
+    assert not sparse_is_cheaper(2048, 110, 128, 1)  # D = 64: the GEMM, however sparse
+    assert sparse_is_cheaper(2048, 110, 256, 2048)  # one non-zero a row at K = 110, 2D = 256
+    assert not sparse_is_cheaper(2048, 110, 256, 5 * 2048)
+    assert sparse_is_cheaper(2048, 23, 2560, 2130)  # Fashion-MNIST's 1.04 a row
+    assert sparse_is_cheaper(2048, 50, 2560, int(0.09 * 2048 * 50))
+    assert not sparse_is_cheaper(2048, 50, 2560, int(0.10 * 2048 * 50))
+
+
+def test_resp_t_dot_takes_the_sparse_product_exactly_where_the_model_says():
+    """At the model's last sparse count: SciPy's CSR product (its bits); one more: the GEMM (its bits)."""
+    n, k, m = 64, 16, 400
+    limit = max(c for c in range(n * k + 1) if sparse_is_cheaper(n, k, m, c))
+    assert 0 < limit < n * k
+    f = np.random.default_rng(2).normal(size=(n, m)).astype(np.float32)
     flat = np.random.default_rng(3).permutation(n * k)
     for count, sparse in ((limit, True), (limit + 1, False)):
         r = np.zeros(n * k, dtype=np.float32)
@@ -81,11 +92,11 @@ def test_a_pass_on_separated_data_takes_the_sparse_product_and_matches_brute_for
     """Well separated classes: almost every responsibility is exactly 0, so the pass's blocks take the
     sparse product; its statistics equal float64 brute force from the same responsibilities."""
     rng = np.random.default_rng(7)
-    k, d = 12, 6
+    k, d = 32, 256
     # corners of a cube, neighbours 50 standard deviations apart (every coordinate within 25 of the
     # mean, so float32's raw second moments keep their digits)
     centres = np.zeros((k, d))
-    centres[:, :4] = 50.0 * ((np.arange(k)[:, None] >> np.arange(4)) & 1)
+    centres[:, :5] = 50.0 * ((np.arange(k)[:, None] >> np.arange(5)) & 1)
     labels = rng.integers(0, k, size=3000)
     X = (centres[labels] + rng.normal(size=(3000, d)) + 1e3).astype(dtype)
     shift = X.astype(np.float64).mean(0)
@@ -96,10 +107,14 @@ def test_a_pass_on_separated_data_takes_the_sparse_product_and_matches_brute_for
                          np.concatenate((-0.5 * p, p * m), axis=1).T, None, None)
     resp = normalise(np.asarray(chunk.features(0, len(X)) @ padded_weights(params.weights).astype(dtype))
                      [:, :k] + params.const.astype(dtype))[0]
-    assert np.count_nonzero(resp) <= SPARSE_SHARE * resp.size  # the sparse product is the one used
+    for i in range(0, len(X), 2048):  # every block takes the sparse product
+        block = resp[i:i + 2048]
+        assert sparse_is_cheaper(*block.shape, 2 * d, np.count_nonzero(block))
     ours = vbem_kernel(chunk, params).stats
-    nk, mean, scatter = brute_stats(X.astype(np.float64), resp.astype(np.float64))
-    scatter = np.diagonal(scatter, axis1=1, axis2=2)
+    x64, r64 = X.astype(np.float64), resp.astype(np.float64)  # float64 brute force, per component
+    nk = r64.sum(0)
+    mean = np.stack([(r64[:, j:j + 1] * x64).sum(0) / nk[j] for j in range(k)])
+    scatter = np.stack([(r64[:, j:j + 1] * (x64 - mean[j]) ** 2).sum(0) for j in range(k)])
     tol = 1e-4 if dtype == np.float32 else 1e-9
     np.testing.assert_allclose(ours.nk, nk, rtol=1e-6 if dtype == np.float32 else 1e-12)
     np.testing.assert_allclose(ours.mean + shift, mean, rtol=tol, atol=tol)

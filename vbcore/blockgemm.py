@@ -8,13 +8,14 @@
 * :func:`resp_t_dot` -- the statistics' ``R^T F`` (``(K x n) @ (n x 2D)``). After the first few
   iterations on real features almost every responsibility is exactly 0 (:func:`vbcore.kernels.normalise`
   zeroes those below the dtype's smallest normal number): on Fashion-MNIST's EfficientNet features at
-  K = 23-50 a row has 1.04 non-zero responsibilities on average. A dense GEMM then multiplies zeros
-  for 95% of its flops; when at most :data:`SPARSE_SHARE` of a NumPy block's responsibilities are
-  non-zero the product is taken as a sparse one (SciPy's CSR product: for each component, its rows'
-  ``r_nk f_n`` added in row order, in the data's dtype, as the GEMM accumulates), 1.7-2.0 ms against
-  7.7-10.1 ms for the GEMM on that block.
+  K = 23-50 a row has 1.04 non-zero responsibilities on average, so a dense GEMM multiplies zeros for
+  95% of its flops. A NumPy block whose sparse product is cheaper by :func:`sparse_is_cheaper`'s cost
+  model is multiplied as a sparse one (SciPy's CSR product: for each component, its rows'
+  ``r_nk f_n`` added in row order, in the data's dtype, as the GEMM accumulates): 1.4-1.7 ms
+  against 7.5-9.9 ms for the GEMM on such a block at 2D = 2,560, while at 2D = 256 the GEMM
+  (1.2 ms for K = 110) wins unless about one responsibility a row is non-zero.
 
-Both choices depend only on the block's values and K, never on the machine or the engine, so every
+Both choices depend only on the block's shape and values, never on the machine or the engine, so every
 engine gives the same bits; the sparse sums differ from the GEMM's in rounding only (tests check
 both against float64 brute force).
 """
@@ -30,8 +31,11 @@ Array = Any
 
 #: E-step weights get zero columns up to a multiple of this
 PAD_COLUMNS = 8
-#: a NumPy block whose share of non-zero responsibilities is at most this gets the sparse product
-SPARSE_SHARE = 1 / 8
+#: the cost model of :func:`sparse_is_cheaper`, in the dense GEMM's multiply-adds (measured with one
+#: thread on the 2-core machine, blocks of 2,048 rows: the GEMM does 5e10 multiply-adds a second at
+#: K = 110, 2D = 256; the sparse product 5e9; finding the non-zero entries costs 3.9 ns an entry)
+SPARSE_MULTIPLY = 10.0
+SPARSE_SCAN = 200.0
 
 
 def padded_weights(weights: np.ndarray) -> np.ndarray:
@@ -52,16 +56,27 @@ def log_rho_block(f: Array, w_padded: Array, const: Array) -> Array:
     return (prod if int(prod.shape[1]) == k else prod[:, :k]) + const
 
 
+def sparse_is_cheaper(n_rows: int, k: int, columns: int, nnz: int) -> bool:
+    """Whether the sparse ``R^T F`` of ``nnz`` non-zero responsibilities costs less than the GEMM:
+    ``nnz * columns * SPARSE_MULTIPLY + n_rows * k * SPARSE_SCAN < n_rows * k * columns`` (a
+    function of the shapes and the count only, never of the machine)."""
+    dense = n_rows * k * columns
+    return nnz * columns * SPARSE_MULTIPLY + n_rows * k * SPARSE_SCAN < dense
+
+
 def resp_t_dot(xp: Any, resp: Array, f: Array) -> Array:
-    """``resp^T @ f`` in the data's dtype: sparse for a NumPy block with at most
-    :data:`SPARSE_SHARE` non-zero responsibilities, a GEMM otherwise."""
+    """``resp^T @ f`` in the data's dtype: sparse for a NumPy block where :func:`sparse_is_cheaper`,
+    a GEMM otherwise."""
     if isinstance(resp, np.ndarray) and isinstance(f, np.ndarray) and resp.size:
         n, k = resp.shape
-        if np.count_nonzero(resp) <= SPARSE_SHARE * n * k:
-            # CSR of resp^T: component k's row holds its non-zero responsibilities in row order
-            out = scipy.sparse.csr_array(resp.T) @ f
-            return np.asarray(out, dtype=np.result_type(resp.dtype, f.dtype))
+        if sparse_is_cheaper(n, k, int(f.shape[1]), int(np.count_nonzero(resp))):
+            idx = np.flatnonzero(resp)  # row-major: row n's non-zero components in ascending order
+            indptr = np.searchsorted(idx, np.arange(0, (n + 1) * k, k))
+            rows = scipy.sparse.csr_array((resp.ravel()[idx], idx % k, indptr), shape=(n, k))
+            # rows.T is CSC: for each component, its rows' r_nk f_n added in row order
+            return np.asarray(rows.T @ f, dtype=np.result_type(resp.dtype, f.dtype))
     return xp.matrix_transpose(resp) @ f
 
 
-__all__ = ["PAD_COLUMNS", "SPARSE_SHARE", "log_rho_block", "padded_weights", "resp_t_dot"]
+__all__ = ["PAD_COLUMNS", "SPARSE_MULTIPLY", "SPARSE_SCAN", "log_rho_block", "padded_weights", "resp_t_dot",
+           "sparse_is_cheaper"]
