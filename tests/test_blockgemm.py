@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import scipy.sparse
 
-from vbcore.blockgemm import PAD_COLUMNS, log_rho_block, padded_weights, resp_t_dot, sparse_is_cheaper
+from vbcore.blockgemm import (
+    PAD_COLUMNS,
+    exp_floor,
+    log_rho_block,
+    padded_weights,
+    resp_t_dot,
+    sparse_is_cheaper,
+)
 from vbcore.kernels import EStepParams, normalise, prepare_chunk, vbem_kernel
 
 
@@ -119,3 +126,35 @@ def test_a_pass_on_separated_data_takes_the_sparse_product_and_matches_brute_for
     np.testing.assert_allclose(ours.nk, nk, rtol=1e-6 if dtype == np.float32 else 1e-12)
     np.testing.assert_allclose(ours.mean + shift, mean, rtol=tol, atol=tol)
     np.testing.assert_allclose(ours.scatter, scatter, rtol=tol * 10, atol=tol * 10 * np.abs(scatter).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exp_floor_is_the_least_input_with_a_normal_exp(dtype):
+    z = dtype(exp_floor(dtype))
+    tiny = np.finfo(dtype).smallest_normal
+    assert np.exp(z) >= tiny
+    assert np.exp(np.nextafter(z, dtype(-np.inf))) < tiny
+
+
+def _softmax_flushed(log_r):
+    """The softmax of every entry, then responsibilities under the smallest normal number set to 0."""
+    z = log_r - np.max(log_r, axis=1, keepdims=True)
+    e = np.exp(z)
+    s = np.sum(e, axis=1)
+    r = e * np.reshape(1.0 / s, (-1, 1))
+    return np.where(r < np.finfo(r.dtype).smallest_normal, 0, r), np.log(s), np.vecdot(e, z) / s - np.log(s)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("scale", [1.0, 50.0, 500.0])
+def test_normalise_skips_subnormal_exps_and_keeps_the_bits(dtype, scale):
+    """Leaving out exp of inputs under exp_floor keeps r and ln sum rho bit for bit (those exps are
+    below what s >= 1 resolves, and their responsibilities are flushed to 0 either way); sum r ln r
+    moves by less than 1e-35 a row."""
+    log_r = (np.random.default_rng(8).standard_normal((512, 110)) * scale).astype(dtype)
+    r, log_norm, rlogr = normalise(log_r)
+    want_r, log_s, want_rlogr = _softmax_flushed(log_r)
+    np.testing.assert_array_equal(r, want_r)
+    np.testing.assert_array_equal(log_norm, np.max(log_r, axis=1) + log_s)
+    assert np.max(np.abs(rlogr - want_rlogr)) < 1e-35
+    np.testing.assert_allclose(r.sum(1), 1.0, rtol=1e-5 if dtype == np.float32 else 1e-12)

@@ -22,6 +22,8 @@ both against float64 brute force).
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,24 @@ PAD_COLUMNS = 8
 #: K = 110, 2D = 256; the sparse product 5e9; finding the non-zero entries costs 3.9 ns an entry)
 SPARSE_MULTIPLY = 10.0
 SPARSE_SCAN = 200.0
+
+
+@functools.cache
+def _exp_floor(bits: int) -> float:
+    floating = {32: np.float32, 64: np.float64}[bits]
+    tiny = np.finfo(floating).smallest_normal
+    z = floating(math.log(float(tiny)))
+    while np.exp(z) < tiny:  # float32: exp(ln(tiny) rounded) is just below tiny
+        z = np.nextafter(z, floating(0))
+    return float(z)
+
+
+def exp_floor(dtype: Any) -> float:
+    """The least ``z`` of the floating dtype (float32 or float64, of any namespace) whose NumPy
+    ``exp`` is a normal number: :func:`vbcore.kernels.normalise` leaves ``exp`` of anything below it
+    out (an input whose result is subnormal takes the slow path: 2.2 ms against 0.58 ms for a
+    2,048 x 110 float32 block)."""
+    return _exp_floor(64 if "64" in str(getattr(dtype, "name", dtype)) else 32)
 
 
 def padded_weights(weights: np.ndarray) -> np.ndarray:
@@ -78,5 +98,5 @@ def resp_t_dot(xp: Any, resp: Array, f: Array) -> Array:
     return xp.matrix_transpose(resp) @ f
 
 
-__all__ = ["PAD_COLUMNS", "SPARSE_MULTIPLY", "SPARSE_SCAN", "log_rho_block", "padded_weights", "resp_t_dot",
-           "sparse_is_cheaper"]
+__all__ = ["PAD_COLUMNS", "SPARSE_MULTIPLY", "SPARSE_SCAN", "exp_floor", "log_rho_block", "padded_weights",
+           "resp_t_dot", "sparse_is_cheaper"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from vbcore.blockgemm import log_rho_block, padded_weights, resp_t_dot
+from vbcore.blockgemm import exp_floor, log_rho_block, padded_weights, resp_t_dot
 from vbcore.posterior import LOG_2PI, Posterior
 from vbcore.priors import WISHART_TYPES
 from vbcore.spread import add_rows, merge_spread, row_spread  # noqa: F401  (their home was here)
@@ -278,17 +278,17 @@ def normalise(log_r: Array) -> tuple[Array, Array, Array]:
     ``e = exp(z)``, ``s = sum_k e_k``, so ``ln r`` is never materialised.
     """
     xp = array_namespace(log_r)
-    mx = xp.max(log_r, axis=1, keepdims=True)
-    z = log_r - mx
-    e = xp.exp(z)
-    s = xp.sum(e, axis=1)
-    log_s = xp.log(s)
+    tiny = xp.finfo(log_r.dtype).smallest_normal
+    z = log_r - (mx := xp.max(log_r, axis=1, keepdims=True))
+    # r under the smallest normal number is 0 (subnormals: 60x slower GEMMs on x86; far below what 1
+    # resolves), so is e = exp(z) under it (s >= 1: r and ln s keep their bits, sum r ln r loses < 1e-35
+    # a row): exp and the products never see a subnormal (docs/algorithms.md, "Shapes the data make")
+    cut = xp.asarray(exp_floor(z.dtype), dtype=z.dtype)
+    e = xp.where(z >= cut, xp.exp(xp.maximum(z, cut)), xp.zeros_like(z))
+    log_s = xp.log(s := xp.sum(e, axis=1))
     rlogr = xp.vecdot(e, z, axis=-1) / s - log_s
     r = e * xp.reshape(1.0 / s, (-1, 1))
-    # Responsibilities below the dtype's smallest normal number become 0: subnormal operands make
-    # the statistics GEMM up to 60x slower (microcode assists on x86), and they are far below what
-    # a row's total of 1 can resolve.
-    r = xp.where(r < xp.finfo(r.dtype).smallest_normal, xp.zeros_like(r), r)
+    r = xp.where(r < tiny, xp.zeros_like(r), r)
     return r, mx[:, 0] + log_s, rlogr
 
 
