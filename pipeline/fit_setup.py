@@ -87,7 +87,7 @@ def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
     shift = np.asarray(source.load(0)[0] if shift is None else shift, dtype=np.float64)
     squares = ct not in ("full", "tied") and cls.cache_squares
     # chunks are made from the raw rows (projected inside prepare_chunk, on the workers)
-    expansion = (3.0 if squares else 1.0) * source.n_features / raw.n_features
+    expansion = (2.0 if squares else 1.0) * source.n_features / raw.n_features  # [x*x, x]; x a view
     handles = engine.prepare(raw, prepare_chunk, shift, ct, squares, projection, expansion=expansion)
     try:
         if not isinstance(source, ArraySource):  # arrays were checked by check_array_2d

@@ -30,7 +30,7 @@ from vbcore.blockgemm import exp_floor, log_rho_block, padded_weights, resp_t_do
 from vbcore.posterior import LOG_2PI, Posterior
 from vbcore.priors import WISHART_TYPES
 from vbcore.spread import add_rows, merge_spread, row_spread  # noqa: F401  (their home was here)
-from vbcore.stats import SuffStats
+from vbcore.stats import SuffStats, diag_stats
 
 Array = Any
 
@@ -117,7 +117,8 @@ class Chunk:
     Attributes
     ----------
     x : array of shape (n_rows, n_features)
-        Rows minus ``shift``, in the data's dtype (float32 or float64).
+        Rows minus ``shift``, in the data's dtype (float32 or float64); with ``feats``, a view of
+        its second half.
     feats : array of shape (n_rows, 2 * n_features) or None
         ``[x*x, x]`` cached for the diagonal families; None for 'full', or when the learner
         forms it per block (:meth:`features`).
@@ -164,14 +165,22 @@ def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bo
                   projection: Any = None) -> Chunk:  # projection: a vbcore.projection.Projection
     """Project the rows (``projection``: the one place every fit's and prediction's rows are
     projected), subtract ``shift`` (float64, cast to the data dtype) and, for the diagonal families,
-    cache ``[x*x, x]`` (2x the memory; saves an elementwise pass and a GEMM per iteration) unless
-    ``squares`` is False (the hard-assignment learners square only the rows they touch)."""
+    cache ``[x*x, x]`` (saves an elementwise pass and a GEMM per iteration; the shifted rows are a
+    view of its second half, so the chunk holds 2x the data, not 3x) unless ``squares`` is False (the
+    hard-assignment learners square only the rows they touch)."""
     x = x if projection is None else projection.apply(x)
-    xp = array_namespace(x)
-    xs = x - xp.asarray(shift, dtype=x.dtype)
+    xp, d = array_namespace(x), x.shape[1]
+    s = xp.asarray(shift, dtype=x.dtype)
     diagonal = covariance_type not in WISHART_TYPES
-    cache = diagonal and (squares is None or bool(squares))
-    feats = xp.concat((xs * xs, xs), axis=1) if cache else None
+    if not diagonal or (squares is not None and not bool(squares)):
+        xs, feats = x - s, None
+    elif xp is np:  # written once, in place
+        feats = np.empty((x.shape[0], 2 * d), dtype=np.result_type(x.dtype, s.dtype))
+        xs = np.subtract(x, s, out=feats[:, d:])
+        np.multiply(xs, xs, out=feats[:, :d])
+    else:
+        feats = xp.concat(((xs := x - s) * xs, xs), axis=1)
+        xs = feats[:, d:]
     return Chunk(x=xs, feats=feats, shift=np.asarray(shift, dtype=np.float64),
                  diagonal=diagonal, pooled=covariance_type == "tied")
 
@@ -352,20 +361,6 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
 def _diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:
     """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of a chunk's shifted rows."""
     return diag_stats(nk, g, sum_rlogr, chunk.n_rows, chunk.shift, chunk.weight)
-
-
-def diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, n_rows: int, shift: np.ndarray,
-               weight: float | None = None) -> SuffStats:
-    """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of ``n_rows`` rows shifted by
-    ``shift``: ``mean = sum r x / N_k``, ``scatter = sum r x^2 - N_k mean^2`` (0 where N_k = 0)."""
-    d = g.shape[1] // 2
-    safe = np.where(nk > 0, nk, 1.0)
-    mean = g[:, d:] / safe[:, None]
-    scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
-    mean[nk <= 0] = 0.0
-    scatter[nk <= 0] = 0.0
-    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=n_rows, shift=shift,
-                     weight=weight)
 
 
 class _PooledSums:

@@ -127,3 +127,17 @@ def add_weights(a: SuffStats, b: SuffStats) -> float | None:
     if a.weight is None and b.weight is None:
         return None
     return a.total_weight + b.total_weight
+
+
+def diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, n_rows: int, shift: np.ndarray,
+               weight: float | None = None) -> SuffStats:
+    """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of ``n_rows`` rows shifted by
+    ``shift``: ``mean = sum r x / N_k``, ``scatter = sum r x^2 - N_k mean^2`` (0 where N_k = 0)."""
+    d = g.shape[1] // 2
+    safe = np.where(nk > 0, nk, 1.0)
+    mean = g[:, d:] / safe[:, None]
+    scatter = np.maximum(g[:, :d] - nk[:, None] * mean * mean, 0.0)
+    mean[nk <= 0] = 0.0
+    scatter[nk <= 0] = 0.0
+    return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=n_rows, shift=shift,
+                     weight=weight)

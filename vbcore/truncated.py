@@ -31,7 +31,6 @@ from vbcore.kernels import (
     EStepParams,
     add_rows,
     array_namespace,
-    diag_stats,
     pooled_stats,
     to_numpy,
 )
@@ -42,7 +41,7 @@ from vbcore.neighbours import (  # noqa: F401  (re-exported: the driver side of 
     relabel_neighbours,
     update_neighbours,
 )
-from vbcore.stats import SuffStats
+from vbcore.stats import SuffStats, diag_stats
 
 #: spawn-key tag of the random search clusters (kept apart from the other draws of a fit)
 RANDOM_TAG = 15
@@ -152,7 +151,7 @@ class DiagSums:
                         self.shift, weight)
 
     def to_stats(self) -> SuffStats:
-        """Centred statistics (:func:`vbcore.kernels.diag_stats`)."""
+        """Centred statistics (:func:`vbcore.stats.diag_stats`)."""
         return diag_stats(self.nk, self.g, self.sum_rlogr, self.n_rows, self.shift, self.weight)
 
 
