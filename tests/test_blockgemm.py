@@ -30,8 +30,10 @@ def _sparse_resp(n, k, nnz_per_row, dtype, seed=0):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("nnz", [1, 2, 12])
 def test_resp_t_dot_matches_float64_brute_force(dtype, nnz):
-    n, k, m = 300, 24, 37
+    """1 and 2 non-zero a row take the sparse product at 2D = 2,560; 12 take the GEMM."""
+    n, k, m = 300, 24, 2560
     r = _sparse_resp(n, k, nnz, dtype)
+    assert sparse_is_cheaper(n, k, m, n * nnz) == (nnz < 12)
     f = np.random.default_rng(1).normal(size=(n, m)).astype(dtype)
     ours = resp_t_dot(np, r, f)
     assert ours.dtype == dtype and ours.shape == (k, m)
