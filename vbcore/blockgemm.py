@@ -41,21 +41,17 @@ SPARSE_SCAN = 200.0
 
 
 @functools.cache
-def _exp_floor(bits: int) -> float:
-    floating = {32: np.float32, 64: np.float64}[bits]
+def exp_floor(bits: int) -> float:
+    """The least ``z`` of the float type of ``bits`` (32 or 64; ``xp.finfo(dtype).bits`` in any
+    namespace) whose NumPy ``exp`` is a normal number: :func:`vbcore.kernels.normalise` leaves ``exp``
+    of anything below it out (an input whose result is subnormal takes the slow path: 2.2 ms against
+    0.58 ms for a 2,048 x 110 float32 block)."""
+    floating = {32: np.float32, 64: np.float64}[int(bits)]
     tiny = np.finfo(floating).smallest_normal
     z = floating(math.log(float(tiny)))
     while np.exp(z) < tiny:  # float32: exp(ln(tiny) rounded) is just below tiny
         z = np.nextafter(z, floating(0))
     return float(z)
-
-
-def exp_floor(dtype: Any) -> float:
-    """The least ``z`` of the floating dtype (float32 or float64, of any namespace) whose NumPy
-    ``exp`` is a normal number: :func:`vbcore.kernels.normalise` leaves ``exp`` of anything below it
-    out (an input whose result is subnormal takes the slow path: 2.2 ms against 0.58 ms for a
-    2,048 x 110 float32 block)."""
-    return _exp_floor(64 if "64" in str(getattr(dtype, "name", dtype)) else 32)
 
 
 def padded_weights(weights: np.ndarray) -> np.ndarray:

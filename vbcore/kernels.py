@@ -175,7 +175,7 @@ def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bo
     if not diagonal or (squares is not None and not bool(squares)):
         xs, feats = x - s, None
     elif xp is np:  # written once, in place
-        feats = np.empty((x.shape[0], 2 * d), dtype=np.result_type(x.dtype, s.dtype))
+        feats = np.empty((x.shape[0], 2 * d), dtype=x.dtype)
         xs = np.subtract(x, s, out=feats[:, d:])
         np.multiply(xs, xs, out=feats[:, :d])
     else:
@@ -292,7 +292,7 @@ def normalise(log_r: Array) -> tuple[Array, Array, Array]:
     # r under the smallest normal number is 0 (subnormals: 60x slower GEMMs on x86; far below what 1
     # resolves), so is e = exp(z) under it (s >= 1: r and ln s keep their bits, sum r ln r loses < 1e-35
     # a row): exp and the products never see a subnormal (docs/algorithms.md, "Shapes the data make")
-    cut = xp.asarray(exp_floor(z.dtype), dtype=z.dtype)
+    cut = xp.asarray(exp_floor(xp.finfo(z.dtype).bits), dtype=z.dtype)
     e = xp.where(z >= cut, xp.exp(xp.maximum(z, cut)), xp.zeros_like(z))
     log_s = xp.log(s := xp.sum(e, axis=1))
     rlogr = xp.vecdot(e, z, axis=-1) / s - log_s
