@@ -19,7 +19,8 @@ from pipeline.cli import app
 from pipeline.engine import LocalEngine, tree_reduce
 from pipeline.fit_driver import CountingEngine
 from pipeline.fit_setup import open_source, setup
-from pipeline.learners.memo import MemoStats, take_memo
+from pipeline.learners import memo as memo_module
+from pipeline.learners.memo import MemoStats, memo_move_kernel, take_memo
 from pipeline.learners.vbem import VBEM, vbem_pass
 from pipeline.store import FeatureStore
 from tests._reference import planted_blobs, same_fit_bits
@@ -167,7 +168,8 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
     statistics when it accepts nothing and invalidates them when it does (the next iteration visits
     every chunk)."""
     log: dict[int, list] = {}  # chunk -> [the E-step (or move) parameters of its last visit, relabellings]
-    seen = {"births": 0, "rounds": 0, "checks": 0}
+    seen = {"births": 0, "rounds": 0, "checks": 0, "partial": 0}
+    visited: list[int] = []
     run, relabel, invalidate, step = MemoStats.run, MemoStats.relabel, MemoStats.invalidate, VBEM.step
     run_moves = MemoStats.run_moves
     snapshot, restore = MemoStats.snapshot, MemoStats.restore
@@ -177,9 +179,17 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
         log.update({i: [params] for i in visit.tolist()})
         return run(self, params, iteration, visit=visit)
 
-    def logged_run_moves(self, params, iteration):
-        log.update({i: [params] for i in range(len(self.ctx.handles))})
-        return run_moves(self, params, iteration)
+    def logged_run_moves(self, params, iteration):  # the chunks the round visits (not all: kept shares)
+        visited.clear()
+        out = run_moves(self, params, iteration)
+        index = {id(h): i for i, h in enumerate(self.ctx.handles)}
+        log.update({index[c]: [params] for c in visited})
+        seen["partial"] += len(visited) < len(self.ctx.handles)
+        return out
+
+    def spied_kernel(chunk, old, params):
+        visited.append(id(chunk))
+        return memo_move_kernel(chunk, old, params)
 
     def logged_relabel(self, order):
         if self.have.any():
@@ -222,9 +232,11 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
                      ("snapshot", logged_snapshot), ("restore", logged_restore)):
         monkeypatch.setattr(MemoStats, name, fn)
     monkeypatch.setattr(VBEM, "step", checked_step)
+    monkeypatch.setattr(memo_module, "memo_move_kernel", spied_kernel)
     fitted = _fit(PLANTED, **GROW, learner_options={"memo": 0.25})
     assert fitted.n_effective_ == 20 and seen["births"] >= 2 and seen["rounds"] >= 2
     assert seen["checks"] >= fitted.n_iter_ // 2
+    assert seen["partial"] >= 1  # rounds served by kept shares (pipeline.learners.memo_round) are in it
 
 
 def test_a_memoized_fit_with_births_resumes_and_runs_on_dask_with_the_same_bits(tmp_path, client):
@@ -289,9 +301,10 @@ def test_a_warm_start_from_a_fit_that_grew_continues_with_its_truncation(tmp_pat
 
 def test_a_memoized_refresh_costs_the_new_rows(monkeypatch):
     """After an append of rows like the old ones, the refresh with ``memo_stop='gain'`` (the default)
-    visits the new chunk, then makes its move round (a full pass, right after the new rows are
-    absorbed: Moves.round_next), then visits fewer chunks than one lap of the store, and ends at the
-    warm full-pass fit's bound and clusters; ``memo_stop='lap'`` visits more than a lap."""
+    visits the new chunk, then makes its move round (right after the new rows are absorbed:
+    Moves.round_next; a full pass, or the new chunks and a regular share where the first fit's last
+    round kept shares that serve it), then visits fewer chunks than one lap of the store, and ends at
+    the warm full-pass fit's bound and clusters; ``memo_stop='lap'`` visits more than a lap."""
     kw = {**GROW, "n_components": 20, "tol": 1e-4}
     first = _fit(PLANTED[:5500], learner_options={"memo": 1.0}, **kw)
     assert first.n_effective_ == 20 and first.converged_

@@ -21,10 +21,12 @@ the new rows) or over the last lap (``lap``: the iterations since the oldest las
 
 Births and merge/delete moves (the pipeline's defaults) run as without ``memo``: a birth proposal's
 passes visit every chunk through :meth:`MemoStats.run` (a refused proposal restores the kept
-statistics of before: :meth:`MemoStats.restore`), a move round's pass keeps each chunk's regular
-statistics (:meth:`MemoStats.run_moves`), and a round that accepts a move, whose chosen statistics
-are no chunk's kept ones, invalidates them (:meth:`MemoStats.invalidate`): the next iteration visits
-every chunk. ``memo=1`` is plain VB EM's trajectory bit for bit, births and moves included. The learner's
+statistics of before: :meth:`MemoStats.restore`), a move round keeps each chunk's regular statistics
+and its share of the round (:meth:`MemoStats.run_moves`; a later round they serve visits only the
+chunks without one and a regular share: :mod:`pipeline.learners.memo_round`), and a round that
+accepts a move, whose chosen statistics are no chunk's kept ones, invalidates them
+(:meth:`MemoStats.invalidate`): the next iteration visits every chunk.
+``memo=1`` is plain VB EM's trajectory bit for bit, births and moves included. The learner's
 convergence test combines the lap test with the moves' and growth's.
 
 Warm starts (``vbcluster fit GROWN --warm-from R1``, a scheduled refresh, ``VBMixture`` with
@@ -44,14 +46,14 @@ import numpy as np
 
 from pipeline.engine import tree_reduce
 from pipeline.learners.base import FitContext, restart_lineage
+from pipeline.learners.memo_round import RoundMemo, part_of, stack_stats, unstack_stats
 from vbcore.errors import ConfigError
 from vbcore.kernels import EStepParams, KernelResult, vbem_kernel
 from vbcore.move_pass import MoveParams, MoveResult, move_kernel
-from vbcore.stats import SuffStats
 
 _PREFIX = "memo."
-#: KernelResult fields written per chunk (stacked over the chunks); SuffStats fields nested
-_STATS = ("nk", "mean", "scatter")
+#: the kept round shares' arrays (:class:`pipeline.learners.memo_round.RoundMemo`)
+_ROUND = _PREFIX + "round."
 
 
 #: learner option ``memo_stop``: when a memoized fit has converged (:meth:`MemoStats.converged`)
@@ -139,6 +141,9 @@ class MemoStats:
         self.visited = np.zeros(n, dtype=np.int64)  # iteration of the last visit (0: never)
         self.keys = chunk_keys(ctx.source)
         self.k = -1  # components of the kept statistics (-1: not known yet)
+        #: each chunk's share of the last move round (:mod:`pipeline.learners.memo_round`)
+        self.rounds = RoundMemo(n)
+        self.last_full = True  # whether the last run or round visited every chunk
 
     def choose(self, iteration: int) -> np.ndarray:
         """The chunks this iteration visits, ascending: those without statistics, then the ones not
@@ -164,22 +169,40 @@ class MemoStats:
         for i, s, (m, _) in zip(idx.tolist(), kept, parts, strict=True):
             self.states[i], self.moved[i], self.visited[i] = s, float(m), iteration
         self.have[idx] = True
+        self.rounds.forget(idx.tolist())
+        self.last_full = full
         # a full pass: plain VB EM's test, the same bits
         self.last_weight = ctx.n_weight if full else 0.0 if new else math.fsum(w for _, w in parts)
         self.absorbed = new and not full  # chunks without statistics visited beside kept ones
         return self.total()
 
     def run_moves(self, params: MoveParams, iteration: int) -> MoveResult:
-        """A move round's pass over every chunk, keeping each chunk's regular statistics: the round's
-        result reduced over the fixed tree (a ``map_reduce``'s bits). If the round accepts a move,
-        the learner invalidates the kept statistics; if not, they are the round's q(Z)."""
-        ctx = self.ctx
-        kept, parts = ctx.engine.map_keep(memo_move_kernel, ctx.handles, self.states, params, combine=list)
-        self.states = list(kept)
-        self.moved[:] = [m for _, m in parts]
-        self.visited[:], self.have[:] = iteration, True
-        self.k = params.estep.const.shape[0]
-        return tree_reduce([r for r, _ in parts])
+        """A move round, keeping each chunk's regular statistics and its share of the round
+        (:class:`~pipeline.learners.memo_round.RoundMemo`). Where the kept shares serve the round's
+        proposal, it visits the chunks without one and those a regular iteration would visit, and
+        takes the others' kept shares; otherwise every chunk. The result: the regular statistics
+        reduced as :meth:`total`, the extras over the same fixed tree (a full pass gives a
+        ``map_reduce``'s bits). If the round accepts a move, the learner invalidates the kept
+        statistics; if not, they are the round's q(Z)."""
+        ctx, n = self.ctx, self.have.size
+        k = int(params.estep.const.shape[0])
+        served, maps = self.rounds.lookup(params, k)
+        if served and self.have.all():
+            idx = np.union1d(self.rounds.missing(maps), self.choose(iteration)).astype(np.int64)
+        else:
+            idx, maps = np.arange(n), None
+        kept, parts = ctx.engine.map_keep(memo_move_kernel, [ctx.handles[i] for i in idx],
+                                          [self.states[i] for i in idx], params, combine=list)
+        for i, s, (_, m) in zip(idx.tolist(), kept, parts, strict=True):
+            self.states[i], self.moved[i], self.visited[i] = s, float(m), iteration
+        self.have[idx] = True
+        self.last_full, self.absorbed = idx.size == n, False
+        self.last_weight = ctx.n_weight if self.last_full else math.fsum(
+            float(r.stats.total_weight) for r, _ in parts)
+        shares = self.rounds.serve(params, k, maps, {c: part_of(r) for c, (r, _) in zip(idx.tolist(), parts,
+                                                                                       strict=True)})
+        regular, extra = self.total(), tree_reduce(shares)
+        return MoveResult(regular.stats, regular.log_norm, extra.h, extra.alt, extra.alt_h)
 
     def converged(self, history: list[float], tol: float, n_weight: float, now: int) -> bool:
         """Whether the fit has converged, by the rule ``memo_stop``. ``history[-1]`` is the bound after
@@ -227,21 +250,25 @@ class MemoStats:
         self.have[:] = False
         self.moved[:] = np.inf
         self.k = -1
+        self.rounds.clear()
 
     def snapshot(self) -> tuple[Any, ...]:
         """The kept states and bookkeeping, for :meth:`restore` (references: nothing is copied off
         the engine)."""
-        return list(self.states), self.have.copy(), self.moved.copy(), self.visited.copy(), self.k
+        return (list(self.states), self.have.copy(), self.moved.copy(), self.visited.copy(), self.k,
+                self.rounds.snapshot())
 
     def restore(self, snap: tuple[Any, ...]) -> None:
         """Back to a :meth:`snapshot` (a refused birth proposal leaves q(Z) and q(theta) as they were)."""
-        states, have, moved, visited, self.k = snap
+        states, have, moved, visited, self.k, rounds = snap
+        self.rounds.restore(rounds)
         self.states, self.have, self.moved = list(states), have.copy(), moved.copy()
         self.visited = visited.copy()
 
     def relabel(self, order: np.ndarray) -> None:
         """The components became ``order`` (old indices, new order): every kept state follows."""
         order = np.asarray(order, dtype=np.int64)
+        self.rounds.relabel(order)
         if not self.have.any() or (order.size == self.k and np.array_equal(order, np.arange(self.k))):
             return
         self.k = order.size  # (rare: gathered, taken and placed back where the chunks live)
@@ -256,18 +283,10 @@ class MemoStats:
         self.states = restart_lineage(self.ctx, self.states, parts)
         out = {_PREFIX + "have": self.have, _PREFIX + "moved": self.moved, _PREFIX + "visited": self.visited,
                _PREFIX + "keys": np.asarray(self.keys, dtype=str)}
-        ref = next((p for p in parts if p is not None), None)
-        if ref is None:
-            return out
-        for name in _STATS:
-            out[_PREFIX + name] = np.stack([np.zeros_like(getattr(ref.stats, name)) if p is None
-                                            else getattr(p.stats, name) for p in parts])
-        for name, get in (("sum_rlogr", lambda p: p.stats.sum_rlogr), ("n_rows", lambda p: p.stats.n_rows),
-                          ("weight", lambda p: np.nan if p.stats.weight is None else p.stats.weight),
-                          ("log_norm", lambda p: p.log_norm), ("log_norm_m2", lambda p: p.log_norm_m2)):
-            out[_PREFIX + name] = np.asarray([0.0 if p is None else float(get(p)) for p in parts])
-        out[_PREFIX + "shift"] = ref.stats.shift
-        out[_PREFIX + "pooled"] = np.asarray(ref.stats.pooled)
+        out.update(self.rounds.state(_ROUND))
+        out.update(stack_stats([None if p is None else p.stats for p in parts], _PREFIX))
+        for name in ("log_norm", "log_norm_m2"):
+            out[_PREFIX + name] = np.asarray([0.0 if p is None else float(getattr(p, name)) for p in parts])
         return out
 
     def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -277,6 +296,8 @@ class MemoStats:
         self.visited = np.asarray(arrays[_PREFIX + "visited"], dtype=np.int64).copy()
         parts = _results(arrays, range(self.have.size), self.have)
         self.states = list(self.ctx.engine.place_states(parts, self.ctx.handles))
+        self.k = next((p.stats.n_components for p in parts if p is not None), -1)
+        self.rounds.load(arrays, _ROUND, list(range(self.have.size)))
 
     def adopt(self, arrays: Mapping[str, np.ndarray], n_components: int) -> int:
         """Warm start: take the kept results of a previous fit (its :meth:`state`) for every chunk
@@ -295,6 +316,7 @@ class MemoStats:
         self.have = take.copy()
         self.moved = np.where(take, 0.0, np.inf)
         self.visited = np.zeros(take.size, dtype=np.int64)
+        self.rounds.load(arrays, _ROUND, src)
         return int(take.sum())
 
 
@@ -308,21 +330,9 @@ def kept_total(arrays: Mapping[str, np.ndarray]) -> KernelResult:
 
 
 def _results(arrays: Mapping[str, np.ndarray], rows: Any, present: np.ndarray) -> list[KernelResult | None]:
-    """The kept results of rows ``rows`` of the stacked arrays (None where not ``present``)."""
-    out: list[KernelResult | None] = []
-    if not np.any(present):  # (a checkpoint right after a move round keeps no statistics)
-        return [None] * len(present)
-    shift, pooled = arrays[_PREFIX + "shift"], bool(arrays[_PREFIX + "pooled"])
-    for j, ok in zip(rows, present, strict=True):
-        if not ok:
-            out.append(None)
-            continue
-        w = float(arrays[_PREFIX + "weight"][j])
-        stats = SuffStats(nk=arrays[_PREFIX + "nk"][j].copy(), mean=arrays[_PREFIX + "mean"][j].copy(),
-                          scatter=arrays[_PREFIX + "scatter"][j].copy(),
-                          sum_rlogr=float(arrays[_PREFIX + "sum_rlogr"][j]),
-                          n_rows=int(arrays[_PREFIX + "n_rows"][j]), shift=shift, pooled=pooled,
-                          weight=None if math.isnan(w) else w)
-        out.append(KernelResult(stats, float(arrays[_PREFIX + "log_norm"][j]),
-                                float(arrays[_PREFIX + "log_norm_m2"][j])))
-    return out
+    """The kept results of rows ``rows`` of the stacked arrays (None where not ``present``; all None
+    after a move round that accepted a move: a checkpoint then keeps no statistics)."""
+    stats = unstack_stats(arrays, _PREFIX, rows, present)
+    return [None if s is None else KernelResult(s, float(arrays[_PREFIX + "log_norm"][j]),
+                                                float(arrays[_PREFIX + "log_norm_m2"][j]))
+            for j, s in zip(rows, stats, strict=True)]

@@ -162,8 +162,10 @@ class Moves:
 
     def round_next(self) -> None:
         """Make the next iteration a round if one is pending (VB EM's memoized refresh: right after
-        the new rows are absorbed, the round's full pass doubles as the visit of every old row
-        under the new posterior, instead of a lap of visits followed by a round at convergence)."""
+        the new rows are absorbed. Where the previous fit's last round proposed the same moves, its
+        kept shares serve the round (:mod:`pipeline.learners.memo_round`) and it visits the new rows
+        and a regular iteration's share; otherwise its full pass doubles as the visit of every old
+        row under the new posterior, instead of a lap of visits followed by a round at convergence)."""
         if self.active and self.pending:
             self.force = True
 

@@ -123,6 +123,8 @@ class VBEM(TruncatedLearner):
                                    lambda params: memo.run_moves(params, iteration))
             if memo is not None and (self.moves.last_round["merges"] or self.moves.last_round["deleted"]):
                 memo.invalidate()  # the accepted moves' q(Z) is no chunk's kept one
+            # (a round on kept shares visits some chunks: the memoized convergence test follows it)
+            self.round = memo is None or memo.last_full
         elif self.memo is not None:
             stats = self.memo.run(estep_params(self.post, self.ctx.shift), iteration).stats
             if self.memo.absorbed:  # new rows beside adopted statistics: the round comes now
