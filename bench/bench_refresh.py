@@ -126,7 +126,8 @@ def refresh(args: argparse.Namespace, workdir: Path) -> None:
         calibrate(store, labels, cold, k, n)
     if args.partial:
         partial(store, labels, cold, k, n)
-    coreset(store, labels, cold, k, args.coreset, n)
+    if args.coreset > 0:
+        coreset(store, labels, cold, k, args.coreset, n)
 
 
 def calibrate(store: str, labels: np.ndarray, cold, k: int, n: int) -> None:
