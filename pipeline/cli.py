@@ -259,7 +259,7 @@ def fit(
     keep: int | None = typer.Option(None, help=spec_help("keep")),
     restart: bool = typer.Option(False, "--restart", help="Start over in a run directory that holds "
                                  "another run (its checkpoints and results are removed)."),
-    warm_from: str | None = typer.Option(None, "--warm-from", help="A finished run to start from."),
+    warm_from: str | None = typer.Option(None, "--warm-from", help="Start from a run, with its settings."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ) -> None:
     """Fit a VB mixture to a store: DIR/result.json, DIR/posterior.npz, checkpoints in DIR/checkpoints
@@ -268,7 +268,7 @@ def fit(
     from vbcore.errors import VBClusterError
 
     try:
-        spec = make_spec(store, learner=learner, components=components, covariance=covariance,
+        spec = make_spec(store, warm_from, learner=learner, components=components, covariance=covariance,
                          weights=weights, max_iter=max_iter, tol=tol, seed=seed, init=init, n_init=n_init,
                          fixed_variance=fixed_variance, weight_concentration_prior=weight_concentration_prior,
                          mean_precision_prior=mean_precision_prior, reg_covar=reg_covar, cluster=cluster,

@@ -41,11 +41,26 @@ RUN_SPEC = "run.json"
 RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "iterations.jsonl", "report")
 
 
-def make_spec(store: str | None, **settings: Any) -> FitSpec:
+def make_spec(store: str | None, warm_from: str | Path | None = None, **settings: Any) -> FitSpec:
     """A resolved, validated spec: the defaults of :class:`FitSpec` updated by ``settings``
-    (``None`` values mean "the default")."""
+    (``None`` values mean "the default"). With ``warm_from`` (a run directory), the settings left
+    ``None`` are that run's instead of the defaults, and its learner options are kept where the
+    learner is the same (options given here override them): a warm start continues the same model."""
+    if warm_from is not None:
+        settings = inherited_settings(read_spec(warm_from), settings)
     values = {k: v for k, v in settings.items() if v is not None}
     return absolute_paths(FitSpec.from_dict({"store": store, **values}).resolved("pipeline"))
+
+
+def inherited_settings(previous: FitSpec, settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with every ``None`` taken from ``previous`` (learner options merged, see
+    :func:`make_spec`)."""
+    base = previous.to_dict()
+    out = {k: base.get(k) if v is None else v for k, v in settings.items()}
+    given = dict(settings.get("learner_options") or {})
+    same_learner = settings.get("learner") in (None, previous.learner)
+    out["learner_options"] = {**(dict(previous.learner_options) if same_learner else {}), **given}
+    return out
 
 
 def absolute_paths(spec: FitSpec) -> FitSpec:

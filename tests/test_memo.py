@@ -112,6 +112,41 @@ def test_a_warm_start_after_an_append_adopts_the_unchanged_chunks(tmp_path):
     assert res["elbo"] / 1200 == pytest.approx(full.lower_bound_ / 1200, rel=1e-3)
 
 
+def test_warm_from_takes_the_settings_not_given_from_the_previous_run(tmp_path):
+    """`vbcluster fit GROWN --run-dir R2 --warm-from R1` with nothing else (issue 28's command) continues
+    R1's model: its -k, covariance, priors, seed and learner options; options given override theirs;
+    a setting given that changes the model is refused in one line, and another learner takes none of
+    R1's learner options."""
+    import json
+
+    store = str(tmp_path / "s.zarr")
+    FeatureStore.create(store, 5, chunk_rows=100).append(X[:1050])
+    run = CliRunner().invoke
+    r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r1"), "-k", "7", "--covariance", "full",
+                  "--seed", "3", "--priors", "sklearn", "-o", "memo=1", "-o", "move_every=3", "-q"])
+    assert r.exit_code == 0, r.output
+    FeatureStore.open(store, "r+").append(X[1050:])
+    r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r2"), "--warm-from", str(tmp_path / "r1"),
+                  "-o", "memo=0.5", "-q"])
+    assert r.exit_code == 0, r.output
+    first = json.loads((tmp_path / "r1" / "run.json").read_text())
+    spec = json.loads((tmp_path / "r2" / "run.json").read_text())
+    assert (spec["components"], spec["covariance"], spec["seed"], spec["priors"]) == (7, "full", 3, "sklearn")
+    assert spec["learner_options"] == {**first["learner_options"], "memo": 0.5}
+    assert spec["learner_options"]["move_every"] == 3
+    assert json.loads((tmp_path / "r2" / "result.json").read_text())["adopted_chunks"] == 10
+    r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r3"), "--warm-from", str(tmp_path / "r1"),
+                  "-k", "9"])
+    assert r.exit_code == 2 and not (tmp_path / "r3").exists()
+    assert "cannot warm-start from" in r.output and "n_components 7 -> 9" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r4"), "--warm-from", str(tmp_path / "r1"),
+                  "--learner", "ncg", "--max-iter", "3", "-q"])
+    assert r.exit_code == 0, r.output
+    options = json.loads((tmp_path / "r4" / "run.json").read_text())["learner_options"]
+    assert "memo" not in options and "move_every" not in options
+
+
 def test_a_memoized_refresh_ends_at_the_warm_full_pass_fit():
     """After an append that moves the posterior, the memoized refresh (memo=0.2) ends at the bound of
     the warm-started full-pass fit: it converges only when a lap over every chunk, the adopted ones
