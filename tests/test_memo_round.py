@@ -67,7 +67,7 @@ def _visited(memo, iteration):
     return set(np.flatnonzero(memo.visited == iteration).tolist())
 
 
-@pytest.mark.parametrize("cov", ["diag", "full"])
+@pytest.mark.parametrize("cov", ["diag", "full", "tied", "spherical"])
 def test_a_round_on_kept_shares_is_the_recomputation_of_each_chunk_with_its_own_parameters(cov):
     """Round 1 (a full pass) at posterior A; regular visits of some chunks at B; round 2 at C with the
     same delete set and a subset of the pairs: the chunks visited since and a regular iteration's
