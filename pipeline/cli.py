@@ -259,7 +259,7 @@ def fit(
     keep: int | None = typer.Option(None, help=spec_help("keep")),
     restart: bool = typer.Option(False, "--restart", help="Start over in a run directory that holds "
                                  "another run (its checkpoints and results are removed)."),
-    warm_from: str | None = typer.Option(None, "--warm-from", help="Start from a run, with its settings."),
+    warm_from: str | None = typer.Option(None, "--warm-from", help="Start from a run and its model."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ) -> None:
     """Fit a VB mixture to a store: DIR/result.json, DIR/posterior.npz, checkpoints in DIR/checkpoints

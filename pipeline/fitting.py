@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,11 @@ RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "iterations.jsonl", 
 
 def make_spec(store: str | None, warm_from: str | Path | None = None, **settings: Any) -> FitSpec:
     """A resolved, validated spec: the defaults of :class:`FitSpec` updated by ``settings``
-    (``None`` values mean "the default"). With ``warm_from`` (a run directory), the settings left
-    ``None`` are that run's instead of the defaults, and its learner options are kept where the
-    learner is the same (options given here override them): a warm start continues the same model."""
+    (``None`` values mean "the default"). With ``warm_from`` (a run directory), the model's settings
+    left ``None`` (those a resumed run must keep: :meth:`FitSpec.identity`) are that run's instead of
+    the defaults, and its learner options are kept where the learner is the same (options given here
+    override them): a warm start continues the same model. ``max_iter``, ``tol`` and the execution
+    settings (cluster, checkpoints) are this fit's own, as for any fit."""
     if warm_from is not None:
         settings = inherited_settings(read_spec(warm_from), settings)
     values = {k: v for k, v in settings.items() if v is not None}
@@ -53,10 +56,11 @@ def make_spec(store: str | None, warm_from: str | Path | None = None, **settings
 
 
 def inherited_settings(previous: FitSpec, settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` with every ``None`` taken from ``previous`` (learner options merged, see
-    :func:`make_spec`)."""
+    """``settings`` with every ``None`` model setting taken from ``previous`` (learner options
+    merged, see :func:`make_spec`)."""
+    model = {f.name for f in fields(FitSpec) if f.metadata["identity"]}
     base = previous.to_dict()
-    out = {k: base.get(k) if v is None else v for k, v in settings.items()}
+    out = {k: base.get(k) if v is None and k in model else v for k, v in settings.items()}
     given = dict(settings.get("learner_options") or {})
     same_learner = settings.get("learner") in (None, previous.learner)
     out["learner_options"] = {**(dict(previous.learner_options) if same_learner else {}), **given}

@@ -114,7 +114,8 @@ def test_a_warm_start_after_an_append_adopts_the_unchanged_chunks(tmp_path):
 
 def test_warm_from_takes_the_settings_not_given_from_the_previous_run(tmp_path):
     """`vbcluster fit GROWN --run-dir R2 --warm-from R1` with nothing else (issue 28's command) continues
-    R1's model: its -k, covariance, priors, seed and learner options; options given override theirs;
+    R1's model: its -k, covariance, priors, seed and learner options (not its tol or checkpoint
+    settings: the fit's own); options given override theirs;
     a setting given that changes the model is refused in one line, and another learner takes none of
     R1's learner options."""
     import json
@@ -123,7 +124,8 @@ def test_warm_from_takes_the_settings_not_given_from_the_previous_run(tmp_path):
     FeatureStore.create(store, 5, chunk_rows=100).append(X[:1050])
     run = CliRunner().invoke
     r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r1"), "-k", "7", "--covariance", "full",
-                  "--seed", "3", "--priors", "sklearn", "-o", "memo=1", "-o", "move_every=3", "-q"])
+                  "--seed", "3", "--priors", "sklearn", "-o", "memo=1", "-o", "move_every=3", "--tol", "1e-6",
+                  "--checkpoint-every", "2", "-q"])
     assert r.exit_code == 0, r.output
     FeatureStore.open(store, "r+").append(X[1050:])
     r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r2"), "--warm-from", str(tmp_path / "r1"),
@@ -134,6 +136,7 @@ def test_warm_from_takes_the_settings_not_given_from_the_previous_run(tmp_path):
     assert (spec["components"], spec["covariance"], spec["seed"], spec["priors"]) == (7, "full", 3, "sklearn")
     assert spec["learner_options"] == {**first["learner_options"], "memo": 0.5}
     assert spec["learner_options"]["move_every"] == 3
+    assert (spec["tol"], spec["checkpoint_every"]) != (1e-6, 2)  # this fit's own, not the model's
     assert json.loads((tmp_path / "r2" / "result.json").read_text())["adopted_chunks"] == 10
     r = run(app, ["fit", store, "--run-dir", str(tmp_path / "r3"), "--warm-from", str(tmp_path / "r1"),
                   "-k", "9"])
