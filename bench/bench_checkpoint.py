@@ -26,11 +26,11 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_engine import sun397_setup
 
-    from pipeline.checkpoint import Checkpointer
-    from vbcore.kernels import vbem_kernel
-    from vbcore.mstep import m_step
-    from vbcore.posterior import posterior_arrays
-    from vbcore.priors import default_prior
+    from pipeline.fit.checkpoint import Checkpointer
+    from vbcore.kernels.estep import vbem_kernel
+    from vbcore.model.mstep import m_step
+    from vbcore.model.posterior import posterior_arrays
+    from vbcore.model.priors import default_prior
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="vbcluster-bench-")
     os.makedirs(workdir, exist_ok=True)

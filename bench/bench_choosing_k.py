@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 
 # 'empirical' re-estimates beta0 only; the covariance prior is held at nu0 = 512 times the data's
-# variance (with it re-estimated too the bound has no maximum on ReLU features: vbcore/empirical.py)
+# variance (with it re-estimated too the bound has no maximum on ReLU features: vbcore/model/empirical.py)
 PRIORS = {"sklearn": dict(prior_defaults="sklearn", weight_concentration_prior=1.0),
           "empirical": dict(prior_defaults="empirical")}
 
@@ -29,8 +29,8 @@ def _load() -> str:
 
 def truth(store: str, iters: int) -> None:
     """VB EM started from the labels under each prior: the bound the model gives the classes."""
+    from pipeline.engine.sources import StoreSource
     from pipeline.estimator import VBMixture
-    from pipeline.sources import StoreSource
 
     y = StoreSource(store).labels()
     assert y is not None, "the store has no labels"
@@ -47,9 +47,9 @@ def truth(store: str, iters: int) -> None:
 
 def init(store: str, k: int) -> None:
     """Seconds from the prepared chunks to the first posterior, for each start."""
-    from pipeline.engine import make_engine
-    from pipeline.fit_setup import initial_posterior, open_source, setup
-    from pipeline.spec import FitSpec
+    from pipeline.engine.engines import make_engine
+    from pipeline.fit.setup import initial_posterior, open_source, setup
+    from pipeline.fit.spec import FitSpec
 
     source = open_source(store, 65536)
     for method in ("k-means++-projected", "kmeans"):

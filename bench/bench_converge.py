@@ -33,9 +33,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from pipeline import VBMixture
+    from pipeline.engine.sources import StoreSource
     from pipeline.ingest import ingest
-    from pipeline.sources import StoreSource
-    from vbcore.metrics import nmi
+    from vbcore.data.metrics import nmi
 
     if not os.path.exists(args.store):
         ingest("synthetic", args.store, chunk_rows=8192, rows=108_754, dim=4096, classes=397, seed=0)

@@ -58,9 +58,9 @@ from engine_helpers import (  # noqa: E402  (a sibling module of this script)
 
 
 def streaming(workdir: str) -> None:
-    from pipeline.engine import DaskEngine
-    from pipeline.sources import StoreSource
-    from vbcore.kernels import prepare_chunk
+    from pipeline.engine.engines import DaskEngine
+    from pipeline.engine.sources import StoreSource
+    from vbcore.kernels.estep import prepare_chunk
 
     path = os.path.join(workdir, "stream2g.zarr")
     make_store(path, rows=250_000, dim=2048, classes=50, chunk_rows=8192)
@@ -96,9 +96,9 @@ def scaling_and_overhead(workdir: str, trim: bool = True, mmap: str | None = Non
                          chunk_rows: int = 4096) -> None:
     from threadpoolctl import threadpool_limits
 
-    from pipeline.engine import DaskEngine, LocalEngine
-    from pipeline.sources import StoreSource
-    from vbcore.kernels import prepare_chunk, vbem_kernel
+    from pipeline.engine.engines import DaskEngine, LocalEngine
+    from pipeline.engine.sources import StoreSource
+    from vbcore.kernels.estep import prepare_chunk, vbem_kernel
 
     path = os.path.join(workdir, "scale.zarr" if chunk_rows == 4096 else f"scale-{chunk_rows}.zarr")
     make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=chunk_rows)  # 100 chunks of 4096
@@ -152,9 +152,9 @@ def scaling_and_overhead(workdir: str, trim: bool = True, mmap: str | None = Non
 
 def sun397_setup(workdir: str, k: int = 1000):
     """The SUN397-shaped store (made once), its chunks prepared in memory, and E-step parameters."""
-    from pipeline.engine import LocalEngine
-    from pipeline.sources import StoreSource
-    from vbcore.kernels import prepare_chunk
+    from pipeline.engine.engines import LocalEngine
+    from pipeline.engine.sources import StoreSource
+    from vbcore.kernels.estep import prepare_chunk
 
     path = os.path.join(workdir, "sun397.zarr")
     make_store(path, rows=108_754, dim=4096, classes=397, chunk_rows=8192)
@@ -185,8 +185,8 @@ def sun397(workdir: str) -> None:
 
 def _time_kernel_here(chunk, params, repeat: int) -> list[float]:
     """Seconds per run of the VB EM kernel on ``chunk``, timed where it runs (one BLAS thread)."""
-    from pipeline.engine import one_blas_thread
-    from vbcore.kernels import vbem_kernel
+    from pipeline.engine.engines import one_blas_thread
+    from vbcore.kernels.estep import vbem_kernel
 
     out = []
     with one_blas_thread():
@@ -203,8 +203,8 @@ def inworker(workdir: str, rounds: int = 5, repeat: int = 5) -> None:
     import dask
     from distributed import Client, LocalCluster
 
-    from pipeline.sources import StoreSource
-    from vbcore.kernels import prepare_chunk
+    from pipeline.engine.sources import StoreSource
+    from vbcore.kernels.estep import prepare_chunk
 
     path = os.path.join(workdir, "scale.zarr")
     make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)
@@ -247,9 +247,9 @@ def threads(workdir: str, repeat: int = 3, n_chunks: int = 16) -> None:
     """In-process pass: OpenBLAS threads inside each GEMM (old) vs one BLAS thread + chunk threads."""
     from threadpoolctl import threadpool_limits
 
-    from pipeline.engine import LocalEngine, default_threads
-    from pipeline.sources import StoreSource
-    from vbcore.kernels import prepare_chunk, vbem_kernel
+    from pipeline.engine.engines import LocalEngine, default_threads
+    from pipeline.engine.sources import StoreSource
+    from vbcore.kernels.estep import prepare_chunk, vbem_kernel
 
     path = os.path.join(workdir, "scale.zarr")
     make_store(path, rows=100 * 4096, dim=512, classes=50, chunk_rows=4096)
@@ -286,7 +286,7 @@ def _transfer_bytes(dask_worker) -> tuple[int, int]:
 def _cross_worker_merges(n_chunks: int, where: list[str]) -> int:
     """Merges of the fixed tree whose two inputs sit on different workers (Dask runs a merge where
     one input is and fetches the other), placing each merge's output with its left input."""
-    from pipeline.engine import tree_pairs
+    from pipeline.engine.engines import tree_pairs
 
     loc = list(where)
     cross = 0
@@ -309,9 +309,9 @@ def many(workdir: str, n_workers: int = 8, rows_per_chunk: int = 32, d: int = 32
 
     from distributed import Client, LocalCluster, wait
 
-    from pipeline.engine import DaskEngine
-    from pipeline.sources import ArraySource
-    from vbcore.kernels import prepare_chunk, vbem_kernel
+    from pipeline.engine.engines import DaskEngine
+    from pipeline.engine.sources import ArraySource
+    from vbcore.kernels.estep import prepare_chunk, vbem_kernel
 
     cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                            dashboard_address=None, host="127.0.0.1", memory_limit="1GiB")
@@ -363,8 +363,8 @@ def _kernel_threads_child(path: str, rounds: int = 3, repeat: int = 10) -> None:
     the minor page faults per call (``RUSAGE_THREAD``); prints one line."""
     import resource
 
-    from pipeline.sources import StoreSource
-    from vbcore.kernels import prepare_chunk
+    from pipeline.engine.sources import StoreSource
+    from vbcore.kernels.estep import prepare_chunk
 
     source = StoreSource(path)
     shift, params = pass_params(source, 100)

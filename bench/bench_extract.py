@@ -91,8 +91,8 @@ def make_jpegs(root: Path, n: int, seed: int = 0) -> None:
 
 def per_image_split(model: Path, folder: Path, n: int = 16) -> dict[str, float]:
     """Seconds per image (one thread) for decode + resize and for the forward pass, batch 16."""
-    from pipeline.extractors import OnnxExtractor, resize_rgb
-    from pipeline.image_sources import read_images
+    from pipeline.extract.extractors import OnnxExtractor, resize_rgb
+    from pipeline.extract.image_sources import read_images
 
     files = sorted(str(p) for p in folder.glob("*.jpg"))[:n]
     ext = OnnxExtractor(model, "fc7_relu", threads=1)

@@ -53,14 +53,14 @@ def device_name(cp: Any) -> str:
 
 def check_namespace(cp: Any) -> None:
     """The kernels must see CuPy's namespace in CuPy arrays, or they would compute on the host."""
-    from vbcore.kernels import array_namespace
+    from vbcore.kernels.estep import array_namespace
 
     x = cp.ones((2, 2), dtype=cp.float32)
     xp = array_namespace(x)
     ok = isinstance(xp.asarray(np.ones(2), dtype=x.dtype), cp.ndarray)
     missing = [f for f in ("concat", "matrix_transpose", "vecdot", "astype") if not hasattr(xp, f)]
     if not ok or missing:
-        sys.exit(f"bench_gpu: vbcore.kernels.array_namespace(cupy array) is "
+        sys.exit(f"bench_gpu: vbcore.kernels.estep.array_namespace(cupy array) is "
                  f"{getattr(xp, '__name__', xp)!r}"
                  + ("" if ok else ", which does not make CuPy arrays")
                  + (f", lacking {missing}" if missing else "")
@@ -167,10 +167,10 @@ def main() -> None:
     from bench_vbem import relu_features  # same data as `make bench`
     from threadpoolctl import threadpool_info
 
-    from pipeline.engine import split_rows
-    from vbcore.kernels import KernelResult, chunk_statistics, estep_params, prepare_chunk, vbem_kernel
-    from vbcore.mstep import m_step
-    from vbcore.priors import default_prior
+    from pipeline.engine.engines import split_rows
+    from vbcore.kernels.estep import KernelResult, chunk_statistics, estep_params, prepare_chunk, vbem_kernel
+    from vbcore.model.mstep import m_step
+    from vbcore.model.priors import default_prior
 
     n, d, k = args.rows, args.dim, args.components
     print(f"vbcluster GPU bench: one VB EM kernel pass (E-step + statistics), diag, "

@@ -19,7 +19,7 @@ import numpy as np
 
 def main() -> None:
     from pipeline import VBMixture
-    from pipeline.engine import LocalEngine
+    from pipeline.engine.engines import LocalEngine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)

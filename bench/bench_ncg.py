@@ -26,7 +26,7 @@ STORE_ROWS, STORE_D, STORE_K = 1_000_000, 16, 16
 
 
 def _make_store(path: str) -> None:
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     if os.path.exists(path):
         return
@@ -78,7 +78,7 @@ def cluster_data(r: float, seed: int, n: int = 1000) -> np.ndarray:
 def seed000_posterior(k: int, d: int, seed: int):
     """Kuusela et al. 2009 sec. V initialisation: m_k ~ N(0, 0.16 I), alpha_k = 1, beta_k = 10, nu_k = D,
     W_k = 4/D I (so E[Lambda_k]^-1 = (nu_k W_k)^-1 = I / 4)."""
-    from vbcore.posterior import Posterior
+    from vbcore.model.posterior import Posterior
 
     rng = np.random.default_rng(seed)
     return Posterior("full", "dirichlet_distribution", np.ones(k), np.full(k, 10.0),
@@ -88,9 +88,9 @@ def seed000_posterior(k: int, d: int, seed: int):
 
 def _vbem_seed000():
     """VB EM with the Kuusela et al. 2009 stopping rule (the registered 'vbem' stops on |dELBO|/N < tol)."""
-    from pipeline.learners import LEARNERS
-    from pipeline.learners.gradient import seed000_converged
-    from pipeline.learners.vbem import VBEM
+    from pipeline.fit.learners import LEARNERS
+    from pipeline.fit.learners.gradient import seed000_converged
+    from pipeline.fit.learners.vbem import VBEM
 
     class VBEMSeed000(VBEM):
         def converged(self, history, tol):

@@ -5,7 +5,7 @@ Issue 25's target: on the 108,754 x 4096 synthetic store, the pass that computes
 most 1.5 VB EM iterations there. Both are measured here on the same engine (in-process, its default
 threads), one after the other:
 
-* ``projection``: :func:`pipeline.projection.projection_pass`, streamed as in a fit (``N D^2`` flops:
+* ``projection``: :func:`pipeline.fit.projection.projection_pass`, streamed as in a fit (``N D^2`` flops:
   a SYRK per block of rows), timed before and after the fits (the ratios take the mean of both);
 * ``vbem``: each iteration of a VB EM fit of the raw store (diag, DP weights) that still has all K
   components: started from ``k-means++-projected`` (seeds among the rows, not collapsing ones) with
@@ -80,10 +80,10 @@ def pass_parts(store: str, pca: int) -> dict[str, list[float]]:
     reads (decode and checksum), their moments (centring and SYRKs), the merges, the eigh."""
     import numpy as np
 
-    from pipeline.blas import one_blas_thread
-    from pipeline.engine import tree_reduce
-    from pipeline.sources import StoreSource
-    from vbcore.projection import fit_projection, row_moments
+    from pipeline.engine.blas import one_blas_thread
+    from pipeline.engine.engines import tree_reduce
+    from pipeline.engine.sources import StoreSource
+    from vbcore.data.projection import fit_projection, row_moments
 
     src = StoreSource(store)
     parts = {"read": [0.0, 0.0], "moments": [0.0, 0.0], "merges": [0.0, 0.0], "eigh": [0.0, 0.0]}
@@ -123,10 +123,10 @@ def main() -> None:
     if args.iters < 2:
         ap.error("--iters must be at least 2 (the first iteration is not timed)")
 
-    from pipeline.blas import blas_libraries
-    from pipeline.engine import LocalEngine
-    from pipeline.projection import projection_pass
-    from pipeline.sources import StoreSource
+    from pipeline.engine.blas import blas_libraries
+    from pipeline.engine.engines import LocalEngine
+    from pipeline.engine.sources import StoreSource
+    from pipeline.fit.projection import projection_pass
 
     src = StoreSource(args.store)
     engine = LocalEngine()

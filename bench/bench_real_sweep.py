@@ -22,8 +22,8 @@ def main() -> None:
     from sklearn.metrics import normalized_mutual_info_score as nmi
 
     from pipeline import VBMixture
-    from pipeline.learners import LEARNERS
-    from pipeline.store import FeatureStore
+    from pipeline.fit.learners import LEARNERS
+    from pipeline.store.features import FeatureStore
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("store")

@@ -6,7 +6,7 @@ with ``--classes`` classes, VB EM with diag covariance and ``--components`` comp
 fitted keeping memoized statistics (``memo=1``), grown by ``--grow`` (5%), then refitted three ways.
 
 The model is the one users get (``--model cli``, the default): the command line's defaults, the
-same for flows and scheduled refreshes (:class:`pipeline.spec.FitSpec`): empirical priors, growth
+same for flows and scheduled refreshes (:class:`pipeline.fit.spec.FitSpec`): empirical priors, growth
 (births), merge/delete moves and the projected k-means++ start. ``--model sklearn`` fits
 ``VBMixture``'s scikit-learn defaults instead (k-means start, scikit-learn's priors, no growth, no
 moves). ``--components`` defaults to 200, twice the classes: the defaults shrink K on the bound
@@ -53,7 +53,7 @@ def _fit(model, X, **kw):
 def make_stores(workdir: Path, rows: int, grow: float, dim: int, classes: int) -> tuple[str, np.ndarray]:
     """The store (``rows`` rows) and the rows of the append; returns the store path and the labels of all."""
     from pipeline.ingest import ingest
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     extra = int(round(rows * grow))
     full = workdir / f"refresh-all-{rows}x{dim}.zarr"
@@ -69,7 +69,7 @@ def make_stores(workdir: Path, rows: int, grow: float, dim: int, classes: int) -
 
 
 def append_rest(store: str, workdir: Path, rows: int, dim: int) -> None:
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     src = FeatureStore.open(workdir / f"refresh-all-{rows}x{dim}.zarr")
     sl = slice(rows, src.n_rows)
@@ -78,7 +78,7 @@ def append_rest(store: str, workdir: Path, rows: int, dim: int) -> None:
 
 def refresh(args: argparse.Namespace, workdir: Path) -> None:
     from pipeline import VBMixture
-    from vbcore.metrics import nmi
+    from vbcore.data.metrics import nmi
 
     store, labels = make_stores(workdir, args.rows, args.grow, args.dim, args.classes)
     k = args.components
@@ -134,7 +134,7 @@ def calibrate(store: str, labels: np.ndarray, cold, k: int, n: int) -> None:
     """What ``fit`` itself reproduces: the cold fit again with another seed (its ELBO per row and
     the NMI of the two labelings), the yardstick of the partial_fit and coreset targets."""
     from pipeline import VBMixture
-    from vbcore.metrics import nmi
+    from vbcore.data.metrics import nmi
 
     other = VBMixture(k, **{**KW, "random_state": 1})
     t = _fit(other, store)
@@ -150,12 +150,12 @@ def bound_under(model, prior, store: str) -> tuple[float, float]:
     E-step under it (the best assignments of every row for that posterior; no M-step). After one
     iteration: q(theta) from the M-step under ``prior`` that follows that E-step (each model gets the
     same one full VB EM iteration)."""
-    from pipeline.engine import LocalEngine
-    from pipeline.fit_driver import CountingEngine
-    from pipeline.fit_setup import open_source, setup
-    from pipeline.learners.vbem import vbem_pass
-    from vbcore.elbo import elbo_terms
-    from vbcore.mstep import m_step
+    from pipeline.engine.engines import LocalEngine
+    from pipeline.fit.driver import CountingEngine
+    from pipeline.fit.learners.vbem import vbem_pass
+    from pipeline.fit.setup import open_source, setup
+    from vbcore.model.elbo import elbo_terms
+    from vbcore.model.mstep import m_step
 
     spec = model.spec()
     ctx = setup(spec, open_source(store, int(spec.chunk_rows), None), CountingEngine(LocalEngine()), 0)
@@ -172,8 +172,8 @@ def partial(store: str, labels: np.ndarray, full, k: int, n: int) -> None:
     final prior (:func:`bound_under`: each model's posterior with its E-step on all rows, and after one
     more VB EM iteration over all rows from each)."""
     from pipeline import VBMixture
-    from pipeline.store import FeatureStore
-    from vbcore.metrics import nmi
+    from pipeline.store.features import FeatureStore
+    from vbcore.data.metrics import nmi
 
     s = FeatureStore.open(store)
     model = VBMixture(k, **KW)
@@ -210,8 +210,8 @@ def coreset(store: str, labels: np.ndarray, full, k: int, size: int, n: int) -> 
     ``q = 1/(2N) + d^2 / (2 sum d^2)`` (d: distance to the mean), weights ``1 / (size q)``; fitted with
     ``sample_weight`` and compared with the full fit on every row (NMI of the two labelings)."""
     from pipeline import VBMixture
-    from pipeline.store import FeatureStore
-    from vbcore.metrics import nmi
+    from pipeline.store.features import FeatureStore
+    from vbcore.data.metrics import nmi
 
     x = FeatureStore.open(store).read()
     d2 = np.sum((x - x.mean(0)) ** 2, axis=1, dtype=np.float64)

@@ -35,7 +35,7 @@ def _make_store(path: str, rows: int, dim: int, classes: int) -> None:
 
 
 def _labels_and_predictions(model, store: str) -> tuple[np.ndarray, np.ndarray]:
-    from pipeline.sources import StoreSource
+    from pipeline.engine.sources import StoreSource
 
     src = StoreSource(store)
     pred = np.concatenate([model.predict(src.load(i)) for i in range(len(src.chunk_slices()))])
@@ -67,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     from threadpoolctl import threadpool_info
 
-    from vbcore.metrics import acc, nmi
+    from vbcore.data.metrics import acc, nmi
 
     blas = [f"{i['internal_api']} {i.get('version')} ({i['num_threads']} threads)" for i in threadpool_info()]
     env = {k: os.environ.get(k, "(unset)") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}

@@ -107,10 +107,10 @@ def _per_iter(secs: list[float]) -> float:
 
 
 def _nmi(model, data, labels) -> float:
-    from vbcore.metrics import nmi
+    from vbcore.data.metrics import nmi
 
     if isinstance(data, str):
-        from pipeline.sources import StoreSource
+        from pipeline.engine.sources import StoreSource
 
         src = StoreSource(data)
         pred = np.concatenate([model.predict(src.load(i)) for i in range(len(src.chunk_slices()))])
@@ -120,7 +120,7 @@ def _nmi(model, data, labels) -> float:
 
 
 def part_sun(args, trunc: dict) -> None:
-    from pipeline.sources import StoreSource
+    from pipeline.engine.sources import StoreSource
 
     store = _store(args.workdir, args.rows, args.dim, args.classes)
     labels = StoreSource(store).labels()
@@ -149,7 +149,7 @@ def part_sun(args, trunc: dict) -> None:
 
 
 def part_converge(args, trunc: dict) -> None:
-    from pipeline.sources import StoreSource
+    from pipeline.engine.sources import StoreSource
 
     store = _store(args.workdir, args.rows, args.dim, args.classes)
     labels = StoreSource(store).labels()
@@ -168,7 +168,7 @@ def part_sklearn(args, trunc: dict) -> None:
     from bench_vbem import relu_features  # this directory is on sys.path when run as a script
     from sklearn.mixture import BayesianGaussianMixture
 
-    from vbcore.metrics import nmi
+    from vbcore.data.metrics import nmi
 
     n, d, k = 20_000, 512, 100
     X = relu_features(n, d, k, seed=0)
@@ -214,7 +214,7 @@ def part_sgaf(args, trunc: dict) -> None:
     """sga-f on the store, ``--sgaf-iters`` iterations from its own start, wall time including loading
     the store, with and without the candidate search (same seed)."""
     from pipeline import VBMixture
-    from pipeline.sources import StoreSource
+    from pipeline.engine.sources import StoreSource
 
     store = _store(args.workdir, args.rows, args.dim, args.classes)
     labels = StoreSource(store).labels()
@@ -233,7 +233,7 @@ def part_sgaf(args, trunc: dict) -> None:
 
 def part_tied(args, trunc: dict) -> None:
     from pipeline import VBMixture
-    from vbcore.metrics import nmi
+    from vbcore.data.metrics import nmi
 
     for d, k in ((64, 300), (512, 1000)):
         rng = np.random.default_rng(0)

@@ -75,11 +75,11 @@ def main() -> None:
     from sklearn.mixture import BayesianGaussianMixture
     from threadpoolctl import threadpool_info
 
-    from pipeline.engine import LocalEngine, split_rows
-    from vbcore.elbo import elbo_terms
-    from vbcore.kernels import chunk_statistics, estep_params, prepare_chunk, vbem_kernel
-    from vbcore.mstep import m_step
-    from vbcore.priors import default_prior
+    from pipeline.engine.engines import LocalEngine, split_rows
+    from vbcore.kernels.estep import chunk_statistics, estep_params, prepare_chunk, vbem_kernel
+    from vbcore.model.elbo import elbo_terms
+    from vbcore.model.mstep import m_step
+    from vbcore.model.priors import default_prior
 
     n, d, k = args.rows, args.dim, args.components
     print(f"vbcluster bench: one VB EM iteration, dirichlet_process + diag, N={n} D={d} K={k}, float32")

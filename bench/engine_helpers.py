@@ -45,7 +45,7 @@ def local_cluster(n_workers: int, memory_limit: str = "4GiB", trim: bool = True,
 
 
 def pass_time(engine, handles, params, repeat=3, warmup=2) -> float:
-    from vbcore.kernels import vbem_kernel
+    from vbcore.kernels.estep import vbem_kernel
 
     for _ in range(warmup):
         engine.map_reduce(vbem_kernel, handles, params)
@@ -58,9 +58,9 @@ def pass_time(engine, handles, params, repeat=3, warmup=2) -> float:
 
 
 def pass_params(source, k: int, seed: int = 0):
-    from vbcore.kernels import chunk_statistics, estep_params, prepare_chunk
-    from vbcore.mstep import m_step
-    from vbcore.priors import default_prior
+    from vbcore.kernels.estep import chunk_statistics, estep_params, prepare_chunk
+    from vbcore.model.mstep import m_step
+    from vbcore.model.priors import default_prior
 
     x0 = source.load(0)
     shift = x0[0].astype(np.float64)
@@ -91,7 +91,7 @@ def cpu_split(client, eng, handles, params, repeat: int = 3) -> tuple[float, flo
     process (driver + the LocalCluster's scheduler, which runs here)."""
     import psutil
 
-    from vbcore.kernels import vbem_kernel
+    from vbcore.kernels.estep import vbem_kernel
 
     workers = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
 

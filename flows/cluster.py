@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
 from flows.runtime import EngineSpec, dask_cluster
-from pipeline.spec import FitSpec
+from pipeline.fit.spec import FitSpec
 
 ITERATION_LOG = "iterations.jsonl"
 
@@ -26,7 +26,7 @@ ITERATION_LOG = "iterations.jsonl"
 @task(name="check-store", retries=2, retry_delay_seconds=1, cache_policy=NONE)
 def check_store(store: str) -> dict[str, Any]:
     """Open the store (fails with a clear message when it is missing or invalid)."""
-    from pipeline.sources import StoreSource
+    from pipeline.engine.sources import StoreSource
 
     src = StoreSource(store)
     return {"n_rows": src.n_rows, "n_features": src.n_features, "fingerprint": src.fingerprint}
@@ -36,8 +36,8 @@ def check_store(store: str) -> dict[str, Any]:
 def fit(run_dir: str, spec: FitSpec, engine: EngineSpec, warm_from: str | None = None,
         quiet: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit into ``run_dir`` with checkpoints (resumes from them when the directory has some)."""
-    from pipeline.fitting import fit_run
-    from pipeline.progress import FitProgress
+    from pipeline.fit.progress import FitProgress
+    from pipeline.service import fit_run
 
     logger = get_run_logger()
     logger.info("fit %s -> %s (learner %s, K=%s%s)", spec.store, run_dir, spec.learner,
@@ -60,7 +60,7 @@ def fit(run_dir: str, spec: FitSpec, engine: EngineSpec, warm_from: str | None =
 @task(name="assign", retries=2, retry_delay_seconds=1, cache_policy=NONE)
 def assign(run_dir: str, engine: EngineSpec) -> str:
     """Write each row's cluster and probability next to the store (atomically)."""
-    from pipeline.runs import assign_store
+    from pipeline.runs.directory import assign_store
 
     eng = engine.open()
     try:
@@ -73,7 +73,7 @@ def assign(run_dir: str, engine: EngineSpec) -> str:
 def report(run_dirs: list[str], out: str | None = None, engine: EngineSpec | None = None) -> str:
     """The HTML report (with its PNGs) of one or more run directories; its pass over the rows (labels,
     each cluster's most typical rows) on ``engine``'s cluster, streaming the chunks."""
-    from pipeline.report import write_report
+    from pipeline.runs.report import write_report
 
     eng = None if engine is None else replace(engine, persist="never").open()
     try:
@@ -115,9 +115,9 @@ def cluster_flow(
         The run directory (result.json, posterior.npz, checkpoints/, iterations.jsonl, report/).
     learner, components, covariance, weights, max_iter, tol, seed, init, learner_options, cluster,
     checkpoint_every
-        Fit settings (:class:`pipeline.spec.FitSpec`; None: its default, as ``vbcluster fit``).
+        Fit settings (:class:`pipeline.fit.spec.FitSpec`; None: its default, as ``vbcluster fit``).
     settings : dict, optional
-        Any other fit setting of :class:`pipeline.spec.FitSpec` by name.
+        Any other fit setting of :class:`pipeline.fit.spec.FitSpec` by name.
     warm_start_from : str, optional
         A finished run directory whose posterior starts the fit.
     assign_labels, write_report : bool
@@ -128,7 +128,7 @@ def cluster_flow(
     dict
         The run's result.json, plus ``run_dir``, ``assignments`` and ``report`` paths.
     """
-    from pipeline.fitting import check_fit, make_spec
+    from pipeline.service import check_fit, make_spec
 
     spec = make_spec(store, learner=learner, components=components, covariance=covariance,
                      weights=weights, max_iter=max_iter, tol=tol, seed=seed, init=init,

@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)  # the cluster's own chatter
     out = Path(args.out)
     t_all = time.perf_counter()
-    from pipeline.learners import LEARNERS
-    from pipeline.runs import CLUSTERS_FOUND
+    from pipeline.fit.learners import LEARNERS
+    from pipeline.runs.directory import CLUSTERS_FOUND
 
     wanted = [x.strip() for x in args.learners.split(",") if x.strip()]
     learners = [x for x in wanted if x in LEARNERS]

@@ -17,7 +17,7 @@ from prefect.cache_policies import NONE
 
 
 def _appends(out: str) -> int:
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     if not Path(out).exists():
         return 0
@@ -31,7 +31,7 @@ def ingest_source(source: str, out: str, appends_before: int, append: bool, over
     from rich.progress import Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     from pipeline.ingest import ingest
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     logger = get_run_logger()
     if append and _appends(out) > appends_before:  # an earlier attempt committed, then failed after
@@ -75,7 +75,7 @@ def ingest_flow(sources: list[str] | str, out: str, chunk_rows: int = 8192, labe
     dict
         ``store``, ``n_rows`` and one record per source.
     """
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     items = [sources] if isinstance(sources, str) else list(sources)
     settings = dict(chunk_rows=chunk_rows, labels=labels, ids=ids, drop_nonfinite=drop_nonfinite,

@@ -28,7 +28,7 @@ class EngineSpec:
 
     def open(self) -> Any:
         """A pipeline engine (the caller closes it; closing closes the client, not the cluster)."""
-        from pipeline.engine import DaskEngine, LocalEngine
+        from pipeline.engine.engines import DaskEngine, LocalEngine
 
         if self.address is None:
             return LocalEngine(persist="always" if self.persist == "auto" else self.persist)
@@ -54,7 +54,7 @@ def dask_cluster(cluster: str | None, quiet: bool = False) -> Iterator[EngineSpe
     if "://" in cluster:
         yield EngineSpec(cluster)
         return
-    from pipeline.cluster import load_cluster_config
+    from pipeline.engine.cluster import load_cluster_config
 
     cfg = load_cluster_config(cluster)
     if cfg.address is not None:

@@ -41,10 +41,10 @@ REFRESH_MEMO = 0.1
 
 @task(name="plan-refresh", retries=2, retry_delay_seconds=1, cache_policy=NONE)
 def plan(out: str, store: str) -> dict[str, Any]:
-    """What this refresh does: cold, warm or skip (see :func:`pipeline.publish.plan_refresh`)."""
+    """What this refresh does: cold, warm or skip (see :func:`pipeline.runs.publish.plan_refresh`)."""
     from dataclasses import asdict
 
-    from pipeline.publish import plan_refresh
+    from pipeline.runs.publish import plan_refresh
 
     return asdict(plan_refresh(out, store))
 
@@ -52,7 +52,7 @@ def plan(out: str, store: str) -> dict[str, Any]:
 @task(name="publish", retries=2, retry_delay_seconds=1, cache_policy=NONE)
 def publish_version(out: str, run_dir: str) -> str:
     """Point ``OUT/latest`` at the finished version (atomically)."""
-    from pipeline.publish import publish
+    from pipeline.runs.publish import publish
 
     publish(out, run_dir)
     return run_dir
@@ -69,8 +69,8 @@ def _run_key() -> str:
 def extract_new_images(images: str, store: str, cluster: str | None,
                        options: dict[str, Any] | None) -> dict[str, Any]:
     """Create the store from the image source, or append the images it does not hold yet
-    (:func:`pipeline.extract.refresh_images`; a killed extraction resumes from its shards)."""
-    from pipeline.extract import refresh_images
+    (:func:`pipeline.extract.extraction.refresh_images`; a killed extraction resumes from its shards)."""
+    from pipeline.extract.extraction import refresh_images
 
     opts = dict(options or {})
     if cluster is not None:
@@ -111,8 +111,8 @@ def refresh_flow(
         ``action`` (cold / warm / skip), ``reason``, and for a fit ``version`` (its directory),
         ``n_iter``, ``elbo``, ``n_effective`` and ``warm_start_from``.
     """
-    from pipeline.fitting import make_spec, warm_start_problem
-    from pipeline.publish import claim_version, unfinished_version
+    from pipeline.runs.publish import claim_version, unfinished_version
+    from pipeline.service import make_spec, warm_start_problem
 
     logger = get_run_logger()
     if images is not None:
@@ -158,7 +158,7 @@ def refresh_options(learner: str | None, options: dict[str, Any] | None,
                     cold: bool = False) -> dict[str, Any] | None:
     """The learner options of a refresh: VB EM keeps memoized statistics (``memo`` unless given), so
     that after an append the next refresh adopts those of the unchanged chunks and visits the new ones
-    first (:mod:`pipeline.learners.memo`): :data:`REFRESH_MEMO` for a warm start, 1 for a ``cold`` one
+    first (:mod:`pipeline.fit.learners.memo`): :data:`REFRESH_MEMO` for a warm start, 1 for a ``cold`` one
     (every chunk every iteration: plain VB EM's trajectory bit for bit, with the statistics kept; at
     0.1 a cold fit's ``max_iter`` would be a tenth of the passes, too few for births from below the
     truth). The memoized fit keeps the spec's growth and merge/delete moves."""
@@ -205,12 +205,12 @@ def check_api() -> None:
 def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[str, Any]:
     """Check the store (it must exist, unless ``images`` will create it) and the settings; the
     refresh flow's parameters."""
-    from pipeline.fitting import make_spec
-    from pipeline.sources import StoreSource
+    from pipeline.engine.sources import StoreSource
+    from pipeline.service import make_spec
 
     images = settings.get("images")
     if images is not None:
-        from pipeline.extract import is_image_source
+        from pipeline.extract.extraction import is_image_source
 
         if not is_image_source(str(images)):
             raise ConfigError(f"--images {images}: not an image folder, tar shard(s) or image list")
@@ -222,7 +222,7 @@ def deployment_parameters(store: str, out: str | None, **settings: Any) -> dict[
                                                                            + ".versions")
     cluster = settings.get("cluster")
     if cluster is not None and "://" not in cluster and cluster != "local":
-        from pipeline.cluster import load_cluster_config
+        from pipeline.engine.cluster import load_cluster_config
 
         load_cluster_config(cluster).check_filled()  # missing, invalid, or YOUR_... left: a ConfigError
         settings["cluster"] = str(Path(cluster).resolve())  # scheduled runs may start elsewhere

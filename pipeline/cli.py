@@ -110,8 +110,8 @@ def demo(
     from sklearn.datasets import load_digits
 
     from pipeline.estimator import VBMixture
-    from pipeline.runs import CLUSTERS_FOUND
-    from vbcore.metrics import acc, ari, nmi
+    from pipeline.runs.directory import CLUSTERS_FOUND
+    from vbcore.data.metrics import acc, ari, nmi
 
     X, y = load_digits(return_X_y=True)
     console.print(f"digits: {X.shape[0]} rows x {X.shape[1]} features, {len(np.unique(y))} classes; "
@@ -177,7 +177,7 @@ def ingest(
 ) -> None:
     """Stream a source into a chunked, compressed Zarr feature store."""
     from pipeline.ingest import ingest as run_ingest
-    from pipeline.integrity import check_input_file
+    from pipeline.store.integrity import check_input_file
     from vbcore.errors import VBClusterError
 
     opts: dict[str, Any] = dict(key_values(option))
@@ -206,8 +206,8 @@ def ingest(
 
 
 def _engine(cluster: str | None, persist: str = "auto"):  # type: ignore[no-untyped-def]
-    from pipeline.cluster import dashboard_link
-    from pipeline.engine import DaskEngine, make_engine
+    from pipeline.engine.cluster import dashboard_link
+    from pipeline.engine.engines import DaskEngine, make_engine
 
     engine = make_engine(cluster or "local", persist)
     if isinstance(engine, DaskEngine):
@@ -218,7 +218,7 @@ def _engine(cluster: str | None, persist: str = "auto"):  # type: ignore[no-unty
 
 
 def spec_help(name: str) -> str:
-    from pipeline.spec import setting_help
+    from pipeline.fit.spec import setting_help
 
     return setting_help(name)
 
@@ -264,7 +264,7 @@ def fit(
 ) -> None:
     """Fit a VB mixture to a store: DIR/result.json, DIR/posterior.npz, checkpoints in DIR/checkpoints
     (`vbcluster resume DIR` continues a killed fit). Settings are checked before anything is written."""
-    from pipeline.fitting import make_spec
+    from pipeline.service import make_spec
     from vbcore.errors import VBClusterError
 
     try:
@@ -285,7 +285,7 @@ def fit(
 @app.command()
 def learners() -> None:
     """List the learners and their options (pass options to `fit` as -o KEY=VALUE)."""
-    from pipeline.learners import LEARNERS
+    from pipeline.fit.learners import LEARNERS
 
     table = Table(title="vbcluster learners")
     table.add_column("learner")
@@ -314,7 +314,7 @@ def resume(
     """Continue a fit from its newest valid checkpoint (bit for bit where an uninterrupted fit ends)."""
     from dataclasses import replace
 
-    from pipeline.fitting import read_spec
+    from pipeline.service import read_spec
     from vbcore.errors import VBClusterError
 
     try:
@@ -331,11 +331,11 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
          warm_from: str | None = None) -> None:
     from pathlib import Path
 
-    from pipeline.checkpoint import Checkpointer, CheckpointError, RunLockedError
-    from pipeline.fit_driver import stop_on_signals
-    from pipeline.fitting import check_fit, fit_run
-    from pipeline.progress import FitProgress
-    from vbcore.errors import FitInterrupted, VBClusterError, truncation_message
+    from pipeline.fit.checkpoint import Checkpointer, CheckpointError
+    from pipeline.fit.driver import stop_on_signals
+    from pipeline.fit.progress import FitProgress
+    from pipeline.service import check_fit, fit_run
+    from vbcore.errors import FitInterrupted, RunLockedError, VBClusterError, truncation_message
 
     try:
         state = check_fit(run_dir, spec, warm_from, restart=restart)  # nothing is written before this
@@ -391,7 +391,7 @@ def assign(
                                    "RUN_DIR/assignments.parquet or .csv)."),
 ) -> None:
     """Write each row's cluster and its probability (atomically): next to the store, or as a table file."""
-    from pipeline.runs import assign_store
+    from pipeline.runs.directory import assign_store
     from vbcore.errors import VBClusterError
 
     kind = fmt.lower()
@@ -443,7 +443,7 @@ def report(
                                        "most typical rows) runs: a cluster config or scheduler address."),
 ) -> None:
     """Write one self-contained HTML report (PNGs embedded, and written beside it)."""
-    from pipeline.report import write_report
+    from pipeline.runs.report import write_report
     from vbcore.errors import VBClusterError
 
     try:
@@ -469,9 +469,9 @@ def check(
     took per GB of chunk files. Exit 2 when something is wrong."""
     import warnings
 
-    from pipeline.integrity import StoreIntegrityWarning
-    from pipeline.integrity import check as run_check
-    from pipeline.integrity import upgrade as run_upgrade
+    from pipeline.store.integrity import StoreIntegrityWarning
+    from pipeline.store.integrity import check as run_check
+    from pipeline.store.integrity import upgrade as run_upgrade
     from vbcore.errors import VBClusterError
 
     try:

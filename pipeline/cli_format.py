@@ -62,12 +62,12 @@ def fit_table(spec: Any, result: dict[str, Any]) -> Table:
     from rich import box
     from rich.text import Text
 
-    from pipeline.report_curves import k_cell
+    from pipeline.runs.report_curves import k_cell
 
     m = result.get("metrics", {})
     cells = {"learner": spec.learner, "iters": str(result["n_iter"]), "converged": str(result["converged"]),
              "K": k_cell({"n_components": spec.components, **result}),
-             "clusters found": str(result["n_effective"]),  # pipeline.runs.CLUSTERS_FOUND
+             "clusters found": str(result["n_effective"]),  # pipeline.runs.directory.CLUSTERS_FOUND
              "ELBO (exact)": f"{result['elbo']:.6g}", "NMI": f"{m['nmi']:.3f}" if m else "-",
              "ACC": f"{m['acc']:.3f}" if m else "-", "seconds": f"{result['seconds']:.1f}"}
     table = Table(title=Text(f"vbcluster fit {spec.store}"), title_justify="left", box=box.SIMPLE_HEAD,
@@ -96,7 +96,7 @@ WHY = {
 def defaults_table() -> Table:
     """Every fit setting's default on the command line and in ``VBMixture``, side by side, and why
     each that differs does (``vbcluster defaults``; docs/operations.md has the same table)."""
-    from pipeline.spec import defaults
+    from pipeline.fit.spec import defaults
 
     cli, est = defaults("pipeline"), defaults("estimator")
     cli["covariance"], est["covariance"] = "diag", "full"  # resolved by the learner when None

@@ -2,9 +2,9 @@
 
 Parameters mean what they mean in scikit-learn's ``BayesianGaussianMixture``; the additions are
 ``learner``, ``learner_options``, ``fixed_variance``, the engine and checkpoint settings. The
-settings are a :class:`pipeline.spec.FitSpec` (validated there before any data is read); the loop,
-checkpoints and resume are :mod:`pipeline.fit_driver`'s, the preparation, prior and initialisation
-:mod:`pipeline.fit_setup`'s. The fitted attributes carry scikit-learn's names, plus
+settings are a :class:`pipeline.fit.spec.FitSpec` (validated there before any data is read); the loop,
+checkpoints and resume are :mod:`pipeline.fit.driver`'s, the preparation, prior and initialisation
+:mod:`pipeline.fit.setup`'s. The fitted attributes carry scikit-learn's names, plus
 ``lower_bounds_`` (the ELBO after every iteration: exact, or for the minibatch learners an estimate
 whose standard error is in ``lower_bounds_se_``; ``bound_kind_`` says which), ``elbo_terms_``
 (always exact) and ``learner_options_`` (every learner option as the fit used it, automatic values
@@ -23,20 +23,21 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pipeline.checkpoint import RunLock
-from pipeline.engine import make_engine, split_rows
-from pipeline.fit_driver import FitOutcome, n_effective, run_fit
-from pipeline.fit_setup import open_source
-from pipeline.sources import is_store_path
-from pipeline.spec import CHUNK_ROWS, FitSpec
-from vbcore.elbo import ElboTerms
+from pipeline.engine.engines import make_engine, split_rows
+from pipeline.engine.sources import is_store_path
+from pipeline.files.locks import RunLock
+from pipeline.fit.driver import FitOutcome, n_effective, run_fit
+from pipeline.fit.setup import open_source
+from pipeline.fit.spec import FitSpec
+from pipeline.store import CHUNK_ROWS
+from vbcore.data.projection import Projection
+from vbcore.data.validation import check_array_2d, check_weights
 from vbcore.errors import ConfigError, InputError, TruncationWarning, truncation_message
-from vbcore.kernels import estep_params, prepare_chunk, responsibilities
-from vbcore.posterior import Posterior
-from vbcore.predictive import posterior_predictive_logpdf
-from vbcore.priors import Prior
-from vbcore.projection import Projection
-from vbcore.validation import check_array_2d, check_weights
+from vbcore.kernels.estep import estep_params, prepare_chunk, responsibilities
+from vbcore.model.elbo import ElboTerms
+from vbcore.model.posterior import Posterior
+from vbcore.model.predictive import posterior_predictive_logpdf
+from vbcore.model.priors import Prior
 
 __all__ = ["VBMixture", "check_array_2d", "posterior_predictive_logpdf"]
 
@@ -44,7 +45,7 @@ __all__ = ["VBMixture", "check_array_2d", "posterior_predictive_logpdf"]
 class VBMixture(DensityMixin, BaseEstimator):
     """Variational Bayesian Gaussian mixture with the exact ELBO.
 
-    The settings are those of :class:`pipeline.spec.FitSpec` under scikit-learn's names; they are
+    The settings are those of :class:`pipeline.fit.spec.FitSpec` under scikit-learn's names; they are
     resolved and validated there before any data is read.
 
     Parameters
@@ -85,14 +86,14 @@ class VBMixture(DensityMixin, BaseEstimator):
         of k-means with ``n_components`` clusters on (a sample of) X.
     pca : int, optional
         Fit on the rows projected onto their ``pca`` leading principal components (computed in one
-        pass over the data on the engine; :mod:`pipeline.projection`). The fitted means and
+        pass over the data on the engine; :mod:`pipeline.fit.projection`). The fitted means and
         covariances live in that space; ``projection_`` holds the projection, and ``predict``,
         ``predict_proba``, ``score_samples`` and warm starts apply it (``sample`` maps its draws
         back to the input space).
     whiten : bool, default=False
         With ``pca``: scale every principal component to unit variance.
     learner : str, default='vbem'
-        A registered learner (``pipeline.learners.LEARNERS``): 'vbem', and the others listed in
+        A registered learner (``pipeline.fit.learners.LEARNERS``): 'vbem', and the others listed in
         docs/algorithms.md. ``set_params(learner=..., warm_start=True)`` switches learners and
         continues from the current posterior.
     learner_options : dict, optional
@@ -231,8 +232,8 @@ class VBMixture(DensityMixin, BaseEstimator):
     def partial_fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> VBMixture:
         """Fold one batch of rows into memoized statistics and update the posterior (VB EM; earlier
         batches are not read again). ``n_iter_``, ``converged_`` and ``lower_bounds_`` describe this
-        call; ``lower_bound_`` is the exact bound over every row seen so far (pipeline/partial.py)."""
-        from pipeline.partial import partial_fit
+        call; ``lower_bound_`` is the exact bound over every row seen so far (pipeline/fit/partial.py)."""
+        from pipeline.fit.partial import partial_fit
 
         state = getattr(self, "partial_state_", None)
         fitted = hasattr(self, "posterior_")

@@ -44,7 +44,7 @@ TOLERATED = (
     "but a module with this name has already been added",
     # a method named `list` shadows the builtin inside its class, so pdoc cannot evaluate the
     # annotation `list[Path]` of that very method; the page shows the annotation as written
-    "Error parsing type annotation list[Path] for pipeline.checkpoint.Checkpointer.list",
+    "Error parsing type annotation list[Path] for pipeline.fit.checkpoint.Checkpointer.list",
 )
 
 

@@ -242,7 +242,7 @@ def compare_step(c: Check) -> dict[str, Any]:
     if c.steps.get("fit_cupy_exact", {}).get("status") != "ok" or c.steps.get("fit_cpu_exact", {}).get(
             "status") != "ok":
         raise Skip("needs fit_cupy_exact and fit_cpu_exact")
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     X = FeatureStore.open(c.store).read(slice(0, 20_000))
     return {"comparison": gpu_summary.compare_fits(runs / "fit_cupy_exact", runs / "fit_cpu_exact", X)}
@@ -310,9 +310,9 @@ def fit_main(argv: list[str]) -> None:
     ap.add_argument("--init", default=None)
     ap.add_argument("-o", action="append", default=[])
     a = ap.parse_args(argv)
-    from pipeline.engine import LocalEngine
-    from pipeline.fitting import fit_run, make_spec
-    from pipeline.progress import FitProgress
+    from pipeline.engine.engines import LocalEngine
+    from pipeline.fit.progress import FitProgress
+    from pipeline.service import fit_run, make_spec
 
     spec = make_spec(a.store, learner=a.learner, components=a.k, max_iter=a.max_iter, tol=a.tol, seed=a.seed,
                      init=a.init, learner_options=dict(o.split("=", 1) for o in a.o))
@@ -336,7 +336,7 @@ def onnx_main(argv: list[str]) -> None:
     import onnxruntime as ort
     from bench_extract import build_vgg_like
 
-    from pipeline.extractors import OnnxExtractor
+    from pipeline.extract.extractors import OnnxExtractor
 
     if hasattr(ort, "preload_dlls"):  # the CUDA and cuDNN libraries of the nvidia-* wheels, if any
         try:

@@ -7,8 +7,7 @@ from functools import reduce
 import numpy as np
 import pytest
 
-from vbcore.elbo import elbo_terms
-from vbcore.kernels import (
+from vbcore.kernels.estep import (
     BLOCK_ROWS,
     KernelResult,
     chunk_statistics,
@@ -20,8 +19,9 @@ from vbcore.kernels import (
     to_numpy,
     vbem_kernel,
 )
-from vbcore.mstep import m_step
-from vbcore.priors import default_prior
+from vbcore.model.elbo import elbo_terms
+from vbcore.model.mstep import m_step
+from vbcore.model.priors import default_prior
 
 K = 4
 

@@ -118,7 +118,7 @@ def brute_stats(X, resp):
 
 def stats_of(x: np.ndarray, resp: np.ndarray, ct: str, shift: np.ndarray):
     """The kernels' statistics of rows ``x`` under the responsibilities ``resp`` (with ``sum r ln r``)."""
-    from vbcore.kernels import chunk_statistics, prepare_chunk
+    from vbcore.kernels.estep import chunk_statistics, prepare_chunk
 
     rlogr = np.sum(np.where(resp > 0, resp * np.log(np.where(resp > 0, resp, 1.0)), 0.0), axis=1)
     return chunk_statistics(prepare_chunk(x, shift, ct), resp, rlogr)

@@ -29,7 +29,7 @@ from tests._kernel_checks import posterior as _posterior
 from tests._kernel_checks import run_kernels as _run_kernels
 from tests._kernel_checks import three_clusters
 from tests._kernel_checks import vbem_loop as _vbem_loop
-from vbcore.kernels import (
+from vbcore.kernels.estep import (
     array_namespace,
     chunk_statistics,
     estep_params,
@@ -91,7 +91,7 @@ def _float64_spy(xps, monkeypatch) -> Iterator[list[tuple[int, ...]]]:
     with monkeypatch.context() as m:
         m.setattr(array_cls, "_new", classmethod(spy_new))
         m.setattr(xps, "sum", explicit(xps.sum))  # float64 accumulations (xp.sum(..., dtype=xp.float64))
-        m.setattr(xps, "zeros", explicit(xps.zeros))  # float64 accumulators (vbcore.kernels.Sum64)
+        m.setattr(xps, "zeros", explicit(xps.zeros))  # float64 accumulators (vbcore.kernels.estep.Sum64)
         m.setattr(xps, "astype", explicit(xps.astype, dtype_pos=1))  # blocks cast into them
         yield seen
 
@@ -222,7 +222,7 @@ def test_vbem_loop_on_strict_chunks_matches_numpy(xps, data, ct, dtype):
 def test_hard_kernel_on_standard_arrays_matches_numpy(xps, rows):
     """MAP assignments and hard statistics through the standard namespace (the CuPy route: one-hot
     GEMMs, float64 accumulators on the device) give the NumPy kernel's counts and sums."""
-    from vbcore.sga_stats import DPPoint, hard_kernel, map_params
+    from vbcore.learners.sga_stats import DPPoint, hard_kernel, map_params
 
     rng = np.random.default_rng(4)
     X = np.concatenate([rng.normal(c, 0.3, size=(30, 5)) for c in (-2.0, 0.0, 3.0)]).astype(np.float32)
@@ -241,7 +241,7 @@ def test_finiteness_check_of_standard_chunks(xps):
     """``check_kernel`` checks a device chunk where it lives and copies it to the host only to name the
     first non-finite value."""
     from vbcore.errors import InputError
-    from vbcore.init_kernels import check_kernel
+    from vbcore.kernels.init import check_kernel
 
     X = np.arange(24, dtype=np.float32).reshape(8, 3)
     check_kernel(prepare_chunk(xps.asarray(X), np.zeros(3), "diag"), 0, "store.zarr")
@@ -253,7 +253,7 @@ def test_finiteness_check_of_standard_chunks(xps):
 def test_assignments_of_standard_chunks_equal_numpys(xps, data):
     """``vbcluster assign``'s kernel reduces a chunk's responsibilities to labels and their value where
     the chunk lives (on a GPU: two vectors cross the bus, not n x K)."""
-    from pipeline.runs import _assign_kernel
+    from pipeline.runs.directory import _assign_kernel
 
     prior, post = _posterior(data, "diag")
     params = estep_params(post, prior.mean)
@@ -267,9 +267,9 @@ def test_assignments_of_standard_chunks_equal_numpys(xps, data):
 
 
 def test_typical_rows_of_standard_chunks_equal_numpys(xps, data):
-    """The report's kernel (pipeline/typical.py) keeps the n x K log responsibilities where the chunk
+    """The report's kernel (pipeline/runs/typical.py) keeps the n x K log responsibilities where the chunk
     lives and returns labels and a K x m table, the same on standard arrays as on NumPy's."""
-    from pipeline.typical import typical_kernel
+    from pipeline.runs.typical import typical_kernel
 
     prior, post = _posterior(data, "diag")
     params = estep_params(post, prior.mean)

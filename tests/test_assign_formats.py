@@ -12,8 +12,8 @@ import zarr
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.runs import assign_store, load_model, read_result
-from pipeline.store import FeatureStore
+from pipeline.runs.directory import assign_store, load_model, read_result
+from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError
 
 runner = CliRunner()

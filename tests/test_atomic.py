@@ -1,4 +1,4 @@
-"""pipeline.atomic: write-then-rename files, directories and links; modes follow the umask."""
+"""pipeline.files.atomic: write-then-rename files, directories and links; modes follow the umask."""
 
 import os
 import shutil
@@ -8,8 +8,8 @@ import tempfile
 import numpy as np
 import pytest
 
-from pipeline import atomic
-from pipeline.checkpoint import Checkpointer
+from pipeline.files import atomic
+from pipeline.fit.checkpoint import Checkpointer
 
 
 @pytest.fixture(params=[0o022, 0o077, 0o002])
@@ -111,8 +111,8 @@ def test_run_outputs_store_and_report_honour_the_umask(tmp_path, mask):
     """Outputs are 0o666 & ~umask and folders 0o777 & ~umask: readable by colleagues under 022."""
     from pipeline.estimator import VBMixture
     from pipeline.ingest import ingest
-    from pipeline.report import write_report
-    from pipeline.runs import assign_store, save_run
+    from pipeline.runs.directory import assign_store, save_run
+    from pipeline.runs.report import write_report
 
     x = np.random.default_rng(0).normal(size=(120, 2)).astype(np.float32)
     x[:60] += 6.0

@@ -17,16 +17,16 @@ import pytest
 import zarr
 from typer.testing import CliRunner
 
-from pipeline import integrity
-from pipeline.atomic import write_file as write_atomic
 from pipeline.cli import app, exit_code
-from pipeline.cluster import load_cluster_config
-from pipeline.publish import VERSIONS, plan_refresh, publish
-from pipeline.report import write_report
-from pipeline.runs import RESULT, assign_store, load_model, read_result
-from pipeline.store import FeatureStore
+from pipeline.engine.cluster import load_cluster_config
+from pipeline.files.atomic import write_file as write_atomic
+from pipeline.runs.directory import RESULT, assign_store, load_model, read_result
+from pipeline.runs.publish import VERSIONS, plan_refresh, publish
+from pipeline.runs.report import write_report
+from pipeline.store import integrity
+from pipeline.store.features import FeatureStore
+from vbcore.data.limits import max_abs_value
 from vbcore.errors import ConfigError, InputError, StoreError
-from vbcore.limits import max_abs_value
 
 runner = CliRunner()
 
@@ -156,7 +156,7 @@ def test_posterior_of_another_run_is_refused_by_every_reader(fitted, run, cli):
     shutil.copy2(fitted / "b" / "posterior.npz", run / "posterior.npz")
     msg = r"posterior.npz does not match the posterior_sha256 recorded in .*result.json"
     with pytest.raises(InputError, match=msg):
-        load_model(run)  # warm starts (pipeline.fitting) load through this
+        load_model(run)  # warm starts (pipeline.service) load through this
     with pytest.raises(InputError, match=msg):
         assign_store(run)
     with pytest.raises(InputError, match=msg):
@@ -230,7 +230,7 @@ def test_misspelt_cluster_kwargs_key_fails_before_any_worker_starts(tmp_path, fi
         load_cluster_config(cfg).make_cluster()
     assert "key 'cluster_kwargs.n_worker': not an argument" in _one_line(cli, "yaml")
     # keys the workers take are accepted
-    from pipeline.cluster import ClusterConfig
+    from pipeline.engine.cluster import ClusterConfig
 
     ok = ClusterConfig.from_dict({"cluster_class": "distributed.LocalCluster", "cluster_kwargs": {
         "n_workers": 1, "processes": False, "memory_limit": "1GB", "nthreads": 1, "local_directory": "/tmp"}})
@@ -314,7 +314,7 @@ def test_values_at_the_limit_fit_and_beyond_it_do_not(monkeypatch):
     assert np.isfinite(m.lower_bound_)
     big = (X * lim * 100).astype(np.float32)
     with monkeypatch.context() as mp, np.errstate(all="ignore"):  # what the refusal prevents
-        mp.setattr("vbcore.validation.check_magnitude", lambda *a, **k: None)
+        mp.setattr("vbcore.data.validation.check_magnitude", lambda *a, **k: None)
         with pytest.raises(ConfigError, match="non-finite"):
             VBMixture(3, covariance_type="diag", max_iter=20, random_state=0).fit(big)
     row, col = np.unravel_index(np.argmax(np.abs(big) > lim), big.shape)
@@ -337,7 +337,7 @@ def test_arrays_meet_the_limit_of_their_own_dtype(value, dtype, shown):
     """float64 arrays (and others, converted to float64) compute in float64: 1e100 fits, beyond about
     1e150 (float64's largest over the accumulation, 3 features) is refused naming the value; float32
     arrays meet the float32 limit."""
-    from vbcore.validation import check_array_2d
+    from vbcore.data.validation import check_array_2d
 
     X = np.random.default_rng(0).normal(size=(6, 3)).astype(dtype)
     X[4, 1] = value

@@ -1,4 +1,4 @@
-"""The diagonal families' block products (vbcore.blockgemm): padded E-step weights and the sparse
+"""The diagonal families' block products (vbcore.kernels.blockgemm): padded E-step weights and the sparse
 statistics product, against float64 brute force; and a VB EM pass on separated data (sparse
 responsibilities) against brute-force statistics."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse
 
-from vbcore.blockgemm import (
+from vbcore.kernels.blockgemm import (
     PAD_COLUMNS,
     exp_floor,
     log_rho_block,
@@ -14,7 +14,7 @@ from vbcore.blockgemm import (
     resp_t_dot,
     sparse_is_cheaper,
 )
-from vbcore.kernels import EStepParams, normalise, prepare_chunk, vbem_kernel
+from vbcore.kernels.estep import EStepParams, normalise, prepare_chunk, vbem_kernel
 
 
 def _sparse_resp(n, k, nnz_per_row, dtype, seed=0):

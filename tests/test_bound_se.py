@@ -17,10 +17,17 @@ from typer.testing import CliRunner
 from flows.cli import app
 from pipeline import VBMixture
 from pipeline.ingest import ingest
-from vbcore.elbo import elbo_terms, minibatch_standard_error
-from vbcore.kernels import Chunk, estep_params, merge_spread, row_spread
-from vbcore.sga_stats import DPPoint, hard_kernel, log_stick_weights, map_params, row_bound, scale_stats
-from vbcore.svi import minibatch_vbem_kernel
+from vbcore.kernels.estep import Chunk, estep_params, merge_spread, row_spread
+from vbcore.learners.sga_stats import (
+    DPPoint,
+    hard_kernel,
+    log_stick_weights,
+    map_params,
+    row_bound,
+    scale_stats,
+)
+from vbcore.learners.svi import minibatch_vbem_kernel
+from vbcore.model.elbo import elbo_terms, minibatch_standard_error
 
 
 @pytest.fixture(scope="module")

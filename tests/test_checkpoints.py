@@ -15,8 +15,9 @@ import pytest
 from sklearn.datasets import load_wine
 
 from pipeline import VBMixture
-from pipeline.checkpoint import PAUSE_ENV, Checkpointer, RunLock, sha256_file
-from pipeline.store import FeatureStore
+from pipeline.files.locks import RunLock
+from pipeline.fit.checkpoint import PAUSE_ENV, Checkpointer, sha256_file
+from pipeline.store.features import FeatureStore
 from vbcore.errors import CheckpointError, ConfigError, RunLockedError
 
 LEARNERS = ["vbem", "ncg", "sga-m"]  # ncg: per-chunk logits/directions; sga-m: minibatch draws, momentum
@@ -144,7 +145,7 @@ def test_two_fits_into_one_checkpoint_dir(tmp_path, X):
 def test_failed_output_write_keeps_the_old_result(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    import pipeline.runs as runs
+    import pipeline.runs.directory as runs
     from pipeline.cli import app
 
     path = tmp_path / "s.zarr"

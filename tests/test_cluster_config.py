@@ -15,7 +15,7 @@ import pytest
 import yaml
 from distributed import Client
 
-from pipeline.cluster import (
+from pipeline.engine.cluster import (
     DEFAULT_CONFIG,
     ClusterConfig,
     close_client,
@@ -363,7 +363,7 @@ def test_gpu_yaml() -> None:
 def test_worker_environ_keeps_a_configured_trim_threshold() -> None:
     import dask
 
-    from pipeline.cluster import worker_environ
+    from pipeline.engine.cluster import worker_environ
 
     key = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
     assert worker_environ() == {key: None}  # Dask's default: dropped

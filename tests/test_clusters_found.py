@@ -1,4 +1,4 @@
-""""Clusters found" has one definition (docs/guide.md section 5, pipeline.runs.CLUSTERS_FOUND): the
+""""Clusters found" has one definition (docs/guide.md section 5, pipeline.runs.directory.CLUSTERS_FOUND): the
 components holding at least one expected row, result.json's n_effective. The fit summary, result.json,
 the report (table, sizes plot title, clusters section) and `vbcluster demo` give the same number."""
 
@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.ingest import ingest
-from pipeline.report import COLUMNS, sizes_title, write_report
-from pipeline.runs import CLUSTERS_FOUND, read_result
+from pipeline.runs.directory import CLUSTERS_FOUND, read_result
+from pipeline.runs.report import COLUMNS, sizes_title, write_report
 
 runner = CliRunner()
 

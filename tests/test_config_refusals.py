@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from pipeline.cluster import load_cluster_config
+from pipeline.engine.cluster import load_cluster_config
 from pipeline.ingest import ingest
 from vbcore.errors import ConfigError
 

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.schedule import deploy
-from pipeline.publish import latest, version_dirs
-from pipeline.runs import read_result
-from pipeline.store import FeatureStore
+from pipeline.runs.directory import read_result
+from pipeline.runs.publish import latest, version_dirs
+from pipeline.store.features import FeatureStore
 from tests._dask_procs import free_port
 from vbcore.errors import ConfigError, StoreError
 
@@ -97,8 +97,8 @@ def test_the_next_refresh_resumes_a_refresh_that_died(tmp_path, prefect_api, mon
     import errno
 
     from flows.schedule import refresh_flow, refresh_options
-    from pipeline.fitting import fit_run, make_spec
-    from pipeline.publish import claim_version
+    from pipeline.runs.publish import claim_version
+    from pipeline.service import fit_run, make_spec
     from vbcore.errors import CheckpointError
 
     store = _store(tmp_path / "s.zarr", 600)

@@ -23,8 +23,8 @@ from distributed import Client, LocalCluster
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from pipeline import VBMixture
-from pipeline.engine import DaskEngine, LocalEngine, one_blas_thread
-from pipeline.sources import ArraySource
+from pipeline.engine.engines import DaskEngine, LocalEngine, one_blas_thread
+from pipeline.engine.sources import ArraySource
 from tests._dask_procs import dask_scheduler_and_workers
 from vbcore.errors import ConfigError
 
@@ -156,7 +156,7 @@ def test_a_cluster_running_other_code_is_refused_in_one_line(tmp_path, X):
     """A scheduler and worker that import another vbcluster checkout: the fit stops before its first
     task with one line naming them (Dask itself would drop the graph it cannot unpickle and report
     only "lost dependencies" on a later task)."""
-    stale = tmp_path / "stale"  # a checkout whose pipeline.codecheck lacks the function sent (older)
+    stale = tmp_path / "stale"  # a checkout whose pipeline.engine.codecheck lacks the function sent (older)
     for pkg in ("pipeline", "vbcore"):
         (stale / pkg).mkdir(parents=True)
         (stale / pkg / "__init__.py").write_text("")

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from pipeline.runs import save_run
-from pipeline.store import FeatureStore
+from pipeline.runs.directory import save_run
+from pipeline.store.features import FeatureStore
 
 ROOT = Path(__file__).resolve().parents[1]
 FILL = """
@@ -61,7 +61,7 @@ def _ok(res: subprocess.CompletedProcess[str]) -> str:
 
 def test_taking_the_run_lock_on_a_full_disk(tmp_path):
     out = _ok(_on_small_disk(tmp_path / "mnt", "64k", """
-        from pipeline.checkpoint import RunLock
+        from pipeline.files.locks import RunLock
         os.mkdir(os.path.join(MNT, "run"))
         fill(MNT)
         try:
@@ -106,7 +106,7 @@ def test_assign_zarr_on_a_full_disk(run, tmp_path):
 
 def test_report_on_a_full_disk(run, tmp_path):
     out = _ok(_on_small_disk(tmp_path / "mnt", "48k", f"""
-        from pipeline.report import write_report
+        from pipeline.runs.report import write_report
         try:
             write_report([{str(run / "run")!r}], os.path.join(MNT, "rep"))
         except OSError as exc:

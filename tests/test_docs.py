@@ -166,7 +166,8 @@ def test_api_reference_builds_clean(tmp_path):
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
     modules = _api_builder().public_modules()
-    assert {"pipeline.estimator", "pipeline.runs", "flows.cluster", "vbcore.elbo"} <= set(modules)
+    assert {"pipeline.estimator", "pipeline.runs.directory", "flows.cluster",
+            "vbcore.model.elbo"} <= set(modules)
     for name in modules:
         assert (out / (name.replace(".", "/") + ".html")).is_file(), name
     estimator = (out / "pipeline" / "estimator.html").read_text()

@@ -12,8 +12,8 @@ from tests._reference import (
     log_evidence_normal_gamma_shared,
     log_evidence_normal_wishart,
 )
-from vbcore.elbo import kl_beta, kl_dirichlet, kl_gamma, kl_wishart
-from vbcore.posterior import Posterior
+from vbcore.model.elbo import kl_beta, kl_dirichlet, kl_gamma, kl_wishart
+from vbcore.model.posterior import Posterior
 
 TYPES = ["full", "diag", "spherical", "fixed"]
 WEIGHTS = ["dirichlet_process", "dirichlet_distribution"]

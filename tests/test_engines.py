@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from pipeline.engine import DaskEngine, LocalEngine, make_engine, tree_pairs, tree_reduce
-from pipeline.store import FeatureStore
+from pipeline.engine.engines import DaskEngine, LocalEngine, make_engine, tree_pairs, tree_reduce
+from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError, InputError
 
 
@@ -84,8 +84,8 @@ def _kernel(chunk, params):
 
 def test_state_is_scattered_once_per_pass(client, store):
     """Every chunk task of a pass depends on the same single scattered copy of the global state."""
-    from pipeline.sources import StoreSource
-    from vbcore.kernels import prepare_chunk
+    from pipeline.engine.sources import StoreSource
+    from vbcore.kernels.estep import prepare_chunk
 
     engine = DaskEngine(client, persist="always")
     source = StoreSource(store)

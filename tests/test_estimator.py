@@ -162,7 +162,7 @@ def test_the_kmeans_starts_see_a_sample_of_sample_size_rows(monkeypatch, init):
     drawn with the fit's seed, and none when the data are smaller."""
     import sklearn.cluster
 
-    from pipeline.fit_setup import sample_size
+    from pipeline.fit.setup import sample_size
 
     seen = []
     real = sklearn.cluster.KMeans.fit if init == "kmeans" else sklearn.cluster.kmeans_plusplus
@@ -324,7 +324,7 @@ def test_chunk_rows_does_not_change_the_answer(iris, ct, wt):
 def test_an_array_and_its_ingested_store_give_the_same_bits(tmp_path, init):
     """In-memory arrays are cut into the chunks `vbcluster ingest` writes (8,192 rows), so the
     summation order, and every bit of the fit, is the same for the rows and for their store."""
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     rng = np.random.default_rng(0)
     X = (rng.normal(size=(20_000, 6)) + 3 * rng.integers(0, 4, 20_000)[:, None]).astype(np.float32)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from _extract_helpers import SIZE, make_images, tiny_cnn_forward, write_tiny_cnn
 
-from pipeline.extract import cache_size, refresh_images
-from pipeline.extractors import OnnxExtractor, make_extractor, resize_rgb
+from pipeline.extract.extraction import cache_size, refresh_images
+from pipeline.extract.extractors import OnnxExtractor, make_extractor, resize_rgb
 from pipeline.ingest import ingest
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError
 
 MEAN = np.array([0.485, 0.456, 0.406])
@@ -301,7 +301,7 @@ def test_image_list_with_labels(tmp_path):
 
 
 def test_a_replaced_model_file_is_loaded_again(tmp_path):
-    from pipeline.extract import cached_extractor
+    from pipeline.extract.extraction import cached_extractor
 
     path = tmp_path / "m.onnx"
     write_tiny_cnn(path, seed=1)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from _extract_helpers import SlowMean, make_images
 
-from pipeline.extract_shards import read_shard, shard_id
+from pipeline.extract.shards import read_shard, shard_id
 from pipeline.ingest import ingest
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
 from vbcore.errors import InputError
 
 OPTS = dict(batch_images=2, shard_images=4, chunk_rows=6, labels="folders")

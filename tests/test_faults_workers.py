@@ -45,8 +45,8 @@ from distributed import Client, LocalCluster
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from pipeline import VBMixture
-from pipeline.engine import DaskEngine
-from pipeline.store import FeatureStore
+from pipeline.engine.engines import DaskEngine
+from pipeline.store.features import FeatureStore
 from tests._dask_procs import dask_scheduler_and_workers
 
 N_ROWS, N_FEATURES, CHUNK_ROWS = 40_000, 64, 2_000  # 20 chunks of 2,000 rows

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from pipeline.ingest import ingest
-from pipeline.publish import VERSIONS, plan_refresh, publish
-from pipeline.runs import assign_store, read_result
-from pipeline.store import FeatureStore
+from pipeline.runs.directory import assign_store, read_result
+from pipeline.runs.publish import VERSIONS, plan_refresh, publish
+from pipeline.store.features import FeatureStore
 from vbcore.errors import StoreError
 
 TIMEOUT = 1200  # a safety bound only: under a load of 50 on 2 cores a start took minutes
@@ -27,7 +27,7 @@ TIMEOUT = 1200  # a safety bound only: under a load of 50 on 2 cores a start too
 _FIT = """
 import os, sys, time
 from pipeline import VBMixture
-from pipeline.runs import save_run
+from pipeline.runs.directory import save_run
 store, run, fitting, appended = sys.argv[1:5]
 
 def wait_for_the_append(info):

@@ -23,8 +23,8 @@ from flows.cluster import cluster_flow
 from flows.ingest import ingest_flow, ingest_source
 from flows.study import available_studies, run_studies
 from pipeline.ingest import ingest
-from pipeline.runs import load_model, read_result
-from pipeline.store import FeatureStore
+from pipeline.runs.directory import load_model, read_result
+from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError, StoreError
 
 pytestmark = pytest.mark.usefixtures("prefect_api")

@@ -20,7 +20,7 @@ from tests._kernel_checks import posterior as _posterior
 from tests._kernel_checks import run_kernels as _run_kernels
 from tests._kernel_checks import three_clusters
 from tests._kernel_checks import vbem_loop as _vbem_loop
-from vbcore.kernels import (
+from vbcore.kernels.estep import (
     array_namespace,
     estep_params,
     prepare_chunk,

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.engine import LocalEngine
-from pipeline.fitting import fit_run, make_spec
-from pipeline.progress import FitProgress
-from pipeline.store import FeatureStore
+from pipeline.engine.engines import LocalEngine
+from pipeline.fit.progress import FitProgress
+from pipeline.service import fit_run, make_spec
+from pipeline.store.features import FeatureStore
 from tests._reference import planted_blobs
 
 ROOT = Path(__file__).resolve().parents[1]

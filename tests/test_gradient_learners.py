@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from pipeline.learners import LEARNERS
-from pipeline.learners.gradient import NCG, quadratic_line_search, seed000_converged
-from pipeline.learners.pattern import PatternSearchVBEM, parabola_peak
+from pipeline.fit.learners import LEARNERS
+from pipeline.fit.learners.gradient import NCG, quadratic_line_search, seed000_converged
+from pipeline.fit.learners.pattern import PatternSearchVBEM, parabola_peak
 from tests._memory import peak_fit_bytes
-from vbcore.elbo import elbo_terms
 from vbcore.errors import ConfigError
-from vbcore.gradients import conditional_update, logit_gradient_kernel
-from vbcore.kernels import chunk_statistics, estep_params
-from vbcore.mstep import m_step
+from vbcore.kernels.estep import chunk_statistics, estep_params
+from vbcore.learners.gradients import conditional_update, logit_gradient_kernel
+from vbcore.model.elbo import elbo_terms
+from vbcore.model.mstep import m_step
 
 GRADIENT = ["gd", "cg", "ng", "ncg"]
 
@@ -153,7 +153,7 @@ def test_ncg_reaches_a_vb_em_fixed_point_and_learners_switch(X):
 
 
 def test_reported_elbo_is_vbcore_elbo_of_the_learners_own_q(X):
-    """The ELBO NCG reports is vbcore.elbo.elbo_terms of its own q(Z) (the per-chunk logits, summarised
+    """The ELBO NCG reports is vbcore.model.elbo.elbo_terms of its own q(Z) (the per-chunk logits, summarised
     again here in float64) and q(theta); with the means of eq. 40 it is VB EM's bound."""
     grabbed = {}
 
@@ -206,8 +206,8 @@ def _count_kernel(chunk, state, inc):
 
 
 def test_map_keep_keeps_state_with_the_chunks(client, X):
-    from pipeline.engine import DaskEngine, LocalEngine
-    from pipeline.sources import ArraySource
+    from pipeline.engine.engines import DaskEngine, LocalEngine
+    from pipeline.engine.sources import ArraySource
 
     source = ArraySource(X, 128)
     for engine in (LocalEngine(), DaskEngine(client)):
@@ -227,7 +227,7 @@ def test_map_keep_keeps_state_with_the_chunks(client, X):
 
 
 def prepare_chunk_(x, shift, ct):
-    from vbcore.kernels import prepare_chunk
+    from vbcore.kernels.estep import prepare_chunk
 
     return prepare_chunk(x, shift, ct)
 
@@ -284,7 +284,7 @@ def test_vbem_ps_skips_invalid_trial_posteriors():
     """Regression (found by the seed 000 study, R = 0.1, initialisation 6): a long pattern step
     underflowed exp(xi) so that nu_k = D - 1 exactly, and the Wishart KL raised. Such trial points are
     now rejected without a pass, and the fit continues monotonically."""
-    from pipeline.learners.pattern import _valid
+    from pipeline.fit.learners.pattern import _valid
     from pipeline.studies.data import cluster_data as study_data
     from pipeline.studies.seed000 import _rng, paper_prior, paper_resp_init
 

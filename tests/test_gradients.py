@@ -1,11 +1,11 @@
-"""vbcore.gradients: eqs. 48-51 against finite differences of the exact ELBO, the natural gradient
-against an explicit G^-1 grad, and the objective against vbcore.elbo (float64, small problems)."""
+"""vbcore.learners.gradients: eqs. 48-51 against finite differences of the exact ELBO, the natural gradient
+against an explicit G^-1 grad, and the objective against vbcore.model.elbo (float64, small problems)."""
 
 import numpy as np
 import pytest
 
-from vbcore.elbo import elbo_terms
-from vbcore.gradients import (
+from vbcore.kernels.estep import chunk_statistics, estep_params, log_rho, prepare_chunk
+from vbcore.learners.gradients import (
     GradSums,
     LogitState,
     conditional_update,
@@ -18,9 +18,9 @@ from vbcore.gradients import (
     mean_metric,
     mean_natural_gradient,
 )
-from vbcore.kernels import chunk_statistics, estep_params, log_rho, prepare_chunk
-from vbcore.mstep import m_step
-from vbcore.priors import default_prior
+from vbcore.model.elbo import elbo_terms
+from vbcore.model.mstep import m_step
+from vbcore.model.priors import default_prior
 
 TYPES = ["full", "diag", "spherical", "fixed"]
 WEIGHTS = ["dirichlet_distribution", "dirichlet_process"]
@@ -209,7 +209,7 @@ def test_chunk_kernels_use_only_the_array_api(ct, dtype):
     NumPy numbers."""
     xps = pytest.importorskip("array_api_strict")
     from tests._kernel_checks import close, close_stats, posterior, three_clusters
-    from vbcore.kernels import to_numpy
+    from vbcore.kernels.estep import to_numpy
 
     X = three_clusters().astype(dtype)
     prior, post = posterior(X.astype(np.float64), ct)
@@ -237,7 +237,7 @@ def test_chunk_kernels_use_only_the_array_api(ct, dtype):
 @pytest.mark.parametrize("wt", WEIGHTS)
 @pytest.mark.parametrize("ct", TYPES)
 def test_pattern_line_passes_through_both_posteriors_and_stays_valid(ct, wt):
-    from vbcore.pattern import PatternLine
+    from vbcore.learners.pattern import PatternLine
 
     chunk, prior, gamma, _ = _problem(ct, wt, seed=6)
     _, r, rlogr = log_softmax(gamma)

@@ -1,4 +1,4 @@
-"""A truncation that does not decide the answer (pipeline.learners.growth): VB EM grows K exactly when
+"""A truncation that does not decide the answer (pipeline.fit.learners.growth): VB EM grows K exactly when
 the truncation is saturated, by births accepted on the exact ELBO (the history stays monotone), the
 same bits on both engines and after a resume; a fit whose answer touches a limit says so."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.learners.growth import Growth, saturated
+from pipeline.fit.learners.growth import Growth, saturated
 from tests._reference import planted_blobs, same_fit_bits
 from vbcore.errors import TruncationWarning
 
@@ -106,7 +106,7 @@ def test_growth_same_bits_on_dask(blobs, client) -> None:
 
 def test_cli_reports_the_truncation(tmp_path) -> None:
     from pipeline.cli import app
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     x, _ = planted_blobs(n=600, d=4, k=6, seed=5)
     s = FeatureStore.create(tmp_path / "s.zarr", 4, chunk_rows=200)
@@ -139,10 +139,10 @@ def test_the_bound_after_births_is_exact(blobs) -> None:
     recomputation: responsibilities by explicit loops from the previous iteration's posterior,
     statistics by explicit loops, then the M-step, the prior update and the ELBO."""
     from tests._reference import brute_log_rho, brute_stats
-    from vbcore.elbo import elbo_terms
-    from vbcore.empirical import empirical_update
-    from vbcore.mstep import m_step
-    from vbcore.stats import SuffStats
+    from vbcore.model.elbo import elbo_terms
+    from vbcore.model.empirical import empirical_update
+    from vbcore.model.mstep import m_step
+    from vbcore.model.stats import SuffStats
 
     x, _ = blobs
     seen: list[dict] = []
@@ -171,7 +171,7 @@ def test_the_bound_after_births_is_exact(blobs) -> None:
 def test_births_split_merged_groups_not_single_gaussians() -> None:
     """The held-out bimodality test: two groups pass it at every size, one Gaussian fails it even with
     few rows in many dimensions (where a direction fitted to the same rows would separate anything)."""
-    from pipeline.learners.growth import bimodal_threshold, held_out_bimodality
+    from pipeline.fit.learners.growth import bimodal_threshold, held_out_bimodality
 
     rng = np.random.default_rng(3)
     for n, d in ((20, 512), (60, 32), (400, 128)):
@@ -182,7 +182,7 @@ def test_births_split_merged_groups_not_single_gaussians() -> None:
 
 
 def test_best_cut_share_closed_forms_and_the_threshold_against_a_simulated_null() -> None:
-    from pipeline.learners.growth import best_cut_share, bimodal_threshold
+    from pipeline.fit.learners.growth import best_cut_share, bimodal_threshold
 
     assert best_cut_share(np.array([-2.0, -2.0, 3.0, 3.0, 3.0])) == pytest.approx(1.0)
     assert best_cut_share(np.ones(4)) == 0.0
@@ -213,7 +213,7 @@ def test_the_pipeline_defaults_find_planted_classes_from_any_truncation(k) -> No
     from sklearn.metrics import normalized_mutual_info_score
 
     from pipeline.estimator import VBMixture
-    from pipeline.spec import FitSpec
+    from pipeline.fit.spec import FitSpec
 
     x, lab = planted_blobs(n=6000, d=16, k=20, seed=11)
     spec = FitSpec().resolved()
@@ -227,7 +227,7 @@ def test_a_warm_start_of_a_converged_grown_fit_spends_no_doubling(blobs) -> None
     """A warm start continues with a truncation its posterior does not saturate (it is a converged
     answer): refitting the same rows proposes no doubling (passes: the iterations, the move rounds
     among them, and no birth proposal's grow_iters passes) and keeps the classes."""
-    from pipeline.learners.growth import saturated, unsaturated_truncation
+    from pipeline.fit.learners.growth import saturated, unsaturated_truncation
 
     for n in (0, 1, 2, 9, 100, 397):
         t = unsaturated_truncation(n)
@@ -249,7 +249,7 @@ def test_a_warm_start_of_a_converged_grown_fit_spends_no_doubling(blobs) -> None
 @pytest.mark.parametrize("shape", [(32, 128), (20, 512), (300, 64), (64, 64)])
 def test_principal_direction_is_the_first_right_singular_vector(shape) -> None:
     """The birth check's main direction (eigh of the smaller Gram matrix) against NumPy's SVD."""
-    from pipeline.learners.growth import principal_direction
+    from pipeline.fit.learners.growth import principal_direction
 
     rng = np.random.default_rng(sum(shape))
     c = rng.normal(size=shape) * np.linspace(3.0, 1.0, shape[1])

@@ -1,4 +1,4 @@
-"""Births for the DP point learners (pipeline.learners.point_growth): SGA+F started below the truth grows
+"""Births for the DP point learners (pipeline.fit.learners.point_growth): SGA+F started below the truth grows
 to the planted classes by splits accepted on the exact bound of all rows; a refused or absent proposal
 leaves the fit's bits those of a fit without growth; the same bits on both engines and after a resume."""
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from sklearn.metrics import normalized_mutual_info_score
 
-from pipeline.learners.point_growth import split_point
+from pipeline.fit.learners.point_growth import split_point
 from tests._reference import planted_blobs, same_fit_bits
-from vbcore.sga import sticks_of_weights
-from vbcore.sga_stats import DPPoint, log_stick_weights
+from vbcore.learners.sga import sticks_of_weights
+from vbcore.learners.sga_stats import DPPoint, log_stick_weights
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def planted():
 def _fit(x, k, learner="sga-f", callback=None, grow=True, options=None, **kw):
     """The pipeline's defaults (FitSpec: priors, growth, start) for a point learner."""
     from pipeline.estimator import VBMixture
-    from pipeline.spec import FitSpec
+    from pipeline.fit.spec import FitSpec
 
     spec = FitSpec().resolved()
     args = dict(covariance_type="fixed", prior_defaults=spec.priors, grow=grow and spec.grow,
@@ -164,7 +164,7 @@ def test_split_point_halves_the_parent_weight() -> None:
 
 
 def test_growth_options_are_checked() -> None:
-    from pipeline.learners.sga import SGAFisher
+    from pipeline.fit.learners.sga import SGAFisher
     from vbcore.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"learner option 'grow_every' of 'sga-f' must be an integer >= 1"):
@@ -177,7 +177,7 @@ def test_a_warm_start_of_a_grown_fit_spends_no_doubling(planted) -> None:
     """A warm start continues with a truncation the finished fit does not saturate, so refitting the
     same rows grows nothing and keeps the classes."""
     from pipeline.estimator import VBMixture
-    from pipeline.learners.growth import unsaturated_truncation
+    from pipeline.fit.learners.growth import unsaturated_truncation
 
     x, _ = planted
     first = _fit(x, 5, max_iter=80)

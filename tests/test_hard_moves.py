@@ -1,4 +1,4 @@
-"""Merges for the hard-assignment learners (vbcore.hard_moves, pipeline.learners.moves.HardMoves):
+"""Merges for the hard-assignment learners (vbcore.moves.hard, pipeline.fit.learners.moves.HardMoves):
 the exact change of the ELBO of all rows against brute force, full-data rounds, K recovered, resume."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 from tests._reference import planted_blobs as _planted
 from tests._reference import same_fit_bits as _same_bits
 from tests._reference import stats_of as _stats
-from vbcore.elbo import elbo_terms
-from vbcore.hard_moves import select_hard_merges
-from vbcore.moves import apply_merges, total_elbo
-from vbcore.mstep import m_step
-from vbcore.priors import default_prior
+from vbcore.model.elbo import elbo_terms
+from vbcore.model.mstep import m_step
+from vbcore.model.priors import default_prior
+from vbcore.moves.exact import apply_merges, total_elbo
+from vbcore.moves.hard import select_hard_merges
 
 
 def _brute_elbo(x: np.ndarray, lab: np.ndarray, k: int, prior, shift) -> float:
@@ -39,7 +39,7 @@ def _split_classes(a0: float):
 def test_hard_merges_raise_the_exact_elbo_of_all_rows(a0: float) -> None:
     """Each pair's change (no entropy for one-hot labels) and the accepted set's gain equal the
     brute-force ELBO difference of the relabelled rows; the accepted merges are the split classes."""
-    from vbcore.moves import merge_gain_bound
+    from vbcore.moves.exact import merge_gain_bound
 
     x, lab, prior = _split_classes(a0)
     shift = x.mean(0)
@@ -68,7 +68,7 @@ def test_hard_merges_raise_the_exact_elbo_of_all_rows(a0: float) -> None:
 def test_hard_merges_use_the_statistics_of_all_rows() -> None:
     """SGA+F's merge rounds judge on one full pass (every row, whatever the minibatch), and every
     accepted round raises the exact ELBO of all rows (brute force from the round's labels)."""
-    from pipeline.learners.moves import HardMoves
+    from pipeline.fit.learners.moves import HardMoves
 
     x, lab = _planted(n=2000, d=8, k=4, seed=3)
     seen = []
@@ -127,8 +127,8 @@ def test_full_data_merge_check_of_the_study() -> None:
     """The study's check of a fit against all rows: merges the full data's exact ELBO accepts at the
     final point, with their gain at least the best single pair's (merge_gain_bound, no entropy)."""
     from pipeline.studies.moves import full_data_merges
-    from vbcore.hard_moves import nearest_pairs
-    from vbcore.moves import merge_gain_bound
+    from vbcore.moves.exact import merge_gain_bound
+    from vbcore.moves.hard import nearest_pairs
 
     rng = np.random.default_rng(0)
     centres = rng.normal(scale=3.0, size=(10, 16))
@@ -160,7 +160,7 @@ def test_hard_merges_resume_bitwise(tmp_path) -> None:
 
 
 def test_hard_learners_have_no_delete_move() -> None:
-    from pipeline.learners import learner_class
+    from pipeline.fit.learners import learner_class
     from vbcore.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"option 'moves' of 'mm' must be 'none' or 'merge'"):

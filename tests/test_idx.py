@@ -1,4 +1,4 @@
-"""MNIST's idx format as an image source (pipeline/idx_images.py): hand-made idx files, plain and
+"""MNIST's idx format as an image source (pipeline/extract/idx_images.py): hand-made idx files, plain and
 gzipped, read back exactly; their error messages; the ONNX path on the grey images against a float64
 forward pass; appends, resume and two Dask workers through the shared extraction machinery; the
 EfficientNet-Lite0 export of ../shared/models/ against its documented input convention."""
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from _extract_helpers import SIZE, tiny_cnn_forward, write_tiny_cnn
 
-from pipeline.idx_images import read_labels
-from pipeline.image_sources import list_images, read_images
+from pipeline.extract.idx_images import read_labels
+from pipeline.extract.image_sources import list_images, read_images
 from pipeline.ingest import ingest
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError, InputError
 
 SIDE = SIZE // 2  # hand-made images are 8 x 8; nearest upsampling to the tiny CNN's 16 x 16 repeats pixels
@@ -179,7 +179,7 @@ def test_append_resume_and_workers(tiny, tmp_path, client):
     np.testing.assert_allclose(s.read(), w.read()[idx], rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(s.read_labels(), w.read_labels()[idx])
     # resume: an extraction that fails in its third shard keeps the first two; the rerun takes them
-    from pipeline.extractors import make_extractor
+    from pipeline.extract.extractors import make_extractor
 
     good = make_extractor("onnx", model=str(path), output="feat", input_size=SIZE, **EFFNET)
 

@@ -14,9 +14,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.image_sources import decode_rgb, read_images
+from pipeline.extract.image_sources import decode_rgb, read_images
 from pipeline.ingest import ingest
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
 from vbcore.errors import InputError
 
 GREY16 = np.array([[0, 257, 32768], [40000, 65279, 65535]], dtype=np.uint16)

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
 from tests._extract_helpers import make_images, write_tiny_cnn
 
 pytestmark = pytest.mark.usefixtures("prefect_api")

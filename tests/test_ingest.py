@@ -7,9 +7,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from pipeline.extractors import ColorHogExtractor, FeatureExtractor, TorchExtractor
+from pipeline.extract.extractors import ColorHogExtractor, FeatureExtractor, TorchExtractor
 from pipeline.ingest import IngestReport, bundled_images, ingest
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError
 
 

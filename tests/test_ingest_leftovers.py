@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import leftovers
+from pipeline.files import leftovers
 from pipeline.ingest import ingest
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
 from vbcore.errors import StoreError
 
 _INGESTER = textwrap.dedent("""
@@ -94,7 +94,7 @@ def test_a_live_writers_temporary_is_left_alone_and_mentioned(tmp_path, caplog):
             assert state != "Z" and time.monotonic() < deadline, "the ingester did not stop itself"
             time.sleep(0.01)
         before = _temps(out)
-        with caplog.at_level(logging.WARNING, logger="pipeline.leftovers"):
+        with caplog.at_level(logging.WARNING, logger="pipeline.files.leftovers"):
             FeatureStore.open(out, "r+")
         assert _temps(out) == before
         assert f"its writer is still running: pid {proc.pid} on host {socket.gethostname()}" in caplog.text
@@ -193,7 +193,7 @@ def test_synthetic_sources_are_told_apart_by_their_parameters(tmp_path, first, s
 
 
 def test_image_stores_record_and_release_their_writer_too(tmp_path):
-    """Image folders are built through the same temporaries (pipeline.image_store): nothing is left
+    """Image folders are built through the same temporaries (pipeline.extract.image_store): nothing is left
     beside the store after a create and an overwrite, and a killed one's temporary is cleaned."""
     from _extract_helpers import make_images, write_tiny_cnn
 

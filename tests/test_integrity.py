@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from pipeline import VBMixture, integrity
 from pipeline.cli import app
-from pipeline.integrity import StoreIntegrityWarning
-from pipeline.sources import StoreSource
-from pipeline.store import FeatureStore
+from pipeline.engine.sources import StoreSource
+from pipeline.store.features import FeatureStore
+from pipeline.store.integrity import StoreIntegrityWarning
 from vbcore.errors import StoreError
 
 runner = CliRunner()

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from pipeline import VBMixture
-from pipeline.fit_driver import STOP, stop_on_signals
+from pipeline.fit.driver import STOP, stop_on_signals
+from pipeline.fit.progress import FitProgress
 from pipeline.ingest import ingest
-from pipeline.progress import FitProgress
 from vbcore.errors import FitInterrupted
 
 
@@ -114,7 +114,7 @@ def test_a_resumed_log_holds_each_iteration_once_and_counts_passes_on(data, tmp_
     assert want[-1][1] > 12 and resumed.n_passes_ == full.n_passes_ == want[-1][1]
     event = [r for r in records if "iteration" not in r]
     assert [(r["event"], r["after_iteration"], r["passes"]) for r in event] == [("resumed", 5, want[4][1])]
-    from pipeline.report_curves import data_passes
+    from pipeline.runs.report_curves import data_passes
 
     x, how = data_passes(log.parent, {"elbo_history": list(resumed.lower_bounds_), "learner": "ncg"})
     assert how == "engine passes from iterations.jsonl" and x.tolist() == [p for _, p in want]

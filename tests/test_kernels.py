@@ -5,11 +5,11 @@ import functools
 import numpy as np
 import pytest
 
-from pipeline.engine import split_rows
+from pipeline.engine.engines import split_rows
 from tests._reference import TOL, brute_log_rho, brute_stats
-from vbcore.kernels import chunk_statistics, estep_params, log_rho, normalise, prepare_chunk
-from vbcore.mstep import m_step
-from vbcore.priors import default_prior
+from vbcore.kernels.estep import chunk_statistics, estep_params, log_rho, normalise, prepare_chunk
+from vbcore.model.mstep import m_step
+from vbcore.model.priors import default_prior
 
 TYPES = ["full", "diag", "spherical", "fixed"]
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.checkpoint import RunLock, RunLockedError
+from pipeline.files.locks import RunLock, RunLockedError
 
 N_PROCS = 3
 TRIALS = 50

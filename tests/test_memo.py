@@ -16,18 +16,18 @@ from typer.testing import CliRunner
 
 from pipeline import VBMixture
 from pipeline.cli import app
-from pipeline.engine import LocalEngine, tree_reduce
-from pipeline.fit_driver import CountingEngine
-from pipeline.fit_setup import open_source, setup
-from pipeline.learners import memo as memo_module
-from pipeline.learners.memo import MemoStats, memo_move_kernel, take_memo
-from pipeline.learners.vbem import VBEM, vbem_pass
-from pipeline.store import FeatureStore
+from pipeline.engine.engines import LocalEngine, tree_reduce
+from pipeline.fit.driver import CountingEngine
+from pipeline.fit.learners import memo as memo_module
+from pipeline.fit.learners.memo import MemoStats, memo_move_kernel, take_memo
+from pipeline.fit.learners.vbem import VBEM, vbem_pass
+from pipeline.fit.setup import open_source, setup
+from pipeline.store.features import FeatureStore
 from tests._reference import planted_blobs, same_fit_bits
+from vbcore.data.metrics import nmi
 from vbcore.errors import ConfigError
-from vbcore.kernels import EStepParams, KernelResult, estep_params, vbem_kernel
-from vbcore.metrics import nmi
-from vbcore.move_pass import move_kernel
+from vbcore.kernels.estep import EStepParams, KernelResult, estep_params, vbem_kernel
+from vbcore.moves.estep_pass import move_kernel
 
 RNG = np.random.default_rng(2013)
 CENTRES = RNG.normal(0.0, 4.0, size=(6, 5))
@@ -274,7 +274,7 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
     fitted = _fit(PLANTED, **GROW, learner_options={"memo": 0.25})
     assert fitted.n_effective_ == 20 and seen["births"] >= 2 and seen["rounds"] >= 2
     assert seen["checks"] >= fitted.n_iter_ // 2
-    assert seen["partial"] >= 1  # rounds served by kept shares (pipeline.learners.memo_round) are in it
+    assert seen["partial"] >= 1  # rounds served by kept shares (pipeline.fit.learners.memo_round) are in it
 
 
 def test_a_memoized_fit_with_births_resumes_and_runs_on_dask_with_the_same_bits(tmp_path, client):
@@ -301,7 +301,7 @@ def test_a_scheduled_cold_fit_keeps_growth_and_moves(tmp_path):
     (memo=1 there: plain VB EM's bits, statistics kept): the spec's births and moves stay on (the
     fit finds the 20 planted classes from 5), for a warm refresh's memo=0.1 as well."""
     from flows.schedule import REFRESH_MEMO, refresh_options
-    from pipeline.fitting import fit_run, make_spec
+    from pipeline.service import fit_run, make_spec
 
     assert refresh_options(None, {"moves": "merge"}) == {"moves": "merge", "memo": REFRESH_MEMO}
     assert refresh_options(None, None, cold=True) == {"memo": 1.0}

@@ -1,6 +1,6 @@
 """A move round on memoized statistics (issue 28): each chunk's share of the last round is kept, and a
 later round whose proposal it serves visits only the chunks without one and a regular iteration's
-share (:mod:`pipeline.learners.memo_round`).
+share (:mod:`pipeline.fit.learners.memo_round`).
 
 The round is exact for the kept q(Z): its regular statistics, pair entropies and delete proposal's
 statistics are the bits of recomputing each chunk with the parameters of the round (or visit) that
@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from pipeline.engine import LocalEngine, tree_reduce
-from pipeline.fit_driver import CountingEngine
-from pipeline.fit_setup import open_source, setup
-from pipeline.learners import memo as memo_module
-from pipeline.learners.memo import MemoStats, memo_move_kernel
+from pipeline.engine.engines import LocalEngine, tree_reduce
+from pipeline.fit.driver import CountingEngine
+from pipeline.fit.learners import memo as memo_module
+from pipeline.fit.learners.memo import MemoStats, memo_move_kernel
+from pipeline.fit.setup import open_source, setup
 from tests._reference import planted_blobs, same_fit_bits
-from vbcore.kernels import estep_params
-from vbcore.move_pass import MoveParams, move_kernel
-from vbcore.moves import reindex_pairs
-from vbcore.mstep import m_step
+from vbcore.kernels.estep import estep_params
+from vbcore.model.mstep import m_step
+from vbcore.moves.estep_pass import MoveParams, move_kernel
+from vbcore.moves.exact import reindex_pairs
 
 X, _ = planted_blobs(n=1600, d=6, k=6, seed=7)
 X = X.astype(np.float32)

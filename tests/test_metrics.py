@@ -1,10 +1,10 @@
-"""vbcore.metrics against scikit-learn."""
+"""vbcore.data.metrics against scikit-learn."""
 
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-from vbcore.metrics import acc, ari, contingency, nmi
+from vbcore.data.metrics import acc, ari, contingency, nmi
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from vbcore.elbo import elbo_terms
-from vbcore.kernels import prepare_chunk
-from vbcore.priors import Prior
-from vbcore.sga import (
+from vbcore.kernels.estep import prepare_chunk
+from vbcore.learners.sga import (
     Velocity,
     gradients,
     map_bound,
@@ -21,7 +19,16 @@ from vbcore.sga import (
     reorder,
     sga_step,
 )
-from vbcore.sga_stats import DPPoint, HardStats, hard_kernel, log_stick_weights, map_labels, map_params
+from vbcore.learners.sga_stats import (
+    DPPoint,
+    HardStats,
+    hard_kernel,
+    log_stick_weights,
+    map_labels,
+    map_params,
+)
+from vbcore.model.elbo import elbo_terms
+from vbcore.model.priors import Prior
 
 F64_TOL = 1e-10
 
@@ -80,7 +87,7 @@ def test_hard_kernel_matches_bruteforce_assignments_and_statistics(problem, dtyp
 
 def test_hard_statistics_merge_across_blocks_and_chunks(problem):
     """Rows in two chunks (and in blocks of BLOCK_ROWS inside a chunk) merge to the whole."""
-    import vbcore.sga_stats as sga_mod
+    import vbcore.learners.sga_stats as sga_mod
 
     x, point, prior = problem
     shift = x[0].astype(np.float64)
@@ -317,7 +324,7 @@ def test_threshold_rule_prunes_exactly_the_sticks_under_thr():
     closed form, ``v_k = n_k / (n_k + n_{>k} + a0 - 1)``, give the weights ``pi_k = n_k / (N + a0 - 1)``:
     the default rule (a tenth of the largest weight) keeps the clusters with at least a tenth of the
     largest count whatever a0 (a tenth of the largest *stick* pruned all but one cluster at a0 = 1)."""
-    from vbcore.sga import PRUNE_RELATIVE, default_threshold, mm_sticks
+    from vbcore.learners.sga import PRUNE_RELATIVE, default_threshold, mm_sticks
 
     nk = np.array([5000.0, 2600.0, 900.0, 700.0, 260.0, 120.0, 40.0, 3.0, 0.0])
     for a0 in (nk.sum(), 1.5, 50.0):  # (a0 = 1 with an empty last cluster is 0/0 in closed form)

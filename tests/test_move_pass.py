@@ -1,4 +1,4 @@
-"""The E-step pass of a move round (vbcore.move_pass): the pair entropies on the rows where they are
+"""The E-step pass of a move round (vbcore.moves.estep_pass): the pair entropies on the rows where they are
 non-zero against the dense float64 formula, and the delete proposal's statistics against the
 brute-force statistics of the q(Z) it defines."""
 
@@ -9,11 +9,11 @@ import pytest
 from scipy.special import logsumexp, softmax
 
 from tests._reference import stats_of as _stats
-from vbcore.kernels import estep_params, log_rho, normalise, prepare_chunk, weigh_chunk
-from vbcore.move_pass import GATHER_SHARE, MoveParams, move_kernel, pair_entropy
-from vbcore.moves import reindex_pairs
-from vbcore.mstep import m_step
-from vbcore.priors import default_prior
+from vbcore.kernels.estep import estep_params, log_rho, normalise, prepare_chunk, weigh_chunk
+from vbcore.model.mstep import m_step
+from vbcore.model.priors import default_prior
+from vbcore.moves.estep_pass import GATHER_SHARE, MoveParams, move_kernel, pair_entropy
+from vbcore.moves.exact import reindex_pairs
 
 
 def _dense_h(resp: np.ndarray, pairs: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
@@ -162,7 +162,7 @@ def test_a_round_that_moves_nothing_is_a_regular_pass_bit_for_bit(ct: str, weigh
     round that accepts no move reports a regular iteration's bound. They used to be centred per
     block and merged, which put the bound of a converged 100,000 x 512 fit 0.6 nats below the
     regular pass's, a decrease in the history at every round that found nothing."""
-    from vbcore.kernels import BLOCK_ROWS, vbem_kernel
+    from vbcore.kernels.estep import BLOCK_ROWS, vbem_kernel
 
     x, shift, post = _separated(n=2 * BLOCK_ROWS + 777)
     x = x.astype(np.float32)

@@ -1,4 +1,4 @@
-"""Merge and delete moves (vbcore.moves, pipeline.learners.moves): exact ELBO changes against
+"""Merge and delete moves (vbcore.moves.exact, pipeline.fit.learners.moves): exact ELBO changes against
 brute-force recomputation, acceptance only when the exact ELBO rises, and the learner integration."""
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ import pytest
 from tests._reference import planted_blobs as _planted
 from tests._reference import same_fit_bits as _same_bits
 from tests._reference import stats_of as _stats
-from vbcore.elbo import elbo_terms
-from vbcore.kernels import estep_params, log_rho, normalise, prepare_chunk, vbem_kernel
-from vbcore.move_pass import MoveParams, move_kernel, pair_entropy
-from vbcore.moves import (
+from vbcore.kernels.estep import estep_params, log_rho, normalise, prepare_chunk, vbem_kernel
+from vbcore.model.elbo import elbo_terms
+from vbcore.model.mstep import m_step
+from vbcore.model.priors import default_prior
+from vbcore.moves.estep_pass import MoveParams, move_kernel, pair_entropy
+from vbcore.moves.exact import (
     apply_merges,
     component_terms,
     delete_candidates,
@@ -24,8 +26,6 @@ from vbcore.moves import (
     total_elbo,
     weight_terms,
 )
-from vbcore.mstep import m_step
-from vbcore.priors import default_prior
 
 COV_TYPES = ["full", "diag", "spherical", "fixed"]
 WEIGHT_TYPES = ["dirichlet_process", "dirichlet_distribution"]
@@ -333,9 +333,9 @@ def test_a_round_keeps_the_best_exact_elbo(kinds: str) -> None:
     is kept)."""
     from types import SimpleNamespace
 
-    from pipeline.engine import LocalEngine
-    from pipeline.learners import learner_class
-    from pipeline.learners.moves import Moves
+    from pipeline.engine.engines import LocalEngine
+    from pipeline.fit.learners import learner_class
+    from pipeline.fit.learners.moves import Moves
 
     rng = np.random.default_rng(9)
     centres = np.array([[0.0, 0.0], [9.0, 0.0], [0.0, 9.0]])

@@ -1,4 +1,4 @@
-"""Row normalisation (vbcore.normalize): the transform against a float64 brute force, zero rows, and
+"""Row normalisation (vbcore.data.normalize): the transform against a float64 brute force, zero rows, and
 the feature store's ``normalize`` (ingest --normalize): recorded, applied by every source and every
 append, a conflicting append refused."""
 
@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.ingest import ingest
-from pipeline.integrity import check
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
+from pipeline.store.integrity import check
+from vbcore.data.normalize import normalize_rows
 from vbcore.errors import ConfigError, StoreError
-from vbcore.normalize import normalize_rows
 
 
 def _brute(X: np.ndarray, method: str) -> np.ndarray:
@@ -125,7 +125,7 @@ def test_bundled_and_synthetic_sources(tmp_path, source):
 def test_image_folder_through_an_extractor(tmp_path):
     from PIL import Image
 
-    from pipeline.extractors import ColorHogExtractor
+    from pipeline.extract.extractors import ColorHogExtractor
 
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, size=(12, 10, 3), dtype=np.uint8) for _ in range(5)]

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.ingest import ingest
-from pipeline.report import MARKER, write_report
-from pipeline.runs import assign_store, save_run
-from pipeline.store import FeatureStore
+from pipeline.runs.directory import assign_store, save_run
+from pipeline.runs.report import MARKER, write_report
+from pipeline.store.features import FeatureStore
 from vbcore.errors import InputError, StoreError
 
 runner = CliRunner()

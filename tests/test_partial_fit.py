@@ -3,7 +3,7 @@
 The bound after a call is the exact ELBO of every row seen (the kept statistics of each batch with the
 posterior), it never decreases within a call, one batch of all rows is ``fit`` from the same start,
 and five batches end within 0.1% of ``fit`` on all rows. What ``n_iter_``, ``converged_`` and ``lower_bound_``
-mean follows scikit-learn's conventions for ``partial_fit`` (pipeline/partial.py).
+mean follows scikit-learn's conventions for ``partial_fit`` (pipeline/fit/partial.py).
 """
 
 import warnings
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from pipeline.engine import tree_reduce
+from pipeline.engine.engines import tree_reduce
 from tests._reference import planted_blobs, same_fit_bits
-from vbcore.elbo import elbo_terms
 from vbcore.errors import ConfigError, InputError
+from vbcore.model.elbo import elbo_terms
 
 RNG = np.random.default_rng(8714)
 CENTRES = RNG.normal(0.0, 5.0, size=(5, 4))
@@ -114,7 +114,7 @@ def test_later_calls_re_estimate_the_free_hyperparameters_as_fit_does():
     """With the pipeline's empirical priors ``beta0`` is re-estimated after every M-step, in later
     calls too (before, they kept the first batch's): it is the bound's maximiser given the final
     posterior, the bound is exact under that prior and never decreases within a call."""
-    from vbcore.empirical import best_mean_precision
+    from vbcore.model.empirical import best_mean_precision
 
     kw = {**KW, "prior_defaults": "empirical"}
     model = VBMixture(**kw)
@@ -157,7 +157,7 @@ def test_the_prior_follows_every_row_seen(defaults):
 def test_a_call_that_fails_changes_nothing(monkeypatch):
     """A batch whose pass fails (a worker lost, say) leaves the model as it was: its prior, kept
     statistics and moments; the next call folds the batch in as if the failure had not happened."""
-    import pipeline.partial
+    import pipeline.fit.partial
 
     kw = {**KW, "prior_defaults": "empirical"}
     model, twin = VBMixture(**kw), VBMixture(**kw)
@@ -172,7 +172,7 @@ def test_a_call_that_fails_changes_nothing(monkeypatch):
         raise RuntimeError("the pass failed")
 
     with monkeypatch.context() as patch:
-        patch.setattr(pipeline.partial, "vbem_pass", broken)
+        patch.setattr(pipeline.fit.partial, "vbem_pass", broken)
         with pytest.raises(RuntimeError, match="the pass failed"):
             model.partial_fit(batches[2])
     assert model.partial_state_.prior is prior and model.prior_ is prior

@@ -1,4 +1,5 @@
-"""The posterior predictive density (vbcore/predictive.py) for every covariance type, against scipy.stats
+"""The posterior predictive density (vbcore/model/predictive.py) for every covariance type, against
+scipy.stats
 densities, numerical integrals over the precision, and its normalisation."""
 
 import numpy as np
@@ -8,10 +9,10 @@ from scipy import stats as st
 from scipy.special import gammaln, logsumexp
 
 from pipeline import VBMixture
-from vbcore.kernels import chunk_statistics, prepare_chunk
-from vbcore.mstep import m_step
-from vbcore.predictive import component_predictive, posterior_predictive_logpdf
-from vbcore.priors import COVARIANCE_TYPES, default_prior
+from vbcore.kernels.estep import chunk_statistics, prepare_chunk
+from vbcore.model.mstep import m_step
+from vbcore.model.predictive import component_predictive, posterior_predictive_logpdf
+from vbcore.model.priors import COVARIANCE_TYPES, default_prior
 
 
 def _model(ct, d=3, k=3, n=200, seed=0):

@@ -11,8 +11,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.progress import FitProgress, eta
-from pipeline.runs import read_result
+from pipeline.fit.progress import FitProgress, eta
+from pipeline.runs.directory import read_result
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from vbcore.stats import SuffStats
+from vbcore.model.stats import SuffStats
 
 
 def projected(n: int = 6000, d: int = 12, seed: int = 0) -> np.ndarray:

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from pipeline.engine import DaskEngine, LocalEngine
-from pipeline.learners import LEARNERS
-from pipeline.projection import data_moments, projection_pass
-from pipeline.sources import ArraySource, StoreSource
-from pipeline.store import FeatureStore
+from pipeline.engine.engines import DaskEngine, LocalEngine
+from pipeline.engine.sources import ArraySource, StoreSource
+from pipeline.fit.learners import LEARNERS
+from pipeline.fit.projection import data_moments, projection_pass
+from pipeline.store.features import FeatureStore
 from tests._reference import planted_blobs, same_fit_bits
+from vbcore.data.projection import BLOCK_ROWS, RowMoments, fit_projection, row_moments
 from vbcore.errors import ConfigError, InputError
-from vbcore.projection import BLOCK_ROWS, RowMoments, fit_projection, row_moments
 
 F64 = 1e-10  # the named tolerance of float64 results against NumPy
 F32 = 1e-6  # float32 rows: float32 GEMMs summed in float64
@@ -154,7 +154,7 @@ def test_predict_applies_the_projection():
 
 
 def _terms(m):
-    from vbcore.elbo import ElboTerms
+    from vbcore.model.elbo import ElboTerms
 
     return ElboTerms(**{k: m.elbo_terms_[k] for k in ("log_likelihood", "kl_assignments", "kl_weights",
                                                       "kl_components")})
@@ -221,8 +221,8 @@ def test_cli_fit_assign_and_warm_start_from_a_run(tmp_path):
     from typer.testing import CliRunner
 
     from pipeline.cli import app
-    from pipeline.fitting import fit_run, make_spec
-    from pipeline.runs import assign_store, load_model
+    from pipeline.runs.directory import assign_store, load_model
+    from pipeline.service import fit_run, make_spec
 
     runner = CliRunner()
     store = _store(tmp_path / "s.zarr", 700)
@@ -254,7 +254,7 @@ def test_cli_fit_assign_and_warm_start_from_a_run(tmp_path):
 
 def test_scheduled_refresh_keeps_the_projection_of_its_warm_start(tmp_path, prefect_api):
     from flows.schedule import refresh_flow
-    from pipeline.runs import load_model
+    from pipeline.runs.directory import load_model
 
     store = _store(tmp_path / "s.zarr", 600)
     out = str(tmp_path / "pub")
@@ -270,7 +270,7 @@ def test_scheduled_refresh_keeps_the_projection_of_its_warm_start(tmp_path, pref
 
 
 def test_restarts_share_one_projection_pass(monkeypatch):
-    import pipeline.fit_setup as fit_setup
+    import pipeline.fit.setup as fit_setup
 
     calls = []
     real = fit_setup.projection_pass

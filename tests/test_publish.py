@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.fitting import fit_run, make_spec, warm_start_problem
-from pipeline.publish import claim_version, latest, plan_refresh, publish, version_dirs
-from pipeline.runs import load_model, read_result
-from pipeline.store import FeatureStore
+from pipeline.runs.directory import load_model, read_result
+from pipeline.runs.publish import claim_version, latest, plan_refresh, publish, version_dirs
+from pipeline.service import fit_run, make_spec, warm_start_problem
+from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError
 
 

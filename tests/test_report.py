@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.ingest import ingest
-from pipeline.report import EMPTY_COLOUR, USED_COLOUR, sizes_plot, sizes_title, write_report
-from pipeline.report_curves import bound_kind, comparable_groups, data_passes, minibatch_step
-from pipeline.runs import assign_store, read_result, save_run
+from pipeline.runs.directory import assign_store, read_result, save_run
+from pipeline.runs.report import EMPTY_COLOUR, USED_COLOUR, sizes_plot, sizes_title, write_report
+from pipeline.runs.report_curves import bound_kind, comparable_groups, data_passes, minibatch_step
 from vbcore.errors import InputError
 
 runner = CliRunner()
@@ -226,7 +226,7 @@ def test_report_reads_the_runs_own_assignments_only(tmp_path):
 
 def test_minibatch_estimates_show_their_standard_error(tmp_path):
     """The bound cell gives the estimates' median standard error per row; the panel draws a band."""
-    from pipeline.report_curves import bound_label, elbo_figures, history_se
+    from pipeline.runs.report_curves import bound_label, elbo_figures, history_se
 
     base = {"learner": "sga-f", "elbo_history": [-3.0, -2.0, -1.5], "elbo": -1.4, "n_rows": 1000,
             "settings": {"learner_options": {"minibatch": 250}}}

@@ -1,4 +1,4 @@
-"""The report's clusters: per cluster its size and its most typical rows (pipeline/typical.py, found
+"""The report's clusters: per cluster its size and its most typical rows (pipeline/runs/typical.py, found
 in one pass over the chunks, on both engines), shown by id, with thumbnails for a store ingested from
 images, by id only (and saying why) when the images are gone or changed; every id escaped."""
 
@@ -20,14 +20,14 @@ from typer.testing import CliRunner
 
 from pipeline import VBMixture
 from pipeline.cli import app
-from pipeline.engine import DaskEngine, LocalEngine
+from pipeline.engine.engines import DaskEngine, LocalEngine
+from pipeline.engine.sources import ArraySource
 from pipeline.ingest import ingest
-from pipeline.report import write_report
-from pipeline.runs import assign_rows, save_run
-from pipeline.sources import ArraySource
-from pipeline.store import FeatureStore
-from pipeline.typical import top_per_cluster, typical_rows
-from vbcore.kernels import estep_params, log_rho, prepare_chunk
+from pipeline.runs.directory import assign_rows, save_run
+from pipeline.runs.report import write_report
+from pipeline.runs.typical import top_per_cluster, typical_rows
+from pipeline.store.features import FeatureStore
+from vbcore.kernels.estep import estep_params, log_rho, prepare_chunk
 
 
 @pytest.fixture(scope="module")

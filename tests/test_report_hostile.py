@@ -18,8 +18,8 @@ import pytest
 
 from pipeline import VBMixture
 from pipeline.ingest import ingest
-from pipeline.report import write_report
-from pipeline.runs import save_run
+from pipeline.runs.directory import save_run
+from pipeline.runs.report import write_report
 from vbcore.errors import InputError
 
 SCRIPT = "<script>alert(1)</script>"

@@ -18,8 +18,8 @@ from PIL import Image
 
 from pipeline import VBMixture
 from pipeline.ingest import ingest
-from pipeline.report import CSS, write_report
-from pipeline.runs import save_run
+from pipeline.runs.directory import save_run
+from pipeline.runs.report import CSS, write_report
 
 PHONE_CONTENT_PX = 390 - 2 * 7.5  # a 390 px window less the page's .5em padding at 15 px
 PAGE_PX = 1200  # body max-width: the page's width in a 1280 px window

@@ -11,8 +11,8 @@ import numpy as np
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.fitting import make_spec, read_spec
-from pipeline.store import FeatureStore
+from pipeline.service import make_spec, read_spec
+from pipeline.store.features import FeatureStore
 
 runner = CliRunner()
 

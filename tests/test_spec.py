@@ -1,4 +1,4 @@
-"""One fit specification everywhere (pipeline.spec): the table, its round trip, every learner by its
+"""One fit specification everywhere (pipeline.fit.spec): the table, its round trip, every learner by its
 name alone through the estimator, the CLI, cluster_flow and the scheduled refresh, and refused
 commands that change no file."""
 
@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from pipeline import VBMixture
-from pipeline.fitting import make_spec, read_spec
+from pipeline.fit.learners import LEARNERS
+from pipeline.fit.spec import FitSpec, coerce, defaults
 from pipeline.ingest import ingest
-from pipeline.learners import LEARNERS
-from pipeline.spec import FitSpec, coerce, defaults
+from pipeline.service import make_spec, read_spec
 from vbcore.errors import ConfigError
 
 LEARNER_NAMES = sorted(LEARNERS)

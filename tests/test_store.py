@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.store import FORMAT, SCHEMA_VERSION, FeatureStore
+from pipeline.store.features import FORMAT, SCHEMA_VERSION, FeatureStore
 from vbcore.errors import InputError, StoreError
 
 
@@ -117,7 +117,7 @@ def test_open_errors(tmp_path, store):
 
 _APPENDER = textwrap.dedent("""
     import sys, numpy as np
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
     path, n_batches = sys.argv[1], int(sys.argv[2])
     s = FeatureStore.open(path, "r+")
     def batches():
@@ -159,7 +159,7 @@ def test_sigkill_during_append_leaves_the_store_as_it_was(store, tmp_path, seed)
 
 def test_journal_metadata_is_json(store, tmp_path):
     """A journal left by a kill is plain files; rollback restores the old shape from them."""
-    from pipeline.store_journal import begin, journal_path
+    from pipeline.store.journal import begin, journal_path
 
     s = FeatureStore.open(store.path, "r+")
     begin(tmp_path / "s.zarr", s.group, 20, 8)
@@ -178,7 +178,7 @@ def test_a_writable_open_removes_a_journal_left_before_the_start_or_in_the_commi
     """A kill between creating ``.append-journal.tmp`` and renaming it leaves the ``.tmp``; a kill in
     the commit leaves ``.done``. Neither describes the store: the next writable open removes it and
     the rows stay as they are."""
-    from pipeline.store_journal import journal_paths
+    from pipeline.store.journal import journal_paths
 
     fp = FeatureStore.open(store.path).fingerprint
     left = tmp_path / f"s.zarr.append-journal{suffix}"

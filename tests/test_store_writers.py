@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.integrity import check
-from pipeline.store import AppendLock, FeatureStore
+from pipeline.store.features import AppendLock, FeatureStore
+from pipeline.store.integrity import check
 from vbcore.errors import StoreError
 
 TIMEOUT = 600  # a safety bound only: under a load of 40 on 2 cores a spawned child took minutes to start
@@ -207,7 +207,7 @@ def test_a_crashed_writers_lock_is_taken_over(tmp_path):
     path = str(tmp_path / "s.zarr")
     _store(path)
     code = ("import sys, numpy as np\n"
-            "from pipeline.store import FeatureStore\n"
+            "from pipeline.store.features import FeatureStore\n"
             "def b():\n"
             "    yield np.ones((9, 4), np.float32), np.ones(9, np.int64), None\n"
             "    print('started', flush=True); sys.stdin.readline()\n"
@@ -267,8 +267,8 @@ def test_a_reused_pid_does_not_keep_the_append_lock(tmp_path):
     the dead writer's pid is another process, so its lock is stale and the journal is rolled back."""
     from pathlib import Path
 
-    from pipeline.leftovers import process_record
-    from pipeline.store_journal import begin
+    from pipeline.files.leftovers import process_record
+    from pipeline.store.journal import begin
 
     path = str(tmp_path / "s.zarr")
     _store(path)

@@ -14,11 +14,10 @@ from scipy.special import digamma, gammaln
 from sklearn.datasets import load_breast_cancer, load_iris, load_wine
 
 from pipeline import VBMixture
-from pipeline.learners import LEARNERS
+from pipeline.fit.learners import LEARNERS
 from tests._reference import SklearnFromResp, log_evidence_normal_wishart
-from vbcore.elbo import elbo_terms
 from vbcore.errors import ConfigError
-from vbcore.kernels import (
+from vbcore.kernels.estep import (
     KernelResult,
     chunk_statistics,
     estep_params,
@@ -27,10 +26,11 @@ from vbcore.kernels import (
     responsibilities,
     vbem_kernel,
 )
-from vbcore.mstep import m_step
-from vbcore.pattern import PatternLine
-from vbcore.priors import COVARIANCE_TYPES, default_prior
-from vbcore.stats import SuffStats
+from vbcore.learners.pattern import PatternLine
+from vbcore.model.elbo import elbo_terms
+from vbcore.model.mstep import m_step
+from vbcore.model.priors import COVARIANCE_TYPES, default_prior
+from vbcore.model.stats import SuffStats
 
 RTOL = 1e-8
 DATASETS = {"iris": lambda: load_iris().data, "wine": lambda: load_wine().data,
@@ -422,8 +422,8 @@ def test_warm_start_and_sample_free_attributes():
 def test_store_fit_is_bitwise_on_local_and_dask_and_round_trips_a_run_directory(tmp_path, client):
     """Real Zarr store, real two-process Dask cluster: the same bits as the local engine; the run
     directory (posterior.npz) rebuilds a model that predicts the same."""
-    from pipeline.runs import load_model, save_run
-    from pipeline.store import FeatureStore
+    from pipeline.runs.directory import load_model, save_run
+    from pipeline.store.features import FeatureStore
 
     X = _blobs(n=1500, d=4, seed=11).astype(np.float32)
     path = tmp_path / "blobs.zarr"

@@ -1,4 +1,4 @@
-"""Moves with the truncated E-step (vbcore.trunc_moves, VB EM with ``candidates`` and ``moves``): the
+"""Moves with the truncated E-step (vbcore.moves.truncated, VB EM with ``candidates`` and ``moves``): the
 exact change of the truncated ELBO against brute-force recomputation from dense float64 weights, and
 the learner: monotone, K found, resume bitwise, the same bits on Dask."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vbcore.elbo import elbo_terms
-from vbcore.kernels import chunk_statistics, estep_params, log_rho, prepare_chunk
-from vbcore.move_pass import pair_entropy
-from vbcore.moves import apply_merges, reindex_pairs, total_elbo
-from vbcore.mstep import m_step
-from vbcore.priors import default_prior
-from vbcore.trunc_moves import TruncMoveRequest, candidate_pair_entropy
-from vbcore.truncated import CandidateState, initial_neighbours, truncated_kernel, truncated_params
+from vbcore.kernels.estep import chunk_statistics, estep_params, log_rho, prepare_chunk
+from vbcore.kernels.truncated import CandidateState, initial_neighbours, truncated_kernel, truncated_params
+from vbcore.model.elbo import elbo_terms
+from vbcore.model.mstep import m_step
+from vbcore.model.priors import default_prior
+from vbcore.moves.estep_pass import pair_entropy
+from vbcore.moves.exact import apply_merges, reindex_pairs, total_elbo
+from vbcore.moves.truncated import TruncMoveRequest, candidate_pair_entropy
 
 
 def _stats(x, resp, ct, shift):
@@ -195,8 +195,8 @@ def test_sun397_study_entry_on_a_small_store(tmp_path) -> None:
 
 
 def test_partition_bounds_match_a_direct_computation(tmp_path) -> None:
+    from pipeline.engine.sources import StoreSource
     from pipeline.ingest import ingest
-    from pipeline.sources import StoreSource
     from pipeline.studies.moves_sun397 import partition_bounds
 
     store = str(tmp_path / "b.zarr")

@@ -1,4 +1,4 @@
-"""The truncated E-step (vbcore.truncated) against the exact one and float64 brute force."""
+"""The truncated E-step (vbcore.kernels.truncated) against the exact one and float64 brute force."""
 
 from __future__ import annotations
 
@@ -6,11 +6,8 @@ import numpy as np
 import pytest
 
 from tests._reference import brute_log_rho, brute_stats
-from vbcore.elbo import elbo_terms
-from vbcore.kernels import chunk_statistics, estep_params, prepare_chunk, responsibilities, vbem_kernel
-from vbcore.mstep import m_step
-from vbcore.priors import default_prior
-from vbcore.truncated import (
+from vbcore.kernels.estep import chunk_statistics, estep_params, prepare_chunk, responsibilities, vbem_kernel
+from vbcore.kernels.truncated import (
     CandidateState,
     NeighbourScores,
     compose_remaps,
@@ -21,6 +18,9 @@ from vbcore.truncated import (
     truncated_params,
     update_neighbours,
 )
+from vbcore.model.elbo import elbo_terms
+from vbcore.model.mstep import m_step
+from vbcore.model.priors import default_prior
 
 TYPES = ["full", "tied", "diag", "spherical", "fixed"]
 WEIGHTS = ["dirichlet_process", "dirichlet_distribution"]
@@ -210,7 +210,7 @@ def test_pruned_candidates_are_remapped(data, ct):
     state, res = truncated_kernel(chunk, CandidateState(0), params)
     kept = np.setdiff1d(np.arange(k), state.idx[0])  # row 0 loses every candidate
     post2 = m_step(res.stats, prior)
-    from pipeline.learners.vbem import prune_components
+    from pipeline.fit.learners.vbem import prune_components
 
     mask = np.zeros(k, dtype=bool)
     mask[kept] = True
@@ -232,8 +232,8 @@ def test_pruned_candidates_are_remapped(data, ct):
 
 # ---- the learner: options, fits, checkpoints, engines -------------------------------------------------
 from pipeline import VBMixture  # noqa: E402
-from pipeline.engine import LocalEngine  # noqa: E402
-from pipeline.store import FeatureStore  # noqa: E402
+from pipeline.engine.engines import LocalEngine  # noqa: E402
+from pipeline.store.features import FeatureStore  # noqa: E402
 from vbcore.errors import ConfigError  # noqa: E402
 
 
@@ -342,7 +342,7 @@ def test_dask_resume_matches_local_run(tmp_path, client, store):
 
 
 def test_automatic_candidates_rule():
-    from pipeline.learners.truncated import AUTO_CANDIDATES, AUTO_MIN_COMPONENTS, auto_candidates
+    from pipeline.fit.learners.truncated import AUTO_CANDIDATES, AUTO_MIN_COMPONENTS, auto_candidates
 
     k = AUTO_MIN_COMPONENTS
     assert auto_candidates(k, "diag") == AUTO_CANDIDATES == 3

@@ -1,4 +1,4 @@
-"""The MAP learners' candidate search (vbcore.truncated_map): the exact argmax when every cluster is
+"""The MAP learners' candidate search (vbcore.kernels.truncated_map): the exact argmax when every cluster is
 searched, never a worse label than the previous one, bitwise resume and engine equality."""
 
 from __future__ import annotations
@@ -10,13 +10,18 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError
-from vbcore.kernels import prepare_chunk
-from vbcore.neighbours import pivot_clusters
-from vbcore.sga_stats import DPPoint, hard_kernel, map_params
-from vbcore.truncated import CandidateState
-from vbcore.truncated_map import MapSearchResult, map_initial_neighbours, map_search_kernel, map_search_params
+from vbcore.kernels.estep import prepare_chunk
+from vbcore.kernels.neighbours import pivot_clusters
+from vbcore.kernels.truncated import CandidateState
+from vbcore.kernels.truncated_map import (
+    MapSearchResult,
+    map_initial_neighbours,
+    map_search_kernel,
+    map_search_params,
+)
+from vbcore.learners.sga_stats import DPPoint, hard_kernel, map_params
 
 warnings.filterwarnings("ignore", message="Best performing initialization did not converge")
 
@@ -206,7 +211,7 @@ def test_options_are_checked(blobs):
 def test_pruning_relabels_the_search_instead_of_restarting_it(blobs, monkeypatch, learner):
     """Pruned and re-ordered clusters are relabelled in the stored candidates; the search starts
     once per fit (a restart every iteration would forget every row's candidates)."""
-    from pipeline.learners.truncated import MapSearch
+    from pipeline.fit.learners.truncated import MapSearch
 
     calls = []
     original = MapSearch.start_point

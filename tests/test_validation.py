@@ -1,11 +1,12 @@
-"""vbcore.validation: the one row validator (estimator arrays, ingest files and batches, store chunks)."""
+"""vbcore.data.validation: the one row validator (estimator arrays, ingest files and batches, store
+chunks)."""
 
 import numpy as np
 import pytest
 from scipy import sparse
 
+from vbcore.data.validation import as_rows, check_finite, check_layout, row_is_finite
 from vbcore.errors import InputError, InputTypeError
-from vbcore.validation import as_rows, check_finite, check_layout, row_is_finite
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from pipeline.store import FeatureStore
+from pipeline.store.features import FeatureStore
 from vbcore.errors import InputError
 
 RNG = np.random.default_rng(28)

@@ -1,7 +1,11 @@
 """vbcore: the math of vbcluster (priors, posteriors, chunk kernels, M-step, exact ELBO).
 
-Imports numpy and scipy only. Chunk kernels take their array namespace from their inputs, so they run
-on NumPy or CuPy arrays. Equation numbers in docstrings refer to the papers in docs/references.md.
+Imports numpy and scipy only. Four subpackages: :mod:`vbcore.model` (the model and its exact bound),
+:mod:`vbcore.kernels` (chunk kernels, the truncated E-step among them), :mod:`vbcore.learners` (the
+learners' math beyond VB EM), :mod:`vbcore.moves` (merges and deletes); :mod:`vbcore.data` (rows:
+validation, normalisation, projection, metrics) and :mod:`vbcore.errors` beside them. Chunk kernels
+take their array namespace from their inputs, so they run on NumPy or CuPy arrays. Equation numbers in
+docstrings refer to the papers in docs/references.md.
 
 The names below are imported on first use (module ``__getattr__``): ``vbcore.errors`` alone, which
 the command line needs for its help, does not load SciPy.
@@ -9,27 +13,16 @@ the command line needs for its help, does not load SciPy.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vbcore.lazy import exports
 
 #: where each public name lives
-_HOME = {
-    "ElboTerms": "elbo", "elbo_terms": "elbo",
+__getattr__, __dir__ = exports(__name__, {
+    "ElboTerms": "model.elbo", "elbo_terms": "model.elbo",
     "ConfigError": "errors", "InputError": "errors", "NumericalError": "errors", "VBClusterError": "errors",
-    "Chunk": "kernels", "EStepParams": "kernels", "chunk_statistics": "kernels", "estep_params": "kernels",
-    "prepare_chunk": "kernels", "vbem_kernel": "kernels",
-    "m_step": "mstep", "normalize_rows": "normalize", "Posterior": "posterior",
-    "COVARIANCE_TYPES": "priors", "WEIGHT_TYPES": "priors", "Prior": "priors", "default_prior": "priors",
-    "SuffStats": "stats",
-}
+    "Chunk": "kernels.estep", "EStepParams": "kernels.estep", "chunk_statistics": "kernels.estep",
+    "estep_params": "kernels.estep", "prepare_chunk": "kernels.estep", "vbem_kernel": "kernels.estep",
+    "m_step": "model.mstep", "normalize_rows": "data.normalize", "Posterior": "model.posterior",
+    "COVARIANCE_TYPES": "model.priors", "WEIGHT_TYPES": "model.priors", "Prior": "model.priors",
+    "default_prior": "model.priors", "SuffStats": "model.stats",
+})
 # no __all__: the documentation lists each name in its module (pdoc cannot follow __getattr__)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(f"vbcore.{_HOME[name]}"), name)
-    raise AttributeError(f"module 'vbcore' has no attribute {name!r}")

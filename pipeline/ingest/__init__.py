@@ -22,7 +22,7 @@ Sources (the ``source`` string; see docs/ingest.md for every option):
 The package has one reader module per source kind (``numpy_files``: .npy/.npz, ``hdf5``, ``tables``:
 Parquet/CSV, ``images``: image folders, ``bundled``: digits and ``image:NAME``, ``synthetic``), each
 turning a source into a :class:`~pipeline.ingest.plan.Plan`, and ``writer``, which streams a plan into
-a store (one append transaction, or a new store moved into place whole with :mod:`pipeline.atomic`).
+a store (one append transaction, or a new store moved into place whole with :mod:`pipeline.files.atomic`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 import zarr
 
-from pipeline import leftovers
+from pipeline.files import leftovers
 from pipeline.ingest.bundled import MAX_IMAGE_PIXELS, bundled_images, read_digits, read_image
 from pipeline.ingest.fingerprint import find_duplicate, source_fingerprint
 from pipeline.ingest.hdf5 import read_hdf5
@@ -47,7 +47,7 @@ from pipeline.ingest.plan import Batch, Plan, as_int, with_weights
 from pipeline.ingest.synthetic import SYNTHETIC_DEFAULTS, read_synthetic, synthetic_class_sizes
 from pipeline.ingest.tables import read_csv, read_parquet
 from pipeline.ingest.writer import check_target, counted, store_normalization, write_plan
-from pipeline.spec import CHUNK_ROWS
+from pipeline.store import CHUNK_ROWS
 from vbcore.errors import ConfigError, InputError, StoreError
 
 __all__ = ["ingest", "IngestReport", "bundled_images", "synthetic_class_sizes", "SYNTHETIC_DEFAULTS",
@@ -84,7 +84,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     source : str
         A file path (.npy, .npz, .h5/.hdf5, .parquet, .csv), an image folder, tar shards of images
         (``*.tar``), a text file listing image paths (``.txt``/``.lst``; images go through
-        :mod:`pipeline.extract`), ``'digits'``, ``'image:NAME'`` or ``'synthetic'``.
+        :mod:`pipeline.extract.extraction`), ``'digits'``, ``'image:NAME'`` or ``'synthetic'``.
     out : path
         The store. It must not exist unless ``append`` (add rows to it) or ``overwrite`` (replace it,
         only once the new store is complete).
@@ -104,7 +104,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     weights : str, optional
         A .npy file of row weights, one per source row (finite, >= 0): the store's ``weights``.
     normalize : {'none', 'l2', 'power-l2'}, optional
-        A new store's row normalisation (:mod:`vbcore.normalize`; default ``'none'``), recorded in its
+        A new store's row normalisation (:mod:`vbcore.data.normalize`; default ``'none'``), recorded in its
         ``normalize`` attribute; an append applies the store's and refuses a different one.
     allow_duplicate : bool
         Append a source that the store already holds (same source fingerprint,
@@ -118,8 +118,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     -------
     IngestReport
     """
-    # ---- image sources (folders, tar shards, image lists): sharded extraction in pipeline/extract.py --
-    from pipeline.extract import ingest_images, is_image_source
+    # ---- image sources (folders, tar shards, image lists): sharded extraction in pipeline/extract/ ----
+    from pipeline.extract.extraction import ingest_images, is_image_source
 
     leftovers.clean(out)  # temporaries of killed ingests into ``out`` whose writer is gone
     if is_image_source(str(source)):
@@ -164,7 +164,7 @@ def _report(store: Any, written: int, source: str, t0: float, plan: Plan) -> Ing
 
 def refuse_duplicate(out: Path, source: str, fingerprint: str) -> None:
     """Refuse to append a source whose fingerprint the store at ``out`` already records."""
-    from pipeline.store import FeatureStore
+    from pipeline.store.features import FeatureStore
 
     rec = find_duplicate(list(FeatureStore.open(out, "r").attrs.get("appends", [])), fingerprint)
     if rec is not None:
@@ -185,7 +185,7 @@ def open_source(source: str, labels: str | None, ids: str | None, options: dict[
         return read_synthetic(labels, ids, options, chunk_rows)
     if source.startswith("image:"):
         return read_image(source[len("image:"):], labels, ids, options)
-    path = Path(source)  # image folders, tar shards and lists went to pipeline.extract in ingest()
+    path = Path(source)  # image folders, tar shards and lists went to pipeline.extract.extraction in ingest()
     suffix = path.suffix.lower()
     if suffix not in FILE_SUFFIXES:
         raise ConfigError(

@@ -14,7 +14,7 @@ A fingerprint is the sha256 of a canonical JSON description of the rows a source
 * ``digits`` and ``image:NAME``: the name and the options.
 
 Image folders, tar shards and image lists are not fingerprinted: their appends add only the images
-the store does not hold yet (the image manifest, :mod:`pipeline.image_store`).
+the store does not hold yet (the image manifest, :mod:`pipeline.extract.image_store`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.ingest.plan import Batch, Plan, check_side_shape, id_kind, no_more_options, row_slices
+from vbcore.data.validation import check_layout
 from vbcore.errors import InputError
-from vbcore.validation import check_layout
 
 
 # ---- HDF5 ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Image files for the readers that decode images themselves (``image:NAME``). Image folders, tar
-shards and image lists go through :mod:`pipeline.extract` (sharded, resumable extraction)."""
+shards and image lists go through :mod:`pipeline.extract.extraction` (sharded, resumable extraction)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.image_sources import IMAGE_SUFFIXES, decode_rgb
+from pipeline.extract.image_sources import IMAGE_SUFFIXES, decode_rgb
 
 __all__ = ["IMAGE_SUFFIXES", "read_rgb"]
 
 
 def read_rgb(path: Path) -> np.ndarray:
     """An image file as an RGB array of shape (height, width, 3), uint8
-    (:func:`pipeline.image_sources.decode_rgb`: 16-bit kept in range, the decoding bounded)."""
+    (:func:`pipeline.extract.image_sources.decode_rgb`: 16-bit kept in range, the decoding bounded)."""
     return decode_rgb(path)

@@ -36,7 +36,7 @@ class Plan:
 
 def with_weights(plan: Plan, path: str | None) -> Plan:
     """``plan`` with the row weights of the .npy file ``path`` (one per source row, in order) added to
-    every batch; the store checks them (:func:`vbcore.validation.check_weights`). A file with fewer
+    every batch; the store checks them (:func:`vbcore.data.validation.check_weights`). A file with fewer
     or more weights than the source has rows is an error (an append is then rolled back). ``path``
     None: the plan as it is (a store without weights)."""
     if path is None:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.ingest.plan import Batch, Plan, as_int, as_list, no_more_options
+from vbcore.data.limits import check_magnitude
 from vbcore.errors import ConfigError, InputError
-from vbcore.limits import check_magnitude
 
 
 # ---- Parquet and CSV ----------------------------------------------------------------------------
@@ -51,7 +51,7 @@ def _columns(where: str, schema: Any, labels: str | None, ids: str | None,
 def _arrow_batch(batch: Any, feats: list[str], labels: str | None, ids: str | None, where: str,
                  first_row: int) -> Batch:
     """One Arrow record batch as float32 features (labels, ids); each column's magnitudes are checked
-    in the column's own type before the cast, so 1e300 is reported as 1e300 (:mod:`vbcore.limits`)."""
+    in the column's own type before the cast, so 1e300 is reported as 1e300 (:mod:`vbcore.data.limits`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import leftovers
-from pipeline.atomic import replace_dir
+from pipeline.files import leftovers
+from pipeline.files.atomic import replace_dir
 from pipeline.ingest.plan import Batch, Plan
-from pipeline.store import FeatureStore
-from pipeline.store_journal import AppendLock, journal_paths
+from pipeline.store.features import FeatureStore
+from pipeline.store.journal import AppendLock, journal_paths
+from vbcore.data.normalize import check_normalization
 from vbcore.errors import ConfigError, StoreError
-from vbcore.normalize import check_normalization
 
 #: the chunk of a store made from a source smaller than the ``chunk_rows`` asked for (the default)
 SMALL_SOURCE_CHUNK_ROWS = 8192
@@ -92,7 +92,7 @@ def check_target(out: Path, append: bool, overwrite: bool) -> None:
 
 
 def store_normalization(out: Path, append: bool, normalize: str | None) -> str:
-    """The row normalisation of an ingest into ``out`` (:mod:`vbcore.normalize`): a new store takes
+    """The row normalisation of an ingest into ``out`` (:mod:`vbcore.data.normalize`): a new store takes
     ``normalize`` (None: ``'none'``); an append applies the one the store recorded when it was
     created, and refuses an explicit ``normalize`` that differs from it."""
     asked = None if normalize is None else check_normalization(normalize, "--normalize (normalize=)")

@@ -159,6 +159,6 @@ def one_blas_thread() -> Iterator[None]:
 
 def available_learners() -> tuple[str, ...]:
     """Names of the learners ``VBMixture(learner=...)`` accepts in this installation."""
-    from pipeline.learners import LEARNERS
+    from pipeline.fit.learners import LEARNERS
 
     return tuple(LEARNERS)

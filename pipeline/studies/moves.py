@@ -51,8 +51,8 @@ def _data(name: str, folder: Path, seed: int, quick: bool) -> tuple[Any, np.ndar
     if name == "planted":
         x, y = _planted(20_000, 32, 40, seed)
         return x, y, x
+    from pipeline.engine.sources import StoreSource
     from pipeline.ingest import ingest
-    from pipeline.sources import StoreSource
 
     path = folder / "stores" / f"synthetic100-20000x64-s{seed}.zarr"
     if not path.exists():
@@ -73,8 +73,8 @@ def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, 
     from sklearn.metrics import normalized_mutual_info_score
 
     from pipeline import VBMixture
-    from pipeline.learners.dpm import estimate_fixed_variance
-    from vbcore.metrics import acc
+    from pipeline.fit.learners.dpm import estimate_fixed_variance
+    from vbcore.data.metrics import acc
 
     ct = LEARNERS.get(learner, ("fixed",))[0]  # mm: 'fixed', as the SGA learners
     opts: dict[str, Any] = {"moves": moves, **(options or {})}
@@ -92,7 +92,7 @@ def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, 
     model.fit(data)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if isinstance(data, str):
-        from pipeline.sources import StoreSource
+        from pipeline.engine.sources import StoreSource
 
         src = StoreSource(data)
         pred = np.concatenate([model.predict(src.load(i)) for i in range(len(src.chunk_slices()))])
@@ -109,15 +109,15 @@ def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, 
 def full_data_merges(model: Any, data: Any, pred: np.ndarray, neighbours: int = 8) -> dict[str, float]:
     """The merges the full data's exact ELBO accepts at a hard learner's final point: the hard
     statistics of every row under ``pred`` (one pass, float64), pairs among each cluster's
-    ``neighbours`` nearest means, :func:`vbcore.hard_moves.select_hard_merges` (the learners' own
+    ``neighbours`` nearest means, :func:`vbcore.moves.hard.select_hard_merges` (the learners' own
     rule; a fit with merges on should leave none)."""
-    from vbcore.hard_moves import nearest_pairs, select_hard_merges
-    from vbcore.kernels import chunk_statistics, prepare_chunk
+    from vbcore.kernels.estep import chunk_statistics, prepare_chunk
+    from vbcore.moves.hard import nearest_pairs, select_hard_merges
 
     prior, means = model.prior_, model.posterior_.means
     k = means.shape[0]
     if isinstance(data, str):
-        from pipeline.sources import StoreSource
+        from pipeline.engine.sources import StoreSource
 
         src = StoreSource(data)
         parts = [(np.asarray(src.load(i), dtype=np.float64), sl) for i, sl in enumerate(src.chunk_slices())]

@@ -54,10 +54,10 @@ def partition_bounds(store: str, dof_priors: tuple[float | None, ...] = (None, 6
     sparse one-hot product per chunk, float64: two passes over the store, O(N D)."""
     from scipy.sparse import csr_matrix
 
-    from pipeline.sources import StoreSource
-    from vbcore.moves import total_elbo
-    from vbcore.priors import default_prior
-    from vbcore.stats import SuffStats
+    from pipeline.engine.sources import StoreSource
+    from vbcore.model.priors import default_prior
+    from vbcore.model.stats import SuffStats
+    from vbcore.moves.exact import total_elbo
 
     src = StoreSource(store)
     y = np.asarray(src.labels(), dtype=np.int64)
@@ -98,7 +98,7 @@ def run_sun397(out: Path, store: str, *, seed: int = 0, truncation: int = 1000, 
                learners: tuple[str, ...] = ("vbem", "sga-f"), init: str = "random_from_data",
                vbem_dof_prior: float | None = None) -> Path:
     """Run the study into ``out/moves_sun397`` and return that folder (see the module docstring)."""
-    from pipeline.sources import StoreSource
+    from pipeline.engine.sources import StoreSource
 
     folder = study_dir(out, "moves_sun397")
     src = StoreSource(store)

@@ -79,7 +79,7 @@ def projection_available() -> bool:
 # ---- the features -------------------------------------------------------------------------------
 def _quick_source(folder: Path, n: int) -> Path:
     """The first ``n`` test images and labels as a small idx folder (plain files)."""
-    from pipeline.idx_images import read_images_file, read_labels
+    from pipeline.extract.idx_images import read_images_file, read_labels
 
     src = fashion_mnist()
     folder.mkdir(parents=True, exist_ok=True)
@@ -107,8 +107,8 @@ def _split_source(folder: Path, split: str) -> Path:
 
 def features(folder: Path, quick: bool, split: str = "all") -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """(X float32, labels, what was done): the features extracted once into ``folder/features``."""
-    from pipeline.extract import refresh_images
-    from pipeline.store import FeatureStore
+    from pipeline.extract.extraction import refresh_images
+    from pipeline.store.features import FeatureStore
 
     model = model_path()
     src = (_quick_source(folder / "quick-idx", QUICK_IMAGES) if quick
@@ -137,7 +137,7 @@ def subsample(n: int, rows: int | None, seed: int) -> np.ndarray:
 def scores(y: np.ndarray, pred: np.ndarray) -> dict[str, Any]:
     from sklearn.metrics import normalized_mutual_info_score
 
-    from vbcore.metrics import acc, ari
+    from vbcore.data.metrics import acc, ari
 
     return {"clusters": int(len(np.unique(pred))), "nmi": float(normalized_mutual_info_score(y, pred)),
             "acc": acc(y, pred), "ari": ari(y, pred)}
@@ -195,7 +195,7 @@ def sk_fit(Z: np.ndarray, y: np.ndarray, tag: str, method: str, covariance: str,
 def default_covariance(learner: str) -> str:
     """The covariance type ``vbcluster fit --learner LEARNER`` uses (the pipeline's default, diag
     where the learner allows it; the estimator's default is scikit-learn's 'full')."""
-    from pipeline.spec import FitSpec
+    from pipeline.fit.spec import FitSpec
 
     cov = FitSpec.from_dict({"store": "-", "learner": learner}).resolved("pipeline").covariance
     assert cov is not None

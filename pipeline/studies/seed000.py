@@ -29,8 +29,8 @@ import numpy as np
 from pipeline.estimator import VBMixture
 from pipeline.studies import Report, available_learners, one_blas_thread, pyplot, save_figure, study_dir
 from pipeline.studies.data import cluster_data, image_data, image_features, load_photo, spiral_data
-from vbcore.kernels import estep_params, prepare_chunk, responsibilities
-from vbcore.posterior import Posterior
+from vbcore.kernels.estep import estep_params, prepare_chunk, responsibilities
+from vbcore.model.posterior import Posterior
 
 NAME = "seed000"
 GRADIENT_LEARNERS = ("gd", "cg", "ng", "ncg")
@@ -91,7 +91,7 @@ def learner_options(name: str, eps: float) -> dict[str, Any]:
     """Kuusela et al. 2009's stop rule (``C_{k-1} - C_k < eps N`` on two consecutive iterations) for the
     learners that offer it (option ``convergence='seed000'``); {} for the others, which stop on the
     estimator's ``tol = eps`` rule (``|C_{k-1} - C_k| < eps N`` once)."""
-    from pipeline.learners import LEARNERS
+    from pipeline.fit.learners import LEARNERS
 
     if name in LEARNERS and "convergence" in LEARNERS[name].options:
         return {"convergence": "seed000", "eps": eps}

@@ -6,7 +6,7 @@ Dirichlet(phi_0) prior on the weights (eq. 2) and the conjugate prior ``N(nu_0 =
 ``xi_0 = 1``, on each mean (eq. 3), fitted by VB EM (eqs. 9-10).
 
 For each draw, ``K(r(theta) || phi(theta))`` (the KL of q(theta) to the prior: ``kl_weights +
-kl_components`` of :class:`vbcore.elbo.ElboTerms`) is computed at convergence on a sample of n = 100
+kl_components`` of :class:`vbcore.model.elbo.ElboTerms`) is computed at convergence on a sample of n = 100
 and one of n = 1000; ``lambda = (KL_1000 - KL_100) / ln 10`` (eq. 20) averaged over the draws is
 compared with the bound ``lambda_bar`` of eq. 18. Training and generalisation errors (sec. 4) are
 measured on the n = 1000 fits and multiplied by n.

@@ -1,0 +1,260 @@
+"""The learner interface: what every learner (VB EM, NCG, SGA, ...) gives the estimator.
+
+The estimator owns everything that is the same for all learners -- data sources, engines,
+initialisation, warm starts, convergence bookkeeping, checkpoints and resume -- and drives a learner
+through :class:`Learner`. A learner owns one iteration: the engine passes it needs and its global
+update. All learners work on one model (the prior in :class:`FitContext`) and report the same exact
+ELBO (:func:`vbcore.model.elbo.elbo_terms`), so bounds compare across learners and a fit may switch
+learners from a warm start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from vbcore.errors import ConfigError
+from vbcore.model.elbo import ElboTerms
+from vbcore.model.posterior import Posterior
+from vbcore.model.priors import COVARIANCE_TYPES, WEIGHT_TYPES, Prior
+
+
+@dataclass
+class FitContext:
+    """What a learner may use: the prepared data, the engine, the model and the seed.
+
+    Attributes
+    ----------
+    engine : LocalEngine or DaskEngine
+    handles : list
+        Prepared chunks (``vbcore.kernels.estep.Chunk`` objects, or Dask futures of them), in row order.
+    source : row source
+        ``n_rows``, ``n_features``, ``chunk_slices()``, ``load(i)``.
+    prior : Prior
+    shift : array of shape (n_features,)
+        Rows inside chunks are ``x - shift`` (float32 GEMMs stay accurate near the data).
+    reg_covar : float
+    n_rows, n_features : int
+    covariance_type, weight_type : str
+    seed : int or None
+        Entropy of every random draw of the fit; see :meth:`rng`.
+    projection : vbcore.data.projection.Projection or None
+        The fit's projection (``pca``): chunks, ``source.load`` and ``n_features`` are projected.
+    total_weight : float or None
+        ``sum_n w_n`` of weighted rows (the data's ``N`` in every formula that counts rows: the
+        convergence test per row, minibatch scaling, default thresholds); None: ``n_rows``
+        (:attr:`n_weight`).
+    moments : SuffStats or None
+        The data's one-component moments (count, mean, scatter; shifted), from which the prior's
+        data-dependent defaults were built (``partial_fit`` sums them over its batches).
+    """
+
+    engine: Any
+    handles: list[Any]
+    source: Any
+    prior: Prior
+    shift: np.ndarray
+    reg_covar: float
+    n_rows: int
+    n_features: int
+    covariance_type: str
+    weight_type: str
+    seed: int | None = None
+    chunk_starts: list[int] = field(default_factory=list)
+    projection: Any = None
+    total_weight: float | None = None
+    moments: Any = None
+
+    @property
+    def n_weight(self) -> float:
+        """The data's ``N``: the rows' total weight (``n_rows`` when the rows are unweighted)."""
+        return float(self.n_rows) if self.total_weight is None else float(self.total_weight)
+    #: grow the truncation while it is saturated (learners that can: ``vbem``, ``sga*``), up to the limit
+    grow: bool = False
+    max_components: int | None = None
+
+    def rng(self, *key: int) -> np.random.Generator:
+        """A generator derived from the fit's seed and ``key`` (for example the iteration): the same
+        draws in an uninterrupted and a resumed run, on any engine."""
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=tuple(int(k) for k in key)))
+
+
+class Learner:
+    """Base class of the learners: every hook the fit setup and driver use is declared here with
+    its default, so a learner overrides only what it changes.
+
+    Subclasses set ``options`` (the allowed ``learner_options`` with their defaults, checked by
+    :meth:`check_options`) and implement :meth:`step`; learners with state beyond the posterior
+    (search directions, momentum, per-chunk logits) also implement :meth:`state`, :meth:`load_state`
+    and :meth:`close`. Engine passes are counted by the engine wrapper of the fit context
+    (``ctx.engine.passes``), not by the learners.
+    """
+
+    name: ClassVar[str] = ""
+    #: allowed learner options and their defaults
+    options: ClassVar[dict[str, Any]] = {}
+    #: covariance and weight types the learner can fit (the spec refuses others before any pass)
+    covariance_types: ClassVar[tuple[str, ...]] = COVARIANCE_TYPES
+    weight_types: ClassVar[tuple[str, ...]] = WEIGHT_TYPES
+    #: the covariance type used when none is given (None: the face's default, diag or full)
+    default_covariance: ClassVar[str | None] = None
+    #: whether the chunks keep the ``[x*x, x]`` cache of the diagonal families (its E-steps use it;
+    #: hard-assignment learners form ``x*x`` only for the rows they touch and save 2x the data's memory)
+    cache_squares: ClassVar[bool] = True
+    #: rows gathered (uniformly, through the engine) for :meth:`estimate_fixed_variance`; None: the
+    #: default estimate (k-means on whole chunks picked at random)
+    sigma2_sample_rows: ClassVar[int | None] = None
+    #: whether the learner re-estimates the prior's free hyperparameters (:attr:`Prior.empirical`);
+    #: for the others the fit setup holds them at their initial values
+    empirical_bayes: ClassVar[bool] = False
+
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
+        self.ctx = ctx
+        self.opts = self.parse_options(options or {})
+        self.post: Posterior | None = None
+
+    @property
+    def passes(self) -> int:
+        """Engine passes issued so far (each map or map_reduce over chunks counts one)."""
+        return int(getattr(self.ctx.engine, "passes", 0))
+
+    @classmethod
+    def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults overridden by ``options``, converted and checked (:meth:`check_options`);
+        unknown keys and wrong types are errors. Values keep the type of their default (strings from
+        the command line are converted by :func:`pipeline.fit.spec.coerce`)."""
+        from pipeline.fit.spec import coerce, kind_of
+
+        unknown = sorted(set(options) - set(cls.options))
+        if unknown:
+            known = ", ".join(sorted(cls.options)) or "none"
+            raise ConfigError(
+                f"learner {cls.name!r} has no option {', '.join(map(repr, unknown))}; its options: {known}"
+            )
+        out = dict(cls.options)
+        for key, value in options.items():
+            where = f"learner option {key!r} of {cls.name!r}"
+            default = cls.options[key]
+            out[key] = None if value is None and default is None else coerce(kind_of(default), value, where)
+        cls.check_options(out)
+        return out
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        """Ranges and relations of the learner's options (ConfigError naming the option)."""
+
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        """Refuse a resolved :class:`pipeline.fit.spec.FitSpec` this learner cannot fit."""
+        if spec.covariance not in cls.covariance_types:
+            fits = " or ".join(map(repr, cls.covariance_types))
+            raise ConfigError(f"learner {cls.name!r} fits covariance {fits}, not {spec.covariance!r} "
+                              "(--covariance / covariance_type)")
+        if spec.weights not in cls.weight_types:
+            needs = " or ".join(map(repr, cls.weight_types))
+            raise ConfigError(f"learner {cls.name!r} needs weights {needs}, not {spec.weights!r} "
+                              "(--weights / weight_concentration_prior_type)")
+
+    @classmethod
+    def default_weight_concentration(cls, n_rows: float) -> float | None:
+        """The learner's default weight concentration for N rows (None: the prior's, 1/K)."""
+        return None
+
+    @classmethod
+    def estimate_fixed_variance(cls, sample: np.ndarray, n_components: int, seed: Any) -> float | None:
+        """``sigma^2`` of covariance 'fixed' from ``sample`` (None: the default k-means estimate)."""
+        return None
+
+    def initialise(self) -> Posterior | None:
+        """The learner's own initial posterior (None: the fit setup's initialisation)."""
+        return None
+
+    # ---- the interface ------------------------------------------------------------------------
+    def start(self, post: Posterior) -> None:
+        """Begin from ``post`` (after initialisation, a warm start or a switch of learner)."""
+        self.post = post
+
+    def start_warm(self, post: Posterior) -> None:
+        """Begin from the posterior of a finished fit (a warm start); :meth:`start` unless a learner
+        carries more over."""
+        self.start(post)
+
+    def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
+        """One iteration; returns the posterior after it and the exact ELBO of the variational
+        distribution it describes."""
+        raise NotImplementedError
+
+    def bound_kind(self) -> str:
+        """What :meth:`step` reports: ``'exact'`` (the ELBO of the distribution, over all rows) or
+        ``'minibatch estimate'`` (an unbiased estimate from the iteration's minibatch)."""
+        return "exact"
+
+    def bound_se(self) -> float | None:
+        """The standard error (nats, whole data set) of the last :meth:`step`'s bound when it is a
+        minibatch estimate (:func:`vbcore.model.elbo.minibatch_standard_error`); None when it is exact or
+        when the step cannot say (a step that also merged clusters)."""
+        return None
+
+    def final_terms(self) -> ElboTerms | None:
+        """The exact ELBO of the final distribution when :meth:`step` reports estimates (one full
+        pass; it may update ``self.post``); None when the last step's bound is already exact."""
+        return None
+
+    def converged(self, history: list[float], tol: float) -> bool:
+        """Default rule: the exact ELBO changed by less than ``tol`` per sample in the last iteration.
+        A learner whose bounds are minibatch estimates never converges on them (one noisy step can
+        change the estimate by less than ``tol``): it runs its ``max_iter`` budget."""
+        if self.bound_kind() != "exact":
+            return False
+        return len(history) > 1 and abs(history[-1] - history[-2]) / self.ctx.n_weight < tol
+
+    def truncation_info(self, used: int) -> dict[str, Any]:
+        """What result.json says of the truncation for a fit ending with ``used`` components holding a
+        row's worth (``truncation``): learners that do not grow it report whether it bound the answer."""
+        from pipeline.fit.learners.growth import saturated
+
+        k = int(self.ctx.prior.n_components)
+        sat = saturated(used, k) and self.ctx.weight_type == "dirichlet_process"
+        return {"start": k, "final": k, "limit": k, "grew": 0, "used": int(used), "saturated": sat,
+                "growth": False, "refused": False, "limit_hit": sat}
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Learner state beyond the posterior, for checkpoints (arrays only)."""
+        return {}
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        """Resume from a checkpoint written from :meth:`state`."""
+        self.start(post)
+
+    def adopt(self, state: Mapping[str, np.ndarray]) -> int:
+        """Warm start: take what applies of a previous fit's learner state (its :meth:`state`, e.g.
+        the memoized statistics of unchanged chunks, :mod:`pipeline.fit.learners.memo`) after
+        :meth:`start`. Returns the number of chunks whose state was adopted (0: none, the default)."""
+        return 0
+
+    def keep_state(self) -> dict[str, np.ndarray]:
+        """The state a later warm start may :meth:`adopt` (fetched at the end of a fit; {}: none)."""
+        return {}
+
+    def close(self) -> None:
+        """Release per-chunk state held by the engine."""
+
+
+def restart_lineage(ctx: FitContext, states: list[Any], parts: list[Any]) -> list[Any]:
+    """The per-chunk states to keep after gathering them (``parts``) for a checkpoint: on a Dask
+    cluster, the gathered copies put back as new tasks; elsewhere ``states`` as they are.
+
+    A placed state is the end of a chain of tasks, one per pass since it was placed, which Dask keeps
+    (each with that pass's global parameters) to rebuild the states of a dead worker. Placing the
+    checkpoint's copy instead rebuilds them from the last checkpoint, and bounds what the scheduler
+    holds to the passes since then (the same values: the bits do not change). Device (CuPy) states
+    stay as they are: placing host copies would cost a pass to move them. The old chain is released,
+    not cancelled, when its last future goes.
+    """
+    engine = ctx.engine
+    if getattr(engine, "name", "local") != "dask" or getattr(engine, "array_backend", "numpy") != "numpy":
+        return states
+    return list(engine.place_states(parts, ctx.handles))

@@ -1,0 +1,328 @@
+"""Shared machinery of the DP-mixture point learners (MM, SGA, SGA+M, SGA+F) and SVI (Lim & Jiang 2024).
+
+* **Minibatches**: iteration t draws ``minibatch`` distinct rows uniformly from all N rows with
+  ``ctx.rng(t)`` (so a resumed run draws the same rows), groups them by chunk, and sends each chunk
+  only its own row positions (``per_chunk``): the rows are gathered and processed next to the data,
+  on the workers; only the sums of the clusters those rows fall in come back, combined once on the
+  driver in chunk order (:meth:`vbcore.learners.sga.HardStats.combine`).
+* **Initialisation** (Algorithm 1, step 3.iii): k-means++ seeds on a sample of rows gathered through
+  the engine (drawn with ``ctx.rng(0, 1)``), then, on that sample (the algorithm's input is a
+  minibatch): MAP assignments to the seeds, and the MM update of means and sticks from the sample's
+  statistics scaled by N / M (one Lloyd step of k-means with the prior's shrinkage).
+* **Defaults the estimator asks for**: ``a0 = N`` (Algorithm 1) and the fixed variance, by
+  split-coordinate nearest neighbours on a sample (:mod:`vbcore.learners.sigma2`; it does not depend on K).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipeline.fit.learners.base import FitContext, Learner
+from pipeline.fit.learners.truncated import map_search
+from vbcore.errors import ConfigError
+from vbcore.kernels.estep import Chunk, array_namespace, to_numpy
+from vbcore.learners.sga import default_threshold, mm_update, point_posterior, prune_order, reorder
+from vbcore.learners.sga_stats import (
+    DPPoint,
+    HardStats,
+    MapParams,
+    hard_kernel,
+    kmeanspp_seeds,
+    map_params,
+    scale_stats,
+)
+from vbcore.learners.sigma2 import split_nn_variance
+from vbcore.model.elbo import ElboTerms, elbo_terms
+from vbcore.model.posterior import Posterior
+from vbcore.model.stats import SuffStats
+
+#: rows of the k-means++ sample: max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * K), at most N
+INIT_MIN_ROWS = 5000
+INIT_ROWS_PER_CLUSTER = 10
+#: sample rows of the default sigma^2 (vbcore.learners.sigma2: an n x n neighbour search over <= 1024
+#: coordinates)
+SIGMA2_ROWS = 4000
+
+
+# ---- minibatches ------------------------------------------------------------------------------
+def chunk_bounds(ctx: FitContext) -> np.ndarray:
+    """Start row of every chunk plus N at the end, shape (n_chunks + 1,)."""
+    starts = ctx.chunk_starts or [s.start for s in ctx.source.chunk_slices()]
+    return np.asarray([*starts, ctx.n_rows], dtype=np.int64)
+
+
+def split_by_chunk(rows: np.ndarray, bounds: np.ndarray) -> tuple[list[int], list[np.ndarray]]:
+    """Sorted global rows -> (chunk ids that have rows, positions inside each of those chunks)."""
+    which = np.searchsorted(bounds, rows, side="right") - 1
+    ids, first = np.unique(which, return_index=True)
+    parts = np.split(rows, first[1:])
+    return [int(i) for i in ids], [p - bounds[i] for i, p in zip(ids, parts, strict=True)]
+
+
+def minibatch_weight(stats: Any, m: int) -> float:
+    """A minibatch's ``M`` in the N / M scaling: its ``m`` rows, or their total weight (weighted
+    rows, so the statistics scale by the total weight, not the row count; at least a tiny positive
+    number: a minibatch of zero-weight rows has zero statistics)."""
+    return m if stats.weight is None else max(float(stats.weight), 1e-300)
+
+
+def draw_rows(rng: np.random.Generator, n_rows: int, size: int) -> np.ndarray:
+    """``size`` distinct rows out of ``n_rows`` (all rows when size >= n_rows), sorted."""
+    if size >= n_rows:
+        return np.arange(n_rows, dtype=np.int64)
+    return np.sort(rng.choice(n_rows, size=size, replace=False)).astype(np.int64)
+
+
+def minibatch(ctx: FitContext, iteration: int, size: int) -> tuple[list[Any], list[np.ndarray], int]:
+    """The handles, per-chunk positions and row count of iteration ``iteration``'s minibatch."""
+    rows = draw_rows(ctx.rng(iteration), ctx.n_rows, size)
+    ids, parts = split_by_chunk(rows, chunk_bounds(ctx))
+    return [ctx.handles[i] for i in ids], parts, int(rows.size)
+
+
+def gather_kernel(chunk: Chunk, rows: np.ndarray) -> np.ndarray:
+    """Rows of a chunk (shifted), as a float32/float64 NumPy array."""
+    xp = array_namespace(chunk.x)
+    x = xp.take(chunk.x, xp.asarray(np.asarray(rows, dtype=np.int64)), axis=0)
+    return np.asarray(to_numpy(x), dtype=np.float64).astype(np.float32 if str(x.dtype) == "float32"
+                                                           else np.float64)
+
+
+def gather_rows(engine: Any, handles: list[Any], bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Sorted global ``rows`` (shifted), gathered next to the data through the engine, in row order;
+    ``bounds`` as :func:`chunk_bounds`."""
+    ids, parts = split_by_chunk(rows, bounds)
+    return np.concatenate(engine.map(gather_kernel, [handles[i] for i in ids], per_chunk=parts))
+
+
+def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> np.ndarray:
+    """A uniform sample of rows (shifted), gathered through the engine, in row order."""
+    return gather_rows(ctx.engine, ctx.handles, chunk_bounds(ctx), draw_rows(ctx.rng(*key), ctx.n_rows, size))
+
+
+def kmeanspp(sample: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """k-means++ seeds (float64) and their row indices in ``sample``
+    (:func:`vbcore.learners.sga.kmeanspp_seeds`)."""
+    idx = kmeanspp_seeds(sample, k, np.random.default_rng(seed))
+    return np.asarray(sample[idx], dtype=np.float64), idx
+
+
+def estimate_fixed_variance(sample: np.ndarray, n_components: int, random_state: Any) -> float:
+    """Default ``sigma^2`` for ``x | z=k ~ N(mu_k, sigma^2 I)``, independent of K: split-coordinate
+    nearest neighbours (:func:`vbcore.learners.sigma2.split_nn_variance`) on at most ``SIGMA2_ROWS`` distinct
+    sample rows. ``n_components`` is not used (kept for the estimator's hook signature)."""
+    del n_components  # the truncation is an upper bound; it must not set the scale (issue 6)
+    seed = int(random_state) if isinstance(random_state, (int, np.integer)) else 0
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, 2)))
+    size = min(sample.shape[0], SIGMA2_ROWS)
+    x = sample[np.sort(rng.choice(sample.shape[0], size=size, replace=False))].astype(np.float32)
+    x = x - x.mean(0, dtype=np.float64).astype(np.float32)
+    var = split_nn_variance(np.unique(x, axis=0), rng)
+    if not var > 0:
+        var = float(np.mean(x.var(0, dtype=np.float64))) or 1.0
+    return var
+
+
+def default_weight_concentration(n_rows: float) -> float:
+    """``a0 = N`` (Lim & Jiang 2024 Algorithm 1, step 3.i)."""
+    return float(n_rows)
+
+
+# ---- the point learners -------------------------------------------------------------------------
+class DPPointLearner(Learner):
+    """Base of MM and the SGA learners: state = :class:`~vbcore.learners.sga.DPPoint` plus estimated counts.
+
+    The posterior handed to the estimator is :func:`vbcore.learners.sga.point_posterior` of the point, so the
+    estimator's predictions, checkpoints and ELBO work as for VB EM; the exact sticks are kept in
+    the learner state for bitwise resume."""
+
+    @classmethod
+    def estimate_fixed_variance(cls, sample: np.ndarray, n_components: int, seed: Any) -> float | None:
+        return estimate_fixed_variance(sample, n_components, seed)
+
+    sigma2_sample_rows = SIGMA2_ROWS  # rows the estimator gathers for estimate_fixed_variance
+    @classmethod
+    def default_weight_concentration(cls, n_rows: float) -> float | None:
+        return default_weight_concentration(n_rows)
+
+    default_covariance = "fixed"
+    covariance_types = ("fixed",)  # a known isotropic variance (Lim & Jiang 2024, section 2)
+    weight_types = ("dirichlet_process",)
+    cache_squares = False  # minibatch kernels square only the rows they touch (Learner.cache_squares)
+
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)
+        #: the candidate search of the MAP labels (option ``candidates`` > 0), else None
+        self.search = map_search(self.name, ctx, self.opts) if "candidates" in self.opts else None
+        self._iteration = 0
+        assert ctx.prior.fixed_variance is not None
+        self.sigma2 = float(ctx.prior.fixed_variance)
+        self.a0 = float(ctx.prior.weight_concentration)
+        self.point: DPPoint | None = None
+        self.counts = np.zeros(0)
+        #: the default threshold, fixed at the first pruning (the initial weights): see prune_kept
+        self.thr: float | None = None
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        thr = opts.get("prune_threshold")
+        if thr is not None and not 0 <= thr < 1:
+            raise ConfigError(f"learner option 'prune_threshold' of {cls.name!r} must be in [0, 1), "
+                              f"got {thr!r}")
+
+    def prune_kept(self, sticks: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+        """The clusters kept by the threshold rule (:func:`vbcore.learners.sga.prune_order`'s order). With the
+        option ``prune_threshold`` set, Lim & Jiang 2024 section 4.5's rule ``E[v_k] >= THR``; by
+        default a mixture weight of at least :func:`vbcore.learners.sga.default_threshold` of the first
+        pruning
+        (the start), kept for the whole fit (checkpointed): a threshold that followed the largest
+        cluster as clusters go would prune again after every pruning (SGA+M's momentum inflated the
+        largest cluster and took Fashion-MNIST from 36 clusters to 2, docs/decisions.md). ``counts``
+        (the rows the data give each cluster, estimated from a minibatch) also keep a cluster under
+        the default rule when their share ``n_k / (N + a0)`` (MM's weight of those counts) reaches the
+        threshold: a stick step that overshoots does not prune a cluster that holds rows."""
+        thr = self.opts.get("prune_threshold")
+        if thr is not None:
+            return prune_order(sticks, float(thr))
+        if self.thr is None:
+            self.thr = default_threshold(sticks)
+        support = None
+        if counts is not None:
+            counts = np.asarray(counts, dtype=np.float64)
+            support = counts / (counts.sum() + self.a0)
+        return prune_order(sticks, self.thr, on="weights", support=support)
+
+    def threshold_state(self) -> dict[str, np.ndarray]:
+        return {} if self.thr is None else {"prune_threshold": np.array([self.thr])}
+
+    def load_threshold(self, state: Mapping[str, np.ndarray]) -> None:
+        if "prune_threshold" in state:
+            self.thr = float(np.asarray(state["prune_threshold"])[0])
+
+    # -- passes
+    def hard_pass(self, point: DPPoint, handles: list[Any] | None = None,
+                  rows: list[np.ndarray] | None = None) -> SuffStats:
+        """MAP assignments (eq. 19) and hard statistics of all rows, or of a minibatch."""
+        if self.search is not None:  # candidates: the same labels wherever the argmax is searched
+            by_start = None
+            if rows is not None:
+                start_of = {id(h): int(s) for h, s in zip(self.ctx.handles, chunk_bounds(self.ctx)[:-1],
+                                                           strict=False)}
+                by_start = {start_of[id(h)]: r for h, r in zip(handles or [], rows, strict=True)}
+            return self.search.hard_pass(point, self._iteration, by_start).to_stats()
+        params = map_params(point, self.sigma2, self.ctx.shift, self.ctx.source.dtype)
+        if rows is None:
+            return self.ctx.engine.map_reduce(hard_kernel, self.ctx.handles, None, params).to_stats()
+        return self.minibatch_pass(params, handles, rows).to_stats()
+
+    def minibatch_pass(self, params: MapParams, handles: list[Any] | None,
+                       rows: list[np.ndarray]) -> HardStats:
+        """The hard statistics of a minibatch (``params.bound`` set: with its rows' bound sums)."""
+        # a minibatch touches a few hundred clusters per chunk: one combine on the driver, in chunk
+        # order, instead of a tree of merges of growing unions (HardStats.combine)
+        return HardStats.combine(self.ctx.engine.map(hard_kernel, handles, params, per_chunk=rows))
+
+    # -- initialisation (called by the estimator instead of its own k-means)
+    def initialise(self) -> Posterior:
+        """Algorithm 1, step 3.iii, on a sample: k-means++ seeds, then MAP assignments of the sample's
+        rows to the seeds (equal weights) and the MM update of means and sticks from the sample's
+        statistics scaled by N / M (the algorithm's input is a minibatch; no full pass)."""
+        k = int(self.ctx.prior.n_components)
+        size = min(self.ctx.n_rows, max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * k))
+        sample = gather_sample(self.ctx, size, (0, 1))
+        seed = int(self.ctx.rng(0, 3).integers(2**31 - 1))
+        centres, _ = kmeanspp(sample, k, seed)
+        seeds = DPPoint(centres + self.ctx.shift[None, :], np.full(centres.shape[0], 0.5))
+        stats = self._equal_weight_stats(seeds, sample)
+        point = mm_update(stats, self.ctx.prior, self.a0)
+        self._set(point, stats.nk)
+        self.post = self.posterior()
+        return self.post
+
+    def _equal_weight_stats(self, seeds: DPPoint, sample: np.ndarray) -> SuffStats:
+        """Hard statistics of the (shifted) sample rows assigned to the seeds with equal weights
+        (``ln pi_k`` would otherwise favour early seeds), scaled to the N rows of the data."""
+        k = seeds.n_components
+        # sticks giving pi_k = 1/k for all k: v_k = 1/(k - j) for the j-th (0-based) stick
+        sticks = 1.0 / (k - np.arange(k, dtype=np.float64))
+        sticks[-1] = 1.0 - 1e-12
+        params = map_params(DPPoint(seeds.means, sticks), self.sigma2, self.ctx.shift, sample.dtype)
+        chunk = Chunk(x=sample, feats=None, shift=self.ctx.shift, diagonal=True)
+        stats = hard_kernel(chunk, None, params).to_stats()
+        return scale_stats(stats, self.ctx.n_weight / sample.shape[0])
+
+    # -- state
+    def _set(self, point: DPPoint, counts: np.ndarray) -> None:
+        order = self.prune_kept(point.sticks, counts)
+        self.point = reorder(point, order)
+        self.counts = np.asarray(counts, dtype=np.float64)[order]
+        self._reorder(order)
+
+    def _reorder(self, order: np.ndarray) -> None:
+        """Subclasses re-order their own per-cluster state (momentum); the candidate search's stored
+        candidates follow (here)."""
+        if self.search is not None:
+            self.search.relabel(order)
+
+    def posterior(self) -> Posterior:
+        assert self.point is not None
+        return point_posterior(self.point, self.counts, self.ctx.prior, self.sigma2, self.a0)
+
+    def start(self, post: Posterior) -> None:
+        if self.point is not None and post is self.post:  # straight after initialise()
+            if self.search is not None:
+                self.search.start_point(self.point)
+            return
+        if post.covariance_type != "fixed" or post.weight_type != "dirichlet_process":
+            raise ConfigError(f"learner {self.name!r} cannot start from a {post.covariance_type!r}/"
+                              f"{post.weight_type!r} posterior")
+        a, b = post.weight_concentration
+        self._set(DPPoint(post.means.copy(), a / (a + b)), a - 1.0)
+        self.post = self.posterior()
+        if self.search is not None:
+            assert self.point is not None
+            self.search.start_point(self.point)
+
+    def state(self) -> dict[str, np.ndarray]:
+        assert self.point is not None
+        out = {"sticks": self.point.sticks, "counts": self.counts, **self.threshold_state()}
+        return out if self.search is None else {**out, **self.search.state()}
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        self.point = DPPoint(post.means.copy(), np.asarray(state["sticks"], dtype=np.float64))
+        self.counts = np.asarray(state["counts"], dtype=np.float64)
+        self.load_threshold(state)
+        self.post = self.posterior()
+        if self.search is not None:
+            self.search.load_state(post, state)
+
+    def close(self) -> None:
+        if self.search is not None:
+            self.search.close()
+        super().close()
+
+    def exact_terms(self) -> ElboTerms:
+        """The exact ELBO of the current distribution: one full pass for its MAP q(z)."""
+        assert self.point is not None
+        stats = self.hard_pass(self.point)
+        self.counts = stats.nk.copy()
+        self.post, terms = self.bound_of(self.point, stats)
+        return terms
+
+    def bound_of(self, point: DPPoint, stats: SuffStats) -> tuple[Posterior, ElboTerms]:
+        """The distribution around ``point`` with the hard statistics ``stats`` of all rows, and its
+        exact ELBO."""
+        post = point_posterior(point, stats.nk, self.ctx.prior, self.sigma2, self.a0)
+        return post, elbo_terms(stats, post, self.ctx.prior)
+
+
+def check_range(learner: str, key: str, value: float, lo: float, hi: float, *,
+                lo_open: bool = False) -> None:
+    bad = value <= lo if lo_open else value < lo
+    if bad or value > hi:
+        left = "(" if lo_open else "["
+        raise ConfigError(f"learner option {key!r} of {learner!r} must be in {left}{lo:g}, {hi:g}], "
+                          f"got {value!r}")

@@ -1,0 +1,372 @@
+"""Merge and delete moves inside VB EM and the hard-assignment learners (Hughes & Sudderth 2013).
+
+Learner options (added to VB EM's, MM's and the SGA learners'):
+
+* ``moves``: ``none`` (default), ``merge``, ``delete`` or ``merge,delete``;
+* ``move_every``: a move round every this many iterations (iterations ``move_every``,
+  ``2 move_every``, ...), and one more whenever the ELBO has converged and no round has been tried
+  since the last accepted move: a fit converges only when a move round found nothing;
+* ``move_pairs``, ``move_neighbours``: at most this many merge pairs per round, proposed among each
+  component's nearest neighbours (:func:`vbcore.moves.exact.propose_pairs`);
+* ``delete_share``, ``delete_max``: the delete proposal takes at most ``delete_max`` components holding
+  less than ``delete_share`` of the mean count (halved after a rejection, reset after an acceptance).
+
+VB EM: pairs and the delete set are proposed at the end of the iteration before a round, from its
+statistics and for the posterior the next pass uses; the round's E-step pass (:func:`vbcore.moves.estep_pass.
+move_kernel`, one engine pass, statistics next to the data, small results to the driver) returns the
+regular statistics, the pairs' entropy changes and the delete proposal's statistics. The driver keeps
+whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO, recomputed
+from the chosen statistics; the M-step follows as usual, so the reported ELBO history stays monotone.
+No random draw is involved: the moves are a function of the pass results, the same on every engine.
+
+With the truncated E-step (``candidates`` > 0) the round is the iteration's truncated pass itself, with
+the move quantities gathered by its hook (:meth:`Moves.truncated_request`, :mod:`vbcore.moves.truncated`);
+after the choice the learner relabels the candidate state with :attr:`Moves.relabelling`. 'tied' is
+covered too (:func:`vbcore.moves.exact.merge_gain_bound`: one M-step per pair).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from vbcore.errors import ConfigError
+from vbcore.kernels.estep import estep_params
+from vbcore.learners.sga_stats import DPPoint, take_stats
+from vbcore.model.posterior import Posterior
+from vbcore.model.stats import SuffStats
+from vbcore.moves.estep_pass import MoveParams, move_kernel
+from vbcore.moves.exact import (
+    apply_merges,
+    delete_candidates,
+    expand_stats,
+    propose_pairs,
+    reindex_pairs,
+    removes_components,
+    select_merges,
+    total_elbo,
+)
+from vbcore.moves.hard import merge_points, nearest_pairs, select_hard_merges
+from vbcore.moves.truncated import TruncMoveRequest
+
+MOVE_KINDS = ("merge", "delete")
+#: the move options every learner with moves accepts, and their defaults
+MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
+                                "delete_share": 0.1, "delete_max": 32}
+#: the move options of the DP point learners and SVI (merges only; 'auto': on unless the candidate MAP
+#: search is, issue 26)
+HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", **{k: MOVE_OPTIONS[k] for k in (
+    "move_every", "move_pairs", "move_neighbours")}}
+_EMPTY = np.zeros((0, 2), dtype=np.int64)
+
+
+def parse_moves(learner: str, value: str, candidates: int = 0) -> frozenset[str]:
+    """``'none'``, a comma-separated subset of :data:`MOVE_KINDS`, or ``'auto'`` (the DP point
+    learners' and SVI's default): merges, unless the candidate MAP search is on (``candidates`` > 0),
+    which cannot be combined with moves yet."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return frozenset() if candidates > 0 else frozenset({"merge"})
+    if text in ("none", ""):
+        return frozenset()
+    kinds = frozenset(p.strip() for p in text.split(","))
+    if not kinds <= set(MOVE_KINDS):
+        raise ConfigError(f"learner option 'moves' of {learner!r} must be 'none' or a comma-separated "
+                          f"subset of {MOVE_KINDS}, got {value!r}")
+    return kinds
+
+
+def check_move_options(learner: str, opts: Mapping[str, Any]) -> frozenset[str]:
+    kinds = parse_moves(learner, opts["moves"], int(opts.get("candidates", 0)))
+    for key in ("move_every", "move_pairs", "move_neighbours", "delete_max"):
+        if key in opts and opts[key] < 1:
+            raise ConfigError(f"learner option {key!r} of {learner!r} must be an integer >= 1, "
+                              f"got {opts[key]!r}")
+    if "delete_share" not in opts:
+        if "delete" in kinds:
+            raise ConfigError(f"learner option 'moves' of {learner!r} must be 'none' or 'merge' "
+                              f"(hard-assignment learners have no delete move), got {opts['moves']!r}")
+        return kinds
+    if not 0 < opts["delete_share"] <= 1:
+        raise ConfigError(f"learner option 'delete_share' of {learner!r} must be in (0, 1], "
+                          f"got {opts['delete_share']!r}")
+    return kinds
+
+
+class Moves:
+    """The move schedule and proposals of one fit (held by the learner).
+
+    State (checkpointed through the learner's ``state()``): the proposals for the next pass and
+    three counters, so a resumed fit makes the same moves."""
+
+    def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
+        self.kinds = check_move_options(learner, opts)
+        self.opts = dict(opts)
+        self.pairs = _EMPTY
+        self.deletes = np.zeros(0, dtype=np.int64)
+        self.pending = True  # no round has been tried since the last accepted move (or the start)
+        self.force = False  # the next iteration is a round (the ELBO converged with pending moves)
+        self.delete_limit = int(opts["delete_max"])
+        self._last: tuple[SuffStats, Posterior] | None = None
+        #: what the last round did: merges accepted, components deleted, exact ELBO gain
+        self.last_round: dict[str, float] = {}
+        self.accepted = _EMPTY
+        #: (kept, moved) of the last round, old indices (see :func:`_relabelling`)
+        self.relabelling: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), _EMPTY)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.kinds)
+
+    def due(self, iteration: int) -> bool:
+        return self.active and (self.force or iteration % int(self.opts["move_every"]) == 0)
+
+    # -- proposals -------------------------------------------------------------------------------
+    def observe(self, iteration: int, stats: SuffStats, keep: np.ndarray | None, post: Posterior,
+                prior: Any, reg_covar: float) -> None:
+        """After an iteration: ``stats`` of its pass, ``keep`` the mask of components the learner kept
+        (None: all), ``post`` the posterior the next pass uses. Proposes when the next is a round."""
+        if not self.active:
+            return
+        if keep is not None:
+            stats = take_stats(stats, np.flatnonzero(keep)) if keep.any() else None  # type: ignore[assignment]
+        self._last = None if stats is None or stats.nk.shape[0] != post.n_components else (stats, post)
+        self._prior, self._reg = prior, reg_covar
+        if self.due(iteration + 1):
+            self._propose()
+        else:
+            self.pairs, self.deletes = _EMPTY, np.zeros(0, dtype=np.int64)
+
+    def restart(self, iteration: int, stats: SuffStats, keep: np.ndarray | None, post: Posterior,
+                prior: Any, reg_covar: float) -> None:
+        """After the components changed outside the moves (VB EM's births): forget the proposals,
+        observe the new iteration, and try a round again before the fit may converge."""
+        self.pairs, self.deletes, self.pending, self.force = _EMPTY, np.zeros(0, dtype=np.int64), True, False
+        self.observe(iteration, stats, keep, post, prior, reg_covar)
+
+    def _propose(self) -> None:
+        self.pairs, self.deletes = _EMPTY, np.zeros(0, dtype=np.int64)
+        if self._last is None:
+            return
+        stats, post = self._last
+        if "merge" in self.kinds:
+            self.pairs = propose_pairs(stats, post, self._prior, self._reg, int(self.opts["move_neighbours"]),
+                                       int(self.opts["move_pairs"]))
+        if "delete" in self.kinds:
+            # below the pruning threshold a component has nothing to move ('tied' keeps such components)
+            floor = float(self.opts.get("prune_below", 0.0))
+            share = float(self.opts["delete_share"])
+            self.deletes = delete_candidates(stats.nk, share, self.delete_limit, floor)
+
+    def round_next(self) -> None:
+        """Make the next iteration a round if one is pending (VB EM's memoized refresh: right after
+        the new rows are absorbed. Where the previous fit's last round proposed the same moves, its
+        kept shares serve the round (:mod:`pipeline.fit.learners.memo_round`) and it visits the new rows
+        and a regular iteration's share; otherwise its full pass doubles as the visit of every old
+        row under the new posterior, instead of a lap of visits followed by a round at convergence)."""
+        if self.active and self.pending:
+            self.force = True
+
+    def converged(self, base: bool) -> bool:
+        """The learner's rule ``base``, held back once when moves may still raise the ELBO."""
+        if not (self.active and base):
+            return base
+        if self.pending:
+            self.force = True
+            self._propose()
+            return False
+        return True
+
+    # -- the round -------------------------------------------------------------------------------
+    def _prepare(self, k: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """The proposals for a posterior of ``k`` components: (kept by the delete proposal or None,
+        the merge pairs in its indexing)."""
+        self.pairs = self.pairs[(self.pairs < k).all(axis=1)]  # proposals are for this posterior's K
+        self.deletes = self.deletes[self.deletes < k]
+        keep = np.setdiff1d(np.arange(k), self.deletes) if self.deletes.size else None
+        return keep, (_EMPTY if keep is None else reindex_pairs(self.pairs, keep, k))
+
+    def run(self, ctx: Any, post: Posterior, pass_: Any = None) -> SuffStats:
+        """One move round: the E-step pass with the move quantities, then the best exact ELBO.
+        ``pass_(params)``: the pass (default: ``map_reduce`` of :func:`vbcore.moves.estep_pass.move_kernel`;
+        VB EM's memoized statistics keep each chunk's regular statistics)."""
+        keep, keep_pairs = self._prepare(post.n_components)
+        params = MoveParams(estep_params(post, ctx.shift), self.pairs, keep, keep_pairs)
+        res = ctx.engine.map_reduce(move_kernel, ctx.handles, params) if pass_ is None else pass_(params)
+        return self.choose(ctx, res.stats, res.h, res.alt, res.alt_h, keep, keep_pairs)
+
+    def truncated_request(self, k: int) -> TruncMoveRequest:
+        """The hook of a truncated pass that is a move round (:mod:`vbcore.moves.truncated`)."""
+        keep, keep_pairs = self._prepare(k)
+        return TruncMoveRequest(self.pairs, keep, keep_pairs)
+
+    def choose_truncated(self, ctx: Any, result: Any) -> SuffStats:
+        """The round's choice from a truncated pass run with :meth:`truncated_request`'s hook; a delete
+        proposal that leaves a row without a kept candidate is not a truncated q and is dropped."""
+        extra = result.extra
+        keep, keep_pairs = self._prepare(result.stats.nk.shape[0])
+        alt = extra.alt if extra.orphans == 0 else None
+        return self.choose(ctx, result.stats, extra.h, alt, extra.alt_h, keep, keep_pairs)
+
+    def choose(self, ctx: Any, stats: SuffStats, h: np.ndarray, alt: SuffStats | None, alt_h: np.ndarray,
+               keep: np.ndarray | None, keep_pairs: np.ndarray) -> SuffStats:
+        """Keep whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO.
+        Sets :attr:`relabelling` (kept components, moved ones) for the truncated E-step's state."""
+        prior, reg = ctx.prior, ctx.reg_covar
+        k = stats.nk.shape[0]
+        remove = removes_components(prior)
+        base = total_elbo(stats, prior, reg)
+        options = [(base, stats, _EMPTY, 0)]  # (exact ELBO, statistics, merged pairs, deleted)
+        acc, gain = select_merges(stats, self.pairs, h, prior, reg)
+        if acc.shape[0]:
+            options.append((base + gain, apply_merges(stats, acc, h[_rows(self.pairs, acc)], remove), acc, 0))
+        alt_pairs = _EMPTY
+        if alt is not None and keep is not None:
+            alt = alt if remove else expand_stats(alt, keep, k)
+            alt_pairs = keep_pairs if remove else keep[keep_pairs]
+            acc2, _ = select_merges(alt, alt_pairs, alt_h, prior, reg)
+            alt = apply_merges(alt, acc2, alt_h[_rows(alt_pairs, acc2)], remove)
+            options.append((total_elbo(alt, prior, reg), alt, acc2, int(self.deletes.size)))
+        best = max(range(len(options)), key=lambda i: (options[i][0], -i))
+        value, chosen, accepted, deleted = options[best]
+        if best and not total_elbo(chosen, prior, reg) > base:  # re-verified on the chosen statistics
+            value, chosen, accepted, deleted = options[0]
+        if keep is not None:
+            self.delete_limit = int(self.opts["delete_max"]) if deleted else max(1, self.delete_limit // 2)
+        self.pending = bool(accepted.shape[0] or deleted)
+        self.force = False
+        #: the merged pairs of the last round (indices after its deletions, for the DP) and a summary
+        self.accepted = accepted
+        self.relabelling = _relabelling(k, accepted, self.deletes if deleted else None, keep, remove)
+        self.last_round = {"merges": int(accepted.shape[0]), "deleted": deleted, "gain": value - base}
+        return chosen
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        if not self.active:
+            return {}
+        flags = np.array([self.pending, self.force, self.delete_limit], dtype=np.int64)
+        return {"moves_pairs": self.pairs, "moves_deletes": self.deletes, "moves_flags": flags}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        if not self.active or "moves_flags" not in state:
+            return
+        self.pairs = np.asarray(state["moves_pairs"], dtype=np.int64).reshape(-1, 2)
+        self.deletes = np.asarray(state["moves_deletes"], dtype=np.int64).reshape(-1)
+        pending, force, limit = (int(v) for v in np.asarray(state["moves_flags"]))
+        self.pending, self.force, self.delete_limit = bool(pending), bool(force), limit
+
+
+def _relabelling(k: int, accepted: np.ndarray, deleted: np.ndarray | None, keep: np.ndarray | None,
+                 remove: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, moved) of a round in the old indexing (:meth:`pipeline.fit.learners.truncated.TruncatedEStep.
+    relabel`): merged b -> a, deleted -> -1; ``accepted`` is in the indexing after the deletion when
+    components are removed."""
+    acc = np.asarray(accepted, dtype=np.int64).reshape(-1, 2)
+    moved = [np.zeros((0, 2), np.int64)]
+    survivors = np.arange(k)
+    if deleted is not None:
+        assert keep is not None
+        moved.append(np.stack((deleted, np.full(deleted.size, -1)), axis=1))
+        if remove:
+            survivors, acc = keep, keep[acc]
+    moved.append(acc[:, ::-1])
+    kept = np.setdiff1d(survivors, acc[:, 1]) if remove else np.arange(k)
+    return kept, np.concatenate(moved).astype(np.int64)
+
+
+def _rows(pairs: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Positions of the ``chosen`` pairs among ``pairs``."""
+    lookup = {tuple(p): i for i, p in enumerate(np.asarray(pairs).tolist())}
+    return np.asarray([lookup[tuple(p)] for p in np.asarray(chosen).tolist()], dtype=np.int64)
+
+
+class HardMoves:
+    """Merges for the hard-assignment learners (MM, SGA, SGA+M, SGA+F), accepted when the exact ELBO
+    of all rows rises (:func:`vbcore.moves.hard.select_hard_merges`): the hard statistics of a full
+    pass (MM's own pass; one extra pass on a round for the SGA learners), pairs among each cluster's
+    ``move_neighbours`` nearest point means, at most ``move_pairs`` of them tried. Rounds as for
+    :class:`Moves` (every ``move_every`` iterations, and one more before the fit may converge).
+
+    Neither a minibatch nor the MAP bound judges a merge: on a minibatch a cluster with no rows in it
+    reads as free to give up, and ``ln p(x, z, mu, v)`` has no Occam term for the means, so it kept
+    classes split (docs/algorithms.md, "Model selection in the DP point learners")."""
+
+    def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
+        self.kinds = check_move_options(learner, opts)
+        self.opts = dict(opts)
+        self.pending, self.force = True, False
+        self.last_round: dict[str, float] = {}
+
+    def due(self, iteration: int) -> bool:
+        return bool(self.kinds) and (self.force or iteration % int(self.opts["move_every"]) == 0)
+
+    def select(self, stats: SuffStats, means: np.ndarray, prior: Any) -> np.ndarray:
+        """Disjoint pairs of clusters to merge, from the hard statistics of all rows."""
+        pairs = nearest_pairs(means, int(self.opts["move_neighbours"]))
+        acc, gain = select_hard_merges(stats, pairs, prior, int(self.opts["move_pairs"]))
+        self.pending, self.force = bool(acc.shape[0]), False
+        self.last_round = {"merges": int(acc.shape[0]), "gain": gain}
+        return acc
+
+    def converged(self, base: bool) -> bool:
+        if not (self.kinds and base):
+            return base
+        if self.pending:
+            self.force = True
+            return False
+        return True
+
+    def state(self) -> dict[str, np.ndarray]:
+        if not self.kinds:
+            return {}
+        return {"moves_flags": np.array([self.pending, self.force], dtype=np.int64)}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        if self.kinds and "moves_flags" in state:
+            pending, force = (int(v) for v in np.asarray(state["moves_flags"]))
+            self.pending, self.force = bool(pending), bool(force)
+
+
+class HardMovesMixin:
+    """Merges for a :class:`pipeline.fit.learners.dpm.DPPointLearner` (put before it in the bases):
+    the :class:`HardMoves` schedule, its checkpoint state and convergence rule, and
+    :meth:`apply_moves` for the learner's step."""
+
+    def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)  # type: ignore[call-arg]
+        self.moves = HardMoves(self.name, self.opts)  # type: ignore[attr-defined]
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        super().check_options(opts)  # type: ignore[misc]
+        check_move_options(cls.name, opts)  # type: ignore[attr-defined]
+
+    def apply_moves(self, iteration: int, stats: SuffStats) -> SuffStats:
+        """On a round: merge clusters of the point (means count-weighted, weights summed, counts those
+        of all rows) when the exact ELBO of all rows rises; ``stats`` are the hard statistics of all
+        rows under the current point (MM's pass; the SGA learners spend one more full pass on a
+        round). Returns the statistics after the merges."""
+        if not self.moves.due(iteration):
+            return stats
+        me: Any = self
+        acc = self.moves.select(stats, me.point.means, me.ctx.prior)
+        if acc.shape[0] == 0:
+            return stats
+        means, sticks, counts, keep = merge_points(me.point.means, me.point.sticks, stats.nk, acc)
+        me.point, me.counts = DPPoint(means, sticks), counts
+        me._reorder(keep)
+        me.post = me.posterior()
+        return apply_merges(stats, acc, np.zeros(acc.shape[0]))
+
+    def converged(self, history: list[float], tol: float) -> bool:
+        return self.moves.converged(super().converged(history, tol))  # type: ignore[misc]
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), **self.moves.state()}  # type: ignore[misc]
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        super().load_state(post, state)  # type: ignore[misc]
+        self.moves.load_state(state)

@@ -1,0 +1,172 @@
+"""Births for the DP point learners (SGA, SGA+M, SGA+F): a truncation that does not decide the answer.
+
+The point learners prune (Lim & Jiang 2024's threshold rule) and merge (:class:`pipeline.fit.learners.
+moves.HardMoves`), so a fit started above the truth shrinks to it; this module lets one started below
+it grow, in the spirit of VB EM's births (:mod:`pipeline.fit.learners.growth`, whose machinery it uses:
+the seeded sample of rows, the held-out bimodality test, the 2-means split, :class:`Growth`'s rules):
+
+1. **When**: every ``grow_every`` iterations (the minibatch estimate never converges, so the check
+   has its own schedule), and where the learner's bound is exact (``elbo='full'``) also when it has
+   converged (the next iteration checks). The check asks :meth:`Growth.wants` with the counts the
+   learner holds: a saturated truncation below the limit doubles; one the threshold or the merges
+   have shrunk is filled.
+2. **What**: :func:`pipeline.fit.learners.growth.split_proposals` with ``gated=True`` whether the
+   truncation doubles or fills: only components the held-out test calls two groups are split (hard
+   assignments never join the halves of a split Gaussian again, which VB EM's soft ones do, so an
+   ungated doubling of single Gaussians would only waste its passes before the bound refuses it). The
+   parent takes one half's mean, a child the other's, each half the parent's weight
+   (:func:`split_point`). No component passes: nothing is proposed and the growth ends.
+3. **Judged on the exact bound of all rows**: the proposal and the current point are each refined by
+   ``grow_iters`` full-data MM steps (MAP assignments of all rows, :func:`vbcore.learners.sga.mm_update`, the
+   learner's threshold rule; :meth:`PointGrowthMixin.refine`), and the proposal is accepted only when
+   its exact ELBO (:func:`vbcore.model.elbo.elbo_terms` of its hard statistics, one more full pass) exceeds
+   both the current point's and the refined current point's by more than ``tol`` per unit of weight
+   (a check with a proposal: ``2 grow_iters + 3`` passes, the sample's gather included).
+   Accepted: the learner goes on from the refined proposal (momentum restarts at zero; the default
+   threshold may only fall, to a tenth of the proposal's largest weight) with the larger truncation,
+   and that iteration reports the proposal's exact bound. Refused: the point, counts, threshold and
+   momentum are untouched (the fit's bits are those of a fit without growth) and the growth ends.
+
+Growth is on where ``ctx.grow`` (the pipeline's default) and the weights are a DP, and off with the
+candidate MAP search (``candidates`` > 0). The draw is ``ctx.rng(GROW_TAG, iteration)``, so both
+engines and a resumed fit propose the same births; the growth state is in the checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from pipeline.fit.learners.growth import Growth, default_limit, n_used, split_proposals
+from vbcore.errors import ConfigError
+from vbcore.learners.sga import Velocity, default_threshold, mm_sticks, mm_update, sticks_of_weights
+from vbcore.learners.sga_stats import DPPoint, log_stick_weights, take_stats
+from vbcore.model.elbo import ElboTerms
+from vbcore.model.posterior import Posterior
+from vbcore.model.stats import SuffStats
+
+#: the growth options of the point learners: full-data MM steps a proposal (and the point it would
+#: replace) gets before the bound judges it, and the iterations between two checks
+POINT_GROW_OPTIONS: dict[str, Any] = {"grow_iters": 3, "grow_every": 20}
+
+
+def check_point_grow_options(name: str, opts: Mapping[str, Any]) -> None:
+    for key in POINT_GROW_OPTIONS:
+        if int(opts[key]) < 1:
+            raise ConfigError(f"learner option {key!r} of {name!r} must be an integer >= 1, "
+                              f"got {opts[key]!r}")
+
+
+def split_point(point: DPPoint, parents: np.ndarray, kept: np.ndarray, children: np.ndarray,
+                shift: np.ndarray) -> DPPoint:
+    """``point`` with each parent's mean moved to ``kept`` and a child per row of ``children`` (both
+    shifted, as :func:`pipeline.fit.learners.growth.split_proposals` gives them) appended; parent and
+    child each take half the parent's mixture weight (the other weights are unchanged)."""
+    pi = np.exp(log_stick_weights(point.sticks))
+    pi[parents] = pi[parents] / 2.0
+    means = np.concatenate((point.means, children + shift))
+    means[parents] = kept + shift
+    return DPPoint(means, sticks_of_weights(np.concatenate((pi, pi[parents]))))
+
+
+class PointGrowthMixin:
+    """Births for a :class:`pipeline.fit.learners.dpm.DPPointLearner` with momentum state (the SGA
+    learners; put before it in the bases). The learner calls :meth:`grow_check` at the end of its
+    step; the mixin adds the growth's convergence rule, checkpoint state and ``truncation`` entry."""
+
+    def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)  # type: ignore[call-arg]
+        me: Any = self
+        start = int(ctx.prior.n_components)
+        limit = ctx.max_components if ctx.max_components is not None else default_limit(start, ctx.n_rows)
+        enabled = bool(ctx.grow) and ctx.weight_type == "dirichlet_process" and me.search is None
+        self.growth = Growth(enabled, start, limit, int(me.opts["grow_iters"]))
+
+    def start_warm(self, post: Posterior) -> None:
+        """A warm start continues with a truncation ``post`` does not saturate, as VB EM's
+        (:meth:`pipeline.fit.learners.growth.Growth.warm_prior`)."""
+        me: Any = self
+        me.ctx.prior = self.growth.warm_prior(me.ctx.prior, post.n_components)
+        super().start_warm(post)  # type: ignore[misc]
+
+    def grow_check(self, iteration: int) -> ElboTerms | None:
+        """At a check (every ``grow_every`` iterations, or after a converged exact bound): propose and
+        judge births; the exact bound of the accepted proposal, or None (nothing proposed or refused:
+        the learner's state is untouched)."""
+        me: Any = self
+        g = self.growth
+        due = g.pending or iteration % int(me.opts["grow_every"]) == 0
+        if not (g.enabled and not g.refused and due):
+            return None
+        if not g.wants(n_used(me.post), me.point.n_components):
+            return None
+        g.pending = False
+        terms = self.try_births(iteration)
+        g.refused = terms is None
+        return terms
+
+    def try_births(self, iteration: int) -> ElboTerms | None:
+        """The birth proposal towards :meth:`Growth.next_truncation`, accepted on the exact bound."""
+        me: Any = self
+        g, ctx = self.growth, me.ctx
+        k = g.next_truncation()
+        births = k - me.point.n_components
+        parents, kept, children = split_proposals(ctx, me.post, births, iteration, gated=True)
+        if parents.size == 0:
+            return None
+        old_thr = me.thr
+        refined, refined_stats, first = self.refine(me.point)  # first: the current point's pass
+        now, base = me.bound_of(me.point, first)[1], me.bound_of(refined, refined_stats)[1]
+        proposal = split_point(me.point, parents, kept, children, ctx.shift)
+        me.thr = min(old_thr, default_threshold(proposal.sticks)) if old_thr is not None else None
+        point, stats, _ = self.refine(proposal)
+        terms = me.bound_of(point, stats)[1]
+        if terms.total <= max(now.total, base.total) + g.min_gain:
+            me.thr = old_thr
+            return None
+        me.point, me.counts = point, stats.nk.copy()
+        me.velocity = Velocity.zeros(*point.means.shape)  # the children have no momentum; the step restarts
+        me.post = me.posterior()
+        g.truncation, g.grown = k, g.grown + 1
+        ctx.prior = replace(ctx.prior, n_components=k)
+        me.moves.pending = True  # a merge round before an exact fit may converge
+        return terms
+
+    def refine(self, point: DPPoint) -> tuple[DPPoint, SuffStats, SuffStats]:
+        """``grow_iters`` (at least 1) full-data MM steps from ``point`` (MAP assignments of all rows, the
+        learner's threshold rule, re-ordering by count, :func:`vbcore.learners.sga.mm_update`): the refined
+        point, the hard statistics of all rows under it (one more pass: ``grow_iters + 1`` passes), and
+        those under ``point`` itself (the first step's)."""
+        me: Any = self
+        first = None
+        for _ in range(self.growth.iters):
+            stats = me.hard_pass(point)
+            first = stats if first is None else first
+            keep = me.prune_kept(mm_sticks(stats.nk, me.a0), stats.nk)
+            order = keep[np.argsort(-stats.nk[keep], kind="stable")]
+            point = mm_update(take_stats(stats, order), me.ctx.prior, me.a0)
+        assert first is not None, "grow_iters >= 1"
+        return point, me.hard_pass(point), first
+
+    def converged(self, history: list[float], tol: float) -> bool:
+        me: Any = self
+        self.growth.min_gain = tol * me.ctx.n_weight
+        done = super().converged(history, tol)  # type: ignore[misc]
+        return done and not self.growth.wants(n_used(me.post), me.point.n_components)
+
+    def truncation_info(self, used: int) -> dict[str, Any]:
+        if not self.growth.enabled:
+            return super().truncation_info(used)  # type: ignore[misc, no-any-return]
+        return self.growth.info(used)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), **self.growth.state()}  # type: ignore[misc]
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        me: Any = self
+        self.growth.load_state(state)
+        me.ctx.prior = replace(me.ctx.prior, n_components=self.growth.truncation)
+        super().load_state(post, state)  # type: ignore[misc]

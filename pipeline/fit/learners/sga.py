@@ -1,0 +1,175 @@
+"""SGA, SGA+M and SGA+F for the DP mixture (Lim & Jiang 2024 sections 3-4, Algorithm 1).
+
+Each iteration draws a minibatch (``ctx.rng(iteration)``), computes its MAP assignments and hard
+statistics next to the data (one pass over the chunks that hold its rows), and updates the means and
+sticks from the minibatch-averaged gradients (eqs. 14, 16, 18): a constant step (``sga``, eqs. 15,
+17), momentum (``sga-m``, eq. 8) or the empirical-Fisher step (``sga-f``, eqs. 9-11); then prunes
+clusters with ``E[v_k]`` under the threshold and re-orders by descending ``E[v_k]`` (section 4.5).
+
+The ELBO reported per iteration is, by default (``elbo='minibatch'``), the minibatch estimate of
+the exact ELBO (data terms scaled by N/M, assignments from the iteration's E-step) of the
+distribution *entering* the iteration: the minibatch is new to it, so the estimate is unbiased,
+while the distribution after the step was fitted to those rows and would read optimistically (by
+7% of the bound for SVI on MIT67-shaped data, docs/algorithms.md). ``elbo='full'`` spends one more
+full pass per iteration for the exact value of the distribution after the step.
+
+With ``ctx.grow`` (the pipeline's default) and DP weights the truncation also grows by births checked
+every ``grow_every`` iterations and accepted on the exact bound of all rows
+(:mod:`pipeline.fit.learners.point_growth`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipeline.fit.learners import register
+from pipeline.fit.learners.base import FitContext
+from pipeline.fit.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
+from pipeline.fit.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
+from pipeline.fit.learners.point_growth import POINT_GROW_OPTIONS, PointGrowthMixin, check_point_grow_options
+from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
+from vbcore.errors import ConfigError
+from vbcore.learners.sga import Velocity, gradients, sga_step
+from vbcore.learners.sga_stats import map_params, row_bound, scale_stats
+from vbcore.model.elbo import ElboTerms, elbo_terms, minibatch_standard_error
+from vbcore.model.posterior import Posterior
+
+ELBO_MODES = ("minibatch", "full")
+
+
+def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
+    """The options every minibatch learner (sga, sga-m, sga-f, svi) shares."""
+    if opts["minibatch"] < 1:
+        raise ConfigError(f"learner option 'minibatch' of {name!r} must be an integer >= 1 "
+                          f"(rows per iteration), got {opts['minibatch']!r}")
+    if opts["elbo"] not in ELBO_MODES:
+        raise ConfigError(f"learner option 'elbo' of {name!r} must be one of {ELBO_MODES}, "
+                          f"got {opts['elbo']!r}")
+
+
+class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
+    method = "sga"
+    options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch",
+               **HARD_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS,  # merges: pipeline.fit.learners.moves
+               **POINT_GROW_OPTIONS}  # births: pipeline.fit.learners.point_growth
+
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)
+        self.se: float | None = None
+        self.velocity: Velocity | None = None
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        super().check_options(opts)
+        check_range(cls.name, "eta", opts["eta"], 1e-3, 1e-1)  # Algorithm 1, step 3.i
+        check_minibatch_options(cls.name, opts)
+        check_point_grow_options(cls.name, opts)
+        if "alpha" in opts:
+            check_range(cls.name, "alpha", opts["alpha"], 0.0, 1.0)
+
+    def _reorder(self, order: np.ndarray) -> None:
+        super()._reorder(order)  # the candidate search's stored candidates
+        if self.velocity is not None:
+            self.velocity = self.velocity.take(order)
+
+    def start(self, post: Posterior) -> None:
+        if not (self.point is not None and post is self.post):
+            self.velocity = Velocity.zeros(*post.means.shape)
+        super().start(post)
+
+    def initialise(self) -> Posterior:
+        self.velocity = None
+        post = super().initialise()
+        assert self.point is not None
+        self.velocity = Velocity.zeros(*self.point.means.shape)
+        return post
+
+    def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
+        assert self.point is not None and self.post is not None, "start() first"
+        n = self.ctx.n_weight
+        self._iteration = iteration
+        if self.moves.due(iteration):  # merges are judged on all rows: one more full pass
+            self.apply_moves(iteration, self.hard_pass(self.point))
+        handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
+        estimate = self.opts["elbo"] == "minibatch"
+        spread = None
+        if estimate and self.search is None:
+            # each row's share of the bound of the distribution entering the step is summed with
+            # its spread in the same pass, for the estimate's standard error
+            bound = row_bound(self.point, self.sigma2, self.post, self.ctx.shift)
+            params = map_params(self.point, self.sigma2, self.ctx.shift, self.ctx.source.dtype, bound=bound)
+            raw = self.minibatch_pass(params, handles, rows)
+            stats, spread = raw.to_stats(), raw.bound[1]
+        else:  # exact bounds, or the candidate search (which does not sum the rows' shares)
+            stats = self.hard_pass(self.point, handles, rows)
+        mw = minibatch_weight(stats, m)  # its rows, or their total weight
+        grad = gradients(stats, self.point, self.ctx.prior, self.sigma2, n, self.a0)
+        new, vel = sga_step(self.point, grad, method=self.method, eta=float(self.opts["eta"]),
+                            sigma2=self.sigma2, velocity=self.velocity,
+                            alpha=float(self.opts.get("alpha", 0.9)))
+        self.velocity = vel
+        counts = stats.nk * (n / mw)
+        terms = None
+        self.se = None
+        if estimate:
+            # the distribution entering this step has not seen this minibatch: its bound estimated
+            # here is unbiased (the stepped one was fitted to these rows and reads optimistically)
+            terms = elbo_terms(scale_stats(stats, n / mw), self.post, self.ctx.prior)
+            if spread is not None:
+                self.se = minibatch_standard_error(n, mw, spread)
+        self._set(new, counts)
+        if terms is None:
+            terms = self.exact_terms()
+        self.post = self.posterior()
+        grown = self.grow_check(iteration)  # births (pipeline.fit.learners.point_growth)
+        if grown is not None:
+            terms, self.se = grown, None
+        return self.post, terms
+
+    def bound_kind(self) -> str:
+        return "minibatch estimate" if self.opts["elbo"] == "minibatch" else "exact"
+
+    def bound_se(self) -> float | None:
+        return self.se
+
+    def final_terms(self) -> ElboTerms | None:
+        if self.bound_kind() == "exact":
+            return None
+        return self.exact_terms()  # one full MAP pass; the counts and posterior follow it
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = super().state()
+        if self.method == "sga-m" and self.velocity is not None:
+            out.update({"velocity_mu": self.velocity.mu, "velocity_v": self.velocity.v})
+        return out
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        super().load_state(post, state)
+        k, d = post.means.shape
+        self.velocity = (Velocity(np.asarray(state["velocity_mu"]), np.asarray(state["velocity_v"]))
+                         if "velocity_mu" in state else Velocity.zeros(k, d))
+
+
+@register("sga")
+class SGA(_SGA):
+    """Constant step size (Lim & Jiang 2024 section 3.1)."""
+
+    method = "sga"
+
+
+@register("sga-m")
+class SGAMomentum(_SGA):
+    """Momentum (Lim & Jiang 2024 section 3.2, eq. 8)."""
+
+    method = "sga-m"
+    options = {**_SGA.options, "alpha": 0.9}
+
+
+@register("sga-f")
+class SGAFisher(_SGA):
+    """Empirical-Fisher adaptive step size (Lim & Jiang 2024 section 3.3, eqs. 9-11)."""
+
+    method = "sga-f"

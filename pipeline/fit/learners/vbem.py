@@ -1,0 +1,254 @@
+"""VB EM (Kuusela et al. 2009 eqs. 35-41): one E-step pass over the chunks, then the M-step on the driver.
+
+Options beyond the plain algorithm: the truncated E-step over candidate clusters per row
+(``candidates``, :mod:`pipeline.fit.learners.truncated`; Forster & Lücke 2018) and merge/delete moves on
+the exact ELBO (``moves``, :mod:`pipeline.fit.learners.moves`; Hughes & Sudderth 2013). Both are off by
+default; they combine (:mod:`vbcore.moves.truncated`). Memoized statistics (``memo``,
+:mod:`pipeline.fit.learners.memo`) combine with the moves and births, not with the truncated E-step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from pipeline.fit.learners import register
+from pipeline.fit.learners.growth import Growth, default_limit, n_used, propose
+from pipeline.fit.learners.memo import MemoStats, check_memo_option
+from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, check_move_options
+from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
+from vbcore.errors import ConfigError
+from vbcore.kernels.estep import KernelResult, estep_params, vbem_kernel
+from vbcore.model.elbo import ElboTerms, elbo_terms
+from vbcore.model.empirical import empirical_update, prior_from_state, prior_state
+from vbcore.model.mstep import m_step
+from vbcore.model.posterior import Posterior
+from vbcore.model.stats import SuffStats
+
+
+def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
+    """One E-step + statistics pass with responsibilities from ``post``."""
+    return ctx.engine.map_reduce(vbem_kernel, ctx.handles, estep_params(post, ctx.shift))
+
+
+@register("vbem")
+class VBEM(TruncatedLearner):
+    """Variational Bayesian EM: q(Z) from the current q(theta), then q(theta) from q(Z).
+
+    The ELBO reported after iteration t is that of (q(Z) from the E-step, q(theta) from the M-step
+    that followed), which never decreases for ``reg_covar = 0`` (Bishop 2006 sec. 10.2)."""
+
+    #: DP pruning (issue 6): components whose expected count N_k falls under ``prune_below`` rows are
+    #: dropped after the M-step (the bound moves by about N_k nats); ``reorder`` sorts the sticks by
+    #: descending N_k before the M-step (which never lowers the bound, Lim & Jiang 2024 section 4.5;
+    #: off by default, so the trajectory stays scikit-learn's). ``candidates`` > 0: the truncated
+    #: E-step; ``moves``: merge/delete moves.
+    #: ``grow_iters``: iterations a birth proposal may take to beat the converged bound
+    #: (:mod:`pipeline.fit.learners.growth`). With ``priors='empirical'`` the free hyperparameters are
+    #: re-estimated after every M-step (:mod:`vbcore.model.empirical`).
+    #: ``moves='auto'``: merge and delete moves where the truncation grows (``grow``, the pipeline's
+    #: default, so K also shrinks on the bound), none otherwise (scikit-learn's trajectory).
+    options = {"prune_below": 1e-6, "reorder": False, "grow_iters": 5, **TRUNCATED_OPTIONS, **MOVE_OPTIONS,
+               "moves": "auto", "memo": 0.0, "memo_stop": "gain"}
+    empirical_bayes = True
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        check_truncated_options(cls.name, opts)
+        check_move_options(cls.name, {**opts, "moves": "none"} if opts["moves"] == "auto" else opts)
+        check_memo_option(cls.name, opts["memo"], opts["memo_stop"])
+        if opts["memo"] > 0 and opts["candidates"] > 0:
+            raise ConfigError(f"learner option 'memo' of {cls.name!r} keeps the exact E-step's statistics: "
+                              "it cannot be combined with 'candidates' > 0 yet")
+        if int(opts["grow_iters"]) < 1:
+            raise ConfigError(f"learner option 'grow_iters' of {cls.name!r} must be >= 1, "
+                              f"got {opts['grow_iters']!r}")
+
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        super().check_spec(spec)
+        opts = spec.learner_options  # every covariance type has the truncated E-step; not all its moves
+        if (int(opts.get("candidates", 0)) > 0 and spec.covariance == "tied"
+                and opts.get("moves", "none") not in ("none", "auto")):
+            raise ConfigError(f"learner options 'candidates' and 'moves' of {cls.name!r} cannot be combined "
+                              "for covariance 'tied' yet; use candidates=0 (the exact E-step) with moves")
+
+    def __init__(self, ctx, options=None) -> None:  # type: ignore[no-untyped-def]
+        options = dict(options or {})
+        if float(options.get("memo", 0.0)) > 0 and int(options.get("candidates", -1)) == -1:
+            options["candidates"] = 0  # memoized statistics are the exact E-step's
+        super().__init__(ctx, options)
+        if self.opts["moves"] == "auto":
+            tied_trunc = ctx.covariance_type == "tied" and int(self.opts.get("candidates", 0)) > 0
+            dp = ctx.weight_type == "dirichlet_process"
+            self.opts["moves"] = "merge,delete" if ctx.grow and dp and not tied_trunc else "none"
+        self.moves = Moves(self.name, self.opts)
+        memo = float(self.opts["memo"])
+        self.memo = MemoStats(ctx, memo, str(self.opts["memo_stop"])) if memo > 0 else None
+        if self.memo is not None:  # move_every counts passes: a lap of visits is ceil(1 / memo) iterations
+            self.moves.opts["move_every"] = int(self.opts["move_every"]) * math.ceil(1.0 / memo)
+        start = int(ctx.prior.n_components)
+        limit = ctx.max_components if ctx.max_components is not None else default_limit(start, ctx.n_rows)
+        enabled = ctx.grow and ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
+        self.growth = Growth(enabled, start, limit, int(self.opts["grow_iters"]))
+        self.iteration = 0  # the last step's (the memoized convergence test's lap ends there)
+        self.round = False  # the last step was a move round (a full pass)
+
+    def start_warm(self, post: Posterior) -> None:
+        """Begin from ``post``, a finished fit's, with a truncation it does not saturate
+        (:meth:`pipeline.fit.learners.growth.Growth.warm_prior`)."""
+        self.ctx.prior = self.growth.warm_prior(self.ctx.prior, post.n_components)
+        self.start(post)
+
+    def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
+        assert self.post is not None, "start() first"
+        self.iteration, self.round = iteration, False
+        if self.growth.pending:
+            return self.grow(iteration)
+        trunc = self.truncated
+        if trunc is not None and self.moves.due(iteration):
+            k = self.post.n_components
+            stats = self.moves.choose_truncated(self.ctx, trunc.run(self.post, iteration,
+                                                                    self.moves.truncated_request(k)))
+            self.relabel_components(*self.moves.relabelling)
+        elif trunc is not None:
+            stats = trunc.run(self.post, iteration).stats
+        elif self.moves.due(iteration):
+            memo, self.round = self.memo, True
+            stats = self.moves.run(self.ctx, self.post, None if memo is None else
+                                   lambda params: memo.run_moves(params, iteration))
+            if memo is not None and (self.moves.last_round["merges"] or self.moves.last_round["deleted"]):
+                memo.invalidate()  # the accepted moves' q(Z) is no chunk's kept one
+            # (a round on kept shares visits some chunks: the memoized convergence test follows it)
+            self.round = memo is None or memo.last_full
+        elif self.memo is not None:
+            stats = self.memo.run(estep_params(self.post, self.ctx.shift), iteration).stats
+            if self.memo.absorbed:  # new rows beside adopted statistics: the round comes now
+                self.moves.round_next()
+        else:
+            stats = vbem_pass(self.ctx, self.post).stats
+        if self.ctx.weight_type == "dirichlet_process" and self.opts["reorder"]:
+            order = np.argsort(-stats.nk, kind="stable")
+            stats = stats.take(order)
+            self.relabel_components(order)
+        terms, keep = self.update(stats)
+        if keep is not None:
+            self.relabel_components(kept_components(self.post, keep))
+        self.moves.observe(iteration, stats, keep, self.post, self.ctx.prior, self.ctx.reg_covar)
+        return self.post, terms
+
+    def update(self, stats: SuffStats) -> tuple[ElboTerms, np.ndarray | None]:
+        """M-step, empirical Bayes (the prior's free hyperparameters), the exact bound, pruning:
+        sets ``self.post`` and ``self.ctx.prior``; returns the bound and the kept mask (None: no pruning)."""
+        ctx = self.ctx
+        post = m_step(stats, ctx.prior, ctx.reg_covar)
+        ctx.prior = empirical_update(ctx.prior, post)  # never lowers the bound of (stats, post)
+        terms = elbo_terms(stats, post, ctx.prior)
+        self.growth.last = terms
+        # 'tied' keeps all K: its shared q(Lambda) depends on K (nu = nu0 + N/K), so dropping one
+        # component would change every other's posterior (docs/algorithms.md)
+        prune = ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
+        keep = stats.nk >= float(self.opts["prune_below"]) if prune else None
+        self.post = post if keep is None else prune_components(post, keep)
+        return terms, keep
+
+    def grow(self, iteration: int) -> tuple[Posterior, ElboTerms]:
+        """The birth proposal doubling the truncation, accepted at the first of ``grow_iters`` exact
+        iterations whose bound beats the converged one (:mod:`pipeline.fit.learners.growth`); refused, the
+        fit keeps its posterior and bound (the history repeats its last value and the fit ends)."""
+        assert self.post is not None and self.growth.last is not None
+        growth, ctx = self.growth, self.ctx
+        growth.pending = False
+        old_post, old_prior, last = self.post, ctx.prior, growth.last
+        kept = None if self.memo is None else self.memo.snapshot()
+        k = growth.next_truncation()
+        proposal = propose(ctx, old_post, old_prior, k, iteration, gated=not growth.double)
+        if proposal is not None:
+            ctx.prior = replace(old_prior, n_components=k)
+            self.post = proposal
+            for _ in range(growth.iters):
+                stats = self.full_pass(iteration)
+                terms, keep = self.update(stats)
+                if keep is not None and self.memo is not None:
+                    self.memo.relabel(kept_components(self.post, keep))
+                if terms.total > last.total + growth.min_gain:
+                    growth.truncation, growth.grown = k, growth.grown + 1
+                    if self.truncated is not None:  # new candidate sets for the new components
+                        self.truncated.start(self.post)
+                    self.moves.restart(iteration, stats, keep, self.post, ctx.prior, ctx.reg_covar)
+                    return self.post, terms
+        ctx.prior, self.post, growth.last, growth.refused = old_prior, old_post, last, True
+        if kept is not None and self.memo is not None:  # q(Z) and q(theta) as before the proposal
+            self.memo.restore(kept)
+        return old_post, last
+
+    def full_pass(self, iteration: int) -> SuffStats:
+        """A pass over every chunk (a birth proposal's): memoized statistics keep theirs."""
+        assert self.post is not None
+        if self.memo is None:
+            return vbem_pass(self.ctx, self.post).stats
+        every = np.arange(len(self.ctx.handles))
+        return self.memo.run(estep_params(self.post, self.ctx.shift), iteration, visit=every).stats
+
+    def converged(self, history: list[float], tol: float) -> bool:
+        if self.memo is not None and not self.round:  # over the last lap of visits, per unit of weight
+            base = self.memo.converged(history, tol, self.ctx.n_weight, self.iteration)
+        else:  # (a move round is a full pass, whatever it did to the kept statistics)
+            base = super().converged(history, tol)
+        done = self.moves.converged(base)
+        assert self.post is not None
+        self.growth.min_gain = tol * self.ctx.n_weight
+        return done and not self.growth.wants(n_used(self.post), self.post.n_components)
+
+    def truncation_info(self, used: int) -> dict[str, Any]:
+        return self.growth.info(used)
+
+    def relabel_components(self, kept: np.ndarray, moved: np.ndarray | None = None) -> None:
+        super().relabel_components(kept, moved)
+        if self.memo is not None:
+            self.memo.relabel(kept)
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = super().state()
+        out.update(self.moves.state())
+        if self.memo is not None:
+            out.update(self.memo.state())
+        out.update(self.growth.state())
+        out.update(prior_state(self.ctx.prior))
+        return out
+
+    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        super().load_state(post, state)
+        self.moves.load_state(state)
+        self.growth.load_state(state)
+        self.ctx.prior = replace(prior_from_state(self.ctx.prior, state), n_components=self.growth.truncation)
+        if self.memo is not None:
+            self.memo.load_state(state)
+
+    def keep_state(self) -> dict[str, np.ndarray]:
+        return {} if self.memo is None else self.memo.state()
+
+    def adopt(self, state: Mapping[str, np.ndarray]) -> int:
+        if self.memo is None or self.post is None:
+            return 0
+        return self.memo.adopt(state, self.post.n_components)
+
+
+def prune_components(post: Posterior, keep: np.ndarray) -> Posterior:
+    """The posterior of the components ``keep`` (a mask; the largest is kept if none is)."""
+    if keep.all():
+        return post
+    idx = kept_components(post, keep)
+    nu = None if post.degrees_of_freedom is None else post.degrees_of_freedom[idx]
+    return Posterior(post.covariance_type, post.weight_type, post.weight_concentration[..., idx],
+                     post.mean_precision[idx], post.means[idx], nu, post.covariances[idx],
+                     post.precisions_cholesky[idx])
+
+
+def kept_components(post: Posterior, keep: np.ndarray) -> np.ndarray:
+    """The indices :func:`prune_components` keeps."""
+    return np.flatnonzero(keep) if keep.any() else np.array([int(np.argmax(post.weight_concentration[0]))])

@@ -1,0 +1,98 @@
+"""The projection stage of a fit (``--pca P [--whiten]``): one engine pass, then every chunk projected.
+
+:func:`projection_pass` reads every chunk once (streamed, never persisted: the store is not
+copied), reduces the rows' mean and centred scatter over the engine's fixed-order tree
+(:mod:`vbcore.data.projection`; both engines give the same bits) and takes the eigendecomposition on the
+driver. The fit then passes the :class:`~vbcore.data.projection.Projection` to
+:func:`vbcore.kernels.estep.prepare_chunk`, the one place where chunks are made: every learner, the
+initialisation, ``predict``, ``assign``, warm starts and scheduled refreshes see projected rows.
+:class:`ProjectedSource` gives the driver's own reads (the shift, the k-means sample) the same rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.engine.blas import one_blas_thread
+from pipeline.engine.sources import ArraySource
+from vbcore.data.projection import Projection, RowMoments, check_pca, fit_projection, moments_kernel
+from vbcore.errors import ConfigError
+
+
+def _rows(x: Any) -> Any:
+    """A chunk's rows as they are (the projection pass prepares nothing)."""
+    return x
+
+
+def data_moments(engine: Any, source: Any) -> RowMoments:
+    """Row count, mean and centred scatter of the whole source: one streamed pass on ``engine``."""
+    handles = engine.prepare(source, _rows, persist="never")
+    try:
+        where = None if isinstance(source, ArraySource) else source.describe()
+        shift = np.asarray(source.load(0)[0], dtype=np.float64)
+        return engine.map_reduce(moments_kernel, handles, shift, where,
+                                 per_chunk=[s.start for s in source.chunk_slices()])
+    finally:
+        engine.release(handles)
+
+
+def projection_pass(engine: Any, source: Any, n_components: int, whiten: bool) -> Projection:
+    """The projection of ``source`` onto its ``n_components`` leading principal components."""
+    check_pca(int(n_components), source.n_features, source.n_rows)
+    moments = data_moments(engine, source)
+    eps = float(np.finfo(np.float32 if np.dtype(source.dtype) == np.float32 else np.float64).eps)
+    # one BLAS thread, as the chunk kernels: eigenvectors whose bits do not depend on the driver's
+    # cores (and on a busy 2-core machine LAPACK's eigh at D = 4096 took 7 CPU s on one thread,
+    # 20 on two)
+    with one_blas_thread():
+        return fit_projection(moments, int(n_components), bool(whiten), eps=eps)
+
+
+def check_projection(projection: Projection, n_features: int, pca: int | None, whiten: bool,
+                     what: str) -> None:
+    """A given projection (a warm start's, a checkpoint's) against the data and the settings."""
+    have = (projection.n_features_in, projection.n_components, projection.whiten)
+    want = (n_features, pca, bool(whiten))
+    if have != want:
+        names = ("n_features", "pca", "whiten")
+        diff = "; ".join(f"{n} {a!r} -> {b!r}" for n, a, b in zip(names, have, want, strict=True) if a != b)
+        raise ConfigError(f"{what}: its projection does not match the data or settings ({diff})")
+
+
+@dataclass
+class ProjectedSource:
+    """A row source seen through a projection: ``load(i)`` gives projected rows (the driver's
+    reads: the shift, the k-means sample); everything else is the inner source's."""
+
+    inner: Any
+    projection: Projection
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.inner.n_rows)
+
+    @property
+    def n_features(self) -> int:
+        return self.projection.n_components
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.inner.dtype)
+
+    def chunk_slices(self) -> list[slice]:
+        return list(self.inner.chunk_slices())
+
+    def load(self, i: int) -> np.ndarray:
+        with one_blas_thread():  # the bits of the engines' prepared chunks
+            return np.asarray(self.projection.apply(self.inner.load(i)))
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} projected to {self.n_features} principal components"
+
+    def __getattr__(self, name: str) -> Any:  # fingerprint, labels, path, ...
+        if name in ("inner", "projection"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)

@@ -1,0 +1,308 @@
+"""The projection stage: principal components of the rows, computed in one pass and applied per chunk.
+
+Three pieces, each usable alone:
+
+* :func:`row_moments` -- a chunk's row count, mean and *centred* scatter ``sum (x - xbar)(x - xbar)^T``
+  in float64; :meth:`RowMoments.merge` combines two parts with the pairwise correction of Chan et al.
+  1979 (``S = S_a + S_b + n_a n_b / n (xbar_b - xbar_a)(xbar_b - xbar_a)^T``), so an
+  engine's fixed-order tree reduction gives the moments of the whole matrix in one pass without
+  the cancellation of ``sum x x^T - n xbar xbar^T`` on data far from the origin;
+* :func:`fit_projection` -- the eigendecomposition of the covariance on the driver (float64), the
+  ``p`` leading eigenvectors with a fixed sign, optionally whitened;
+* :class:`Projection` -- ``(x - mean) @ W`` on a chunk, one GEMM in the data's dtype (float32 data:
+  a float32 GEMM), in the chunk's array namespace (NumPy or CuPy).
+
+Float32 rows are centred in float64 and multiplied with float32 products of at most ``BLOCK_ROWS``
+rows, each block's product summed into float64 (the project's rule: float32 GEMMs, float64
+accumulators); float64 rows use float64 products. On NumPy rows each product is a BLAS SYRK (the
+upper triangle: half a GEMM's flops) into reused buffers, so the pass costs what its ``N D^2``
+flops cost; other array namespaces (CuPy) use ``xc.T @ xc``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+import scipy.linalg.blas
+
+from vbcore.data.validation import check_finite
+from vbcore.errors import ConfigError, InputError
+
+Array = Any
+
+#: rows per float32 SYRK of a chunk's scatter; each block's product is added in float64
+BLOCK_ROWS = 4096
+#: bytes of the float64 scratch in which rows are centred (small enough to stay in cache)
+SCRATCH_BYTES = 1 << 20
+#: keys of a projection in a saved run (``posterior.npz``) or a checkpoint
+KEYS = ("projection_mean", "projection_components", "projection_variances", "projection_whiten",
+        "projection_n_rows")
+
+
+@dataclass(frozen=True)
+class RowMoments:
+    """Row count, mean and centred scatter of a set of rows (float64).
+
+    Attributes
+    ----------
+    n : int
+    shift : ndarray of shape (D,)
+        A reference point common to every part (the first row of the data).
+    offset : ndarray of shape (D,)
+        The mean minus ``shift``: small numbers, exact to the precision of the data's spread even
+        far from the origin, so the merges' mean differences lose nothing.
+    scatter : ndarray of shape (D, D)
+        ``sum_n (x_n - mean)(x_n - mean)^T``.
+    """
+
+    n: int
+    shift: np.ndarray
+    offset: np.ndarray
+    scatter: np.ndarray
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.shift + self.offset
+
+    def merge(self, other: RowMoments) -> RowMoments:
+        """The moments of both sets (Chan et al. 1979, the pairwise update)."""
+        return self._merged(other, None)
+
+    def merge_owned(self, other: RowMoments) -> RowMoments:
+        """:meth:`merge` adding into ``self.scatter`` (the same bits, no new D x D array): only for
+        moments nothing else holds (the local engine's reduction)."""
+        return self._merged(other, self.scatter)
+
+    def _merged(self, other: RowMoments, out: np.ndarray | None) -> RowMoments:
+        if self.n == 0:
+            return other
+        if other.n == 0:
+            return self
+        n = self.n + other.n
+        delta = other.offset - self.offset
+        offset = self.offset + delta * (other.n / n)
+        scatter = np.add(self.scatter, other.scatter, out=out)
+        _add_outer(scatter, delta, delta * (self.n * other.n / n))
+        return RowMoments(n, self.shift, offset, scatter)
+
+    def covariance(self) -> np.ndarray:
+        """The unbiased sample covariance ``scatter / (n - 1)``."""
+        return self.scatter / max(self.n - 1, 1)
+
+
+def check_pca(pca: int, n_features: int, n_rows: int | None = None) -> None:
+    """``pca`` against the data's shape: at most the features, and at most the rows."""
+    if pca > n_features:
+        raise ConfigError(f"pca (--pca) must be at most the number of features ({n_features}), got {pca}")
+    if n_rows is not None and pca > n_rows:
+        raise ConfigError(f"pca (--pca) must be at most the number of rows ({n_rows}), got {pca}")
+
+
+def moments_kernel(x: Array, offset: int, shift: np.ndarray, where: str | None) -> RowMoments:
+    """A chunk's :class:`RowMoments` (an engine kernel); rows of sources not validated on the driver
+    (``where`` names the source) are first checked for non-finite values (one line naming the row;
+    device rows are checked on the device, copied only to name a bad row)."""
+    from vbcore.kernels.estep import array_namespace, to_numpy
+
+    if where is not None:
+        xp = array_namespace(x)
+        if xp is np or not bool(xp.all(xp.isfinite(x))):
+            check_finite(x if xp is np else to_numpy(x), where, first_row=offset,
+                         hint="clean the data (vbcluster ingest rejects or drops such rows)")
+    return row_moments(x, shift)
+
+
+def row_moments(x: Array, shift: np.ndarray) -> RowMoments:
+    """The :class:`RowMoments` of one chunk's rows, shape (n_rows, D), in their array namespace
+    (NumPy, CuPy, any array-API library), returned as float64 NumPy arrays; ``shift`` (float64,
+    shape (D,)) is the reference point every part shares."""
+    from vbcore.kernels.estep import array_namespace, to_numpy
+
+    xp = array_namespace(x)
+    if x.dtype not in (xp.float32, xp.float64):
+        x = xp.astype(x, xp.float64)
+    shift = np.asarray(shift, dtype=np.float64)
+    n, d = x.shape
+    if n == 0:
+        return RowMoments(0, shift, np.zeros(d), np.zeros((d, d)))
+    s = xp.asarray(shift, dtype=xp.float64)
+    # a first mean, then the sums of the rows centred on it: the (naive) column sums' rounding
+    # does not reach the mean, and the scatter is summed over centred rows
+    guess = (xp.sum(x, axis=0, dtype=xp.float64) - n * s) / n
+    if xp is np:
+        residual, scatter = _centred_scatter_blas(x, shift, guess)
+        _add_outer(scatter, -residual, residual / n)  # the scatter about the corrected mean
+        return RowMoments(n, shift, guess + residual / n, scatter)
+    scatter, residual = xp.zeros((d, d), dtype=xp.float64), xp.zeros(d, dtype=xp.float64)
+    for start in range(0, n, BLOCK_ROWS):
+        xc = (xp.astype(x[start:min(start + BLOCK_ROWS, n), :], xp.float64) - s) - guess
+        residual += xp.sum(xc, axis=0)
+        xc = xp.astype(xc, x.dtype, copy=False)
+        scatter += xp.astype(xp.matrix_transpose(xc) @ xc, xp.float64)  # a GEMM in the data's dtype
+    scatter -= residual[:, None] * (residual / n)[None, :]  # the scatter about the corrected mean
+    return RowMoments(n, shift, to_numpy(guess + residual / n), to_numpy(scatter))
+
+
+def _centred_scatter_blas(x: np.ndarray, shift: np.ndarray,
+                          guess: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy rows: ``sum_n xc_n`` and ``sum_n xc_n xc_n^T`` of ``xc = (x - shift) - guess``.
+
+    Each block of :data:`BLOCK_ROWS` rows is centred in float64 a few rows at a time (a scratch that
+    stays in cache), written once in the data's dtype into a reused buffer, and multiplied by a BLAS
+    SYRK (``ssyrk`` for float32 rows, ``dsyrk`` for float64: the upper triangle only, half a GEMM's
+    flops) whose product is added into a float64 accumulator; the triangle is mirrored once at the end.
+    """
+    n, d = x.shape
+    dtype = x.dtype
+    rows = min(BLOCK_ROWS, n)
+    block = np.empty((rows, d), dtype=dtype)  # block.T is (D, rows) in Fortran order: SYRK's A
+    acc = np.zeros((d, d), dtype=np.float64, order="F")  # the upper triangle is summed
+    single = dtype == np.float32
+    product = np.zeros((d, d), dtype=np.float32, order="F") if single else acc
+    scratch = np.empty((max(1, SCRATCH_BYTES // (8 * d)), d), dtype=np.float64)
+    residual = np.zeros(d, dtype=np.float64)
+    syrk = scipy.linalg.blas.ssyrk if single else scipy.linalg.blas.dsyrk
+    for start in range(0, n, rows):
+        m = min(rows, n - start)
+        for i in range(0, m, len(scratch)):
+            j = min(i + len(scratch), m)
+            t = scratch[:j - i]
+            np.subtract(x[start + i:start + j], shift, out=t)
+            np.subtract(t, guess, out=t)
+            residual += np.sum(t, axis=0)
+            block[i:j] = t  # float32 rows: rounded once, as the float32 GEMM sees them
+        # product = A A^T with A = block[:m].T (D x m): the scatter of the block's rows
+        out = syrk(1.0, block[:m].T, beta=1.0 if product is acc else 0.0, c=product, trans=0,
+                   lower=0, overwrite_c=1)
+        if not np.shares_memory(out, product):  # pragma: no cover - SciPy copies only a wrong layout
+            raise RuntimeError("the SYRK did not write into its output buffer")
+        if single:
+            acc += product
+    return residual, _mirror_upper(acc)
+
+
+def _mirror_upper(acc: np.ndarray) -> np.ndarray:
+    """The symmetric matrix whose upper triangle is that of the Fortran-ordered ``acc`` (C order,
+    in ``acc``'s memory: its transpose's lower triangle is copied above the diagonal, in row blocks)."""
+    m = acc.T  # C order; m's lower triangle holds acc's upper one
+    d, step = m.shape[0], 256
+    for i in range(0, d, step):
+        j = min(i + step, d)
+        diag = m[i:j, i:j]
+        diag[...] = np.tril(diag) + np.tril(diag, -1).T
+        m[i:j, j:] = m[j:, i:j].T
+    return m
+
+
+def _add_outer(a: np.ndarray, u: np.ndarray, v: np.ndarray) -> None:
+    """``a += outer(u, v)`` in place, a row block at a time (no D x D temporary; the same bits)."""
+    step = max(1, SCRATCH_BYTES // (8 * max(len(v), 1)))
+    for i in range(0, len(u), step):
+        a[i:i + step] += np.outer(u[i:i + step], v)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """``x -> (x - mean) @ components * scale``: the leading principal components of the data.
+
+    Attributes
+    ----------
+    mean : ndarray of shape (D,)
+        The data mean (float64).
+    components : ndarray of shape (D, p)
+        Orthonormal eigenvectors of the covariance, by decreasing eigenvalue; each column's entry of
+        largest magnitude is positive (a fixed sign, as scikit-learn's ``svd_flip``).
+    variances : ndarray of shape (p,)
+        The covariance's eigenvalues (``scatter / (n - 1)``): the variance along each component.
+    whiten : bool
+        Divide each coordinate by its standard deviation (unit variance along every component).
+    n_rows : int
+        Rows the moments were computed from.
+    """
+
+    mean: np.ndarray
+    components: np.ndarray
+    variances: np.ndarray
+    whiten: bool
+    n_rows: int
+
+    @property
+    def n_features_in(self) -> int:
+        return int(self.components.shape[0])
+
+    @property
+    def n_components(self) -> int:
+        return int(self.components.shape[1])
+
+    def matrix(self) -> np.ndarray:
+        """``W`` of shape (D, p), float64: the components, divided by the standard deviations when
+        whitening."""
+        if not self.whiten:
+            return self.components
+        return self.components / np.sqrt(self.variances)[None, :]
+
+    def apply(self, x: Array) -> Array:
+        """``(x - mean) @ W`` of rows of shape (n, D), in their array namespace and dtype (one GEMM)."""
+        from vbcore.kernels.estep import array_namespace
+
+        if x.shape[1] != self.n_features_in:
+            raise InputError(f"the projection takes rows of {self.n_features_in} features, got "
+                             f"{x.shape[1]}")
+        xp = array_namespace(x)
+        dtype = x.dtype if x.dtype in (xp.float32, xp.float64) else xp.float64
+        x = xp.asarray(x, dtype=dtype)
+        return (x - xp.asarray(self.mean, dtype=dtype)) @ xp.asarray(self.matrix(), dtype=dtype)
+
+    def inverse(self, y: np.ndarray) -> np.ndarray:
+        """Rows of the projected space mapped back to the input space (float64): ``y W^+ + mean``."""
+        y = np.asarray(y, dtype=np.float64)
+        if self.whiten:
+            y = y * np.sqrt(self.variances)[None, :]
+        return y @ self.components.T + self.mean
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The projection as named arrays (:data:`KEYS`), for ``posterior.npz`` and checkpoints."""
+        return dict(zip(KEYS, (self.mean, self.components, self.variances, np.asarray(self.whiten),
+                               np.asarray(self.n_rows, dtype=np.int64)), strict=True))
+
+    @classmethod
+    def from_arrays(cls, arrays: Any) -> Projection | None:
+        """The projection saved by :meth:`to_arrays`, or None when ``arrays`` holds none."""
+        if KEYS[0] not in arrays:
+            return None
+        mean, components, variances = (np.asarray(arrays[k], dtype=np.float64) for k in KEYS[:3])
+        return cls(mean, components, variances, bool(arrays[KEYS[3]]), int(arrays[KEYS[4]]))
+
+
+def fit_projection(moments: RowMoments, n_components: int, whiten: bool = False,
+                   eps: float = float(np.finfo(np.float64).eps)) -> Projection:
+    """The ``n_components`` leading principal components of the rows the moments describe.
+
+    ``eps`` is the relative precision of the scatter (that of the GEMMs that summed it: float32's
+    for float32 rows): eigenvalues at most ``D * eps * lambda_max`` count as zero, so whitening
+    them is refused."""
+    d, p = moments.mean.shape[0], int(n_components)
+    check_pca(p, d, moments.n)
+    cov = moments.covariance()
+    cov = (cov + cov.T) * 0.5  # exactly symmetric for eigh
+    # only the P leading eigenpairs (LAPACK's MRRR, dsyevr): at D = 4096 the full decomposition
+    # costs more than the pass that summed the scatter
+    values, vectors = scipy.linalg.eigh(cov, subset_by_index=[d - p, d - 1], driver="evr")
+    values, vectors = values[::-1], vectors[:, ::-1]
+    big = np.argmax(np.abs(vectors), axis=0)
+    vectors = vectors * np.sign(vectors[big, np.arange(p)])[None, :]
+    floor = d * eps * max(float(values[0]), 0.0) if p else 0.0
+    if whiten:
+        bad = np.flatnonzero(values <= floor)
+        if bad.size:
+            j = int(bad[0])
+            fix = f"use --pca {j} or less, or drop --whiten" if j else "drop --whiten"
+            raise ConfigError(
+                f"whiten (--whiten): principal component {j + 1} of {p} has variance "
+                f"{float(values[j]):.3g} (not above {floor:.3g}): the data span only {j} dimension(s); "
+                f"{fix}")
+    return Projection(moments.mean.copy(), np.ascontiguousarray(vectors), np.maximum(values, 0.0),
+                      bool(whiten), int(moments.n))

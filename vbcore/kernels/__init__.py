@@ -1,0 +1,12 @@
+"""Chunk kernels: the VB E-step and its statistics as GEMMs (:mod:`.estep`, :mod:`.blockgemm`,
+:mod:`.spread`), the truncated E-step and MAP search on candidate clusters (:mod:`.truncated`,
+:mod:`.truncated_map`, :mod:`.neighbours`) and the fit setup's kernels (:mod:`.init`)."""
+
+from __future__ import annotations
+
+from vbcore.lazy import exports
+
+__getattr__, __dir__ = exports(__name__, {
+    "Chunk": "estep", "prepare_chunk": "estep", "estep_params": "estep", "vbem_kernel": "estep",
+    "chunk_statistics": "estep", "array_namespace": "estep", "to_numpy": "estep",
+})
