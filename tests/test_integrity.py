@@ -12,9 +12,10 @@ import pytest
 import zarr
 from typer.testing import CliRunner
 
-from pipeline import VBMixture, integrity
+from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.engine.sources import StoreSource
+from pipeline.store import integrity
 from pipeline.store.features import FeatureStore
 from pipeline.store.integrity import StoreIntegrityWarning
 from vbcore.errors import StoreError
