@@ -83,7 +83,7 @@ def pass_parts(store: str, pca: int) -> dict[str, list[float]]:
     from pipeline.engine.blas import one_blas_thread
     from pipeline.engine.engines import tree_reduce
     from pipeline.engine.sources import StoreSource
-    from vbcore.data.projection import fit_projection, row_moments
+    from vbcore.kernels.projection import fit_projection, row_moments
 
     src = StoreSource(store)
     parts = {"read": [0.0, 0.0], "moments": [0.0, 0.0], "merges": [0.0, 0.0], "eigh": [0.0, 0.0]}

@@ -30,10 +30,10 @@ from pipeline.fit.driver import FitOutcome, n_effective, run_fit
 from pipeline.fit.setup import open_source
 from pipeline.fit.spec import FitSpec
 from pipeline.store import CHUNK_ROWS
-from vbcore.data.projection import Projection
 from vbcore.data.validation import check_array_2d, check_weights
 from vbcore.errors import ConfigError, InputError, TruncationWarning, truncation_message
 from vbcore.kernels.estep import estep_params, prepare_chunk, responsibilities
+from vbcore.kernels.projection import Projection
 from vbcore.model.elbo import ElboTerms
 from vbcore.model.posterior import Posterior
 from vbcore.model.predictive import posterior_predictive_logpdf

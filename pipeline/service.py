@@ -34,8 +34,8 @@ from pipeline.files.locks import RunLock
 from pipeline.fit.setup import check_prior_settings
 from pipeline.fit.spec import FitSpec
 from pipeline.runs.directory import load_model, read_result, save_run
-from vbcore.data.projection import check_pca
 from vbcore.errors import ConfigError, InputError, TruncationWarning
+from vbcore.kernels.projection import check_pca
 
 RUN_SPEC = "run.json"
 #: what a run directory may hold; ``restart`` removes these before a new fit

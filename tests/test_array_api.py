@@ -222,7 +222,7 @@ def test_vbem_loop_on_strict_chunks_matches_numpy(xps, data, ct, dtype):
 def test_hard_kernel_on_standard_arrays_matches_numpy(xps, rows):
     """MAP assignments and hard statistics through the standard namespace (the CuPy route: one-hot
     GEMMs, float64 accumulators on the device) give the NumPy kernel's counts and sums."""
-    from vbcore.learners.sga_stats import DPPoint, hard_kernel, map_params
+    from vbcore.kernels.sga_stats import DPPoint, hard_kernel, map_params
 
     rng = np.random.default_rng(4)
     X = np.concatenate([rng.normal(c, 0.3, size=(30, 5)) for c in (-2.0, 0.0, 3.0)]).astype(np.float32)

@@ -18,7 +18,7 @@ from flows.cli import app
 from pipeline import VBMixture
 from pipeline.ingest import ingest
 from vbcore.kernels.estep import Chunk, estep_params, merge_spread, row_spread
-from vbcore.learners.sga_stats import (
+from vbcore.kernels.sga_stats import (
     DPPoint,
     hard_kernel,
     log_stick_weights,

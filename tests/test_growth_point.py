@@ -12,8 +12,8 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline.fit.learners.point_growth import split_point
 from tests._reference import planted_blobs, same_fit_bits
+from vbcore.kernels.sga_stats import DPPoint, log_stick_weights
 from vbcore.learners.sga import sticks_of_weights
-from vbcore.learners.sga_stats import DPPoint, log_stick_weights
 
 
 @pytest.fixture(scope="module")

@@ -239,7 +239,7 @@ def test_elbo_full_is_the_exact_bound_of_the_result(blobs):
     (the threshold rule) and a merge round: brute force in float64 (labels by the argmax of eq. 19
     over every row and cluster, statistics from the rows themselves)."""
     from tests._reference import stats_of
-    from vbcore.learners.sga_stats import log_stick_weights
+    from vbcore.kernels.sga_stats import log_stick_weights
 
     X, _ = blobs
     x = X.astype(np.float64)  # float64 data: the kernels sum in float64 too, so the match is tight
@@ -273,7 +273,7 @@ def test_cli_fit_with_only_the_learner(tmp_path):
 
 
 def test_kmeanspp_seeds_are_distinct_rows_and_spread_out():
-    from vbcore.learners.sga_stats import kmeanspp_seeds
+    from vbcore.kernels.sga_stats import kmeanspp_seeds
 
     X, y = _blobs(n_per=200, centres=5, d=300, seed=3, spread=10.0)  # D > 256: projected distances
     idx = kmeanspp_seeds(X, 5, np.random.default_rng(0))

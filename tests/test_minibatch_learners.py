@@ -8,6 +8,14 @@ import pytest
 from scipy import stats as st
 
 from vbcore.kernels.estep import prepare_chunk
+from vbcore.kernels.sga_stats import (
+    DPPoint,
+    HardStats,
+    hard_kernel,
+    log_stick_weights,
+    map_labels,
+    map_params,
+)
 from vbcore.learners.sga import (
     Velocity,
     gradients,
@@ -18,14 +26,6 @@ from vbcore.learners.sga import (
     prune_order,
     reorder,
     sga_step,
-)
-from vbcore.learners.sga_stats import (
-    DPPoint,
-    HardStats,
-    hard_kernel,
-    log_stick_weights,
-    map_labels,
-    map_params,
 )
 from vbcore.model.elbo import elbo_terms
 from vbcore.model.priors import Prior
@@ -87,7 +87,7 @@ def test_hard_kernel_matches_bruteforce_assignments_and_statistics(problem, dtyp
 
 def test_hard_statistics_merge_across_blocks_and_chunks(problem):
     """Rows in two chunks (and in blocks of BLOCK_ROWS inside a chunk) merge to the whole."""
-    import vbcore.learners.sga_stats as sga_mod
+    import vbcore.kernels.sga_stats as sga_mod
 
     x, point, prior = problem
     shift = x[0].astype(np.float64)

@@ -12,8 +12,8 @@ from pipeline.fit.learners import LEARNERS
 from pipeline.fit.projection import data_moments, projection_pass
 from pipeline.store.features import FeatureStore
 from tests._reference import planted_blobs, same_fit_bits
-from vbcore.data.projection import BLOCK_ROWS, RowMoments, fit_projection, row_moments
 from vbcore.errors import ConfigError, InputError
+from vbcore.kernels.projection import BLOCK_ROWS, RowMoments, fit_projection, row_moments
 
 F64 = 1e-10  # the named tolerance of float64 results against NumPy
 F32 = 1e-6  # float32 rows: float32 GEMMs summed in float64

@@ -14,6 +14,7 @@ from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import prepare_chunk
 from vbcore.kernels.neighbours import pivot_clusters
+from vbcore.kernels.sga_stats import DPPoint, hard_kernel, map_params
 from vbcore.kernels.truncated import CandidateState
 from vbcore.kernels.truncated_map import (
     MapSearchResult,
@@ -21,7 +22,6 @@ from vbcore.kernels.truncated_map import (
     map_search_kernel,
     map_search_params,
 )
-from vbcore.learners.sga_stats import DPPoint, hard_kernel, map_params
 
 warnings.filterwarnings("ignore", message="Best performing initialization did not converge")
 

@@ -23,8 +23,8 @@ from pipeline.fit.learners.vbem import vbem_pass
 from pipeline.fit.projection import check_projection
 from pipeline.fit.setup import initial_posterior, setup
 from pipeline.fit.spec import FitSpec
-from vbcore.data.projection import Projection
 from vbcore.errors import ConfigError, FitInterrupted
+from vbcore.kernels.projection import Projection
 from vbcore.model.elbo import ElboTerms, elbo_terms
 from vbcore.model.posterior import Posterior, posterior_arrays, posterior_from_arrays
 from vbcore.model.priors import Prior

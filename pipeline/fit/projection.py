@@ -2,8 +2,8 @@
 
 :func:`projection_pass` reads every chunk once (streamed, never persisted: the store is not
 copied), reduces the rows' mean and centred scatter over the engine's fixed-order tree
-(:mod:`vbcore.data.projection`; both engines give the same bits) and takes the eigendecomposition on the
-driver. The fit then passes the :class:`~vbcore.data.projection.Projection` to
+(:mod:`vbcore.kernels.projection`; both engines give the same bits) and takes the eigendecomposition on the
+driver. The fit then passes the :class:`~vbcore.kernels.projection.Projection` to
 :func:`vbcore.kernels.estep.prepare_chunk`, the one place where chunks are made: every learner, the
 initialisation, ``predict``, ``assign``, warm starts and scheduled refreshes see projected rows.
 :class:`ProjectedSource` gives the driver's own reads (the shift, the k-means sample) the same rows.
@@ -18,8 +18,8 @@ import numpy as np
 
 from pipeline.engine.blas import one_blas_thread
 from pipeline.engine.sources import ArraySource
-from vbcore.data.projection import Projection, RowMoments, check_pca, fit_projection, moments_kernel
 from vbcore.errors import ConfigError
+from vbcore.kernels.projection import Projection, RowMoments, check_pca, fit_projection, moments_kernel
 
 
 def _rows(x: Any) -> Any:

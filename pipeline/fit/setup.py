@@ -29,7 +29,6 @@ from pipeline.engine.sources import (
 from pipeline.fit.learners import FitContext, learner_class
 from pipeline.fit.projection import ProjectedSource, projection_pass
 from pipeline.fit.spec import FitSpec
-from vbcore.data.projection import Projection
 from vbcore.data.validation import check_array_2d, check_weights
 from vbcore.errors import ConfigError, InputError
 from vbcore.kernels.estep import prepare_chunk
@@ -41,6 +40,7 @@ from vbcore.kernels.init import (
     random_stats_kernel,
     resp_stats_kernel,
 )
+from vbcore.kernels.projection import Projection
 from vbcore.model.mstep import m_step
 from vbcore.model.posterior import Posterior
 from vbcore.model.priors import Prior, default_prior
@@ -238,9 +238,9 @@ def projected_init_stats(ctx: FitContext, sample: np.ndarray, m: int, k: int, rn
     """The pipeline's default start (``init='k-means++-projected'``): greedy k-means++ seeds
     (Arthur & Vassilvitskii 2007) among at most ``max(5000, 5 K)`` sample rows, distances in a
     Gaussian random projection to 256 dimensions when D is larger (as the SGA learners seed,
-    :func:`vbcore.learners.sga_stats.kmeanspp_seeds`), then every row to its nearest seed in that projection
+    :func:`vbcore.kernels.sga_stats.kmeanspp_seeds`), then every row to its nearest seed in that projection
     (:func:`vbcore.kernels.init.projected_nearest_kernel`): no Lloyd iterations, O(N p K + N D)."""
-    from vbcore.learners.sga_stats import kmeanspp_seeds
+    from vbcore.kernels.sga_stats import kmeanspp_seeds
 
     seed = int(rng.randint(2**31 - 1))
     gen = np.random.default_rng(np.random.SeedSequence(seed))

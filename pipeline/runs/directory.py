@@ -27,7 +27,6 @@ from pipeline.fit.checkpoint import sha256_file
 from pipeline.fit.spec import jsonable
 from pipeline.store.features import FeatureStore
 from vbcore.data.metrics import acc, ari, nmi
-from vbcore.data.projection import Projection
 from vbcore.errors import ConfigError, InputError, StoreError
 from vbcore.kernels.estep import (
     Chunk,
@@ -37,6 +36,7 @@ from vbcore.kernels.estep import (
     responsibilities,
     to_host,
 )
+from vbcore.kernels.projection import Projection
 from vbcore.model.posterior import posterior_arrays, posterior_from_arrays
 from vbcore.model.priors import Prior
 

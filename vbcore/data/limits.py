@@ -26,8 +26,12 @@ from typing import Any
 import numpy as np
 
 from vbcore.errors import InputError
-from vbcore.kernels.estep import BLOCK_ROWS
 
+#: Rows per block inside a chunk, in every chunk kernel (:mod:`vbcore.kernels.estep`): its home is
+#: here because the limit below rests on it. The (block x K) logits and responsibilities stay in
+#: cache between the E-step GEMM, the softmax and the statistics GEMM, and each block's float32 GEMM
+#: result is accumulated in float64. A fixed constant, so results do not depend on the machine.
+BLOCK_ROWS = 2048
 HEADROOM = 16.0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from vbcore.data.limits import BLOCK_ROWS  # the kernels' block size (the magnitude rule rests on it)
 from vbcore.kernels.blockgemm import exp_floor, log_rho_block, padded_weights, resp_t_dot
 from vbcore.kernels.spread import add_rows, merge_spread, row_spread  # noqa: F401  (their home was here)
 from vbcore.model.posterior import LOG_2PI, Posterior
@@ -34,10 +35,6 @@ from vbcore.model.stats import SuffStats, diag_stats
 
 Array = Any
 
-#: Rows per block inside a chunk. The (block x K) logits and responsibilities stay in cache between
-#: the E-step GEMM, the softmax and the statistics GEMM, and each block's float32 GEMM result is
-#: accumulated in float64. A fixed constant, so results do not depend on the machine.
-BLOCK_ROWS = 2048
 
 
 def array_namespace(x: Array) -> Any:
@@ -162,7 +159,7 @@ class Chunk:
 
 
 def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bool | None = None,
-                  projection: Any = None) -> Chunk:  # projection: a vbcore.data.projection.Projection
+                  projection: Any = None) -> Chunk:  # projection: a vbcore.kernels.projection.Projection
     """Project the rows (``projection``: the one place every fit's and prediction's rows are
     projected), subtract ``shift`` (float64, cast to the data dtype) and, for the diagonal families,
     cache ``[x*x, x]`` (saves an elementwise pass and a GEMM per iteration; the shifted rows are a

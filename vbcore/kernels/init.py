@@ -64,7 +64,7 @@ def projected_nearest_kernel(chunk: Chunk, proj: np.ndarray, centres: np.ndarray
     the projected, shifted ``centres``, K x p): one float32 GEMM of ``p`` columns per row instead of
     K x D. The statistics are the exact ones of those labels: per-label sums (O(N D), float64 across
     blocks) for the diagonal families, the one-hot GEMM for 'full' and 'tied'."""
-    from vbcore.learners.sga_stats import label_sums
+    from vbcore.kernels.sga_stats import label_sums
 
     x = to_numpy(chunk.x)
     y = x.astype(np.float32, copy=False) @ proj

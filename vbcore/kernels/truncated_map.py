@@ -1,7 +1,7 @@
 """The MAP assignment (Lim & Jiang 2024 eq. 19) searched over candidate clusters (issue 15).
 
 The hard-assignment learners (MM, SGA, SGA+M, SGA+F) assign each row to ``argmax_k x.w_k + c_k``
-(:class:`vbcore.learners.sga_stats.MapParams`). With candidates, a row searches only ``S_n``: its stored
+(:class:`vbcore.kernels.sga_stats.MapParams`). With candidates, a row searches only ``S_n``: its stored
 ``C'`` best clusters of its last visit, the neighbour lists of the best of them and ``n_random``
 random clusters (Forster & Lücke 2018; Hirschberger et al. 2022), grouped into blocks as in the
 truncated E-step (:mod:`vbcore.kernels.truncated`): one ``(m x D) @ (D x |S|)`` GEMM per block. A row
@@ -26,6 +26,7 @@ import numpy as np
 
 from vbcore.kernels.estep import BLOCK_ROWS, Chunk, array_namespace, to_numpy
 from vbcore.kernels.neighbours import rank_neighbours
+from vbcore.kernels.sga_stats import HardStats, label_sums
 from vbcore.kernels.truncated import (
     RANDOM_TAG,
     CandidateState,
@@ -35,7 +36,6 @@ from vbcore.kernels.truncated import (
     search_set,
     top_columns,
 )
-from vbcore.learners.sga_stats import HardStats, label_sums
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
 """Point-estimate learners of the truncated Dirichlet-process mixture with a known isotropic variance
 (Lim & Jiang 2024, sections 2-4): MAP assignments, minibatch gradients, SGA / SGA+M / SGA+F steps, the MM
 update, pruning and the bound. The point, the MAP kernel of eq. 19, the hard statistics and the
-seeding are in :mod:`vbcore.learners.sga_stats`.
+seeding are in :mod:`vbcore.kernels.sga_stats`.
 
 Model (Lim & Jiang 2024, eq. 1, with ``lambda0`` = our ``mean_precision`` beta0)::
 
     x_n | z_n = k ~ N(mu_k, sigma^2 I),   mu_k ~ N(m0, sigma^2 / lambda0 I),
     v_k ~ Beta(1, a0),                     pi_k = v_k prod_{l<k} (1 - v_l).
 
-The global state is a :class:`~vbcore.learners.sga_stats.DPPoint`: ``E[mu_k]`` (K, D) and ``E[v_k]`` (K,).
-Everything that reads data is one chunk kernel, :func:`~vbcore.learners.sga_stats.hard_kernel`: the MAP
+The global state is a :class:`~vbcore.kernels.sga_stats.DPPoint`: ``E[mu_k]`` (K, D) and ``E[v_k]`` (K,).
+Everything that reads data is one chunk kernel, :func:`~vbcore.kernels.sga_stats.hard_kernel`: the MAP
 assignment of eq. 19 as one float32 ``(n x D) @ (D x K)`` GEMM per 2,048-row block, then the hard
 statistics of the assigned rows (``n_k``, per-cluster mean and per-dimension centred scatter)
 accumulated in float64. From these statistics alone follow the minibatch gradients (eqs. 14, 16,
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vbcore.learners.sga_stats import STICK_EPS, DPPoint, log_stick_weights
+from vbcore.kernels.sga_stats import STICK_EPS, DPPoint, log_stick_weights
 from vbcore.model.posterior import Posterior
 from vbcore.model.priors import Prior
 from vbcore.model.stats import SuffStats

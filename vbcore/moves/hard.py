@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vbcore.learners.sga_stats import STICK_EPS, log_stick_weights
+from vbcore.kernels.sga_stats import STICK_EPS, log_stick_weights
 from vbcore.model.priors import Prior
 from vbcore.model.stats import SuffStats
 from vbcore.moves.exact import select_merges

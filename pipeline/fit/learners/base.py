@@ -41,7 +41,7 @@ class FitContext:
     covariance_type, weight_type : str
     seed : int or None
         Entropy of every random draw of the fit; see :meth:`rng`.
-    projection : vbcore.data.projection.Projection or None
+    projection : vbcore.kernels.projection.Projection or None
         The fit's projection (``pca``): chunks, ``source.load`` and ``n_features`` are projected.
     total_weight : float or None
         ``sum_n w_n`` of weighted rows (the data's ``N`` in every formula that counts rows: the

@@ -24,8 +24,7 @@ from pipeline.fit.learners.base import FitContext, Learner
 from pipeline.fit.learners.truncated import map_search
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import Chunk, array_namespace, to_numpy
-from vbcore.learners.sga import default_threshold, mm_update, point_posterior, prune_order, reorder
-from vbcore.learners.sga_stats import (
+from vbcore.kernels.sga_stats import (
     DPPoint,
     HardStats,
     MapParams,
@@ -34,6 +33,7 @@ from vbcore.learners.sga_stats import (
     map_params,
     scale_stats,
 )
+from vbcore.learners.sga import default_threshold, mm_update, point_posterior, prune_order, reorder
 from vbcore.learners.sigma2 import split_nn_variance
 from vbcore.model.elbo import ElboTerms, elbo_terms
 from vbcore.model.posterior import Posterior

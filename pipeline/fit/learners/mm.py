@@ -15,8 +15,8 @@ from pipeline.fit.learners import register
 from pipeline.fit.learners.dpm import DPPointLearner
 from pipeline.fit.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
+from vbcore.kernels.sga_stats import take_stats
 from vbcore.learners.sga import map_bound, mm_sticks, mm_update
-from vbcore.learners.sga_stats import take_stats
 from vbcore.model.elbo import ElboTerms, elbo_terms
 from vbcore.model.posterior import Posterior
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
-from vbcore.learners.sga_stats import DPPoint, take_stats
+from vbcore.kernels.sga_stats import DPPoint, take_stats
 from vbcore.model.posterior import Posterior
 from vbcore.model.stats import SuffStats
 from vbcore.moves.estep_pass import MoveParams, move_kernel

@@ -42,8 +42,8 @@ import numpy as np
 
 from pipeline.fit.learners.growth import Growth, default_limit, n_used, split_proposals
 from vbcore.errors import ConfigError
+from vbcore.kernels.sga_stats import DPPoint, log_stick_weights, take_stats
 from vbcore.learners.sga import Velocity, default_threshold, mm_sticks, mm_update, sticks_of_weights
-from vbcore.learners.sga_stats import DPPoint, log_stick_weights, take_stats
 from vbcore.model.elbo import ElboTerms
 from vbcore.model.posterior import Posterior
 from vbcore.model.stats import SuffStats

@@ -32,8 +32,8 @@ from pipeline.fit.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
 from pipeline.fit.learners.point_growth import POINT_GROW_OPTIONS, PointGrowthMixin, check_point_grow_options
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.errors import ConfigError
+from vbcore.kernels.sga_stats import map_params, row_bound, scale_stats
 from vbcore.learners.sga import Velocity, gradients, sga_step
-from vbcore.learners.sga_stats import map_params, row_bound, scale_stats
 from vbcore.model.elbo import ElboTerms, elbo_terms, minibatch_standard_error
 from vbcore.model.posterior import Posterior
 

@@ -24,7 +24,7 @@ from pipeline.fit.learners.moves import HARD_MOVE_OPTIONS, MOVE_OPTIONS, Moves, 
 from pipeline.fit.learners.sga import check_minibatch_options
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params, vbem_kernel
-from vbcore.learners.sga_stats import scale_stats
+from vbcore.kernels.sga_stats import scale_stats
 from vbcore.learners.svi import minibatch_vbem_kernel, step_size, svi_update
 from vbcore.model.elbo import ElboTerms, elbo_terms, minibatch_standard_error
 from vbcore.model.mstep import m_step, weight_posterior

@@ -29,6 +29,7 @@ import numpy as np
 from pipeline.fit.learners.base import FitContext, Learner, restart_lineage
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
+from vbcore.kernels.sga_stats import DPPoint, HardStats, map_params
 from vbcore.kernels.truncated import (
     RANDOM_TAG,
     CandidateState,
@@ -47,7 +48,6 @@ from vbcore.kernels.truncated_map import (
     map_search_kernel,
     map_search_params,
 )
-from vbcore.learners.sga_stats import DPPoint, HardStats, map_params
 from vbcore.model.posterior import Posterior
 
 #: the learner options of the truncated E-step and their defaults (0 candidates: the exact E-step;
