@@ -23,10 +23,9 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pipeline.engine.engines import make_engine, split_rows
+from pipeline.engine.engines import split_rows
 from pipeline.engine.sources import is_store_path
-from pipeline.files.locks import RunLock
-from pipeline.fit.driver import FitOutcome, n_effective, run_fit
+from pipeline.fit.fitted import FittedMixture
 from pipeline.fit.setup import open_source
 from pipeline.fit.spec import FitSpec
 from pipeline.store import CHUNK_ROWS
@@ -39,7 +38,7 @@ from vbcore.model.posterior import Posterior
 from vbcore.model.predictive import posterior_predictive_logpdf
 from vbcore.model.priors import Prior
 
-__all__ = ["VBMixture", "check_array_2d", "posterior_predictive_logpdf"]
+__all__ = ["VBMixture", "check_array_2d", "load_model", "posterior_predictive_logpdf"]
 
 
 class VBMixture(DensityMixin, BaseEstimator):
@@ -255,26 +254,23 @@ class VBMixture(DensityMixin, BaseEstimator):
 
     def _fit(self, X: Any, resp_init: Any, callback: Callable[[dict[str, Any]], None] | None,
              sample_weight: Any = None) -> None:
+        from pipeline.service import Warm, check_warm, fit
+
         spec = self.spec()
-        warm = self.warm_start and hasattr(self, "posterior_")
-        if resp_init is not None and warm:
+        warm = None
+        if self.warm_start and hasattr(self, "posterior_"):
+            warm = Warm(self.posterior_, self.prior_, getattr(self, "projection_", None),
+                        getattr(self, "lower_bound_", None), getattr(self, "warm_state_", None))
+        if resp_init is not None and warm is not None:
             raise ConfigError("pass either resp_init or warm_start=True with a fitted model, not both")
         if not is_store_path(X):
-            self._check_names(X, reset=not warm)
+            self._check_names(X, reset=warm is None)
         source = open_source(X, int(spec.chunk_rows), sample_weight)
-        if warm:
-            self._check_warm_start(spec, source.n_features)
-        lock = RunLock(self.checkpoint_dir).acquire() if self.checkpoint_dir is not None else None
-        try:
-            engine = make_engine(self.engine, spec.persist)
-            try:
-                best = self._restarts(spec, source, engine, warm, resp_init, callback)
-            finally:
-                if engine is not self.engine:
-                    engine.close()
-        finally:
-            if lock is not None:
-                lock.release()
+        if warm is not None:
+            check_warm(warm, spec, source.n_features)
+        best = fit(spec, source, self.engine, random_state=self.random_state,
+                   checkpoint_dir=self.checkpoint_dir, warm=warm, resp_init=resp_init, callback=callback,
+                   verbose=int(self.verbose), log_every=int(self.verbose_interval))
         #: the store a store fit read, as it was when the fit opened it (row count, fingerprint): what
         #: save_run records, whatever an append did to the store meanwhile; None for arrays
         self.fitted_store_ = source if is_store_path(X) else None
@@ -301,100 +297,15 @@ class VBMixture(DensityMixin, BaseEstimator):
                 "Best performing initialization did not converge. Try different init parameters, "
                 "or increase max_iter, tol, or check for degenerate data.", ConvergenceWarning, stacklevel=3)
 
-    def _restarts(self, spec: FitSpec, source: Any, engine: Any, warm: bool, resp_init: Any,
-                  callback: Callable[[dict[str, Any]], None] | None) -> FitOutcome:
-        """``n_init`` fits (one when warm-starting); the one with the highest ELBO."""
-        n_init = 1 if warm else int(spec.n_init)
-        seeds = _restart_seeds(self.random_state, n_init)
-        log = print if self.verbose >= 2 else None
-        best: FitOutcome | None = None
-        projection = getattr(self, "projection_", None) if warm else None
-        for i, seed in enumerate(seeds):
-            if self.verbose:
-                print(f"Initialization {i}")
-            ckpt = self.checkpoint_dir
-            if ckpt is not None and n_init > 1:
-                ckpt = f"{ckpt}/restart-{i}"
-            out = run_fit(spec, source, engine, random_state=seed, checkpoint_dir=ckpt,
-                          warm=self.posterior_ if warm else None,
-                          projection=projection,  # the restarts share one projection pass
-                          previous_bound=getattr(self, "lower_bound_", None) if warm else None,
-                          resp_init=resp_init,
-                          warm_state=getattr(self, "warm_state_", None) if warm else None,
-                          callback=callback, log=log, log_every=int(self.verbose_interval))
-            if self.verbose:
-                state = "converged" if out.converged else "did not converge"
-                print(f"Initialization {state} after {out.n_iter} iterations; ELBO {out.terms.total:.6e}")
-            projection = out.projection
-            if best is None or out.terms.total > best.terms.total:
-                best = out
-        assert best is not None
-        return best
-
-    def _check_warm_start(self, spec: FitSpec, d: int) -> None:
-        post = self.posterior_
-        proj = getattr(self, "projection_", None)
-        changed = [
-            f"{name} {old!r} -> {new!r}"
-            for name, old, new in (
-                ("n_features", post.n_features if proj is None else proj.n_features_in, d),
-                ("pca", None if proj is None else proj.n_components, spec.pca),
-                ("whiten", proj is not None and proj.whiten, bool(spec.whiten)),
-                ("covariance_type", post.covariance_type, spec.covariance),
-                ("n_components", self.prior_.n_components,  # growth moves the truncation: any will do
-                 self.prior_.n_components if spec.grow else int(spec.components)),
-                ("weight_concentration_prior_type", post.weight_type, spec.weights),
-            )
-            if old != new
-        ]
-        if changed:
-            raise ConfigError("warm_start: the new data or settings do not match the fitted model ("
-                              + "; ".join(changed) + "); set warm_start=False to start over")
-
     def set_fitted(self, post: Posterior, prior: Prior, terms: ElboTerms, history: list[float],
                    converged: bool, n_iter: int, history_se: list[float | None] | None = None,
                    projection: Projection | None = None) -> None:
         """Set the fitted attributes from a posterior and its prior (a fit, or a saved run);
         ``history_se``: the standard errors of ``history``'s minibatch estimates (None: exact);
-        ``projection``: the projection of the rows (``pca``), None without one."""
-        self.posterior_ = post
-        self.prior_ = prior
-        #: the projection the rows go through before the model (``pca``), or None
-        self.projection_ = projection
-        self.n_features_in_ = post.n_features if projection is None else projection.n_features_in
-        self.converged_ = converged
-        self.n_iter_ = n_iter
-        self.lower_bound_ = terms.total
-        self.lower_bounds_ = np.asarray(history)
-        se = history_se if history_se is not None and len(history_se) == len(history) else []
-        se = se or [None] * len(history)
-        #: the standard error of each lower_bounds_ entry that is a minibatch estimate (NaN: exact)
-        self.lower_bounds_se_ = np.array([np.nan if v is None else v for v in se], dtype=np.float64)
-        self.elbo_terms_ = terms.as_dict()
-        w = post.expected_weights()
-        self.weights_ = w / w.sum()
-        self.weight_concentration_ = (
-            tuple(post.weight_concentration) if post.weight_type == "dirichlet_process"
-            else post.weight_concentration
-        )
-        wc = post.weight_concentration
-        self.counts_ = (wc[0] - 1.0) if post.weight_type == "dirichlet_process" else (
-            wc - prior.weight_concentration)
-        self.n_effective_ = n_effective(post, prior)
-        self.n_components_ = post.n_components  # components kept (DP learners prune)
-        self.mean_precision_ = post.mean_precision
-        self.means_ = post.means
-        nu = post.degrees_of_freedom
-        self.degrees_of_freedom_ = float(nu) if nu is not None and np.ndim(nu) == 0 else nu  # tied: one
-        self.covariances_ = post.covariances
-        self.precisions_cholesky_ = post.precisions_cholesky
-        self.precisions_ = post.precisions()
-        # the prior, under scikit-learn's names
-        self.weight_concentration_prior_ = prior.weight_concentration
-        self.mean_precision_prior_ = prior.mean_precision
-        self.mean_prior_ = prior.mean
-        self.degrees_of_freedom_prior_ = prior.degrees_of_freedom
-        self.covariance_prior_ = prior.covariance if prior.covariance is not None else prior.fixed_variance
+        ``projection``: the projection of the rows (``pca``), None without one. The attributes are
+        :class:`pipeline.fit.fitted.FittedMixture`'s (``posterior_``, ``weights_``, ``means_``, ...)."""
+        fitted = FittedMixture(post, prior, terms, history, converged, n_iter, history_se, projection)
+        vars(self).update(fitted.attributes())
 
     # ---- prediction ---------------------------------------------------------------------------
     def _check_names(self, X: Any, reset: bool) -> None:
@@ -485,15 +396,13 @@ class VBMixture(DensityMixin, BaseEstimator):
         return X, y
 
 
-def _restart_seeds(random_state: Any, n_init: int) -> list[Any]:
-    """The seed of each restart: the fit's own for the first (so ``n_init=1`` is one plain fit),
-    then seeds derived from it (``SeedSequence(seed, spawn_key=(restart,))``); a RandomState or
-    None draws them from one generator, as scikit-learn does."""
-    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
-        base = int(random_state)
-        return [base] + [int(np.random.SeedSequence(base, spawn_key=(i,)).generate_state(1)[0])
-                         for i in range(1, n_init)]
-    if n_init == 1:
-        return [random_state]
-    rng = check_random_state(random_state)
-    return [int(rng.randint(np.iinfo(np.int32).max)) for _ in range(n_init)]
+def load_model(run_dir: Any) -> VBMixture:
+    """A fitted ``VBMixture`` from a run directory (its posterior verified against result.json;
+    :func:`pipeline.runs.directory.load_fitted`), built with the run's settings."""
+    from pipeline.runs.directory import load_fitted
+
+    fitted = load_fitted(run_dir)
+    params = VBMixture().get_params()
+    model = VBMixture(**{k: v for k, v in fitted.get_params().items() if k in params})
+    vars(model).update(fitted.attributes())
+    return model

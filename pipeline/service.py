@@ -1,14 +1,23 @@
-"""One fit into a run directory, for ``vbcluster fit``/``resume`` and the flows.
+"""The fit service: one fit of a spec on a source, with a run directory or without.
 
-``fit_run(run_dir, spec)`` validates everything first -- the spec (:mod:`pipeline.fit.spec`), the store,
-the warm start, what the run directory already holds -- and writes nothing until all of it passes.
-Then it writes ``run.json`` (so ``vbcluster resume RUN_DIR`` works on the directory), takes the run
-lock, fits with checkpoints in ``RUN_DIR/checkpoints`` (resuming from the newest valid one when the
-directory already holds this run), and writes ``result.json`` and ``posterior.npz``. A directory
-that holds another run is refused unless ``restart=True`` (``vbcluster fit --restart``), which
-starts over. ``warm_from`` starts from the posterior of a finished run directory instead of the
-initialisation (the prior is still the data-dependent default of the current store; see
-docs/operations.md, "Warm start").
+Every face calls it directly: the estimator (:class:`pipeline.estimator.VBMixture`), the command
+line (``vbcluster fit``/``resume``), the flows and the schedules.
+
+* :func:`fit` -- a resolved spec, a row source and an engine: the ``n_init`` restarts (one when warm
+  starting) of :func:`pipeline.fit.driver.run_fit`, the best bound kept; the checkpoint directory's
+  lock; a warm start (:class:`Warm`, checked by :func:`check_warm`). Returns the best restart's
+  :class:`~pipeline.fit.driver.FitOutcome`.
+* :func:`fit_run` -- one fit into a run directory. It validates everything first -- the spec
+  (:mod:`pipeline.fit.spec`), the store, the warm start, what the run directory already holds -- and
+  writes nothing until all of it passes. Then it writes ``run.json`` (so ``vbcluster resume
+  RUN_DIR`` works on the directory), takes the run lock, calls :func:`fit` with checkpoints in
+  ``RUN_DIR/checkpoints`` (resuming from the newest valid one when the directory already holds this
+  run), and writes ``result.json`` and ``posterior.npz`` (:func:`pipeline.runs.directory.save_run`). A
+  directory that holds another run is refused unless ``restart=True`` (``vbcluster fit
+  --restart``), which starts over. ``warm_from`` starts from the posterior of a finished run
+  directory instead of the initialisation (the prior is still the data-dependent default of the
+  current store; see docs/operations.md, "Warm start").
+* :func:`make_spec`, :func:`read_spec` -- the spec of a command-line fit, and of a run directory.
 """
 
 from __future__ import annotations
@@ -20,26 +29,125 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sklearn.exceptions import ConvergenceWarning
+import numpy as np
 
 from pipeline.engine.engines import make_engine
 from pipeline.engine.sources import StoreSource
-from pipeline.estimator import VBMixture
 from pipeline.files.atomic import write_file as write_atomic
 from pipeline.files.locks import RunLock
-from pipeline.fit.setup import check_prior_settings
+from pipeline.fit.driver import FitOutcome, run_fit
+from pipeline.fit.fitted import FittedMixture
+from pipeline.fit.setup import check_prior_settings, open_source
 from pipeline.fit.spec import FitSpec
-from pipeline.runs.directory import load_model, read_result, save_run
-from vbcore.errors import ConfigError, InputError, TruncationWarning
-from vbcore.kernels.projection import check_pca
+from pipeline.runs.directory import load_fitted, read_result, save_run
+from vbcore.errors import ConfigError, InputError
+from vbcore.kernels.projection import Projection, check_pca
+from vbcore.model.posterior import Posterior
+from vbcore.model.priors import Prior
 
 RUN_SPEC = "run.json"
 #: what a run directory may hold; ``restart`` removes these before a new fit
 RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "iterations.jsonl", "report")
+
+
+@dataclass(frozen=True)
+class Warm:
+    """What a warm start continues: the posterior (with its prior and projection), and optionally
+    the previous fit's bound (convergence is judged across the two fits when the data are the same)
+    and its kept state (memoized statistics a learner may adopt: ``FitOutcome.kept``)."""
+
+    posterior: Posterior
+    prior: Prior
+    projection: Projection | None = None
+    bound: float | None = None
+    state: dict[str, np.ndarray] | None = None
+
+
+def check_warm(warm: Warm, spec: FitSpec, n_features: int) -> None:
+    """A warm start against the new data's features and the spec (ConfigError naming each difference)."""
+    post, proj = warm.posterior, warm.projection
+    changed = [
+        f"{name} {old!r} -> {new!r}"
+        for name, old, new in (
+            ("n_features", post.n_features if proj is None else proj.n_features_in, n_features),
+            ("pca", None if proj is None else proj.n_components, spec.pca),
+            ("whiten", proj is not None and proj.whiten, bool(spec.whiten)),
+            ("covariance_type", post.covariance_type, spec.covariance),
+            ("n_components", warm.prior.n_components,  # growth moves the truncation: any will do
+             warm.prior.n_components if spec.grow else int(spec.components)),
+            ("weight_concentration_prior_type", post.weight_type, spec.weights),
+        )
+        if old != new
+    ]
+    if changed:
+        raise ConfigError("warm_start: the new data or settings do not match the fitted model ("
+                          + "; ".join(changed) + "); set warm_start=False to start over")
+
+
+def restart_seeds(random_state: Any, n_init: int) -> list[Any]:
+    """The seed of each restart: the fit's own for the first (so ``n_init=1`` is one plain fit),
+    then seeds derived from it (``SeedSequence(seed, spawn_key=(restart,))``); a RandomState or
+    None draws them from one generator, as scikit-learn does."""
+    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
+        base = int(random_state)
+        return [base] + [int(np.random.SeedSequence(base, spawn_key=(i,)).generate_state(1)[0])
+                         for i in range(1, n_init)]
+    if n_init == 1:
+        return [random_state]
+    from sklearn.utils import check_random_state
+
+    rng = check_random_state(random_state)
+    return [int(rng.randint(np.iinfo(np.int32).max)) for _ in range(n_init)]
+
+
+def fit(spec: FitSpec, source: Any, engine: Any = "local", *, random_state: Any = None,
+        checkpoint_dir: str | None = None, warm: Warm | None = None, resp_init: Any = None,
+        callback: Callable[[dict[str, Any]], None] | None = None, verbose: int = 0,
+        log_every: int = 10) -> FitOutcome:
+    """Fit a resolved ``spec`` to ``source``: ``spec.n_init`` restarts (one with ``warm``), the one
+    with the highest ELBO returned.
+
+    ``engine``: 'local', an engine, a distributed.Client, a scheduler address or a cluster config (one
+    made here is closed at the end). ``checkpoint_dir`` is locked for the fit (restarts checkpoint in
+    ``restart-I`` below it). ``verbose``: 1 prints each restart and its end, 2 also every
+    ``log_every`` iterations."""
+    n_init = 1 if warm is not None else int(spec.n_init)
+    lock = RunLock(checkpoint_dir).acquire() if checkpoint_dir is not None else None
+    try:
+        eng = make_engine(engine, spec.persist)
+        try:
+            log = print if verbose >= 2 else None
+            best: FitOutcome | None = None
+            projection = warm.projection if warm is not None else None
+            for i, seed in enumerate(restart_seeds(random_state, n_init)):
+                if verbose:
+                    print(f"Initialization {i}")
+                ckpt = f"{checkpoint_dir}/restart-{i}" if checkpoint_dir is not None and n_init > 1 \
+                    else checkpoint_dir
+                out = run_fit(spec, source, eng, random_state=seed, checkpoint_dir=ckpt,
+                              warm=warm.posterior if warm is not None else None,
+                              projection=projection,  # the restarts share one projection pass
+                              previous_bound=warm.bound if warm is not None else None,
+                              resp_init=resp_init, warm_state=warm.state if warm is not None else None,
+                              callback=callback, log=log, log_every=log_every)
+                if verbose:
+                    state = "converged" if out.converged else "did not converge"
+                    print(f"Initialization {state} after {out.n_iter} iterations; ELBO {out.terms.total:.6e}")
+                projection = out.projection
+                if best is None or out.terms.total > best.terms.total:
+                    best = out
+        finally:
+            if eng is not engine:
+                eng.close()
+    finally:
+        if lock is not None:
+            lock.release()
+    assert best is not None
+    return best
 
 
 def make_spec(store: str | None, warm_from: str | Path | None = None, **settings: Any) -> FitSpec:
@@ -104,11 +212,6 @@ def read_spec(run_dir: str | Path) -> FitSpec:
                          "not exist: resume from that directory, or write the store's absolute path into "
                          f"{RUN_SPEC}")
     return spec
-
-
-def model_from_spec(spec: FitSpec, engine: Any, checkpoint_dir: str | None, verbose: int = 0) -> VBMixture:
-    """The estimator a resolved spec describes."""
-    return VBMixture(**spec.estimator_params(), engine=engine, verbose=verbose, checkpoint_dir=checkpoint_dir)
 
 
 def warm_start_problem(previous: str | Path, spec: FitSpec) -> str | None:
@@ -206,35 +309,53 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         if state != "continue":
             write_atomic(run_dir / RUN_SPEC, lambda f: f.write(json.dumps(spec.to_dict(), indent=1).encode()))
-        model = model_from_spec(spec, eng, str(run_dir / "checkpoints"))
         info: dict[str, Any] = dict(extra or {})
         if lock.taken_over:
             info["took_over_lock_of"] = lock.taken_over
+        source = open_source(spec.store, int(spec.chunk_rows))
+        warm = None
         if warm_from is not None:
-            previous = load_model(warm_from)
+            previous = load_fitted(warm_from)
             # the posterior and prior only: the previous bound belongs to other data, so convergence
-            # is judged within this fit
-            model.posterior_, model.prior_ = previous.posterior_, previous.prior_
-            model.projection_ = previous.projection_  # the previous rows' space: kept, not recomputed
-            model.warm_start = True
-            model.warm_state_ = kept_state(warm_from)  # memoized statistics of the unchanged chunks
+            # is judged within this fit; the projection is the previous rows' space, kept
+            warm = Warm(previous.posterior_, previous.prior_, previous.projection_,
+                        state=kept_state(warm_from))  # memoized statistics of the unchanged chunks
+            check_warm(warm, spec, source.n_features)
             info["warm_start_from"] = str(Path(warm_from).resolve())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)  # result.json records `converged`
-            warnings.simplefilter("ignore", TruncationWarning)  # and `truncation` (the summary says it)
-            model.fit(spec.store, callback=callback)
-        if model.resumed_from_:
-            info["resumed_from"] = model.resumed_from_
+        ckpt = str(run_dir / "checkpoints")
+        out = fit(spec, source, eng, random_state=spec.seed, checkpoint_dir=ckpt, warm=warm,
+                  callback=callback)
+        model = fitted_model(out, run_settings(spec, ckpt, warm is not None), source)
+        if out.resumed_from:
+            info["resumed_from"] = out.resumed_from
         if warm_from is not None:
-            info["adopted_chunks"] = int(model.adopted_chunks_)
+            info["adopted_chunks"] = int(out.adopted)
         # wall time over every attempt: a resumed fit adds this attempt to the checkpoint's total
-        info["seconds"] = model.wall_seconds_ if model.resumed_from_ else time.perf_counter() - t0
-        info["bound"] = {"history": model.bound_kind_, "final": "exact"}
-        if model.bound_kind_ != "exact":  # the estimates' standard errors, nats (null: not known)
+        info["seconds"] = out.wall_seconds if out.resumed_from else time.perf_counter() - t0
+        info["bound"] = {"history": out.bound_kind, "final": "exact"}
+        if out.bound_kind != "exact":  # the estimates' standard errors, nats (null: not known)
             se = [None if math.isnan(v) else float(v) for v in model.lower_bounds_se_]
             info["bound"]["history_se"] = se
         return save_run(run_dir, model, spec.store, extra=info, engine=eng)
 
+
+
+def run_settings(spec: FitSpec, checkpoint_dir: str | None, warm_start: bool) -> dict[str, Any]:
+    """The estimator parameters a run directory records (result.json's ``settings``): those of
+    ``spec``, with the run's checkpoint directory and whether it was warm-started; a
+    :class:`~pipeline.estimator.VBMixture` built from them fits the same model."""
+    params = {**spec.estimator_params(), "checkpoint_dir": checkpoint_dir, "warm_start": warm_start}
+    return dict(sorted(params.items()))
+
+
+def fitted_model(out: FitOutcome, settings: dict[str, Any], source: Any) -> FittedMixture:
+    """The :class:`FittedMixture` of a fit's outcome, with the attributes a run directory records."""
+    model = FittedMixture(out.post, out.prior, out.terms, out.history, out.converged, out.n_iter,
+                          out.history_se, out.projection, settings=settings)
+    model.fitted_store_ = source  # the store as the fit opened it (row count, fingerprint)
+    model.learner_options_ = out.options
+    model.truncation_ = dict(out.truncation)
+    return model
 
 
 def kept_state(run_dir: str | Path) -> dict[str, Any] | None:

@@ -20,8 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("vbcore", "pipeline", "flows")
 #: pages that must exist whatever else changes: the estimator, the flows, the run helpers
-REQUIRED = ("pipeline/estimator.html", "pipeline/runs.html", "flows/cluster.html", "flows/schedule.html",
-            "flows/ingest.html", "flows/study.html", "vbcore/elbo.html", "vbcore/kernels.html")
+REQUIRED = ("pipeline/estimator.html", "pipeline/service.html", "pipeline/runs/directory.html",
+            "flows/cluster.html", "flows/schedule.html", "flows/ingest.html", "flows/study.html",
+            "vbcore/model/elbo.html", "vbcore/kernels/estep.html")
 
 
 def public_modules(root: Path = ROOT) -> list[str]:

@@ -52,7 +52,7 @@ def compare_fits(run_a: str | Path, run_b: str | Path, X: np.ndarray) -> dict[st
     labellings, and the relative difference of their ELBOs (per row: the same rows, so the same)."""
     from sklearn.metrics import adjusted_rand_score
 
-    from pipeline.runs.directory import load_model
+    from pipeline.estimator import load_model
 
     la, lb = load_model(run_a).predict(X), load_model(run_b).predict(X)
     fa, fb = fit_figures(run_a), fit_figures(run_b)

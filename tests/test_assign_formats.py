@@ -12,7 +12,8 @@ import zarr
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.runs.directory import assign_store, load_model, read_result
+from pipeline.estimator import load_model
+from pipeline.runs.directory import assign_store, read_result
 from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError, InputError, StoreError
 

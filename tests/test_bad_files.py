@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app, exit_code
 from pipeline.engine.cluster import load_cluster_config
+from pipeline.estimator import load_model
 from pipeline.files.atomic import write_file as write_atomic
-from pipeline.runs.directory import RESULT, assign_store, load_model, read_result
+from pipeline.runs.directory import RESULT, assign_store, read_result
 from pipeline.runs.publish import VERSIONS, plan_refresh, publish
 from pipeline.runs.report import write_report
 from pipeline.store import integrity

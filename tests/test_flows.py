@@ -22,8 +22,9 @@ from prefect.client.orchestration import get_client
 from flows.cluster import cluster_flow
 from flows.ingest import ingest_flow, ingest_source
 from flows.study import available_studies, run_studies
+from pipeline.estimator import load_model
 from pipeline.ingest import ingest
-from pipeline.runs.directory import load_model, read_result
+from pipeline.runs.directory import read_result
 from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError, StoreError
 

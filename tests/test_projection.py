@@ -221,7 +221,8 @@ def test_cli_fit_assign_and_warm_start_from_a_run(tmp_path):
     from typer.testing import CliRunner
 
     from pipeline.cli import app
-    from pipeline.runs.directory import assign_store, load_model
+    from pipeline.estimator import load_model
+    from pipeline.runs.directory import assign_store
     from pipeline.service import fit_run, make_spec
 
     runner = CliRunner()
@@ -254,7 +255,7 @@ def test_cli_fit_assign_and_warm_start_from_a_run(tmp_path):
 
 def test_scheduled_refresh_keeps_the_projection_of_its_warm_start(tmp_path, prefect_api):
     from flows.schedule import refresh_flow
-    from pipeline.runs.directory import load_model
+    from pipeline.estimator import load_model
 
     store = _store(tmp_path / "s.zarr", 600)
     out = str(tmp_path / "pub")

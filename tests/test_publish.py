@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.runs.directory import load_model, read_result
+from pipeline.estimator import load_model
+from pipeline.runs.directory import read_result
 from pipeline.runs.publish import claim_version, latest, plan_refresh, publish, version_dirs
 from pipeline.service import fit_run, make_spec, warm_start_problem
 from pipeline.store.features import FeatureStore

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from pipeline import VBMixture
 from pipeline.cli import app
-from pipeline.runs.directory import assign_store, load_model, read_result
+from pipeline.estimator import load_model
+from pipeline.runs.directory import assign_store, read_result
 from pipeline.store.features import FeatureStore
 from tests._dask_procs import dask_scheduler_and_workers
 from vbcore.errors import InputError, StoreError

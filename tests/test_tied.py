@@ -422,7 +422,8 @@ def test_warm_start_and_sample_free_attributes():
 def test_store_fit_is_bitwise_on_local_and_dask_and_round_trips_a_run_directory(tmp_path, client):
     """Real Zarr store, real two-process Dask cluster: the same bits as the local engine; the run
     directory (posterior.npz) rebuilds a model that predicts the same."""
-    from pipeline.runs.directory import load_model, save_run
+    from pipeline.estimator import load_model
+    from pipeline.runs.directory import save_run
     from pipeline.store.features import FeatureStore
 
     X = _blobs(n=1500, d=4, seed=11).astype(np.float32)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from vbcore.lazy import exports
 
 __getattr__, __dir__ = exports(__name__, {
-    "save_run": "directory", "load_model": "directory", "read_result": "directory",
+    "save_run": "directory", "load_fitted": "directory", "read_result": "directory",
     "assign_store": "directory", "plan_refresh": "publish",
     "write_report": "report",
 })

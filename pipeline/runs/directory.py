@@ -20,10 +20,10 @@ import numpy as np
 
 from pipeline.engine.engines import LocalEngine, make_engine
 from pipeline.engine.sources import StoreSource
-from pipeline.estimator import VBMixture
 from pipeline.files.atomic import named_oserror, temp_dir, write_file
 from pipeline.files.atomic import replace_dir as publish_dir  # pipeline/runs/report.py imports it from here
 from pipeline.fit.checkpoint import sha256_file
+from pipeline.fit.fitted import FittedMixture
 from pipeline.fit.spec import jsonable
 from pipeline.store.features import FeatureStore
 from vbcore.data.metrics import acc, ari, nmi
@@ -59,9 +59,10 @@ def _assign_kernel(chunk: Chunk, params: Any) -> tuple[np.ndarray, np.ndarray]:
             to_host(xp.max(r, axis=1)).astype(np.float32))
 
 
-def assign_rows(model: VBMixture, source: Any, engine: Any = None) -> tuple[np.ndarray, np.ndarray]:
+def assign_rows(model: Any, source: Any, engine: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """MAP cluster and its responsibility for every row of ``source``, chunk by chunk (projected
-    first when the model has a projection)."""
+    first when the model has a projection); ``model``: a fitted ``VBMixture`` or a
+    :class:`~pipeline.fit.fitted.FittedMixture`."""
     eng = engine or LocalEngine(persist="never")
     shift = model.prior_.mean
     handles = eng.prepare(source, prepare_chunk, shift, model.posterior_.covariance_type, None,
@@ -73,9 +74,12 @@ def assign_rows(model: VBMixture, source: Any, engine: Any = None) -> tuple[np.n
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[str, Any] | None = None,
+def save_run(run_dir: str | Path, model: Any, store: str, *, extra: dict[str, Any] | None = None,
              engine: Any = None) -> dict[str, Any]:
     """Write result.json and posterior.npz for a fitted model (atomically); returns the result.
+
+    ``model`` is a fitted ``VBMixture`` or a :class:`~pipeline.fit.fitted.FittedMixture` (the fit
+    service's): the same fitted attributes, and ``get_params()`` for the settings.
 
     The store's row count and fingerprint are those the fit read (``model.fitted_store_``, taken when
     the fit opened the store), not the store's now: an append that committed during the fit is not
@@ -120,7 +124,7 @@ def save_run(run_dir: str | Path, model: VBMixture, store: str, *, extra: dict[s
     return result
 
 
-def _write_posterior(f: Any, model: VBMixture) -> None:
+def _write_posterior(f: Any, model: Any) -> None:
     post, prior = model.posterior_, model.prior_
     arrays: dict[str, Any] = {
         **posterior_arrays(post, suffix="_"),
@@ -148,8 +152,9 @@ def _write_posterior(f: Any, model: VBMixture) -> None:
     np.savez(f, **arrays)
 
 
-def load_model(run_dir: str | Path) -> VBMixture:
-    """Rebuild a fitted VBMixture from a run directory (its posterior verified against result.json)."""
+def load_fitted(run_dir: str | Path) -> FittedMixture:
+    """The fitted model of a run directory (its posterior verified against result.json);
+    :func:`pipeline.estimator.load_model` makes a ``VBMixture`` of it."""
     run_dir = Path(run_dir)
     path = verify_posterior(run_dir)
     try:
@@ -166,15 +171,13 @@ def load_model(run_dir: str | Path) -> VBMixture:
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise InputError(f"{path}: unreadable posterior ({type(exc).__name__}: {_first_line(exc)}); "
                          "refit the run") from None
-    params = VBMixture().get_params()
-    model = VBMixture(**{k: v for k, v in meta["settings"].items() if k in params})
     from vbcore.model.elbo import ElboTerms
 
     terms = meta["elbo_terms"]
-    model.set_fitted(post, prior, ElboTerms(terms["log_likelihood"], terms["kl_assignments"],
-                                            terms["kl_weights"], terms["kl_components"]),
-                     list(history), meta["converged"], meta["n_iter"], projection=projection)
-    return model
+    return FittedMixture(post, prior, ElboTerms(terms["log_likelihood"], terms["kl_assignments"],
+                                                terms["kl_weights"], terms["kl_components"]),
+                         list(history), meta["converged"], meta["n_iter"], projection=projection,
+                         settings=meta["settings"])
 
 
 def _first_line(exc: BaseException) -> str:
@@ -238,7 +241,7 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
     if fmt != "zarr" and name is not None:
         raise ConfigError(f"name is the Zarr group of the zarr format; for {fmt} choose the file with out")
     result = read_result(run_dir)
-    model = load_model(run_dir)
+    model = load_fitted(run_dir)
     store = store or result["store"]
     if "://" in store and fmt == "zarr":
         raise StoreError(f"{store}: assignments are written next to local stores only")

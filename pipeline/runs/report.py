@@ -42,7 +42,7 @@ from pipeline.runs.directory import (
     CLUSTERS_FOUND,
     POSTERIOR,
     RESULT,
-    load_model,
+    load_fitted,
     publish_dir,
     read_result,
     verify_posterior,
@@ -352,7 +352,7 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
     except Exception as exc:  # noqa: BLE001 - the store may be gone or changed: plots from result.json only
         notes.append(f"store plots skipped: {exc}")
         return {"dir": d, "result": r, "figs": figs, "notes": notes}
-    model = load_model(d)
+    model = load_fitted(d)
     typical = typical_rows(model, src, EXEMPLARS, engine)  # one pass: labels and each cluster's top rows
     pred = _stored_assignments(d, r)
     if pred is None:
