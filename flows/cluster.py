@@ -1,11 +1,12 @@
 """``cluster_flow``: fit with checkpoints -> assign -> report, on the cluster of a cluster config.
 
 The tasks are thin wrappers of ``pipeline``. Only the tasks that do I/O alone (checking the store,
-writing assignments, writing the report) have Prefect retries. The fit has none of its own: the
-*flow* has ``retries``, and a retried flow run calls the fit again on the same run directory, where
-``VBMixture`` resumes from the newest valid checkpoint, so the retried run ends bit for bit where an
-uninterrupted one would (``tests/test_flows.py``). A flow run whose process was killed resumes the
-same way when it is run again on the same run directory (``vbcluster resume`` does it by hand).
+writing assignments, writing the report) have Prefect retries. The fit has none of its own: the *flow*
+has ``retries``, and a retried flow run calls the fit again on the same run directory, where the fit
+service (:func:`pipeline.service.fit_run`) resumes from the newest valid checkpoint, so the retried run
+ends bit for bit where an uninterrupted one would (``tests/test_flows.py``). A flow run whose process
+was killed resumes the same way when it is run again on the same run directory (``vbcluster resume``
+does it by hand).
 """
 
 from __future__ import annotations

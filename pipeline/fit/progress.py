@@ -1,10 +1,10 @@
 """Progress of fits: a rich progress bar (ELBO, clusters found, seconds per iteration) and a
 structured log (one JSON object per iteration in ``RUN_DIR/iterations.jsonl``).
 
-``FitProgress`` is the ``callback`` of ``VBMixture.fit``: it receives ``info`` with the keys
-``iteration``, ``elbo``, ``n_effective``, ``seconds``, ``learner`` and ``bound`` ('exact' or
-'minibatch estimate') after every iteration, and ``elbo_se`` (the estimate's standard error, nats)
-when the bound is a minibatch estimate.
+``FitProgress`` is the ``callback`` of a fit (``VBMixture.fit``, :func:`pipeline.service.fit`): it
+receives ``info`` with the keys ``iteration``, ``elbo``, ``n_effective``, ``seconds``, ``learner`` and
+``bound`` ('exact' or 'minibatch estimate') after every iteration, and ``elbo_se`` (the estimate's
+standard error, nats) when the bound is a minibatch estimate.
 
 Before the first iteration the fit reports its stages through :meth:`FitProgress.stage` (reading the
 rows, initialising: about 20 s at K = 200), each printed when it starts and when it ends with its
