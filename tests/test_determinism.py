@@ -157,15 +157,15 @@ def test_a_cluster_running_other_code_is_refused_in_one_line(tmp_path, X):
     task with one line naming them (Dask itself would drop the graph it cannot unpickle and report
     only "lost dependencies" on a later task)."""
     stale = tmp_path / "stale"  # a checkout whose pipeline.engine.codecheck lacks the function sent (older)
-    for pkg in ("pipeline", "vbcore"):
+    for pkg in ("pipeline", "vbcore", "pipeline/engine"):
         (stale / pkg).mkdir(parents=True)
         (stale / pkg / "__init__.py").write_text("")
-    (stale / "pipeline" / "codecheck.py").write_text("")
+    (stale / "pipeline" / "engine" / "codecheck.py").write_text("")
     changed = tmp_path / "changed"  # the same checkout with one file edited
     for pkg in ("pipeline", "vbcore"):
         shutil.copytree(Path(__import__(pkg).__file__).parent, changed / pkg,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    with open(changed / "vbcore" / "kernels.py", "a") as f:
+    with open(changed / "vbcore" / "kernels" / "estep.py", "a") as f:
         f.write("\n# edited\n")
     other = f"runs other vbcluster code than the driver.*scheduler \\(code in {changed}"
     for root, match in ((stale, "cannot load this driver's vbcluster code"), (changed, other)):
