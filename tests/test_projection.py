@@ -99,6 +99,35 @@ def test_projection_equals_numpy_eigh_and_whitening_gives_unit_variance():
     np.testing.assert_allclose(white.inverse(white.apply(X)), proj.inverse(Y), atol=1e-6)
 
 
+def test_float32_moments_take_a_float32_eigensolver_refined_in_float64():
+    """The scatter of float32 rows is float32-precise: its leading eigenpairs come from ``ssyevr`` on
+    the covariance rounded to float32, then one float64 Rayleigh-Ritz step. Against float64 ``eigh``
+    of the same covariance: the eigenvalues to 1e-11, the components within the float32 solver's
+    first-order error (eps32 * lambda_1 / gap); float64 rows keep the float64 solver's bits."""
+    import scipy.linalg
+
+    from vbcore.kernels.projection import leading_eigh
+
+    X = _skewed(n=4000, d=60, offset=5.0, seed=3).astype(np.float32)
+    m = data_moments(LocalEngine(threads=1), ArraySource(X, 1000))
+    p = 6
+    proj = fit_projection(m, p, eps=float(np.finfo(np.float32).eps))
+    cov = m.covariance()
+    cov = (cov + cov.T) * 0.5
+    values, vectors = scipy.linalg.eigh(cov)
+    values, vectors = values[::-1], vectors[:, ::-1]
+    np.testing.assert_allclose(proj.variances, values[:p], rtol=1e-11)
+    gaps = np.minimum(-np.diff(values)[:p], np.r_[np.inf, -np.diff(values)[:p - 1]])
+    bound = 10 * float(np.finfo(np.float32).eps) * values[0] / gaps  # per component
+    sines = np.sqrt(np.maximum(0.0, 1.0 - np.sum(proj.components * vectors[:, :p], axis=0) ** 2))
+    assert (sines <= bound).all(), (sines, bound)
+    assert sines.max() > 1e-7  # a float32 solver (float64 eigh of the same agrees to about 3e-8)
+    exact = fit_projection(m, p)  # float64 precision: dsyevr, as before
+    w, v = leading_eigh(cov, p)
+    assert np.array_equal(exact.variances, np.maximum(w[::-1], 0.0))
+    assert np.abs(np.abs(np.sum(exact.components * v[:, ::-1], axis=0)) - 1).max() < 1e-14
+
+
 def test_float32_rows_are_projected_with_a_float32_gemm():
     X = _skewed(offset=10.0).astype(np.float32)
     proj = projection_pass(LocalEngine(), ArraySource(X, 800), 4, False)
