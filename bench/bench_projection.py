@@ -77,7 +77,9 @@ def vbem_iterations(store: str, k: int, iters: int, persist: str,
 
 def pass_parts(store: str, pca: int) -> dict[str, list[float]]:
     """The pass's parts, one chunk at a time on one thread: [user, sys] CPU seconds of the chunks'
-    reads (decode and checksum), their moments (centring and SYRKs), the merges, the eigh."""
+    reads (decode and checksum), their moments (centring and SYRKs), the merges, the eigh (float32
+    rows: the float32 solver and its float64 Rayleigh-Ritz step), and for comparison the float64
+    eigh of the same covariance."""
     import numpy as np
 
     from pipeline.engine.blas import one_blas_thread
@@ -86,7 +88,8 @@ def pass_parts(store: str, pca: int) -> dict[str, list[float]]:
     from vbcore.kernels.projection import fit_projection, row_moments
 
     src = StoreSource(store)
-    parts = {"read": [0.0, 0.0], "moments": [0.0, 0.0], "merges": [0.0, 0.0], "eigh": [0.0, 0.0]}
+    parts = {"read": [0.0, 0.0], "moments": [0.0, 0.0], "merges": [0.0, 0.0], "eigh": [0.0, 0.0],
+             "eigh_float64": [0.0, 0.0]}
 
     def timed(name: str, f: object) -> object:
         _, u, s = _usage()
@@ -104,8 +107,10 @@ def pass_parts(store: str, pca: int) -> dict[str, list[float]]:
             res.append(timed("moments", lambda x=x: row_moments(x, shift)))
             del x
         moments = timed("merges", lambda: tree_reduce(res, lambda a, b: a.merge_owned(b)))
-        eps = float(np.finfo(np.float32).eps)
+        eps = float(np.finfo(np.dtype(src.dtype)).eps)  # the solver the pass uses for these rows
         timed("eigh", lambda: fit_projection(moments, pca, False, eps=eps))  # type: ignore[arg-type]
+        # the float64 solver on the same covariance (what float32 rows took before issue 30's stop)
+        timed("eigh_float64", lambda: fit_projection(moments, pca, False))  # type: ignore[arg-type]
     return {k: [round(v, 2) for v in u_s] for k, u_s in parts.items()}
 
 
