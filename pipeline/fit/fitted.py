@@ -35,6 +35,10 @@ class FittedMixture:
     projection : the projection the rows go through before the model (``pca``), or None
     settings : the estimator parameters of the fit (``VBMixture.get_params()``), for
         :meth:`get_params`
+
+    The fit service adds, as the estimator does: ``fitted_store_`` (the store as the fit opened
+    it), ``learner_options_`` (the options as the fit used them) and ``truncation_``
+    (:func:`pipeline.service.fitted_model`).
     """
 
     def __init__(self, post: Posterior, prior: Prior, terms: ElboTerms, history: list[float],
