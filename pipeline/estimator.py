@@ -2,9 +2,10 @@
 
 Parameters mean what they mean in scikit-learn's ``BayesianGaussianMixture``; the additions are
 ``learner``, ``learner_options``, ``fixed_variance``, the engine and checkpoint settings. The
-settings are a :class:`pipeline.fit.spec.FitSpec` (validated there before any data is read); the loop,
-checkpoints and resume are :mod:`pipeline.fit.driver`'s, the preparation, prior and initialisation
-:mod:`pipeline.fit.setup`'s. The fitted attributes carry scikit-learn's names, plus
+settings are a :class:`pipeline.fit.spec.FitSpec` (validated there before any data is read); ``fit``
+calls the fit service (:func:`pipeline.service.fit`: ``n_init`` restarts, warm starts, the
+checkpoint lock), whose loop, checkpoints and resume are :mod:`pipeline.fit.driver`'s. The fitted
+attributes (:class:`pipeline.fit.fitted.FittedMixture`'s) carry scikit-learn's names, plus
 ``lower_bounds_`` (the ELBO after every iteration: exact, or for the minibatch learners an estimate
 whose standard error is in ``lower_bounds_se_``; ``bound_kind_`` says which), ``elbo_terms_``
 (always exact) and ``learner_options_`` (every learner option as the fit used it, automatic values
