@@ -4,7 +4,7 @@
   ``ctx.rng(t)`` (so a resumed run draws the same rows), groups them by chunk, and sends each chunk
   only its own row positions (``per_chunk``): the rows are gathered and processed next to the data,
   on the workers; only the sums of the clusters those rows fall in come back, combined once on the
-  driver in chunk order (:meth:`vbcore.learners.sga.HardStats.combine`).
+  driver in chunk order (:meth:`vbcore.kernels.sga_stats.HardStats.combine`).
 * **Initialisation** (Algorithm 1, step 3.iii): k-means++ seeds on a sample of rows gathered through
   the engine (drawn with ``ctx.rng(0, 1)``), then, on that sample (the algorithm's input is a
   minibatch): MAP assignments to the seeds, and the MM update of means and sticks from the sample's
@@ -105,7 +105,7 @@ def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> np.ndarra
 
 def kmeanspp(sample: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """k-means++ seeds (float64) and their row indices in ``sample``
-    (:func:`vbcore.learners.sga.kmeanspp_seeds`)."""
+    (:func:`vbcore.kernels.sga_stats.kmeanspp_seeds`)."""
     idx = kmeanspp_seeds(sample, k, np.random.default_rng(seed))
     return np.asarray(sample[idx], dtype=np.float64), idx
 
