@@ -383,26 +383,26 @@ def assign(
     store: str | None = typer.Option(None, help="The store (default: the one the run was fitted on)."),
     name: str | None = typer.Option(None, help="zarr: name of the assignment group (default: the "
                                     "run's name)."),
-    fmt: str = typer.Option("zarr", "--format", "-f", metavar="zarr|parquet|csv",
-                            help="zarr: a group STORE/assignments/NAME next to the features; parquet or "
-                                 "csv: a table file with columns row, id (if the store has ids), label, "
-                                 "probability."),
+    fmt: str | None = typer.Option(None, "--format", "-f", metavar="zarr|parquet|csv",
+                                   help="zarr: a group STORE/assignments/NAME next to the features; parquet "
+                                        "or csv: a table file with columns row, id (if the store has ids), "
+                                        "label, probability. Default: --out's suffix, else zarr."),
     out: str | None = typer.Option(None, "--out", help="parquet/csv: the file to write (default: "
                                    "RUN_DIR/assignments.parquet or .csv)."),
 ) -> None:
     """Write each row's cluster and its probability (atomically): next to the store, or as a table file."""
+    from pipeline.runs.assign_formats import format_of
     from pipeline.runs.directory import assign_store
-    from vbcore.errors import VBClusterError
+    from vbcore.errors import ConfigError, VBClusterError
 
-    kind = fmt.lower()
-    if kind != "zarr" and name is not None:
-        fail(ValueError(f"--name names the Zarr group; with --format {kind} choose the file with --out"))
-        return
-    if kind == "zarr" and out is not None:
-        fail(ValueError("--out is for --format parquet or csv; --format zarr writes STORE/assignments/NAME"))
-        return
     try:
-        target = assign_store(run_dir, store=store, name=name, format=fmt, out=out)
+        kind = format_of(out) if fmt is None else fmt.lower()
+        if kind != "zarr" and name is not None:
+            raise ConfigError(f"--name names the Zarr group; with --format {kind} choose the file with --out")
+        if kind == "zarr" and out is not None:
+            raise ConfigError("--out is for --format parquet or csv; --format zarr writes "
+                              "STORE/assignments/NAME")
+        target = assign_store(run_dir, store=store, name=name, format=kind, out=out)
     except VBClusterError as exc:
         fail(exc)
         return

@@ -4,6 +4,8 @@ with one line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
@@ -98,8 +100,12 @@ def test_bad_requests_are_refused_with_one_line(fitted, tmp_path):
     res = runner.invoke(app, ["assign", str(run), "--format", "csv", "--name", "x"])
     assert res.exit_code == 2
     assert "--name names the Zarr group; with --format csv choose the file with --out" in res.output
-    res = runner.invoke(app, ["assign", str(run), "--out", str(tmp_path / "a.parquet")])
+    res = runner.invoke(app, ["assign", str(run), "-f", "zarr", "--out", str(tmp_path / "a.parquet")])
     assert res.exit_code == 2 and "--out is for --format parquet or csv" in res.output
+    res = runner.invoke(app, ["assign", str(run), "--out", str(tmp_path / "a.xlsx")])
+    assert res.exit_code == 2
+    assert "a.xlsx: no format given and the file's suffix is neither .parquet nor .csv" in res.output
+    assert not (tmp_path / "a.xlsx").exists()
     with pytest.raises(ConfigError, match=r"name is the Zarr group of the zarr format; for csv"):
         assign_store(run, format="csv", name="x")
     with pytest.raises(InputError, match=r"nope: no such directory \(for the csv assignments a\.csv\)"):
@@ -120,3 +126,20 @@ def test_a_changed_store_is_refused_in_every_format(tmp_path):
         with pytest.raises(StoreError, match=r"changed since the run .* was fitted"):
             assign_store(run, format=fmt)
         assert not (run / f"assignments.{fmt}").exists()
+
+
+def test_the_format_follows_the_suffix_of_out_when_not_given(fitted, tmp_path):
+    from pipeline.runs.assign_formats import format_of
+
+    assert (format_of(None), format_of("x.PARQUET"), format_of(Path("d/x.csv"))) == ("zarr", "parquet", "csv")
+    with pytest.raises(ConfigError, match=r"x\.txt: no format given"):
+        format_of("x.txt")
+    store, run, _ = fitted
+    for name in ("a.parquet", "b.CSV"):
+        res = runner.invoke(app, ["assign", str(run), "--out", str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+        kind = name.split(".")[1].lower()
+        assert f"one row per store row, {kind}" in res.output
+    assert pq.read_table(tmp_path / "a.parquet").column_names == ["row", "id", "label", "probability"]
+    assert (tmp_path / "b.CSV").read_text().splitlines()[0].replace('"', "") == "row,id,label,probability"
+

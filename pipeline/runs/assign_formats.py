@@ -29,6 +29,18 @@ def check_format(fmt: str) -> str:
     return value
 
 
+def format_of(out: str | Path | None) -> str:
+    """The format a file name asks for, when none is given: its suffix (``.parquet``, ``.csv``, any
+    case), or ``'zarr'`` without a file; any other suffix is a ConfigError naming the file."""
+    if out is None:
+        return "zarr"
+    suffix = Path(out).suffix.lower().lstrip(".")
+    if suffix not in FILE_FORMATS:
+        raise ConfigError(f"{out}: no format given and the file's suffix is neither .parquet nor .csv "
+                          "(give the format: parquet or csv)")
+    return suffix
+
+
 def default_path(run_dir: str | Path, fmt: str) -> Path:
     """``RUN_DIR/assignments.parquet`` or ``RUN_DIR/assignments.csv``."""
     return Path(run_dir) / f"assignments.{fmt}"
