@@ -30,6 +30,12 @@ def test_fit_progress_bar_log_and_quiet(tmp_path):
     assert [x["elbo"] for x in records] == r["elbo_history"]
     assert records[-1]["n_effective"] == r["n_effective"]
     assert all(x["seconds"] > 0 and x["learner"] == "vbem" for x in records)
+    # the same command again continues the finished run from its last checkpoint: no iteration is
+    # timed, and the bar says so instead of 'nan s/iter'
+    res = runner.invoke(app, ["fit", store, "--run-dir", str(tmp_path / "a"), "-k", "8", "--max-iter", "12",
+                              "--tol", "0"])
+    assert res.exit_code == 0 and "continuing it" in res.output, res.output
+    assert "- s/iter" in res.output and "nan" not in res.output
     res = runner.invoke(app, ["fit", store, "--run-dir", str(tmp_path / "b"), "-k", "8", "--max-iter", "12",
                               "-q"])
     assert res.exit_code == 0 and "s/iter" not in res.output and "vbcluster fit" in res.output

@@ -95,12 +95,13 @@ class FitProgress:
                 f.write(json.dumps(dict(time=time.time(), label=self.label, **record)) + "\n")
         if self._progress is not None:
             secs = [float(r.get("seconds", math.nan)) for r in self.history if "event" not in r]
-            rate = sum(secs) / len(secs) if secs else math.nan
+            timed = [v for v in secs if math.isfinite(v)]  # (a fit resumed at its end times none)
+            rate = f"{sum(timed) / len(timed):.3f}" if timed else "-"
             done = int(info.get("iteration", info.get("after_iteration", len(self.history))))
             self._progress.update(self._task, completed=done,
                                   elbo=f"{float(info.get('elbo', math.nan)):.6g}" + (
                                       f" +- {float(info['elbo_se']):.2g}" if "elbo_se" in info else ""),
-                                  alive=str(info.get("n_effective", "-")), rate=f"{rate:.3f}",
+                                  alive=str(info.get("n_effective", "-")), rate=rate,
                                   status=eta(self.max_iter - done, secs[-ETA_WINDOW:]))
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
