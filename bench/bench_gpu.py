@@ -135,9 +135,17 @@ class Device:
     def gemm_rate(self, size: int) -> float:
         if self.backend == "cupy":
             return gpu_gemm_rate(self.cp, size, repeat=10)
-        from bench_vbem import gemm_rate
+        from bench_vbem import sgemm  # the host's NumPy sgemm (a dry run has no device)
 
-        return gemm_rate(np.float32, size=min(size, 2048), repeat=3)
+        size = min(size, 2048)
+        product = sgemm(size)
+        product()  # warm up
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            product()
+            times.append(time.perf_counter() - t)
+        return 2.0 * size**3 / statistics.median(times)
 
 
 def parse_args() -> argparse.Namespace:

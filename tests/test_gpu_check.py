@@ -133,3 +133,21 @@ def test_a_failed_step_is_logged_and_the_next_one_runs(gc, tmp_path):
         assert "half" in tar.extractfile("logs/exits.log").read().decode()
     text = (tmp_path / "out" / "summary.txt").read_text()
     assert "fails" in text and "failed" in text and "[n/a   ] one exact VB EM pass" in text
+
+
+def test_the_bench_step_runs_without_a_device(tmp_path):
+    """``bench/bench_gpu.py --backend strict`` (the check's bench step in a dry run) runs to its JSON:
+    the pass on array-api-strict agrees with NumPy's, and the host sgemm rate it is measured against
+    is a positive number (an import of a helper that no longer exists once broke this step)."""
+    import subprocess
+
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "bench_gpu.py"), "--rows", "3000", "--dim", "16",
+           "--components", "8", "--gemm-size", "256", "--repeat", "2", "--cpu-repeat", "1",
+           "--backend", "strict", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["gemm_flops"] > 0 and 0 < figures["gemm_share"]
+    assert figures["nk_max_rel_diff"] <= 1e-6 and figures["log_norm_rel_diff"] <= 1e-6
+    assert figures["flop_per_pass"] == 8.0 * 3000 * 16 * 8
