@@ -148,6 +148,25 @@ class Device:
         return 2.0 * size**3 / statistics.median(times)
 
 
+def random_params(X: np.ndarray, k: int, chunk_rows: int) -> tuple[list[Any], Any]:
+    """The host chunks of ``X`` (diag) and E-step parameters of K components from an M-step on random
+    responsibilities (a posterior such as a fit's first iterations have)."""
+    from pipeline.engine.engines import split_rows
+    from vbcore.kernels.estep import chunk_statistics, estep_params, prepare_chunk
+    from vbcore.model.mstep import m_step
+    from vbcore.model.priors import default_prior
+
+    prior = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=k,
+                          data_mean=X.mean(0, dtype=np.float64), data_covariance=X.var(0, dtype=np.float64))
+    host_chunks = [prepare_chunk(c, prior.mean, "diag") for c in split_rows(X, chunk_rows)]
+    stats, rng = None, np.random.default_rng(1)
+    for c in host_chunks:  # random responsibilities, chunk by chunk (no N x K float64 array)
+        r = rng.gamma(1.0, size=(c.n_rows, k)).astype(np.float32)
+        s = chunk_statistics(c, r / r.sum(1, keepdims=True))
+        stats = s if stats is None else stats.merge(s)
+    return host_chunks, estep_params(m_step(stats, prior, 1e-6), prior.mean)
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=100_000)
@@ -176,9 +195,7 @@ def main() -> None:
     from threadpoolctl import threadpool_info
 
     from pipeline.engine.engines import split_rows
-    from vbcore.kernels.estep import KernelResult, chunk_statistics, estep_params, prepare_chunk, vbem_kernel
-    from vbcore.model.mstep import m_step
-    from vbcore.model.priors import default_prior
+    from vbcore.kernels.estep import KernelResult, prepare_chunk, vbem_kernel
 
     n, d, k = args.rows, args.dim, args.components
     print(f"vbcluster GPU bench: one VB EM kernel pass (E-step + statistics), diag, "
@@ -190,17 +207,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     X = relu_features(n, d, k, seed=0)
-    var = X.var(0, dtype=np.float64)
-    prior = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=k,
-                          data_mean=X.mean(0, dtype=np.float64), data_covariance=var)
-    shift = prior.mean
-    host_chunks = [prepare_chunk(c, shift, "diag") for c in split_rows(X, args.chunk_rows)]
-    stats, rng = None, np.random.default_rng(1)
-    for c in host_chunks:  # random responsibilities, chunk by chunk (no N x K float64 array)
-        r = rng.gamma(1.0, size=(c.n_rows, k)).astype(np.float32)
-        s = chunk_statistics(c, r / r.sum(1, keepdims=True))
-        stats = s if stats is None else stats.merge(s)
-    params = estep_params(m_step(stats, prior, 1e-6), shift)
+    host_chunks, params = random_params(X, k, args.chunk_rows)
+    shift = host_chunks[0].shift
     dev_chunks = [prepare_chunk(dev.asarray(c), shift, "diag") for c in split_rows(X, args.chunk_rows)]
     dev.sync()
     setup_s = time.perf_counter() - t0
