@@ -146,3 +146,31 @@ def test_cupy_backend_fit_matches_numpy(store, ct):
     gpu = VBMixture(engine=LocalEngine(array_backend="cupy"), **kw).fit(store)
     np.testing.assert_allclose(gpu.means_, cpu.means_, rtol=1e-4, atol=1e-4)
     assert gpu.lower_bound_ == pytest.approx(cpu.lower_bound_, rel=1e-5)
+
+
+def test_a_device_pass_runs_its_first_chunk_alone():
+    """On a device backend the in-process pool starts the other chunks only once the first is done
+    (it compiles the pass's CuPy kernels once; see pipeline.engine.backends.first_chunk_alone); the
+    results stay in chunk order. The engine here is NumPy's with its backend name set to 'cupy' (the
+    map does not touch the arrays), so that the schedule is checked on any machine."""
+    import threading
+    import time
+
+    from pipeline.engine.backends import first_chunk_alone
+
+    assert first_chunk_alone("cupy") and not first_chunk_alone("numpy")
+    spans: dict[int, tuple[float, float]] = {}
+    lock = threading.Lock()
+
+    def kernel(i):
+        start = time.monotonic()
+        time.sleep(0.05)
+        with lock:
+            spans[i] = (start, time.monotonic())
+        return i
+
+    engine = LocalEngine(threads=4)
+    engine.array_backend = "cupy"
+    assert engine.map(kernel, list(range(6))) == list(range(6))
+    first_end = spans[0][1]
+    assert all(spans[i][0] >= first_end for i in range(1, 6))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import yaml
 
+from pipeline.engine.backends import ARRAY_BACKENDS
 from pipeline.engine.cluster_checks import (
     KNOWN_WORKERS,
     check_cluster_kwargs,
@@ -68,7 +69,6 @@ COUNT_KEYS = frozenset(
         "wait_count",
     }
 )
-ARRAY_BACKENDS = ("numpy", "cupy")
 PERSIST_MODES = ("auto", "always", "never")
 # The optional extra that installs each cluster package.
 EXTRAS = {"dask_jobqueue": "hpc", "dask_kubernetes": "k8s", "dask_cuda": "gpu"}

@@ -41,6 +41,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from pipeline.engine.backends import ARRAY_BACKENDS, check_backend, first_chunk_alone, on_backend
 from pipeline.engine.blas import default_threads, one_blas_thread, pin_one_blas_thread
 from pipeline.engine.dask_sizes import register_sizes
 from pipeline.engine.sources import chunk_weights, load_prepared, prep_weighted
@@ -52,31 +53,6 @@ __all__ = ["DaskEngine", "LocalEngine", "default_threads", "make_engine", "one_b
 R = TypeVar("R", bound="Mergeable")
 
 PERSIST_MODES = ("auto", "always", "never")
-ARRAY_BACKENDS = ("numpy", "cupy")
-
-
-def _check_backend(array_backend: str) -> None:
-    if array_backend not in ARRAY_BACKENDS:
-        raise ConfigError(f"array_backend must be one of {ARRAY_BACKENDS}, got {array_backend!r}")
-    if array_backend == "cupy":
-        try:
-            import cupy  # noqa: F401
-        except Exception as exc:  # ImportError, or CUDA libraries failing to load
-            raise ConfigError(
-                "array_backend 'cupy' needs CuPy and a CUDA device: pip install 'vbcluster[gpu]' "
-                f"({type(exc).__name__}: {exc})"
-            ) from None
-
-
-def _on_backend(array_backend: str, prep: Callable[..., Any], rows: Any, *args: Any) -> Any:
-    """Move a chunk's rows to the array backend (CuPy: device memory) before preparing it."""
-    if array_backend == "cupy":
-        import cupy
-
-        rows = cupy.asarray(rows)
-    return prep(rows, *args)
-
-
 register_sizes()
 
 
@@ -208,7 +184,7 @@ class LocalEngine:
                  array_backend: str = "numpy", threads: int | None = None) -> None:
         if persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r}")
-        _check_backend(array_backend)
+        check_backend(array_backend)
         if threads is not None and (isinstance(threads, bool) or int(threads) != threads or threads < 1):
             raise ConfigError(f"threads must be an integer >= 1, got {threads!r}")
         self.persist = persist
@@ -222,7 +198,7 @@ class LocalEngine:
         the prepared size over the source's; ``persist`` overrides the engine's mode for this call
         (``'never'``: a pass that reads the data once)."""
         if self.array_backend != "numpy":
-            prep = functools.partial(_on_backend, self.array_backend, prep)
+            prep = functools.partial(on_backend, self.array_backend, prep)
         mode = self.persist if persist is None else persist
         keep = mode == "always" or (
             mode == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self.memory_limit
@@ -253,8 +229,9 @@ class LocalEngine:
         with one_blas_thread():  # held for the whole pass: the kernels' own entries only count
             if workers <= 1:
                 return [call() for call in calls]
+            first = [calls[0]()] if first_chunk_alone(self.array_backend) else []  # compiles once
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vbcluster-pass") as pool:
-                return list(pool.map(lambda call: call(), calls))
+                return first + list(pool.map(lambda call: call(), calls[len(first):]))
 
     def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
                    per_chunk: Sequence[Any] | None = None) -> R:
@@ -338,7 +315,7 @@ class DaskEngine:
             check_cluster_code(self.client)
             self.code_checked = True
         if self.array_backend != "numpy":
-            prep = functools.partial(_on_backend, self.array_backend, prep)
+            prep = functools.partial(on_backend, self.array_backend, prep)
         prep = functools.partial(_prep_pinned, prep)  # one BLAS thread, as the kernels
 
         n = len(source.chunk_slices())
