@@ -9,6 +9,7 @@ import scipy.sparse
 from vbcore.kernels.blockgemm import (
     PAD_COLUMNS,
     exp_floor,
+    gemm_operands,
     log_rho_block,
     padded_weights,
     resp_t_dot,
@@ -160,3 +161,46 @@ def test_normalise_skips_subnormal_exps_and_keeps_the_bits(dtype, scale):
     np.testing.assert_array_equal(log_norm, np.max(log_r, axis=1) + log_s)
     assert np.max(np.abs(rlogr - want_rlogr)) < 1e-35
     np.testing.assert_allclose(r.sum(1), 1.0, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_gemm_operands_are_made_once_per_parameters_and_give_the_same_bits(monkeypatch):
+    """A pass pads and casts its weights once, not once per chunk: four chunks, one padding; the
+    chunks' results are the bits of operands made afresh for each; new parameters (also under a
+    reused id) and another dtype get operands of their own."""
+    import gc
+
+    import array_api_strict as xps
+
+    import vbcore.kernels.blockgemm as bg
+
+    rng = np.random.default_rng(3)
+    k, d = 5, 6
+    X = rng.normal(size=(400, d)).astype(np.float32)
+    chunks = [prepare_chunk(part, X.mean(0).astype(np.float64), "diag") for part in np.split(X, 4)]
+
+    def make(seed):
+        r = np.random.default_rng(seed)
+        return EStepParams("diag", r.normal(size=k), r.normal(size=(2 * d, k)), None, None)
+
+    params = make(0)
+    fresh = [vbem_kernel(c, make(0)) for c in chunks]  # each with parameters of its own
+    calls = []
+    monkeypatch.setattr(bg, "padded_weights", lambda w: calls.append(1) or padded_weights(w))
+    shared = [vbem_kernel(c, params) for c in chunks]
+    assert len(calls) == 1
+    for a, b in zip(shared, fresh, strict=True):
+        np.testing.assert_array_equal(a.stats.nk, b.stats.nk)
+        np.testing.assert_array_equal(a.stats.scatter, b.stats.scatter)
+        assert a.log_norm == b.log_norm
+    w32, c32 = gemm_operands(params, np, np.float32)
+    w64, _ = gemm_operands(params, np, np.float64)
+    assert w32.dtype == np.float32 and w64.dtype == np.float64 and len(calls) == 2
+    assert w32.shape == (2 * d, PAD_COLUMNS) and np.array_equal(c32, params.const.astype(np.float32))
+    ws, _ = gemm_operands(params, xps, xps.float32)  # another namespace: its own arrays
+    assert type(ws).__module__.startswith("array_api_strict") and len(calls) == 3
+    del params, shared
+    gc.collect()
+    other = make(1)  # may reuse the id: its operands must be its own
+    w_other, _ = gemm_operands(other, np, np.float32)
+    np.testing.assert_array_equal(w_other[:, :k], other.weights.astype(np.float32))
+    assert len(calls) == 4

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from vbcore.data.limits import BLOCK_ROWS  # the kernels' block size (the magnitude rule rests on it)
-from vbcore.kernels.blockgemm import exp_floor, log_rho_block, padded_weights, resp_t_dot
+from vbcore.kernels.blockgemm import exp_floor, gemm_operands, log_rho_block, resp_t_dot
 from vbcore.kernels.spread import add_rows, merge_spread, row_spread  # noqa: F401  (their home was here)
 from vbcore.model.posterior import LOG_2PI, Posterior
 from vbcore.model.priors import WISHART_TYPES
@@ -254,8 +254,7 @@ def log_rho(chunk: Chunk, params: EStepParams) -> Array:
     if params.covariance_type == "tied":
         return _tied_log_rho(x, params)
     if params.covariance_type != "full":
-        w = xp.asarray(padded_weights(params.weights), dtype=dt)
-        return log_rho_block(chunk.features(0, chunk.n_rows), w, const)
+        return log_rho_block(chunk.features(0, chunk.n_rows), *gemm_operands(params, xp, dt))
     assert params.means is not None and params.prec_chol is not None
     k = params.const.shape[0]
     cols = []
@@ -421,8 +420,7 @@ def vbem_kernel(chunk: Chunk, params: EStepParams, hook: Any = None) -> KernelRe
     # diagonal families: E-step, softmax and statistics block by block (see BLOCK_ROWS)
     assert params.weights is not None
     dt = chunk.x.dtype
-    w = xp.asarray(padded_weights(params.weights), dtype=dt)  # see vbcore.kernels.blockgemm
-    const = xp.asarray(params.const, dtype=dt)
+    w, const = gemm_operands(params, xp, dt)  # padded (see vbcore.kernels.blockgemm), once a pass
     k, d = params.const.shape[0], chunk.x.shape[1]
     g, nk, rows = Sum64(xp, (k, 2 * d)), Sum64(xp, (k,)), _RowSums()
     n = chunk.n_rows
