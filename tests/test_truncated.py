@@ -349,6 +349,22 @@ def test_automatic_candidates_rule():
     assert auto_candidates(k, "spherical") == auto_candidates(k, "fixed") == 3
     assert auto_candidates(k - 1, "diag") == 0  # small K: the exact E-step (measured 1.3x at K = 100)
     assert auto_candidates(10 * k, "full") == auto_candidates(10 * k, "tied") == 0
+    assert auto_candidates(10 * k, "diag", "cupy") == 0  # on a GPU the exact E-step is the faster
+
+
+def test_default_candidates_on_a_gpu_engine_are_the_exact_e_step():
+    """``candidates=-1`` is resolved against the fit's engine: on a CuPy backend (here a Dask engine
+    that names it: CuPy is checked on its workers, not here) the exact E-step, with the C' it used
+    written back into the options; on NumPy the truncated one."""
+    from types import SimpleNamespace
+
+    from pipeline.engine.engines import DaskEngine
+    from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, truncated_e_step
+
+    engine = DaskEngine(client=None, array_backend="cupy")
+    ctx = SimpleNamespace(prior=SimpleNamespace(n_components=1000), covariance_type="diag", engine=engine)
+    opts = dict(TRUNCATED_OPTIONS)
+    assert truncated_e_step("vbem", ctx, opts) is None and opts["candidates"] == 0
 
 
 @pytest.mark.parametrize("k, truncated", [(299, False), (300, True)])
