@@ -8,7 +8,8 @@ budget, a failed step is logged and the next one runs, and at the end ``OUT`` ho
 
 Steps, in order of what the issue needs most: the environment (versions, GPU, ONNX Runtime's
 providers), the gpu-marked tests, a SUN397-shaped synthetic store (108,754 x 4096, 397 classes),
-``bench/bench_gpu.py --sun397`` (one exact VB EM pass and the device's sgemm rate, same run), VB EM
+``bench/bench_gpu.py --sun397`` (one exact VB EM pass and the device's sgemm rate, same run),
+``bench/bench_gpu_parts.py`` (the pass's parts: GEMMs, softmax, sums, copies), VB EM
 fits in-process with the CuPy backend (exact E-step and truncated) and with NumPy on the CPU (the
 reference for "the same clusters, the same ELBO"), the same VB EM fits on ``--cluster
 cluster_config/gpu.yaml`` (dask-cuda) and sga-f on CuPy, interleaved, then sga-f on the CPU, and last
@@ -217,6 +218,16 @@ def bench_step(c: Check) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
+def parts_step(c: Check) -> dict[str, Any]:
+    """``bench/bench_gpu_parts.py``: where a pass's time goes (each part, three block sizes)."""
+    out = c.work / "bench_gpu_parts.json"
+    shape = (["--rows", "4096", "--dim", "64", "--components", "20", "--gemm-size", "512",
+              "--blocks", "512,2048"] if c.small else [])
+    c.sh("bench_parts", c.py("bench/bench_gpu_parts.py", *shape, "--backend", "strict" if c.dry else "cupy",
+                             "--json", str(out)), 60)
+    return json.loads(out.read_text())
+
+
 def fit_step(c: Check, name: str, backend: str, *options: str, learner: str = "vbem",
              cluster: str | None = None, iters: int = 5, limit: float = 90,
              converge: bool = False) -> dict[str, Any]:
@@ -265,6 +276,7 @@ def run_all(c: Check) -> None:
     c.step("gpu_tests", tests_step, c)
     c.step("store", store_step, c)
     c.step("bench_sun397", bench_step, c)
+    c.step("bench_parts", parts_step, c)
     c.step("fit_cupy_exact", fit_step, c, "fit_cupy_exact", cupy, "candidates=0")
     c.step("fit_cpu_exact", fit_step, c, "fit_cpu_exact", "numpy", "candidates=0")
     c.step("compare_gpu_cpu", compare_step, c)
