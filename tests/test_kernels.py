@@ -112,3 +112,39 @@ def test_rlogr_is_accumulated(data):
     from scipy.special import xlogy
 
     assert s.sum_rlogr == pytest.approx(xlogy(r, r).sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("ct", TYPES)
+def test_owned_merges_and_statistics_are_the_same_bits(ct):
+    """The in-process reduction's ``merge_owned`` (into the left side's arrays) and ``diag_stats``
+    computed into its input's halves give :meth:`SuffStats.merge`'s and the plain computation's
+    bits, empty components and weighted rows included; ``engine.map_reduce`` over chunks equals a
+    reduction with plain merges."""
+    from pipeline.engine.engines import LocalEngine, tree_reduce
+    from vbcore.kernels.estep import vbem_kernel
+    from vbcore.model.stats import diag_stats
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(900, 7)) * rng.uniform(0.5, 3.0, size=7) + 40.0
+    prior, post, _ = _posterior(X, ct, k=6)
+    params = estep_params(post, prior.mean)
+    chunks = [prepare_chunk(x, prior.mean, ct) for x in split_rows(X.astype(np.float32), 128)]
+    plain = tree_reduce([vbem_kernel(c, params) for c in chunks])  # KernelResult.merge
+    owned = LocalEngine(threads=2).map_reduce(vbem_kernel, chunks, params)  # merge_owned
+    for name in ("nk", "mean", "scatter"):
+        np.testing.assert_array_equal(getattr(owned.stats, name), getattr(plain.stats, name))
+    assert (owned.log_norm, owned.log_norm_m2) == (plain.log_norm, plain.log_norm_m2)
+    nk = rng.uniform(0.0, 50.0, size=6)
+    nk[[1, 4]] = 0.0  # empty components: zero mean and scatter either way
+    g = rng.normal(size=(6, 14)) * 30.0
+    a = diag_stats(nk, g.copy(), -3.0, 90, np.zeros(7), weight=12.5)
+    b = diag_stats(nk, g.copy(), -3.0, 90, np.zeros(7), weight=12.5, owned=True)
+    np.testing.assert_array_equal(a.mean, b.mean)
+    np.testing.assert_array_equal(a.scatter, b.scatter)
+    left, right = (diag_stats(nk * s, g * s, 0.0, 90, np.zeros(7), weight=w)
+                   for s, w in ((1.0, 3.0), (0.7, None)))
+    merged = left.merge(right)
+    spent = diag_stats(nk, g.copy(), 0.0, 90, np.zeros(7), weight=3.0).merge_owned(right)
+    for name in ("nk", "mean", "scatter"):
+        np.testing.assert_array_equal(getattr(spent, name), getattr(merged, name))
+    assert spent.total_weight == merged.total_weight == 93.0

@@ -356,7 +356,7 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
 
 def _diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, chunk: Chunk) -> SuffStats:
     """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of a chunk's shifted rows."""
-    return diag_stats(nk, g, sum_rlogr, chunk.n_rows, chunk.shift, chunk.weight)
+    return diag_stats(nk, g, sum_rlogr, chunk.n_rows, chunk.shift, chunk.weight, owned=True)
 
 
 class _PooledSums:
@@ -405,6 +405,12 @@ class KernelResult:
         _, _, m2 = merge_spread((self.stats.n_rows, self.log_norm, self.log_norm_m2),
                                 (other.stats.n_rows, other.log_norm, other.log_norm_m2))
         return KernelResult(self.stats.merge(other.stats), self.log_norm + other.log_norm, m2)
+
+    def merge_owned(self, other: KernelResult) -> KernelResult:
+        """:meth:`merge` into this result's arrays (the same bits): the in-process engines' tree."""
+        _, _, m2 = merge_spread((self.stats.n_rows, self.log_norm, self.log_norm_m2),
+                                (other.stats.n_rows, other.log_norm, other.log_norm_m2))
+        return KernelResult(self.stats.merge_owned(other.stats), self.log_norm + other.log_norm, m2)
 
 
 def vbem_kernel(chunk: Chunk, params: EStepParams, hook: Any = None) -> KernelResult:
