@@ -174,3 +174,29 @@ def test_a_device_pass_runs_its_first_chunk_alone():
     assert engine.map(kernel, list(range(6))) == list(range(6))
     first_end = spans[0][1]
     assert all(spans[i][0] >= first_end for i in range(1, 6))
+
+
+def test_a_device_engine_prepares_its_first_chunk_alone(monkeypatch, tmp_path):
+    """The same for loading and preparing the chunks (CuPy compiles the shift's and the squares'
+    kernels there): the rule is switched on for a NumPy engine, whose preparation needs no device."""
+    import threading
+    import time
+
+    import pipeline.engine.engines as engines
+    from pipeline.engine.sources import ArraySource
+
+    spans: dict[int, tuple[float, float]] = {}
+    lock = threading.Lock()
+
+    def prep(rows):
+        start = time.monotonic()
+        time.sleep(0.05)
+        with lock:
+            spans[int(rows[0, 0])] = (start, time.monotonic())
+        return rows
+
+    X = np.repeat(np.arange(6.0), 10)[:, None] * np.ones((1, 2))  # chunk i holds rows of value i
+    monkeypatch.setattr(engines, "first_chunk_alone", lambda backend: True)
+    chunks = LocalEngine(persist="always").prepare(ArraySource(X, chunk_rows=10), prep)
+    assert [int(c[0, 0]) for c in chunks] == list(range(6))
+    assert all(spans[i][0] >= spans[0][1] for i in range(1, 6))

@@ -2,7 +2,7 @@
 
 The kernels are written once against the array API (``vbcore.kernels.estep.array_namespace``);
 what differs between the backends is where a chunk's rows live (:func:`on_backend`) and how many of
-an in-process pass's chunks may start together (:func:`first_chunk_alone`).
+the in-process engine's chunks may start together (:func:`first_chunk_alone`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def on_backend(array_backend: str, prep: Callable[..., Any], rows: Any, *args: A
 
 
 def first_chunk_alone(array_backend: str) -> bool:
-    """Whether an in-process pass runs its first chunk before the others start: on a device backend.
+    """Whether the in-process engine prepares, and runs a pass on, its first chunk before the others
+    start: on a device backend.
 
     CuPy compiles each elementwise and reduction kernel on its first use in a process, and every
     thread that asks for a kernel still being compiled compiles it again. On an H100 machine with

@@ -155,6 +155,17 @@ def _prep_pinned(prep: Callable[..., Any], rows: Any, *args: Any) -> Any:
     return prep(rows, *args)
 
 
+def _in_pool(calls: Sequence[Callable[[], Any]], workers: int, first_alone: bool, prefix: str) -> list[Any]:
+    """``call()`` of every call, results in order, ``workers`` at a time; ``first_alone``: the first
+    one done before the others start (a device backend compiles its kernels once:
+    :func:`pipeline.engine.backends.first_chunk_alone`)."""
+    if workers <= 1:
+        return [call() for call in calls]
+    first = [calls[0]()] if first_alone and calls else []
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix) as pool:
+        return first + list(pool.map(lambda call: call(), calls[len(first):]))
+
+
 def _identity(value: Any) -> Any:
     return value
 
@@ -211,10 +222,8 @@ class LocalEngine:
         # one BLAS thread, as in a pass (a projection's GEMM gives the bits of every engine)
         workers = max(1, min(n, os.cpu_count() or 1, 4))
         with one_blas_thread():
-            if workers == 1:
-                return [load_prepared(source, i, prep, *args) for i in range(n)]
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vbcluster-load") as pool:
-                return list(pool.map(lambda i: load_prepared(source, i, prep, *args), range(n)))
+            calls = [functools.partial(load_prepared, source, i, prep, *args) for i in range(n)]
+            return _in_pool(calls, workers, first_chunk_alone(self.array_backend), "vbcluster-load")
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
             per_chunk: Sequence[Any] | None = None) -> list[Any]:
@@ -227,11 +236,7 @@ class LocalEngine:
                      for h, item in zip(handles, per_chunk, strict=True)]
         workers = min(self.threads, len(calls))
         with one_blas_thread():  # held for the whole pass: the kernels' own entries only count
-            if workers <= 1:
-                return [call() for call in calls]
-            first = [calls[0]()] if first_chunk_alone(self.array_backend) else []  # compiles once
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vbcluster-pass") as pool:
-                return first + list(pool.map(lambda call: call(), calls[len(first):]))
+            return _in_pool(calls, workers, first_chunk_alone(self.array_backend), "vbcluster-pass")
 
     def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
                    per_chunk: Sequence[Any] | None = None) -> R:
