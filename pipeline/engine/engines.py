@@ -186,7 +186,9 @@ class LocalEngine:
     threads : int, optional
         Chunks processed at once (default: the cores this process may use). The result does not
         depend on it (see the module's docstring); one chunk is one thread's work, so a source with
-        fewer chunks than threads leaves some threads idle.
+        fewer chunks than threads leaves some threads idle. On a device backend the first chunk of
+        each pass (and of the preparation) runs alone first
+        (:func:`pipeline.engine.backends.first_chunk_alone`).
     """
 
     name = "local"
