@@ -148,27 +148,33 @@ def test_cupy_backend_fit_matches_numpy(store, ct):
     assert gpu.lower_bound_ == pytest.approx(cpu.lower_bound_, rel=1e-5)
 
 
+def _spans_of(key):
+    """A call that takes 50 ms and records its (start, end) under ``key(argument)``, with the spans."""
+    import threading
+    import time
+
+    spans: dict[int, tuple[float, float]] = {}
+    lock = threading.Lock()
+
+    def call(arg):
+        start = time.monotonic()
+        time.sleep(0.05)
+        with lock:
+            spans[key(arg)] = (start, time.monotonic())
+        return arg
+
+    return call, spans
+
+
 def test_a_device_pass_runs_its_first_chunk_alone():
     """On a device backend the in-process pool starts the other chunks only once the first is done
     (it compiles the pass's CuPy kernels once; see pipeline.engine.backends.first_chunk_alone); the
     results stay in chunk order. The engine here is NumPy's with its backend name set to 'cupy' (the
     map does not touch the arrays), so that the schedule is checked on any machine."""
-    import threading
-    import time
-
     from pipeline.engine.backends import first_chunk_alone
 
     assert first_chunk_alone("cupy") and not first_chunk_alone("numpy")
-    spans: dict[int, tuple[float, float]] = {}
-    lock = threading.Lock()
-
-    def kernel(i):
-        start = time.monotonic()
-        time.sleep(0.05)
-        with lock:
-            spans[i] = (start, time.monotonic())
-        return i
-
+    kernel, spans = _spans_of(int)
     engine = LocalEngine(threads=4)
     engine.array_backend = "cupy"
     assert engine.map(kernel, list(range(6))) == list(range(6))
@@ -176,25 +182,13 @@ def test_a_device_pass_runs_its_first_chunk_alone():
     assert all(spans[i][0] >= first_end for i in range(1, 6))
 
 
-def test_a_device_engine_prepares_its_first_chunk_alone(monkeypatch, tmp_path):
+def test_a_device_engine_prepares_its_first_chunk_alone(monkeypatch):
     """The same for loading and preparing the chunks (CuPy compiles the shift's and the squares'
     kernels there): the rule is switched on for a NumPy engine, whose preparation needs no device."""
-    import threading
-    import time
-
     import pipeline.engine.engines as engines
     from pipeline.engine.sources import ArraySource
 
-    spans: dict[int, tuple[float, float]] = {}
-    lock = threading.Lock()
-
-    def prep(rows):
-        start = time.monotonic()
-        time.sleep(0.05)
-        with lock:
-            spans[int(rows[0, 0])] = (start, time.monotonic())
-        return rows
-
+    prep, spans = _spans_of(lambda rows: int(rows[0, 0]))
     X = np.repeat(np.arange(6.0), 10)[:, None] * np.ones((1, 2))  # chunk i holds rows of value i
     monkeypatch.setattr(engines, "first_chunk_alone", lambda backend: True)
     chunks = LocalEngine(persist="always").prepare(ArraySource(X, chunk_rows=10), prep)

@@ -74,13 +74,7 @@ class SuffStats:
         The result does not depend on which side holds which rows beyond floating-point rounding;
         engines merge in a fixed (chunk) order so that results are bitwise reproducible.
         """
-        if (self.nk.shape != other.nk.shape or self.scatter.shape != other.scatter.shape
-                or self.pooled != other.pooled):
-            raise ValueError(
-                f"cannot merge statistics of shapes {self.scatter.shape} and {other.scatter.shape}"
-            )
-        if not np.array_equal(self.shift, other.shift):
-            raise ValueError("cannot merge statistics computed with different shifts")
+        self._check_mergeable(other)
         na, nb = self.nk, other.nk
         n = na + nb
         safe = np.where(n > 0, n, 1.0)
@@ -95,25 +89,15 @@ class SuffStats:
             correction = 0.5 * (correction + correction.transpose(0, 2, 1))
         else:
             correction = weight[:, None] * delta * delta
-        return SuffStats(
-            nk=n,
-            mean=mean,
-            scatter=self.scatter + other.scatter + correction,
-            sum_rlogr=self.sum_rlogr + other.sum_rlogr,
-            n_rows=self.n_rows + other.n_rows,
-            shift=self.shift,
-            pooled=self.pooled,
-            weight=add_weights(self, other),
-        )
+        return self._union(other, n, mean, self.scatter + other.scatter + correction)
 
     def merge_owned(self, other: SuffStats) -> SuffStats:
         """:meth:`merge`, computed into this summary's arrays (the same bits; ``self`` is spent): an
         engine's in-process reduction of fresh chunk results. Diagonal statistics only (the others
         merge as :meth:`merge`): two K x D temporaries instead of six."""
-        if self.pooled or self.full or self.scatter.shape != other.scatter.shape:
+        if self.pooled or self.full:
             return self.merge(other)
-        if not np.array_equal(self.shift, other.shift):
-            raise ValueError("cannot merge statistics computed with different shifts")
+        self._check_mergeable(other)
         na, nb = self.nk, other.nk
         n = na + nb
         safe = np.where(n > 0, n, 1.0)
@@ -125,8 +109,21 @@ class SuffStats:
         scatter += part
         mean = self.mean
         mean += np.multiply(delta, (nb / safe)[:, None], out=part)
-        return SuffStats(nk=n, mean=mean, scatter=scatter, sum_rlogr=self.sum_rlogr + other.sum_rlogr,
-                         n_rows=self.n_rows + other.n_rows, shift=self.shift, pooled=False,
+        return self._union(other, n, mean, scatter)
+
+    def _check_mergeable(self, other: SuffStats) -> None:
+        if (self.nk.shape != other.nk.shape or self.scatter.shape != other.scatter.shape
+                or self.pooled != other.pooled):
+            raise ValueError(
+                f"cannot merge statistics of shapes {self.scatter.shape} and {other.scatter.shape}"
+            )
+        if not np.array_equal(self.shift, other.shift):
+            raise ValueError("cannot merge statistics computed with different shifts")
+
+    def _union(self, other: SuffStats, nk: np.ndarray, mean: np.ndarray, scatter: np.ndarray) -> SuffStats:
+        """The merged summary of ``self``'s and ``other``'s rows with the merged arrays given."""
+        return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=self.sum_rlogr + other.sum_rlogr,
+                         n_rows=self.n_rows + other.n_rows, shift=self.shift, pooled=self.pooled,
                          weight=add_weights(self, other))
 
     def __add__(self, other: SuffStats) -> SuffStats:
