@@ -30,11 +30,13 @@ def main() -> None:
                     help="feature sets: raw, pca64, pca128")
     ap.add_argument("--split", default="all", choices=["all", "t10k", "train"],
                     help="extract only the test (10,000) or training (60,000) images")
+    ap.add_argument("--defaults", default="pipeline", choices=["pipeline", "estimator"],
+                    help="vbcluster fits with the command line's settings or VBMixture's scikit-learn ones")
     a = ap.parse_args()
     with one_blas_thread():
         pcas = tuple(None if f == "raw" else int(f[3:]) for f in a.features)
         folder = run(a.out, quick=a.quick, seed=a.seed, rows=a.rows, only=a.only, max_iter=a.max_iter,
-                     split=a.split, resume=a.resume, pcas=pcas)
+                     split=a.split, resume=a.resume, pcas=pcas, defaults=a.defaults)
     print(f"wrote {folder}/README.md")
 
 

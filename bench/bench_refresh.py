@@ -36,10 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.fit.spec import estimator_params
+
 KW = dict(covariance_type="diag", random_state=0, tol=1e-4, max_iter=300, chunk_rows=8192)
-#: the model of ``--model``: the command line's defaults (FitSpec), or VBMixture's scikit-learn ones
-MODELS = {"cli": dict(prior_defaults="empirical", grow=True, init_params="k-means++-projected"),
-          "sklearn": {}}
+#: the model of ``--model``: the command line's defaults (FitSpec's, less the iterations, tolerance and
+#: seed KW sets), or VBMixture's scikit-learn ones
+MODELS = {"cli": {k: v for k, v in estimator_params("pipeline").items() if k not in KW}, "sklearn": {}}
 
 
 def _fit(model, X, **kw):

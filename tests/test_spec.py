@@ -67,6 +67,22 @@ def test_estimator_defaults_are_the_specs_scikit_learn_defaults():
         assert ours[k] == bgm[k], k
 
 
+@pytest.mark.parametrize("learner", ["vbem", "sga-f"])
+def test_estimator_params_give_the_command_lines_model(learner):
+    """``VBMixture(K, covariance_type=..., **estimator_params())`` resolves to the spec of
+    ``vbcluster fit -k K --learner L``, setting by setting (the store aside); with the estimator's
+    face, to VBMixture's own."""
+    from pipeline.fit.spec import estimator_params
+
+    cli = FitSpec(store="s.zarr", components=7, learner=learner).resolved("pipeline")
+    est = VBMixture(7, learner=learner, covariance_type=cli.covariance, **estimator_params()).spec("s.zarr")
+    assert est == cli
+    assert estimator_params("estimator") == {}
+    assert VBMixture(7, learner=learner, covariance_type=cli.covariance).spec("s.zarr") != cli
+    with pytest.raises(ValueError, match="face must be one of"):
+        estimator_params("cli")
+
+
 def test_round_trip_and_unknown_settings():
     spec = make_spec("s.zarr", learner="sga-f", components=7, learner_options={"minibatch": "100"})
     assert spec.covariance == "fixed" and spec.learner_options["minibatch"] == 100

@@ -74,3 +74,25 @@ def test_quick_run_every_learner_on_real_features(tmp_path):
     assert "| raw | vbem |" in text and (folder / "nmi_time.png").stat().st_size > 0
     _, _, info = real.features(folder, quick=True)  # the features are not extracted again
     assert info["extracted_now"] == 0 and info["rows"] == real.QUICK_IMAGES
+
+
+@pytest.mark.parametrize("defaults", ["pipeline", "estimator"])
+def test_a_study_fit_is_the_model_it_names(defaults):
+    """``vb_fit`` fits the command line's model (``estimator_params()``) or VBMixture's own: the same
+    bound as that estimator made directly, and not the other's."""
+    from pipeline import VBMixture
+    from pipeline.fit.spec import estimator_params
+
+    rng = np.random.default_rng(3)
+    X = np.concatenate([rng.normal(c, 1.0, size=(150, 4)) for c in (-6.0, 0.0, 6.0)]).astype(np.float32)
+    y = np.repeat(np.arange(3), 150)
+    row = real.vb_fit(X, y, "vbem", 6, None, "diag", 0, 30, defaults)
+
+    def bound(face):
+        kw = {**estimator_params(face), "random_state": 0, "max_iter": 30}
+        m = VBMixture(6, covariance_type="diag", **kw)
+        return m.fit(X).lower_bound_ / len(X)
+
+    other = "estimator" if defaults == "pipeline" else "pipeline"
+    assert row["elbo_per_row"] == bound(defaults) != bound(other)
+    assert row["note"] in ("", "not converged") and row["nmi"] > 0.9

@@ -249,6 +249,20 @@ def defaults(face: str = "pipeline") -> dict[str, Any]:
     return out
 
 
+def estimator_params(face: str = "pipeline") -> dict[str, Any]:
+    """``VBMixture`` parameters giving ``face``'s defaults where they differ from the estimator's:
+    ``VBMixture(K, covariance_type=..., **estimator_params())`` is the model ``vbcluster fit -k K``
+    fits (its priors, growth, start, iterations, tolerance and seed). ``n_components``,
+    ``covariance_type`` (resolved per learner) and ``learner_options`` (the same on both faces) are
+    left to the caller."""
+    if face not in FACES:
+        raise ValueError(f"face must be one of {FACES}")
+    mine, est = defaults(face), defaults("estimator")
+    skip = ("components", "covariance", "learner_options")
+    return {str(_meta(n)["estimator"]): v for n, v in mine.items()
+            if n not in skip and _meta(n)["estimator"] and v != est[n]}
+
+
 def _where(name: str, face: str = "pipeline") -> str:
     """How the user named a setting: the estimator's parameter, or the setting and its flag."""
     meta = _meta(name)

@@ -15,7 +15,10 @@ features and, where the projection stage (``VBMixture(pca=...)``) is installed, 
 (Dirichlet process, K = 50; diag, and full on the projected features) and ``KMeans`` told the true
 K = 10. Reported per fit: labels used (distinct labels of the hard assignment), NMI, ACC, ARI, the
 ELBO per row (vbcluster's; scikit-learn's bound leaves out constants, so it is not comparable),
-iterations and wall time. Every fit runs alone, with one BLAS thread.
+iterations and wall time. Every fit runs alone, with one BLAS thread. The vbcluster fits use the
+command line's settings by default (``defaults='pipeline'``: the model of ``vbcluster fit -k K``,
+whose K is a starting truncation that grows; :func:`pipeline.fit.spec.estimator_params`), or
+``VBMixture``'s scikit-learn defaults (``defaults='estimator'``).
 
 ``run(out, quick=True)`` runs the first 200 test images, K = 5, raw and pca=16, at most 3
 iterations (seconds per fit on an idle machine); the full study takes hours on 2 cores
@@ -155,12 +158,16 @@ def timed(fit: Callable[[], Any]) -> tuple[Any, float, str]:
 
 
 def vb_fit(X: np.ndarray, y: np.ndarray, learner: str, k: int, pca: int | None, covariance: str,
-           seed: int, max_iter: int) -> dict[str, Any]:
+           seed: int, max_iter: int, defaults: str = "pipeline") -> dict[str, Any]:
+    """One fit with ``defaults``' settings (:func:`pipeline.fit.spec.estimator_params`: 'pipeline',
+    the model of ``vbcluster fit -k K``; 'estimator', ``VBMixture``'s scikit-learn defaults)."""
     from pipeline import VBMixture
+    from pipeline.fit.spec import estimator_params
 
-    kw: dict[str, Any] = {"pca": pca} if pca else {}
-    model = VBMixture(k, learner=learner, covariance_type=covariance, random_state=seed, max_iter=max_iter,
-                      **kw)
+    kw: dict[str, Any] = {**estimator_params(defaults), "random_state": seed, "max_iter": max_iter}
+    if pca:
+        kw["pca"] = pca
+    model = VBMixture(k, learner=learner, covariance_type=covariance, **kw)
     m, wall, err = timed(lambda: model.fit(X))
     row = {"features": f"pca{pca}" if pca else "raw", "method": learner,
            "covariance": covariance, "K": k, "wall_s": wall, "note": err}
@@ -231,17 +238,19 @@ def plan(quick: bool, projection: bool, only: list[str] | None,
 
 def run(out: Path, *, quick: bool = False, seed: int = 0, rows: int | None = None,
         only: list[str] | None = None, max_iter: int | None = None, split: str = "all",
-        pcas: tuple[int | None, ...] = PCAS, resume: bool = False) -> Path:
-    """Run the study into ``out/real`` (see the module docstring); ``split`` extracts only the
-    10,000 test (``'t10k'``) or 60,000 training images, ``rows`` subsamples, ``only`` keeps the named
-    learners / ``sklearn-bgm`` / ``sklearn-kmeans``, ``pcas`` the feature sets (None: raw, 64, 128);
-    ``resume`` keeps the fits of ``fits.jsonl`` (same rows and seed assumed) and runs the others;
-    every fit is appended to ``fits.jsonl`` and the
-    report rewritten as it ends (a run cut short keeps what it did). Returns the folder."""
+        pcas: tuple[int | None, ...] = PCAS, resume: bool = False, defaults: str = "pipeline") -> Path:
+    """Run the study into ``out/real`` (see the module docstring); ``defaults`` the settings of the
+    vbcluster fits (:func:`vb_fit`: 'pipeline', the command line's, or 'estimator'); ``split``
+    extracts only the 10,000 test (``'t10k'``) or 60,000 training images, ``rows`` subsamples,
+    ``only`` keeps the named learners / ``sklearn-bgm`` / ``sklearn-kmeans``, ``pcas`` the feature
+    sets (None: raw, 64, 128); ``resume`` keeps the fits of ``fits.jsonl`` made with the same
+    ``defaults`` (same rows and seed assumed) and runs the others; every fit is appended to
+    ``fits.jsonl`` and the report rewritten as it ends (a run cut short keeps what it did). Returns
+    the folder."""
     folder = Path(out) / "real"
     folder.mkdir(parents=True, exist_ok=True)
     X, y, info = features(folder, quick, split)
-    info["split"] = split
+    info["split"], info["defaults"] = split, defaults
     if quick:  # raw and one small projection
         pcas = tuple(16 if p else None for p in pcas if p in (None, 64))
     idx = subsample(len(X), rows, seed)
@@ -250,7 +259,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, rows: int | None = Non
     projection = projection_available()
     log = folder / "fits.jsonl"
     old = log.read_text().splitlines() if resume and log.is_file() else []
-    done = {_key(r): r for r in map(json.loads, old)}
+    done = {_key(r): r for r in map(json.loads, old) if r.get("defaults", "estimator") == defaults}
     results: list[dict[str, Any]] = list(done.values())
     log.write_text("".join(json.dumps(r, default=float) + "\n" for r in results))
     projected: dict[int, np.ndarray] = {}
@@ -259,7 +268,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, rows: int | None = Non
             continue
         if kind == "vb":
             learner, k, pca, cov = args
-            res = vb_fit(X, y, learner, k, pca, cov, seed, iters)
+            res = vb_fit(X, y, learner, k, pca, cov, seed, iters, defaults)
         else:
             pca, method, cov, k = args
             if pca and pca not in projected:
@@ -268,6 +277,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, rows: int | None = Non
                 projected[pca] = PCA(pca, random_state=seed).fit_transform(X).astype(np.float32)
             res = sk_fit(projected[pca] if pca else X, y, f"pca{pca}" if pca else "raw", method, cov, k, seed,
                          iters)
+        res["defaults"] = defaults
         results.append(res)
         with open(log, "a") as f:
             f.write(json.dumps(res, default=float) + "\n")
@@ -294,7 +304,10 @@ def write_report(folder: Path, results: list[dict[str, Any]], info: dict[str, An
                  n: int, projection: bool) -> None:
     rep = Report(folder, "real: every learner on Fashion-MNIST EfficientNet-Lite0 features")
     mode = f"quick ({QUICK_IMAGES} test images)" if quick else f"full, images: {info['split']}"
-    rep.text(f"Mode: {mode}; seed {seed}; {n} rows x 1280 features ({info['store']}, "
+    model = ("the command line's defaults (`vbcluster fit -k K`: empirical priors, growth, the projected "
+             "start)" if info["defaults"] == "pipeline" else "`VBMixture`'s scikit-learn defaults")
+    rep.text(f"Mode: {mode}; vbcluster fits with {model}; seed {seed}; {n} rows x 1280 features "
+             f"({info['store']}, "
              f"{info['extracted_now']} images extracted by this run in "
              f"{info['extract_s']:.0f} s); one BLAS thread; load average at the end "
              f"{os.getloadavg()[0]:.1f}.")
