@@ -36,17 +36,38 @@ def test_plan_covers_every_learner_and_the_baselines():
     for learner in available_learners():
         cov = real.default_covariance(learner)
         want = {(k, p) for k in (50, 100) for p in real.PCAS}
-        got = [(k, p) for lr, k, p, c in vb if lr == learner and c == cov]
+        got = [(k, p) for lr, k, p, c, face in vb if lr == learner and c == cov and face == "pipeline"]
         assert len(got) == len(want) and set(got) == want
-    assert ("vbem", 100, 128, "full") in vb
-    assert {(k, p) for lr, k, p, c in vb if c == "full"} == {(k, p) for k in (50, 100) for p in (64, 128)}
-    assert todo[:3] == [("vb", ("vbem", 50, None, "diag")), ("sk", (None, "bgm", "diag", 50)),
+    assert ("vbem", 100, 128, "full", "pipeline") in vb
+    full = {(k, p) for lr, k, p, c, face in vb if c == "full" and face == "pipeline"}
+    assert full == {(k, p) for k in (50, 100) for p in (64, 128)}
+    assert todo[:4] == [("vb", ("vbem", 50, None, "diag", "pipeline")), ("sk", (None, "bgm", "diag", 50)),
+                        ("vb", ("vbem", 50, None, "diag", "estimator")),
                         ("sk", (None, "kmeans", "-", 10))]  # the targets' fits first
     assert sk == [(None, "bgm", "diag", 50), (None, "kmeans", "-", 10), (64, "bgm", "diag", 50),
                   (64, "kmeans", "-", 10), (64, "bgm", "full", 50), (128, "bgm", "diag", 50),
                   (128, "kmeans", "-", 10), (128, "bgm", "full", 50)]
+    # every BGM fit has VB EM's twin with VBMixture's scikit-learn defaults (the same model), only those
+    twins = [(p, c, k) for lr, k, p, c, face in vb if face == "estimator"]
+    assert twins == [(p, c, k) for p, m, c, k in sk if m == "bgm"]
+    assert {lr for lr, k, p, c, face in vb if face == "estimator"} == {"vbem"}
+    sk_settings = real.plan(False, True, None, defaults="estimator")
+    assert {a[-1] for kind, a in sk_settings if kind == "vb"} == {"estimator"}
+    assert len(sk_settings) == len(todo) - len(twins)
     raw_only = real.plan(False, False, None)  # without the projection stage: raw features only
     assert all((a[2] if kind == "vb" else a[0]) is None for kind, a in raw_only)
+
+
+def test_resume_keys_fits_by_their_settings():
+    """A log written before the settings column reads as VBMixture's defaults (or its ``defaults``
+    entry); a fit's key holds its settings, so both models' rows of one learner coexist."""
+    old = {"features": "raw", "method": "vbem", "covariance": "diag", "K": 50}
+    assert real._settled(dict(old))["settings"] == "sklearn"
+    assert real._settled({**old, "defaults": "pipeline"}) == {**old, "settings": "cli"}
+    assert real._settled({**old, "method": "sklearn-bgm", "defaults": "pipeline"})["settings"] == "sklearn"
+    a = real._describe("vb", ("vbem", 50, None, "diag", "pipeline"))
+    b = real._describe("vb", ("vbem", 50, None, "diag", "estimator"))
+    assert real._key(a) != real._key(b) and real._key(b) == real._key(real._settled(dict(old)))
 
 
 def test_quick_run_every_learner_on_real_features(tmp_path):
@@ -71,7 +92,7 @@ def test_quick_run_every_learner_on_real_features(tmp_path):
         assert {f["method"] for f in full} == {"vbem", "sklearn-bgm"}
     assert all(np.isfinite(f["elbo_per_row"]) for f in fits if not f["method"].startswith("sklearn"))
     text = (folder / "README.md").read_text()
-    assert "| raw | vbem |" in text and (folder / "nmi_time.png").stat().st_size > 0
+    assert "| raw | vbem | cli |" in text and "| raw | vbem | sklearn |" in text and (folder / "nmi_time.png").stat().st_size > 0
     _, _, info = real.features(folder, quick=True)  # the features are not extracted again
     assert info["extracted_now"] == 0 and info["rows"] == real.QUICK_IMAGES
 
@@ -95,4 +116,5 @@ def test_a_study_fit_is_the_model_it_names(defaults):
 
     other = "estimator" if defaults == "pipeline" else "pipeline"
     assert row["elbo_per_row"] == bound(defaults) != bound(other)
+    assert row["settings"] == real.SETTINGS[defaults]
     assert row["note"] in ("", "not converged") and row["nmi"] > 0.9
