@@ -74,7 +74,9 @@ class VBMixture(DensityMixin, BaseEstimator):
     prior_defaults : {'sklearn', 'empirical'}, default='sklearn'
         Unset priors filled as scikit-learn does (``alpha0 = 1/K``, ``nu0 = D``, fixed), or as the pipeline
         (DP ``alpha0 = 1``, diag/spherical ``nu0`` = 1% of the rows, 2 to 512, a prior variance equal to
-        the data's, ``beta0`` re-estimated from the bound; docs/guide.md "Choosing K").
+        the data's, ``beta0`` re-estimated from the bound; docs/guide.md "Choosing K"). Every
+        default of the command line at once: ``VBMixture(K, covariance_type='diag',
+        **pipeline.fit.spec.estimator_params())``.
     grow : bool, default=False
         Grow the truncation (learners 'vbem' and 'sga*', DP weights) while the fit ends with nearly every
         component in use (the pipeline's default is True); ``n_components`` is then the start.
