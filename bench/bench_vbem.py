@@ -21,6 +21,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -63,25 +64,10 @@ def load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=20_000)
-    ap.add_argument("--dim", type=int, default=512)
-    ap.add_argument("--components", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds")
-    ap.add_argument("--chunk-rows", type=int, default=65_536)
-    args = ap.parse_args()
-
-    from sklearn.mixture import BayesianGaussianMixture
+def print_environment(n: int, d: int, k: int) -> None:
+    """The setting, the load and the BLAS in use."""
     from threadpoolctl import threadpool_info
 
-    from pipeline.engine.engines import LocalEngine, split_rows
-    from vbcore.kernels.estep import chunk_statistics, estep_params, prepare_chunk, vbem_kernel
-    from vbcore.model.elbo import elbo_terms
-    from vbcore.model.mstep import m_step
-    from vbcore.model.priors import default_prior
-
-    n, d, k = args.rows, args.dim, args.components
     print(f"vbcluster bench: one VB EM iteration, dirichlet_process + diag, N={n} D={d} K={k}, float32")
     print(f"  load average at the start (1, 5, 15 min): {load()}")
     for info in threadpool_info():
@@ -90,17 +76,21 @@ def main() -> None:
     print(f"  OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')}")
 
-    X = relu_features(n, d, k, seed=0)
-    rng = np.random.default_rng(1)
-    resp = rng.dirichlet(np.ones(k), size=n)
 
-    # ---- vbcluster -------------------------------------------------------------------------
+def ours(X: np.ndarray, resp: np.ndarray, var: np.ndarray, k: int, chunk_rows: int) -> tuple[Any, Any]:
+    """vbcluster's iteration (E-step on the engine, M-step, ELBO) and its E-step kernels alone, from
+    the M-step of ``resp``."""
+    from pipeline.engine.engines import LocalEngine, split_rows
+    from vbcore.kernels.estep import chunk_statistics, estep_params, prepare_chunk, vbem_kernel
+    from vbcore.model.elbo import elbo_terms
+    from vbcore.model.mstep import m_step
+    from vbcore.model.priors import default_prior
+
     engine = LocalEngine()
-    var = X.var(0, dtype=np.float64)
     prior = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=k,
                           data_mean=X.mean(0, dtype=np.float64), data_covariance=var)
     shift = prior.mean
-    chunks = [prepare_chunk(c, shift, "diag") for c in split_rows(X, args.chunk_rows)]
+    chunks = [prepare_chunk(c, shift, "diag") for c in split_rows(X, chunk_rows)]
     stats0 = None
     offset = 0
     for c in chunks:
@@ -109,7 +99,7 @@ def main() -> None:
         offset += c.n_rows
     state = {"post": m_step(stats0, prior, 1e-6)}
 
-    def ours_iteration() -> None:
+    def iteration() -> None:
         params = estep_params(state["post"], shift)
         res = engine.map_reduce(vbem_kernel, chunks, params)
         state["post"] = m_step(res.stats, prior, 1e-6)
@@ -117,26 +107,50 @@ def main() -> None:
 
     params_fixed = estep_params(state["post"], shift)
 
-    def ours_kernel_only() -> None:
+    def kernel_only() -> None:
         engine.map_reduce(vbem_kernel, chunks, params_fixed)
 
-    # ---- scikit-learn, same data, same starting responsibilities -------------------------------
+    return iteration, kernel_only
+
+
+def sklearn_iteration(X: np.ndarray, resp: np.ndarray, var: np.ndarray, k: int) -> Any:
+    """scikit-learn's iteration on the same data from the same starting responsibilities."""
+    from sklearn.mixture import BayesianGaussianMixture
+
     sk = BayesianGaussianMixture(n_components=k, covariance_type="diag",
                                  weight_concentration_prior_type="dirichlet_process",
                                  covariance_prior=var, reg_covar=1e-6, max_iter=1)
     sk._check_parameters(X, xp=np)
     sk._initialize(X, resp)
 
-    def sk_iteration() -> None:
+    def iteration() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _, log_resp = sk._e_step(X, xp=np)
             sk._m_step(X, log_resp, xp=np)
             sk._compute_lower_bound(log_resp, None)
 
+    return iteration
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=20_000)
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--components", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds")
+    ap.add_argument("--chunk-rows", type=int, default=65_536)
+    args = ap.parse_args()
+    n, d, k = args.rows, args.dim, args.components
+    print_environment(n, d, k)
+    X = relu_features(n, d, k, seed=0)
+    rng = np.random.default_rng(1)
+    resp = rng.dirichlet(np.ones(k), size=n)
+    var = X.var(0, dtype=np.float64)
+    ours_iteration, ours_kernel_only = ours(X, resp, var, k, args.chunk_rows)
     # ---- interleaved rounds: the same load for all four ---------------------------------------
-    times = interleaved({"ours": ours_iteration, "kernel": ours_kernel_only, "sklearn": sk_iteration,
-                         "sgemm": sgemm()}, args.rounds)
+    times = interleaved({"ours": ours_iteration, "kernel": ours_kernel_only,
+                         "sklearn": sklearn_iteration(X, resp, var, k), "sgemm": sgemm()}, args.rounds)
     best = {name: min(v) for name, v in times.items()}
     t_ours, t_kernel, t_sk = best["ours"], best["kernel"], best["sklearn"]
     rate32 = 2.0 * 2048**3 / best["sgemm"]
