@@ -1,6 +1,6 @@
 """The ``real`` study (pipeline/studies/real.py) with its options: Fashion-MNIST EfficientNet-Lite0
-features, every learner at K = 50 and 100 (raw, and after pca=64 / 128 where the projection stage is
-installed), scikit-learn's BayesianGaussianMixture and KMeans on the same rows.
+features, every learner at K = 50 and 100 (raw, after pca=64 / 128, and power + L2 rows with 64
+whitened components), scikit-learn's BayesianGaussianMixture and KMeans on the same rows.
 
     python bench/bench_real.py --out bench/out [--split t10k] [--rows 20000] [--only vbem sklearn-bgm]
 
@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 
 from pipeline.studies import one_blas_thread
-from pipeline.studies.real import run
+from pipeline.studies.real import FEATURES, feature_set, run
+from vbcore.errors import ConfigError
 
 
 def main() -> None:
@@ -26,17 +27,22 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--resume", action="store_true", help="keep OUT/real/fits.jsonl's fits, run the rest")
-    ap.add_argument("--features", nargs="*", default=["raw", "pca64", "pca128"],
-                    help="feature sets: raw, pca64, pca128")
+    ap.add_argument("--features", nargs="*", default=list(FEATURES),
+                    help="feature sets: raw or pcaP (pcaPw: whitened), optionally after l2- or power-l2- "
+                         f"(default: {' '.join(FEATURES)})")
     ap.add_argument("--split", default="all", choices=["all", "t10k", "train"],
                     help="extract only the test (10,000) or training (60,000) images")
     ap.add_argument("--defaults", default="pipeline", choices=["pipeline", "estimator"],
                     help="vbcluster fits with the command line's settings or VBMixture's scikit-learn ones")
     a = ap.parse_args()
+    for tag in a.features:
+        try:
+            feature_set(tag)
+        except ConfigError as exc:
+            ap.error(str(exc))
     with one_blas_thread():
-        pcas = tuple(None if f == "raw" else int(f[3:]) for f in a.features)
         folder = run(a.out, quick=a.quick, seed=a.seed, rows=a.rows, only=a.only, max_iter=a.max_iter,
-                     split=a.split, resume=a.resume, pcas=pcas, defaults=a.defaults)
+                     split=a.split, resume=a.resume, feature_sets=tuple(a.features), defaults=a.defaults)
     print(f"wrote {folder}/README.md")
 
 

@@ -35,27 +35,60 @@ def test_plan_covers_every_learner_and_the_baselines():
 
     for learner in available_learners():
         cov = real.default_covariance(learner)
-        want = {(k, p) for k in (50, 100) for p in real.PCAS}
-        got = [(k, p) for lr, k, p, c, face in vb if lr == learner and c == cov and face == "pipeline"]
+        want = {(k, t) for k in (50, 100) for t in real.FEATURES}
+        got = [(k, t) for lr, k, t, c, face in vb if lr == learner and c == cov and face == "pipeline"]
         assert len(got) == len(want) and set(got) == want
-    assert ("vbem", 100, 128, "full", "pipeline") in vb
-    full = {(k, p) for lr, k, p, c, face in vb if c == "full" and face == "pipeline"}
-    assert full == {(k, p) for k in (50, 100) for p in (64, 128)}
-    assert todo[:4] == [("vb", ("vbem", 50, None, "diag", "pipeline")), ("sk", (None, "bgm", "diag", 50)),
-                        ("vb", ("vbem", 50, None, "diag", "estimator")),
-                        ("sk", (None, "kmeans", "-", 10))]  # the targets' fits first
-    assert sk == [(None, "bgm", "diag", 50), (None, "kmeans", "-", 10), (64, "bgm", "diag", 50),
-                  (64, "kmeans", "-", 10), (64, "bgm", "full", 50), (128, "bgm", "diag", 50),
-                  (128, "kmeans", "-", 10), (128, "bgm", "full", 50)]
+    assert ("vbem", 100, "power-l2-pca64w", "full", "pipeline") in vb
+    full = {(k, t) for lr, k, t, c, face in vb if c == "full" and face == "pipeline"}
+    assert full == {(k, t) for k in (50, 100) for t in ("pca64", "pca128", "power-l2-pca64w")}
+    assert todo[:4] == [("vb", ("vbem", 50, "raw", "diag", "pipeline")), ("sk", ("raw", "bgm", "diag", 50)),
+                        ("vb", ("vbem", 50, "raw", "diag", "estimator")),
+                        ("sk", ("raw", "kmeans", "-", 10))]  # the targets' fits first
+    per_set = [("bgm", "diag", 50), ("kmeans", "-", 10)]
+    assert sk == [(t, m, c, k) for t in real.FEATURES
+                  for m, c, k in per_set + ([("bgm", "full", 50)] if t != "raw" else [])]
     # every BGM fit has VB EM's twin with VBMixture's scikit-learn defaults (the same model), only those
-    twins = [(p, c, k) for lr, k, p, c, face in vb if face == "estimator"]
-    assert twins == [(p, c, k) for p, m, c, k in sk if m == "bgm"]
-    assert {lr for lr, k, p, c, face in vb if face == "estimator"} == {"vbem"}
+    twins = [(t, c, k) for lr, k, t, c, face in vb if face == "estimator"]
+    assert twins == [(t, c, k) for t, m, c, k in sk if m == "bgm"]
+    assert {lr for lr, k, t, c, face in vb if face == "estimator"} == {"vbem"}
     sk_settings = real.plan(False, True, None, defaults="estimator")
     assert {a[-1] for kind, a in sk_settings if kind == "vb"} == {"estimator"}
     assert len(sk_settings) == len(todo) - len(twins)
-    raw_only = real.plan(False, False, None)  # without the projection stage: raw features only
-    assert all((a[2] if kind == "vb" else a[0]) is None for kind, a in raw_only)
+    raw_only = real.plan(False, False, None)  # without the projection stage: unprojected sets only
+    assert {(a[2] if kind == "vb" else a[0]) for kind, a in raw_only} == {"raw"}
+
+
+@pytest.mark.parametrize("tag, parsed", [("raw", ("none", None, False)), ("pca64", ("none", 64, False)),
+                                         ("pca16w", ("none", 16, True)), ("l2-raw", ("l2", None, False)),
+                                         ("power-l2-pca64w", ("power-l2", 64, True))])
+def test_feature_set_tags(tag, parsed):
+    assert real.feature_set(tag) == parsed
+
+
+@pytest.mark.parametrize("tag", ["pca0", "pca", "rawish", "l1-raw", "pca64x", "power-pca64", ""])
+def test_a_bad_feature_set_is_one_line(tag):
+    with pytest.raises(ConfigError, match=r"^feature set must be raw or pcaP, P > 0 .*, got '.*'$"):
+        real.feature_set(tag)
+
+
+def test_feature_rows_normalise_then_project():
+    """vbcluster gets the normalised rows (it projects them itself); scikit-learn the normalised rows
+    projected and whitened by its PCA; each made once."""
+    from sklearn.decomposition import PCA
+
+    from vbcore.data.normalize import normalize_rows
+
+    X = np.random.default_rng(0).normal(size=(300, 12)).astype(np.float32)
+    rows = real.FeatureRows(X, seed=0)
+    assert rows.normalized("pca4") is X and rows.projected("raw") is X
+    norm = rows.normalized("power-l2-pca4w")
+    np.testing.assert_array_equal(norm, normalize_rows(X, "power-l2", dtype=np.float32))
+    assert rows.normalized("power-l2-raw") is norm  # one normalisation per method
+    Z = rows.projected("power-l2-pca4w")
+    want = PCA(4, whiten=True, random_state=0).fit_transform(norm)
+    np.testing.assert_allclose(Z, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Z.var(0, ddof=1), 1.0, rtol=1e-4)
+    assert rows.projected("power-l2-pca4w") is Z and Z.dtype == np.float32
 
 
 def test_resume_keys_fits_by_their_settings():
@@ -65,8 +98,8 @@ def test_resume_keys_fits_by_their_settings():
     assert real._settled(dict(old))["settings"] == "sklearn"
     assert real._settled({**old, "defaults": "pipeline"}) == {**old, "settings": "cli"}
     assert real._settled({**old, "method": "sklearn-bgm", "defaults": "pipeline"})["settings"] == "sklearn"
-    a = real._describe("vb", ("vbem", 50, None, "diag", "pipeline"))
-    b = real._describe("vb", ("vbem", 50, None, "diag", "estimator"))
+    a = real._describe("vb", ("vbem", 50, "raw", "diag", "pipeline"))
+    b = real._describe("vb", ("vbem", 50, "raw", "diag", "estimator"))
     assert real._key(a) != real._key(b) and real._key(b) == real._key(real._settled(dict(old)))
 
 
@@ -88,11 +121,13 @@ def test_quick_run_every_learner_on_real_features(tmp_path):
     raw = [f for f in fits if f["features"] == "raw"]
     assert {f["covariance"] for f in raw if f["method"] == "vbem"} == {"diag"}  # vbcluster fit's default
     if real.projection_available():  # full covariance on the float32 projected features
-        full = [f for f in fits if f["features"] == "pca16" and f["covariance"] == "full"]
-        assert {f["method"] for f in full} == {"vbem", "sklearn-bgm"}
+        for tag in ("pca16", "power-l2-pca16w"):
+            full = [f for f in fits if f["features"] == tag and f["covariance"] == "full"]
+            assert {f["method"] for f in full} == {"vbem", "sklearn-bgm"}
     assert all(np.isfinite(f["elbo_per_row"]) for f in fits if not f["method"].startswith("sklearn"))
     text = (folder / "README.md").read_text()
-    assert "| raw | vbem | cli |" in text and "| raw | vbem | sklearn |" in text and (folder / "nmi_time.png").stat().st_size > 0
+    assert "| raw | vbem | cli |" in text and "| raw | vbem | sklearn |" in text
+    assert (folder / "nmi_time.png").stat().st_size > 0
     _, _, info = real.features(folder, quick=True)  # the features are not extracted again
     assert info["extracted_now"] == 0 and info["rows"] == real.QUICK_IMAGES
 
@@ -107,7 +142,7 @@ def test_a_study_fit_is_the_model_it_names(defaults):
     rng = np.random.default_rng(3)
     X = np.concatenate([rng.normal(c, 1.0, size=(150, 4)) for c in (-6.0, 0.0, 6.0)]).astype(np.float32)
     y = np.repeat(np.arange(3), 150)
-    row = real.vb_fit(X, y, "vbem", 6, None, "diag", 0, 30, defaults)
+    row = real.vb_fit(X, y, "vbem", 6, "raw", "diag", 0, 30, defaults)
 
     def bound(face):
         kw = {**estimator_params(face), "random_state": 0, "max_iter": 30}

@@ -10,8 +10,9 @@ repeating pixels, ``(x - 127) / 128``, grey in 3 channels). The features are ext
 Fits, all on the same rows (all 70,000, or a seeded subsample of ``rows``): every learner of
 ``vbcluster learners`` at K = 50 and 100 with the covariance and options ``vbcluster fit`` gives it
 by default (diag, or the learner's own), on the raw
-features and, where the projection stage (``VBMixture(pca=...)``) is installed, after ``pca=64`` and
-``pca=128`` (VB EM also with full covariance there); scikit-learn's ``BayesianGaussianMixture``
+features, after ``pca=64`` and ``pca=128`` (VB EM also with full covariance there), and in the
+best configuration measured (rows power- and L2-normalised, 64 whitened principal components:
+``power-l2-pca64w``; :func:`feature_set` reads these tags); scikit-learn's ``BayesianGaussianMixture``
 (Dirichlet process, K = 50; diag, and full on the projected features) and ``KMeans`` told the true
 K = 10. Reported per fit: labels used (distinct labels of the hard assignment), NMI, ACC, ARI, the
 ELBO per row (vbcluster's; scikit-learn's bound leaves out constants, so it is not comparable),
@@ -20,7 +21,7 @@ command line's settings by default (``defaults='pipeline'``: the model of ``vbcl
 whose K is a starting truncation that grows; :func:`pipeline.fit.spec.estimator_params`), or
 ``VBMixture``'s scikit-learn defaults (``defaults='estimator'``).
 
-``run(out, quick=True)`` runs the first 200 test images, K = 5, raw and pca=16, at most 3
+``run(out, quick=True)`` runs the first 200 test images, K = 5, raw, pca16 and power-l2-pca16w, at most 3
 iterations (seconds per fit on an idle machine); the full study takes hours on 2 cores
 (scikit-learn's BGM alone is about 6 min per fit on all rows).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -47,7 +49,10 @@ EXTRACT: dict[str, Any] = {"extractor": "onnx", "output": "feat1280", "size": 11
                            "scale": 1, "mean": 127, "std": 128, "batch_images": 50}
 KS, QUICK_KS = (50, 100), (5,)
 QUICK_IMAGES = 200
-PCAS = (None, 64, 128)
+#: the feature sets (:func:`feature_set`): raw, two projections, and the best configuration measured
+#: (power + L2 rows, 64 whitened principal components: docs/studies.md, "Row normalisation")
+FEATURES = ("raw", "pca64", "pca128", "power-l2-pca64w")
+QUICK_FEATURES = ("raw", "pca16", "power-l2-pca16w")
 BASELINE_K = 50
 #: the ``settings`` column: the vbcluster fits' defaults (:func:`vb_fit`), scikit-learn's for its own
 SETTINGS = {"pipeline": "cli", "estimator": "sklearn"}
@@ -159,19 +164,33 @@ def timed(fit: Callable[[], Any]) -> tuple[Any, float, str]:
         return None, time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
-def vb_fit(X: np.ndarray, y: np.ndarray, learner: str, k: int, pca: int | None, covariance: str,
+def feature_set(tag: str) -> tuple[str, int | None, bool]:
+    """(row normalisation, principal components or None, whitened) of a feature set's tag:
+    ``raw`` or ``pcaP`` (``pcaPw``: whitened), optionally after ``l2-`` or ``power-l2-``
+    (:func:`vbcore.data.normalize.normalize_rows`); anything else is a one-line ConfigError."""
+    m = re.fullmatch(r"(?:(l2|power-l2)-)?(?:raw|pca([1-9][0-9]*)(w?))", str(tag))
+    if m is None:
+        raise ConfigError(f"feature set must be raw or pcaP, P > 0 ('w' after P: whitened), optionally "
+                          f"after l2- or power-l2-, got {tag!r}")
+    norm, p, w = m.groups()
+    return norm or "none", int(p) if p else None, bool(w)
+
+
+def vb_fit(X: np.ndarray, y: np.ndarray, learner: str, k: int, tag: str, covariance: str,
            seed: int, max_iter: int, defaults: str = "pipeline") -> dict[str, Any]:
     """One fit with ``defaults``' settings (:func:`pipeline.fit.spec.estimator_params`: 'pipeline',
-    the model of ``vbcluster fit -k K``; 'estimator', ``VBMixture``'s scikit-learn defaults)."""
+    the model of ``vbcluster fit -k K``; 'estimator', ``VBMixture``'s scikit-learn defaults) on the
+    rows ``X``, already normalised as ``tag`` says, projected by the fit where it names a PCA."""
     from pipeline import VBMixture
     from pipeline.fit.spec import estimator_params
 
+    _, pca, whiten = feature_set(tag)
     kw: dict[str, Any] = {**estimator_params(defaults), "random_state": seed, "max_iter": max_iter}
     if pca:
-        kw["pca"] = pca
+        kw.update(pca=pca, whiten=whiten)
     model = VBMixture(k, learner=learner, covariance_type=covariance, **kw)
     m, wall, err = timed(lambda: model.fit(X))
-    row = {"features": f"pca{pca}" if pca else "raw", "method": learner, "settings": SETTINGS[defaults],
+    row = {"features": tag, "method": learner, "settings": SETTINGS[defaults],
            "covariance": covariance, "K": k, "wall_s": wall, "note": err}
     if m is None:
         return {**row, "clusters": 0, "nmi": np.nan, "acc": np.nan, "ari": np.nan, "elbo_per_row": np.nan,
@@ -212,35 +231,38 @@ def default_covariance(learner: str) -> str:
 
 
 def plan(quick: bool, projection: bool, only: list[str] | None,
-         pcas: tuple[int | None, ...] = PCAS, defaults: str = "pipeline") -> list[tuple[str, Any]]:
-    """The fits in order: ('vb', (learner, K, pca, covariance, defaults)) and ('sk', (pca, method,
-    cov, K)), for the feature sets ``pcas`` (None: raw) that this installation can run. With the
+         features: tuple[str, ...] = FEATURES, defaults: str = "pipeline") -> list[tuple[str, Any]]:
+    """The fits in order: ('vb', (learner, K, tag, covariance, defaults)) and ('sk', (tag, method,
+    cov, K)), for the feature sets ``features`` (:func:`feature_set`) that this installation can run
+    (without the projection stage: those without a PCA). With the
     command line's defaults, each scikit-learn BGM fit also gets VB EM's fit with VBMixture's
     scikit-learn defaults (the same model and settings: the speed comparison)."""
     ks = QUICK_KS if quick else KS
     todo: list[tuple[str, Any]] = []
     kb = ks[0] if quick else BASELINE_K
 
-    def against_bgm(pca: int | None, cov: str) -> None:
-        todo.append(("sk", (pca, "bgm", cov, kb)))
+    def against_bgm(tag: str, cov: str) -> None:
+        todo.append(("sk", (tag, "bgm", cov, kb)))
         if defaults == "pipeline":
-            todo.append(("vb", ("vbem", kb, pca, cov, "estimator")))
+            todo.append(("vb", ("vbem", kb, tag, cov, "estimator")))
 
-    for pca in (p for p in pcas if projection or p is None):
+    for pca, tag in ((feature_set(t)[1], t) for t in features):
+        if pca and not projection:
+            continue
         # the targets' fits first (VB EM, scikit-learn on the same settings), so that a run cut short
         # still answers them; then every other learner
-        todo.append(("vb", ("vbem", kb, pca, "diag", defaults)))
-        against_bgm(pca, "diag")
-        todo.append(("sk", (pca, "kmeans", "-", 10)))
+        todo.append(("vb", ("vbem", kb, tag, "diag", defaults)))
+        against_bgm(tag, "diag")
+        todo.append(("sk", (tag, "kmeans", "-", 10)))
         if pca:
-            todo.append(("vb", ("vbem", kb, pca, "full", defaults)))
-            against_bgm(pca, "full")
+            todo.append(("vb", ("vbem", kb, tag, "full", defaults)))
+            against_bgm(tag, "full")
         for learner in available_learners():
             for k in ks:
                 if (learner, k) != ("vbem", kb):
-                    todo.append(("vb", (learner, k, pca, default_covariance(learner), defaults)))
+                    todo.append(("vb", (learner, k, tag, default_covariance(learner), defaults)))
         if pca:
-            todo.extend(("vb", ("vbem", k, pca, "full", defaults)) for k in ks if k != kb)
+            todo.extend(("vb", ("vbem", k, tag, "full", defaults)) for k in ks if k != kb)
     if only:
         todo = [t for t in todo if (t[1][0] if t[0] == "vb" else f"sklearn-{t[1][1]}") in only]
     return todo
@@ -248,21 +270,22 @@ def plan(quick: bool, projection: bool, only: list[str] | None,
 
 def run(out: Path, *, quick: bool = False, seed: int = 0, rows: int | None = None,
         only: list[str] | None = None, max_iter: int | None = None, split: str = "all",
-        pcas: tuple[int | None, ...] = PCAS, resume: bool = False, defaults: str = "pipeline") -> Path:
+        feature_sets: tuple[str, ...] = FEATURES, resume: bool = False, defaults: str = "pipeline") -> Path:
     """Run the study into ``out/real`` (see the module docstring); ``defaults`` the settings of the
     vbcluster fits (:func:`vb_fit`: 'pipeline', the command line's, or 'estimator'); ``split``
     extracts only the 10,000 test (``'t10k'``) or 60,000 training images, ``rows`` subsamples,
-    ``only`` keeps the named learners / ``sklearn-bgm`` / ``sklearn-kmeans``, ``pcas`` the feature
-    sets (None: raw, 64, 128); ``resume`` keeps the fits of ``fits.jsonl`` (same rows and seed
-    assumed; a fit is its features, method, settings, covariance and K) and runs the others; every
-    fit is appended to ``fits.jsonl`` and the report rewritten as it ends (a run cut short keeps
-    what it did). Returns the folder."""
+    ``only`` keeps the named learners / ``sklearn-bgm`` / ``sklearn-kmeans``, ``feature_sets`` the
+    feature sets (:func:`feature_set`; quick: :data:`QUICK_FEATURES`); ``resume`` keeps the fits of
+    ``fits.jsonl`` (same rows and seed assumed; a fit is its features, method, settings, covariance
+    and K) and runs the others; every fit is appended to ``fits.jsonl`` and the report rewritten as
+    it ends (a run cut short keeps what it did). Returns the folder."""
     folder = Path(out) / "real"
     folder.mkdir(parents=True, exist_ok=True)
     X, y, info = features(folder, quick, split)
     info["split"], info["defaults"] = split, defaults
-    if quick:  # raw and one small projection
-        pcas = tuple(16 if p else None for p in pcas if p in (None, 64))
+    sets = QUICK_FEATURES if quick else tuple(feature_sets)
+    for tag in sets:
+        feature_set(tag)  # every tag checked before the first fit
     idx = subsample(len(X), rows, seed)
     X, y = X[idx], y[idx]
     iters = max_iter or (3 if quick else 200)
@@ -272,21 +295,16 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, rows: int | None = Non
     done = {_key(r): r for r in map(_settled, map(json.loads, old))}
     results: list[dict[str, Any]] = list(done.values())
     log.write_text("".join(json.dumps(r, default=float) + "\n" for r in results))
-    projected: dict[int, np.ndarray] = {}
-    for kind, args in plan(quick, projection, only, tuple(pcas), defaults):
+    rows = FeatureRows(X, seed)
+    for kind, args in plan(quick, projection, only, sets, defaults):
         if _key(_describe(kind, args)) in done:
             continue
         if kind == "vb":
-            learner, k, pca, cov, face = args
-            res = vb_fit(X, y, learner, k, pca, cov, seed, iters, face)
+            learner, k, tag, cov, face = args
+            res = vb_fit(rows.normalized(tag), y, learner, k, tag, cov, seed, iters, face)
         else:
-            pca, method, cov, k = args
-            if pca and pca not in projected:
-                from sklearn.decomposition import PCA
-
-                projected[pca] = PCA(pca, random_state=seed).fit_transform(X).astype(np.float32)
-            res = sk_fit(projected[pca] if pca else X, y, f"pca{pca}" if pca else "raw", method, cov, k, seed,
-                         iters)
+            tag, method, cov, k = args
+            res = sk_fit(rows.projected(tag), y, tag, method, cov, k, seed, iters)
         results.append(res)
         with open(log, "a") as f:
             f.write(json.dumps(res, default=float) + "\n")
@@ -299,12 +317,40 @@ def run(out: Path, *, quick: bool = False, seed: int = 0, rows: int | None = Non
 
 def _describe(kind: str, args: Any) -> dict[str, Any]:
     if kind == "vb":
-        learner, k, pca, cov, face = args
-        return {"features": f"pca{pca}" if pca else "raw", "method": learner, "settings": SETTINGS[face],
-                "covariance": cov, "K": k}
-    pca, method, cov, k = args
-    return {"features": f"pca{pca}" if pca else "raw", "method": f"sklearn-{method}", "settings": "sklearn",
-            "covariance": cov, "K": k}
+        learner, k, tag, cov, face = args
+        return {"features": tag, "method": learner, "settings": SETTINGS[face], "covariance": cov, "K": k}
+    tag, method, cov, k = args
+    return {"features": tag, "method": f"sklearn-{method}", "settings": "sklearn", "covariance": cov, "K": k}
+
+
+class FeatureRows:
+    """The study's rows per feature set, each made once: normalised (float64 arithmetic, float32
+    rows) for vbcluster, whose fits project them themselves; normalised and projected by
+    scikit-learn's PCA (whitened where the tag says) for scikit-learn's fits."""
+
+    def __init__(self, X: np.ndarray, seed: int) -> None:
+        self.X, self.seed = X, seed
+        self._norm: dict[str, np.ndarray] = {"none": X}
+        self._proj: dict[str, np.ndarray] = {}
+
+    def normalized(self, tag: str) -> np.ndarray:
+        from vbcore.data.normalize import normalize_rows
+
+        norm = feature_set(tag)[0]
+        if norm not in self._norm:
+            self._norm[norm] = normalize_rows(self.X, norm, dtype=np.float32)
+        return self._norm[norm]
+
+    def projected(self, tag: str) -> np.ndarray:
+        _, pca, whiten = feature_set(tag)
+        if not pca:
+            return self.normalized(tag)
+        if tag not in self._proj:
+            from sklearn.decomposition import PCA
+
+            est = PCA(pca, whiten=whiten, random_state=self.seed)
+            self._proj[tag] = est.fit_transform(self.normalized(tag)).astype(np.float32)
+        return self._proj[tag]
 
 
 def _settled(r: dict[str, Any]) -> dict[str, Any]:
@@ -334,7 +380,7 @@ def write_report(folder: Path, results: list[dict[str, Any]], info: dict[str, An
              f"{os.getloadavg()[0]:.1f}.")
     if not projection:
         rep.text("The projection stage (`VBMixture(pca=...)`, `--pca`) is not in this installation: the "
-                 "pca64 / pca128 rows were not run.")
+                 "projected feature sets were not run.")
     rep.table("results", COLUMNS, [[r[c] for c in COLUMNS] for r in results],
               title="Every fit (clusters: distinct labels of the hard assignment; NMI arithmetic)")
     rep.text(f"{len(results)} fits done (a run cut short lists only those).")
