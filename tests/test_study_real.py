@@ -121,7 +121,7 @@ def test_quick_run_every_learner_on_real_features(tmp_path):
     raw = [f for f in fits if f["features"] == "raw"]
     assert {f["covariance"] for f in raw if f["method"] == "vbem"} == {"diag"}  # vbcluster fit's default
     if real.projection_available():  # full covariance on the float32 projected features
-        for tag in ("pca16", "power-l2-pca16w"):
+        for tag in real.QUICK_FEATURES[1:]:
             full = [f for f in fits if f["features"] == tag and f["covariance"] == "full"]
             assert {f["method"] for f in full} == {"vbem", "sklearn-bgm"}
     assert all(np.isfinite(f["elbo_per_row"]) for f in fits if not f["method"].startswith("sklearn"))
