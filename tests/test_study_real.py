@@ -5,6 +5,7 @@ learner (skipped where the Debian package or ../shared/models/ is absent)."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -128,6 +129,9 @@ def test_quick_run_every_learner_on_real_features(tmp_path):
     text = (folder / "README.md").read_text()
     assert "| raw | vbem | cli |" in text and "| raw | vbem | sklearn |" in text
     assert (folder / "nmi_time.png").stat().st_size > 0
+
+    wall = float(re.search(r"_Study wall time: ([\d.]+) s\._", text).group(1))  # the fits' sum
+    assert wall == pytest.approx(sum(f["wall_s"] for f in fits), abs=0.06)
     _, _, info = real.features(folder, quick=True)  # the features are not extracted again
     assert info["extracted_now"] == 0 and info["rows"] == real.QUICK_IMAGES
 

@@ -121,8 +121,11 @@ class Report:
     def image(self, name: str, caption: str) -> None:
         self.parts.append(f"![{caption}]({name})\n\n*{caption}*\n")
 
-    def write(self) -> Path:
-        self.parts.append(f"\n_Study wall time: {time.perf_counter() - self.t0:.1f} s._\n")
+    def write(self, seconds: float | None = None) -> Path:
+        """``README.md``, ending with the study's wall time: since this report began, or ``seconds``
+        (a study whose runs it cannot see, such as a resumed one)."""
+        seconds = time.perf_counter() - self.t0 if seconds is None else seconds
+        self.parts.append(f"\n_Study wall time: {seconds:.1f} s._\n")
         path = self.folder / "README.md"
         path.write_text("\n".join(self.parts))
         return path
