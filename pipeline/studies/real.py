@@ -425,7 +425,8 @@ def plot(folder: Path, results: list[dict[str, Any]]) -> None:
             sk = r["method"].startswith("sklearn")
             marker = "s" if sk else ("o" if r["K"] in (KS[0], *QUICK_KS) else "^")
             ax.scatter(r["wall_s"], r["nmi"], marker=marker, color="black" if sk else None)
-            ax.annotate(f"{r['method']} {r['K']}", (r["wall_s"], r["nmi"]), fontsize=6)
+            twin = " (sklearn settings)" if r.get("settings") == "sklearn" and not sk else ""
+            ax.annotate(f"{r['method']} {r['K']}{twin}", (r["wall_s"], r["nmi"]), fontsize=6)
         ax.set_xscale("log")
         ax.set_xlabel("wall seconds")
         ax.set_ylabel("NMI")
