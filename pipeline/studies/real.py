@@ -232,12 +232,12 @@ def default_covariance(learner: str) -> str:
 
 
 def plan(quick: bool, projection: bool, only: list[str] | None,
-         features: tuple[str, ...] = FEATURES, defaults: str = "pipeline") -> list[tuple[str, Any]]:
+         feature_sets: tuple[str, ...] = FEATURES, defaults: str = "pipeline") -> list[tuple[str, Any]]:
     """The fits in order: ('vb', (learner, K, tag, covariance, defaults)) and ('sk', (tag, method,
-    cov, K)), for the feature sets ``features`` (:func:`feature_set`) that this installation can run
-    (without the projection stage: those without a PCA). With the
-    command line's defaults, each scikit-learn BGM fit also gets VB EM's fit with VBMixture's
-    scikit-learn defaults (the same model and settings: the speed comparison)."""
+    cov, K)), for the feature sets ``feature_sets`` (:func:`feature_set`) that this installation can
+    run (without the projection stage: those without a PCA). With the command line's defaults, each
+    scikit-learn BGM fit also gets VB EM's fit with VBMixture's scikit-learn defaults (the same
+    model and settings: the speed comparison)."""
     ks = QUICK_KS if quick else KS
     todo: list[tuple[str, Any]] = []
     kb = ks[0] if quick else BASELINE_K
@@ -247,7 +247,7 @@ def plan(quick: bool, projection: bool, only: list[str] | None,
         if defaults == "pipeline":
             todo.append(("vb", ("vbem", kb, tag, cov, "estimator")))
 
-    for pca, tag in ((feature_set(t)[1], t) for t in features):
+    for pca, tag in ((feature_set(t)[1], t) for t in feature_sets):
         if pca and not projection:
             continue
         # the targets' fits first (VB EM, scikit-learn on the same settings), so that a run cut short
