@@ -51,6 +51,7 @@ def test_growth_from_too_few_components_finds_the_classes(blobs) -> None:
     assert np.all(np.diff(h) >= -1e-9 * abs(h[-1]))  # births are accepted only where the bound rises
     t = m.truncation_
     assert t["start"] == 2 and t["final"] >= 8 and t["grew"] >= 2 and not t["limit_hit"]
+    assert not t["max_iter_hit"]
     assert m.n_effective_ == 8 and m.converged_
     # the truncation grew only after iterations that ended saturated
     ks = [s["n_components"] for s in seen]
@@ -71,12 +72,15 @@ def test_no_growth_when_the_truncation_is_not_saturated(blobs) -> None:
     ({"max_components": 4}, r"the fit uses 4 of its 4 components and the upper limit max_components = 4"),
     ({"grow": False, "learner_options": {"moves": "none"}},
      r"uses 2 of its 2 components and the truncation did not grow"),
+    ({"max_iter": 3}, r"uses 2 of its 2 components and the fit stopped at its iteration limit while the "
+                      r"truncation was still growing: .*; raise max_iter \(--max-iter\)$"),
 ])
 def test_a_limit_hit_warns(blobs, kw, match) -> None:
     x, _ = blobs
     with pytest.warns(TruncationWarning, match=match):
         m = _fit(x, 2, **kw)
     assert m.truncation_["limit_hit"] and m.truncation_["saturated"]
+    assert m.truncation_["max_iter_hit"] == ("max_iter" in kw) and not m.converged_ == ("max_iter" in kw)
 
 
 def test_resume_with_growth_is_bitwise(blobs, tmp_path) -> None:
@@ -132,6 +136,14 @@ def test_cli_reports_the_truncation(tmp_path) -> None:
     assert "warning: the fit uses 2 of its 2 components and the truncation did not grow" in \
         " ".join(res.output.split())
     assert json.loads((tmp_path / "r3" / "result.json").read_text())["truncation"]["limit_hit"]
+    # a growing truncation still saturated when the iterations ran out
+    res = runner.invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r4"),
+                              "-k", "2", "--max-iter", "2", "-q"])
+    assert res.exit_code == 0, res.output
+    assert ("warning: the fit uses 2 of its 2 components and the fit stopped at its iteration limit while "
+            "the truncation was still growing") in " ".join(res.output.split())
+    t = json.loads((tmp_path / "r4" / "result.json").read_text())["truncation"]
+    assert t["limit_hit"] and t["max_iter_hit"] and not t["refused"]
 
 
 def test_the_bound_after_births_is_exact(blobs) -> None:

@@ -57,13 +57,20 @@ class FitInterrupted(VBClusterError):
 
 class TruncationWarning(UserWarning):
     """A DP fit ended with (nearly) every component of its truncation in use and could not grow it
-    (growth off, or the upper limit ``max_components`` reached): the truncation, not the data, may
-    have decided the number of clusters."""
+    (growth off, the upper limit ``max_components`` reached, or the iterations ran out while it was
+    still growing): the truncation, not the data, may have decided the number of clusters."""
 
 
 def truncation_message(info: dict) -> str:  # type: ignore[type-arg]
     """The one line the estimator, the CLI summary and the report print when a limit was hit."""
-    why = (f"the upper limit max_components = {info['limit']} was reached" if info.get("growth")
-           else "the truncation did not grow (grow off for this fit or learner)")
+    if info.get("max_iter_hit"):
+        why, fix = ("the fit stopped at its iteration limit while the truncation was still growing",
+                    "raise max_iter (--max-iter)")
+    elif info.get("growth"):
+        why, fix = (f"the upper limit max_components = {info['limit']} was reached",
+                    "raise max_components (--max-components) or -k")
+    else:
+        why, fix = ("the truncation did not grow (grow off for this fit or learner)",
+                    "raise max_components (--max-components) or -k")
     return (f"the fit uses {info['used']} of its {info['final']} components and {why}: the truncation "
-            "may have decided the number of clusters; raise max_components (--max-components) or -k")
+            f"may have decided the number of clusters; {fix}")

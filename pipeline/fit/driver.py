@@ -19,6 +19,7 @@ import numpy as np
 
 from pipeline.fit.checkpoint import Checkpointer, Loaded, config_hash
 from pipeline.fit.learners import FitContext, make_learner
+from pipeline.fit.learners.growth import stopped_growing
 from pipeline.fit.learners.vbem import vbem_pass
 from pipeline.fit.projection import check_projection
 from pipeline.fit.setup import initial_posterior, setup
@@ -277,7 +278,8 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
                 loop.terms = elbo_terms(vbem_pass(ctx, post).stats, post, ctx.prior)
             passes, kind, options = learner.passes, learner.bound_kind(), dict(learner.opts)
             kept = learner.keep_state()
-            truncation = learner.truncation_info(n_effective(post, ctx.prior))
+            truncation = stopped_growing(learner.truncation_info(n_effective(post, ctx.prior)),
+                                         loop.converged)
         finally:
             learner.close()
     finally:

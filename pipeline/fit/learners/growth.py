@@ -64,6 +64,17 @@ def saturated(n_used: int, truncation: int) -> bool:
     return int(n_used) >= math.ceil(SATURATED_SHARE * int(truncation) - 1e-9)
 
 
+def stopped_growing(info: dict[str, Any], converged: bool) -> dict[str, Any]:
+    """The truncation entry of a fit as it ended (``info``: :meth:`Growth.info` or a learner's
+    ``truncation_info``): a growing truncation still saturated below its limit, whose last growth
+    was not refused by the bound, when the fit stopped unconverged had not settled, so the
+    iteration limit decided the count (``max_iter_hit``, which counts as ``limit_hit``). A refused
+    proposal settles it (the point learners' steady state: they never declare convergence)."""
+    cut = bool(info.get("growth") and info.get("saturated") and not info.get("limit_hit")
+               and not info.get("refused") and not converged)
+    return {**info, "max_iter_hit": cut, "limit_hit": bool(info.get("limit_hit")) or cut}
+
+
 def unsaturated_truncation(n_used: int) -> int:
     """The smallest truncation that ``n_used`` components do not saturate."""
     t = int(math.floor(int(n_used) / SATURATED_SHARE + 1e-9)) + 1
