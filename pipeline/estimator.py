@@ -284,7 +284,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.bound_kind_ = best.bound_kind
         #: the learner options the fit used: defaults filled in, automatic values (candidates=-1) resolved
         self.learner_options_ = best.options
-        #: the truncation: start, final, limit, used, saturated, limit_hit (docs/guide.md "Choosing K")
+        #: the truncation: start, final, limit, used, saturated, limit_hit, max_iter_hit
+        #: (docs/guide.md "Choosing K")
         self.truncation_ = dict(best.truncation)
         if self.truncation_.get("limit_hit"):
             warnings.warn(truncation_message(self.truncation_), TruncationWarning, stacklevel=2)

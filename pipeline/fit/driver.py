@@ -62,7 +62,8 @@ class FitOutcome:
     #: number of chunks this fit adopted from its warm start
     kept: dict[str, np.ndarray] = field(default_factory=dict)
     adopted: int = 0
-    #: the truncation: start, final, limit, used, saturated, limit_hit (``Learner.truncation_info``)
+    #: the truncation: start, final, limit, used, saturated, limit_hit, max_iter_hit
+    #: (``Learner.truncation_info`` and :func:`pipeline.fit.learners.growth.stopped_growing`)
     truncation: dict[str, Any] = field(default_factory=dict)
     #: the data's moments the prior was built from (:attr:`FitContext.moments`)
     moments: Any = None
