@@ -63,14 +63,13 @@ class TruncationWarning(UserWarning):
 
 def truncation_message(info: dict) -> str:  # type: ignore[type-arg]
     """The one line the estimator, the CLI summary and the report print when a limit was hit."""
+    fix = "raise max_components (--max-components) or -k"
     if info.get("max_iter_hit"):
-        why, fix = ("the fit stopped at its iteration limit while the truncation was still growing",
-                    "raise max_iter (--max-iter)")
+        why = "the fit stopped at its iteration limit while the truncation was still growing"
+        fix = "raise max_iter (--max-iter)"
     elif info.get("growth"):
-        why, fix = (f"the upper limit max_components = {info['limit']} was reached",
-                    "raise max_components (--max-components) or -k")
+        why = f"the upper limit max_components = {info['limit']} was reached"
     else:
-        why, fix = ("the truncation did not grow (grow off for this fit or learner)",
-                    "raise max_components (--max-components) or -k")
+        why = "the truncation did not grow (grow off for this fit or learner)"
     return (f"the fit uses {info['used']} of its {info['final']} components and {why}: the truncation "
             f"may have decided the number of clusters; {fix}")
