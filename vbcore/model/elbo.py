@@ -88,7 +88,7 @@ def kl_wishart(nu: np.ndarray, cov: np.ndarray, nu0: float, cov0: np.ndarray,
     return log_b - log_b0 + 0.5 * (nu - nu0) * e_log_det - 0.5 * nu * d + 0.5 * trace
 
 
-def _quad(post: Posterior, v: np.ndarray) -> np.ndarray:
+def quad_precision(post: Posterior, v: np.ndarray) -> np.ndarray:
     """``v_k^T E[Lambda_k] v_k`` for (K, D) vectors."""
     if post.covariance_type == "tied":
         y = v @ post.precisions_cholesky
@@ -101,7 +101,7 @@ def _quad(post: Posterior, v: np.ndarray) -> np.ndarray:
     return np.sum(post.precision_diagonal() * v * v, axis=1)
 
 
-def _trace_scatter(post: Posterior, scatter: np.ndarray) -> np.ndarray:
+def trace_scatter(post: Posterior, scatter: np.ndarray) -> np.ndarray:
     """``Tr(E[Lambda_k] N_k S_k)``; for 'tied' the one value ``Tr(E[Lambda] sum_k N_k S_k)`` (shape (1,))
     from a pooled (1, D, D) or per-component (K, D, D) scatter."""
     if post.covariance_type == "tied":
@@ -128,11 +128,11 @@ def elbo_terms(stats: SuffStats, post: Posterior, prior: Prior) -> ElboTerms:
     xbar_minus_m = stats.mean - (post.means - stats.shift)
     if post.covariance_type == "tied":  # one trace term, sum_k of the per-component ones
         log_lik = 0.5 * np.sum(nk * (e_log_det - d / beta - d * LOG_2PI)) - 0.5 * (
-            _trace_scatter(post, stats.scatter)[0] + np.sum(nk * _quad(post, xbar_minus_m))
+            trace_scatter(post, stats.scatter)[0] + np.sum(nk * quad_precision(post, xbar_minus_m))
         )
     else:
         log_lik = 0.5 * np.sum(nk * (e_log_det - d / beta - d * LOG_2PI)) - 0.5 * np.sum(
-            _trace_scatter(post, stats.scatter) + nk * _quad(post, xbar_minus_m)
+            trace_scatter(post, stats.scatter) + nk * quad_precision(post, xbar_minus_m)
         )
 
     # eq. 43
@@ -147,7 +147,7 @@ def elbo_terms(stats: SuffStats, post: Posterior, prior: Prior) -> ElboTerms:
         kl_w = float(np.sum(kl_beta(wc[0], wc[1], 1.0, alpha0)))
 
     # eq. 45 (with the sign of the (m - m0) term corrected, see docs/algorithms.md)
-    kl_mean = 0.5 * d * (beta0 / beta - 1.0 + np.log(beta / beta0)) + 0.5 * beta0 * _quad(
+    kl_mean = 0.5 * d * (beta0 / beta - 1.0 + np.log(beta / beta0)) + 0.5 * beta0 * quad_precision(
         post, post.means - prior.mean
     )
     ct = post.covariance_type

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy.special import betaln, digamma, gammaln
 
-from vbcore.model.elbo import elbo_terms, kl_gamma, kl_wishart
+from vbcore.model.elbo import elbo_terms, kl_gamma, kl_wishart, quad_precision, trace_scatter
 from vbcore.model.mstep import m_step
 from vbcore.model.posterior import LOG_2PI, Posterior
 from vbcore.model.priors import Prior
@@ -42,25 +42,6 @@ from vbcore.moves.tied import apply_pooled_merges, tied_merge_gain
 
 
 # ---- the ELBO split by component ---------------------------------------------------------------------
-def _quad(post: Posterior, v: np.ndarray) -> np.ndarray:
-    """``v_k^T E[Lambda_k] v_k`` for (K, D) vectors."""
-    if post.covariance_type == "full":
-        y = np.einsum("kd,kde->ke", v, post.precisions_cholesky)
-        return np.sum(y * y, axis=1)
-    if post.covariance_type in ("spherical", "fixed"):
-        return np.einsum("kd,kd->k", v, v) / post.covariances
-    return np.sum(post.precision_diagonal() * v * v, axis=1)
-
-
-def _trace_scatter(post: Posterior, scatter: np.ndarray) -> np.ndarray:
-    if post.covariance_type == "full":
-        prec = np.einsum("kij,klj->kil", post.precisions_cholesky, post.precisions_cholesky)
-        return np.einsum("kij,kji->k", prec, scatter)
-    if post.covariance_type in ("spherical", "fixed"):
-        return np.sum(scatter, axis=1) / post.covariances
-    return np.sum(post.precision_diagonal() * scatter, axis=1)
-
-
 def component_terms(stats: SuffStats, post: Posterior, prior: Prior) -> np.ndarray:
     """``C_k = E[ln p(X | Z, mu_k, Lambda_k)]_k - KL(q(mu_k, Lambda_k) || p(mu_k, Lambda_k))``, shape (K,).
 
@@ -71,8 +52,8 @@ def component_terms(stats: SuffStats, post: Posterior, prior: Prior) -> np.ndarr
     e_log_det = post.expected_log_det_precision()
     diff = stats.mean - (post.means - stats.shift)
     log_lik = 0.5 * nk * (e_log_det - d / beta - d * LOG_2PI) - 0.5 * (
-        _trace_scatter(post, stats.scatter) + nk * _quad(post, diff))
-    kl_mean = 0.5 * d * (beta0 / beta - 1.0 + np.log(beta / beta0)) + 0.5 * beta0 * _quad(
+        trace_scatter(post, stats.scatter) + nk * quad_precision(post, diff))
+    kl_mean = 0.5 * d * (beta0 / beta - 1.0 + np.log(beta / beta0)) + 0.5 * beta0 * quad_precision(
         post, post.means - prior.mean)
     ct = post.covariance_type
     nu, nu0 = post.degrees_of_freedom, prior.degrees_of_freedom
