@@ -124,10 +124,11 @@ def stats_of(x: np.ndarray, resp: np.ndarray, ct: str, shift: np.ndarray):
     return chunk_statistics(prepare_chunk(x, shift, ct), resp, rlogr)
 
 
-def planted_blobs(n: int = 3000, d: int = 6, k: int = 8, seed: int = 0):
-    """``n`` rows of ``k`` unit-variance Gaussian classes in ``d`` dimensions, and their labels."""
+def planted_blobs(n: int = 3000, d: int = 6, k: int = 8, seed: int = 0, scale: float = 6.0):
+    """``n`` rows of ``k`` unit-variance Gaussian classes in ``d`` dimensions (centres drawn with
+    standard deviation ``scale``), and their labels."""
     rng = np.random.default_rng(seed)
-    centres = rng.normal(scale=6.0, size=(k, d))
+    centres = rng.normal(scale=scale, size=(k, d))
     lab = rng.integers(0, k, size=n)
     return centres[lab] + rng.normal(size=(n, d)), lab
 

@@ -105,20 +105,23 @@ def test_vbem_with_empirical_bayes_never_lowers_the_bound(ct: str) -> None:
 
 
 def test_defaults_do_not_grow_with_the_dimension() -> None:
-    for d in (4, 4096):
+    """nu0 is 1% of the rows, 2 to 512, whatever D from 128 dimensions up; below, at most 4 D."""
+    for d, cap in ((4, 16.0), (64, 256.0), (128, EMPIRICAL_DOF), (4096, EMPIRICAL_DOF)):
         p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=50,
                           data_mean=np.zeros(d), data_covariance=np.full(d, 2.0), defaults="empirical")
-        assert p.degrees_of_freedom == EMPIRICAL_DOF and p.weight_concentration == EMPIRICAL_ALPHA
+        assert p.degrees_of_freedom == cap and p.weight_concentration == EMPIRICAL_ALPHA
         assert np.allclose(p.covariance / p.degrees_of_freedom, 2.0)  # prior variance = data variance
         s = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=50,
                           data_mean=np.zeros(d), data_covariance=np.full(d, 2.0))
         assert s.degrees_of_freedom == d and s.weight_concentration == 1 / 50 and s.empirical == ()
-        for n, nu0 in ((100, 2.0), (20_000, 200.0), (10**6, EMPIRICAL_DOF)):  # 1% of the rows, 2 to 512
+        for n, share in ((100, 2.0), (20_000, 200.0), (10**6, EMPIRICAL_DOF)):  # 1% of the rows, 2 to 512
             p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=50,
                               data_mean=np.zeros(d), data_covariance=np.full(d, 2.0), defaults="empirical",
                               n_rows=n)
-            assert p.degrees_of_freedom == nu0 == empirical_dof(n)
+            nu0 = min(share, cap)
+            assert p.degrees_of_freedom == nu0 == empirical_dof(n, d)
             assert np.allclose(p.covariance / nu0, 2.0)
+    assert empirical_dof(20_000) == 200.0 and empirical_dof(None) == EMPIRICAL_DOF  # no D: no cap
     # settings given by the user are held
     p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=5,
                       data_mean=np.zeros(3), data_covariance=np.ones(3), defaults="empirical",

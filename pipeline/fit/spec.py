@@ -103,16 +103,16 @@ class FitSpec:
     mean_prior: Any = _s(None, "Mean of the means' prior, shape (D,); default: the data mean.", "array",
                          estimator="mean_prior")
     degrees_of_freedom_prior: float | None = _s(None, "Degrees of freedom nu0 of the precisions' prior; "
-                                                "default 1% of the rows (2 to 512) for diag and "
-                                                "spherical with priors=empirical, else D (checked "
-                                                "against D with the prior).", "prior",
+                                                "default 1% of the rows (2 to 512, at most 4 D) "
+                                                "for diag and spherical with priors=empirical, else D "
+                                                "(checked against D with the prior).", "prior",
                                                 estimator="degrees_of_freedom_prior")
     covariance_prior: Any = _s(None, "Covariance prior; default: the data covariance (sklearn), nu0 "
                                "times it (empirical; held: a prior variance equal to the data's).", "array",
                                estimator="covariance_prior")
     priors: str = _s("empirical", "How unset priors are filled: empirical (nu0 = 1% of the rows, 2 to "
-                     "512, for diag and spherical, alpha0 = 1 for the DP, a prior variance equal to the "
-                     "data's, beta0 re-estimated from the bound between iterations) | sklearn "
+                     "512, at most 4 D, for diag and spherical, alpha0 = 1 for the DP, a prior variance "
+                     "equal to the data's, beta0 re-estimated from the bound between iterations) | sklearn "
                      "(scikit-learn's: alpha0 = 1/K, nu0 = D, fixed).",
                      "str", estimator="prior_defaults", sklearn="sklearn", choices=PRIOR_DEFAULTS)
     fixed_variance: float | None = _s(None, "sigma^2 of covariance 'fixed'; default: estimated.", "float",

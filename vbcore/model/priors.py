@@ -33,10 +33,13 @@ WEIGHT_TYPES = ("dirichlet_distribution", "dirichlet_process")
 PRIOR_DEFAULTS = ("empirical", "sklearn")
 #: ``nu0`` of the diagonal families under the 'empirical' defaults: a prior as strong as
 #: ``EMPIRICAL_DOF_SHARE`` of the rows per component (at least 2), at most ``EMPIRICAL_DOF`` rows, at
-#: the data's variance, whatever D (chosen from measurements on real and synthetic stores:
+#: the data's variance (chosen from measurements on real and synthetic stores:
 #: docs/decisions.md "Priors that do not depend on the dimension"); :func:`empirical_dof`
 EMPIRICAL_DOF = 512.0
 EMPIRICAL_DOF_SHARE = 0.01
+#: ... and at most this many rows per dimension: the covariance prior is the data's variance, which in
+#: few dimensions lies many within-class variances above a class's own (docs/decisions.md)
+EMPIRICAL_DOF_PER_DIM = 4.0
 #: the DP concentration under the 'empirical' defaults: one model for every truncation
 EMPIRICAL_ALPHA = 1.0
 
@@ -173,13 +176,17 @@ def validate_prior(p: Prior) -> None:
         raise ConfigError(f"covariance_prior must be > 0 everywhere; entry {bad} is not")
 
 
-def empirical_dof(n_rows: float | None) -> float:
+def empirical_dof(n_rows: float | None, n_features: int | None = None) -> float:
     """``nu0`` of 'diag' and 'spherical' under the 'empirical' defaults for data of ``n_rows`` rows
-    (their total weight): ``EMPIRICAL_DOF_SHARE * n_rows`` between 2 and ``EMPIRICAL_DOF`` (the
-    largest when ``n_rows`` is unknown)."""
+    (their total weight) in ``n_features`` dimensions: ``EMPIRICAL_DOF_SHARE * n_rows`` between 2 and
+    ``EMPIRICAL_DOF``, and at most ``EMPIRICAL_DOF_PER_DIM * n_features`` (the largest allowed when
+    ``n_rows`` is unknown)."""
+    cap = EMPIRICAL_DOF
+    if n_features is not None:
+        cap = min(cap, max(2.0, EMPIRICAL_DOF_PER_DIM * float(n_features)))
     if n_rows is None:
-        return EMPIRICAL_DOF
-    return float(min(EMPIRICAL_DOF, max(2.0, EMPIRICAL_DOF_SHARE * float(n_rows))))
+        return float(cap)
+    return float(min(cap, max(2.0, EMPIRICAL_DOF_SHARE * float(n_rows))))
 
 
 def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d: int,
@@ -197,7 +204,7 @@ def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d
     # where a component has no spread in some direction (vbcore/model/empirical.py; docs/decisions.md)
     free: tuple[str, ...] = ("mean_precision",) if mean_precision is None else ()
     if degrees_of_freedom is None:
-        degrees_of_freedom = float(d) if covariance_type in WISHART_TYPES else empirical_dof(n_rows)
+        degrees_of_freedom = float(d) if covariance_type in WISHART_TYPES else empirical_dof(n_rows, d)
     if weight_concentration is None and weight_type == "dirichlet_process":
         weight_concentration = EMPIRICAL_ALPHA
     scale = float(degrees_of_freedom) if covariance_type != "fixed" else 1.0
