@@ -56,6 +56,11 @@ GROW_MAX_BYTES = 1 << 27
 #: a component is split only with this many sample rows; Lloyd iterations of the split's 2-means
 SPLIT_MIN_ROWS = 8
 SPLIT_ITERS = 5
+#: with a fixed covariance ``sigma^2 I`` (the point learners) a component whose rows spread about their
+#: mean more than this many times as far as one component of the model does (:func:`spread_ratio`) is
+#: split too: the components of real features reach 4x, those of several planted classes 15-32x
+#: (docs/decisions.md)
+SPREAD_SPLIT = 8.0
 
 
 def saturated(n_used: int, truncation: int) -> bool:
@@ -149,6 +154,13 @@ def held_out_bimodality(z: np.ndarray) -> float:
     return float(np.mean(out))
 
 
+def spread_ratio(rows: np.ndarray, sigma2: float) -> float:
+    """The mean squared distance of ``rows`` to their mean over ``D sigma2``: about 1 for rows of one
+    component of the fixed-covariance model, far above it for rows of several of its classes."""
+    rows = np.asarray(rows, dtype=np.float64)
+    return float(((rows - rows.mean(0)) ** 2).sum(1).mean() / (rows.shape[1] * float(sigma2)))
+
+
 def principal_direction(centred: np.ndarray) -> np.ndarray:
     """The first right singular vector of ``centred`` (a unit vector; its sign is arbitrary), from
     the eigendecomposition of the smaller of its two Gram matrices: a few microseconds where a
@@ -178,7 +190,10 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int,
     are cut in two by 2-means started from the sign of their first principal component; the components
     are ranked by how far their :func:`held_out_bimodality` exceeds :func:`bimodal_threshold` (ties:
     larger first) and split, the parent taking one half's mean, a child the other's. ``gated``: only
-    components above the threshold (a fit that is not short of components splits only those)."""
+    components above the threshold (a fit that is not short of components splits only those). With
+    the fixed covariance a component whose :func:`spread_ratio` exceeds ``SPREAD_SPLIT`` is split too,
+    before the others (widest first): several classes of the model held by one component need not
+    look like two groups along one direction."""
     size = min(ctx.n_rows, max(GROW_MIN_ROWS, GROW_ROWS_PER_CLUSTER * (post.n_components + n_births)),
                max(GROW_MIN_ROWS, GROW_MAX_BYTES // (8 * post.n_features)))
     rows = draw_rows(ctx.rng(GROW_TAG, iteration), ctx.n_rows, size)
@@ -188,7 +203,8 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int,
     owner = np.argmax(scores, axis=1)
     spread = sample.std(0)
     scale = np.where(spread > 0, spread, 1.0)
-    cuts = []  # (excess bimodality, order by size, component, kept mean, child mean)
+    fixed = post.covariance_type == "fixed"  # the point learners: a component far wider than the model's
+    cuts = []  # (not wide, -(spread or excess bimodality), order by size, component, kept, child mean)
     with one_blas_thread():  # hundreds of small eigh/GEMM calls: threads only cost (7 ms each at load 3)
         for rank, k in enumerate(np.argsort(-used_counts(post), kind="stable")):
             mine = np.flatnonzero(owner == k)
@@ -196,19 +212,21 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int,
                 continue
             z = sample[mine] / scale
             excess = held_out_bimodality(z) - bimodal_threshold(mine.size // 2)
-            if gated and excess <= 0.0:
+            ratio = spread_ratio(sample[mine], post.covariances[k]) if fixed else 0.0
+            wide = ratio > SPREAD_SPLIT
+            if gated and excess <= 0.0 and not wide:
                 continue
             lab = pc_two_means(sample[mine], z)
             if lab.min() == lab.max():
                 continue
-            cuts.append((excess, rank, int(k), sample[mine[lab == 0]].mean(0),
-                         sample[mine[lab == 1]].mean(0)))
-    cuts.sort(key=lambda c: (-c[0], c[1]))
+            cuts.append((not wide, -(ratio if wide else excess), rank, int(k),
+                         sample[mine[lab == 0]].mean(0), sample[mine[lab == 1]].mean(0)))
+    cuts.sort(key=lambda c: c[:3])
     chosen = cuts[:max(int(n_births), 0)]
     d = sample.shape[1]
-    parents = np.asarray([c[2] for c in chosen], dtype=np.int64)
-    return (parents, np.asarray([c[3] for c in chosen]).reshape(-1, d),
-            np.asarray([c[4] for c in chosen]).reshape(-1, d))
+    parents = np.asarray([c[3] for c in chosen], dtype=np.int64)
+    return (parents, np.asarray([c[4] for c in chosen]).reshape(-1, d),
+            np.asarray([c[5] for c in chosen]).reshape(-1, d))
 
 
 def with_children(post: Posterior, prior: Any, shift: np.ndarray, parents: np.ndarray, kept: np.ndarray,

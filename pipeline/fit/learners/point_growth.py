@@ -11,7 +11,9 @@ the seeded sample of rows, the held-out bimodality test, the 2-means split, :cla
    learner holds: a saturated truncation below the limit doubles; one the threshold or the merges
    have shrunk is filled.
 2. **What**: :func:`pipeline.fit.learners.growth.split_proposals` with ``gated=True`` whether the
-   truncation doubles or fills: only components the held-out test calls two groups are split (hard
+   truncation doubles or fills: only components the held-out test calls two groups, or that spread
+   about their mean more than one component of the fixed-covariance model can
+   (:func:`pipeline.fit.learners.growth.spread_limits`; widest first), are split (hard
    assignments never join the halves of a split Gaussian again, which VB EM's soft ones do, so an
    ungated doubling of single Gaussians would only waste its passes before the bound refuses it). The
    parent takes one half's mean, a child the other's, each half the parent's weight
@@ -23,7 +25,10 @@ the seeded sample of rows, the held-out bimodality test, the 2-means split, :cla
    both the current point's and the refined current point's by more than ``tol`` per unit of weight
    (a check with a proposal: ``2 grow_iters + 3`` passes, the sample's gather included).
    Accepted: the learner goes on from the refined proposal (momentum restarts at zero; the default
-   threshold may only fall, to a tenth of the proposal's largest weight) with the larger truncation,
+   threshold may only fall: to a tenth of the proposal's largest weight, and to ``BIRTH_SHARE`` of its
+   smallest split weight, set before the refinement, so the rule prunes no child the bound has not
+   judged; started below the truth, the threshold of the start's largest cluster, which holds several
+   classes, is about one class's weight) with the larger truncation,
    and that iteration reports the proposal's exact bound. Refused: the point, counts, threshold and
    momentum are untouched (the fit's bits are those of a fit without growth) and the growth ends.
 
@@ -51,6 +56,9 @@ from vbcore.model.stats import SuffStats
 #: the growth options of the point learners: full-data MM steps a proposal (and the point it would
 #: replace) gets before the bound judges it, and the iterations between two checks
 POINT_GROW_OPTIONS: dict[str, Any] = {"grow_iters": 3, "grow_every": 20}
+#: a birth proposal lowers the threshold rule's THR to this share of its smallest split weight (each
+#: half of a parent), so the rule does not prune a child before the bound has judged it, nor after
+BIRTH_SHARE = 0.5
 
 
 def check_point_grow_options(name: str, opts: Mapping[str, Any]) -> None:
@@ -121,7 +129,9 @@ class PointGrowthMixin:
         refined, refined_stats, first = self.refine(me.point)  # first: the current point's pass
         now, base = me.bound_of(me.point, first)[1], me.bound_of(refined, refined_stats)[1]
         proposal = split_point(me.point, parents, kept, children, ctx.shift)
-        me.thr = min(old_thr, default_threshold(proposal.sticks)) if old_thr is not None else None
+        if old_thr is not None:  # the bound judges the children: the threshold may not prune them first
+            born = np.exp(log_stick_weights(proposal.sticks))[parents]
+            me.thr = min(old_thr, default_threshold(proposal.sticks), BIRTH_SHARE * float(born.min()))
         point, stats, _ = self.refine(proposal)
         terms = me.bound_of(point, stats)[1]
         if terms.total <= max(now.total, base.total) + g.min_gain:
