@@ -12,8 +12,8 @@ the seeded sample of rows, the held-out bimodality test, the 2-means split, :cla
    have shrunk is filled.
 2. **What**: :func:`pipeline.fit.learners.growth.split_proposals` with ``gated=True`` whether the
    truncation doubles or fills: only components the held-out test calls two groups, or that spread
-   about their mean more than one component of the fixed-covariance model can
-   (:func:`pipeline.fit.learners.growth.spread_limits`; widest first), are split (hard
+   about their mean far more than one component of the fixed-covariance model does
+   (:func:`pipeline.fit.learners.growth.spread_ratio` above ``SPREAD_SPLIT``; widest first), are split (hard
    assignments never join the halves of a split Gaussian again, which VB EM's soft ones do, so an
    ungated doubling of single Gaussians would only waste its passes before the bound refuses it). The
    parent takes one half's mean, a child the other's, each half the parent's weight
