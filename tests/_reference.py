@@ -124,12 +124,14 @@ def stats_of(x: np.ndarray, resp: np.ndarray, ct: str, shift: np.ndarray):
     return chunk_statistics(prepare_chunk(x, shift, ct), resp, rlogr)
 
 
-def planted_blobs(n: int = 3000, d: int = 6, k: int = 8, seed: int = 0, scale: float = 6.0):
+def planted_blobs(n: int = 3000, d: int = 6, k: int = 8, seed: int = 0, scale: float = 6.0,
+                  unequal: bool = False):
     """``n`` rows of ``k`` unit-variance Gaussian classes in ``d`` dimensions (centres drawn with
-    standard deviation ``scale``), and their labels."""
+    standard deviation ``scale``; class shares equal, or drawn from Dirichlet(2) with ``unequal``), and
+    their labels."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(scale=scale, size=(k, d))
-    lab = rng.integers(0, k, size=n)
+    lab = rng.choice(k, size=n, p=rng.dirichlet(np.full(k, 2.0))) if unequal else rng.integers(0, k, size=n)
     return centres[lab] + rng.normal(size=(n, d)), lab
 
 

@@ -255,6 +255,21 @@ def test_the_pipeline_defaults_find_planted_classes_in_few_dimensions(n, d, clas
     assert normalized_mutual_info_score(lab, m.predict(x)) > 0.98
 
 
+def test_fill_births_split_a_component_of_several_classes_no_direction_shows() -> None:
+    """40 planted classes of unequal sizes from K = 10: the fill births' two-groups test passed no
+    component while one held several classes (34 clusters, NMI 0.992); a component SPREAD_SPLIT times
+    as wide as the median one is split too."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    from pipeline.estimator import VBMixture
+    from pipeline.fit.spec import estimator_params
+
+    x, lab = planted_blobs(n=20_000, d=64, k=40, seed=26, scale=4.0, unequal=True)
+    m = VBMixture(10, covariance_type="diag", **estimator_params()).fit(x.astype(np.float32))
+    assert abs(m.n_effective_ - 40) <= 4 and m.truncation_["grew"] >= 2
+    assert normalized_mutual_info_score(lab, m.predict(x)) > 0.995
+
+
 def test_a_warm_start_of_a_converged_grown_fit_spends_no_doubling(blobs) -> None:
     """A warm start continues with a truncation its posterior does not saturate (it is a converged
     answer): refitting the same rows proposes no doubling (passes: the iterations, the move rounds

@@ -56,10 +56,10 @@ GROW_MAX_BYTES = 1 << 27
 #: a component is split only with this many sample rows; Lloyd iterations of the split's 2-means
 SPLIT_MIN_ROWS = 8
 SPLIT_ITERS = 5
-#: with a fixed covariance ``sigma^2 I`` (the point learners) a component whose rows spread about their
-#: mean more than this many times as far as one component of the model does (:func:`spread_ratio`) is
-#: split too: the components of real features reach 4x, those of several planted classes 15-32x
-#: (docs/decisions.md)
+#: a component whose rows spread about their mean more than this many times as far as one component
+#: of the model does (:func:`spread_ratio`; with a fixed covariance ``sigma^2 I``, the point learners'
+#: sigma^2, otherwise the median component's spread) is split too: single classes of real features
+#: reach 4x, components of several planted classes 9-32x (docs/decisions.md)
 SPREAD_SPLIT = 8.0
 
 
@@ -190,10 +190,11 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int,
     are cut in two by 2-means started from the sign of their first principal component; the components
     are ranked by how far their :func:`held_out_bimodality` exceeds :func:`bimodal_threshold` (ties:
     larger first) and split, the parent taking one half's mean, a child the other's. ``gated``: only
-    components above the threshold (a fit that is not short of components splits only those). With
-    the fixed covariance a component whose :func:`spread_ratio` exceeds ``SPREAD_SPLIT`` is split too,
-    before the others (widest first): several classes of the model held by one component need not
-    look like two groups along one direction."""
+    components above the threshold (a fit that is not short of components splits only those). A
+    component ``SPREAD_SPLIT`` times as wide as one of the model (:func:`spread_ratio` against the
+    fixed covariance's sigma^2, or the median component's spread) is split too, before the others
+    (widest first): several classes held by one component need not look like two groups along one
+    direction."""
     size = min(ctx.n_rows, max(GROW_MIN_ROWS, GROW_ROWS_PER_CLUSTER * (post.n_components + n_births)),
                max(GROW_MIN_ROWS, GROW_MAX_BYTES // (8 * post.n_features)))
     rows = draw_rows(ctx.rng(GROW_TAG, iteration), ctx.n_rows, size)
@@ -203,16 +204,17 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int,
     owner = np.argmax(scores, axis=1)
     spread = sample.std(0)
     scale = np.where(spread > 0, spread, 1.0)
-    fixed = post.covariance_type == "fixed"  # the point learners: a component far wider than the model's
+    members = [(rank, int(k), np.flatnonzero(owner == k))
+               for rank, k in enumerate(np.argsort(-used_counts(post), kind="stable"))]
+    members = [m for m in members if m[2].size >= SPLIT_MIN_ROWS]
+    spreads = {k: spread_ratio(sample[mine], 1.0) for _, k, mine in members}  # mean squared distance / D
+    typical = float(np.median(list(spreads.values()))) if spreads else 1.0
     cuts = []  # (not wide, -(spread or excess bimodality), order by size, component, kept, child mean)
     with one_blas_thread():  # hundreds of small eigh/GEMM calls: threads only cost (7 ms each at load 3)
-        for rank, k in enumerate(np.argsort(-used_counts(post), kind="stable")):
-            mine = np.flatnonzero(owner == k)
-            if mine.size < SPLIT_MIN_ROWS:
-                continue
+        for rank, k, mine in members:
             z = sample[mine] / scale
             excess = held_out_bimodality(z) - bimodal_threshold(mine.size // 2)
-            ratio = spread_ratio(sample[mine], post.covariances[k]) if fixed else 0.0
+            ratio = spreads[k] / (post.covariances[k] if post.covariance_type == "fixed" else typical)
             wide = ratio > SPREAD_SPLIT
             if gated and excess <= 0.0 and not wide:
                 continue
