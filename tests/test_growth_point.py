@@ -36,6 +36,27 @@ def _fit(x, k, learner="sga-f", callback=None, grow=True, options=None, **kw):
         return VBMixture(k, learner=learner, learner_options=options, **args).fit(x, callback=callback)
 
 
+@pytest.fixture(scope="module")
+def small_far_class():
+    """Ten classes of 1,000 rows and one of 40 (0.4% of the rows), 6 deviations apart per dimension."""
+    rng = np.random.default_rng(3)
+    centres = rng.normal(scale=6.0, size=(11, 32))
+    lab = np.repeat(np.arange(11), [1000] * 10 + [40])
+    return (centres[lab] + rng.normal(size=(lab.size, 32))).astype(np.float32), lab
+
+
+@pytest.mark.parametrize(("learner", "k"), [("sga-f", 3), ("sga", 110), ("mm", 33), ("svi", 33)])
+def test_the_threshold_rule_spares_a_small_class_far_from_the_rest(small_far_class, learner, k) -> None:
+    """The default THR is a tenth of the start's largest cluster, so a class of 0.4% of the rows was
+    pruned into a far-away class (10 of 11 found, NMI 0.996, for every case here); a cluster holding
+    rows whose mean is far from every other (:func:`vbcore.learners.sga.separated`) is spared."""
+    x, lab = small_far_class
+    m = _fit(x, k, learner=learner)
+    labels = m.predict(x)
+    assert m.n_effective_ == 11 and normalized_mutual_info_score(lab, labels) == pytest.approx(1.0)
+    assert np.unique(labels[lab == 10]).size == 1 and np.sum(labels == labels[lab == 10][0]) == 40
+
+
 @pytest.mark.parametrize("k", [5, 200])
 def test_sga_f_with_the_pipeline_defaults_finds_planted_classes_from_any_truncation(planted, k) -> None:
     """Issue 26's planted case for sga-f: 20 classes from a quarter (births) and ten times (the

@@ -25,6 +25,7 @@ from vbcore.learners.sga import (
     point_posterior,
     prune_order,
     reorder,
+    separated,
     sga_step,
 )
 from vbcore.model.elbo import elbo_terms
@@ -354,3 +355,28 @@ def test_threshold_rule_prunes_exactly_the_sticks_under_thr():
         kept = prune_order(sticks, t)
         assert set(kept.tolist()) == set(np.flatnonzero(sticks >= t).tolist())
         assert np.all(np.diff(log_stick_weights(sticks)[kept]) <= 0)
+
+
+def test_separated_closed_forms_and_spare():
+    """``separated``: the nearest other mean at least SEPARATE_NEAREST sigma^2 per dimension away,
+    checked on means placed at known distances on either side of the limit; ``spare`` keeps clusters
+    the threshold prunes, and nothing else changes."""
+    from vbcore.learners.sga import SEPARATE_NEAREST
+
+    d, sigma2 = 8, 0.5
+    limit = SEPARATE_NEAREST * d * sigma2  # squared distance
+    means = np.zeros((4, d))
+    means[1, 0] = np.sqrt(limit * 1.001)  # just beyond the limit from cluster 0
+    means[2, 0] = -np.sqrt(limit * 0.999)  # just inside it from cluster 0
+    means[3, 1] = 100.0  # far from all
+    assert separated(means, np.arange(4), sigma2).tolist() == [False, True, False, True]
+    assert separated(means, np.array([3, 1]), sigma2).tolist() == [True, True]
+    assert separated(means, np.array([], dtype=np.int64), sigma2).size == 0
+    assert separated(means[:1], np.array([0]), sigma2).tolist() == [False]  # no other cluster
+    sticks = np.array([0.5, 0.4, 0.01, 0.01, 0.9])
+    plain = prune_order(sticks, 0.05, on="weights")
+    spare = np.zeros(5, dtype=bool)
+    spare[3] = True
+    kept = prune_order(sticks, 0.05, on="weights", spare=spare)
+    assert set(kept.tolist()) == set(plain.tolist()) | {3}
+    assert np.all(np.diff(log_stick_weights(sticks)[kept]) <= 0)

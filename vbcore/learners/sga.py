@@ -31,7 +31,10 @@ Choices where Lim & Jiang 2024 is ambiguous (docs/algorithms.md, "SGA learners",
   for every ``a0``, so the default is a share of the largest cluster's rows, whatever ``a0``; a
   relative rule on the sticks themselves is not (with ``a0 = 1`` the last stick is 1 and a tenth of it
   pruned every cluster but one); no fixed THR suits 10 and 400 classes alike (measured,
-  docs/decisions.md); with any THR > 0 MM drops the clusters left without rows (MAP stick 0).
+  docs/decisions.md); with any THR > 0 MM drops the clusters left without rows (MAP stick 0);
+* the default rule spares a cluster that holds a row and whose mean is far from every other mean
+  (:func:`separated`): the threshold is a share of the largest cluster, and a small class far from
+  the rest is a cluster the bound wants however small it is.
 """
 
 from __future__ import annotations
@@ -220,13 +223,14 @@ def mm_sticks(nk: np.ndarray, a0: float) -> np.ndarray:
 
 # ---- section 4.5: pruning and re-ordering ----------------------------------------------------------
 def prune_order(sticks: np.ndarray, threshold: float, on: str = "sticks",
-                support: np.ndarray | None = None) -> np.ndarray:
+                support: np.ndarray | None = None, spare: np.ndarray | None = None) -> np.ndarray:
     """Indices of the clusters kept, by descending mixture weight ``pi_k = v_k prod_{l<k} (1 - v_l)``
     (stable): those with ``E[v_k] >= threshold`` (``on="sticks"``, section 4.5's rule) or with
     ``pi_k >= threshold`` (``on="weights"``, the default rule, :func:`default_threshold`); with
     ``support`` (weights the data give the clusters, e.g. the shares of a minibatch's counts), a
-    cluster is kept when either its weight or its support reaches the threshold. At least one
-    cluster (the largest stick) is always kept. Use :func:`reorder` to move a point to this order:
+    cluster is kept when either its weight or its support reaches the threshold; ``spare`` (a
+    boolean mask) keeps clusters whatever their weight. At least one cluster (the largest stick) is
+    always kept. Use :func:`reorder` to move a point to this order:
     its sticks must be re-derived."""
     if on not in ("sticks", "weights"):
         raise ValueError(f"prune_order: on must be 'sticks' or 'weights', got {on!r}")
@@ -234,7 +238,8 @@ def prune_order(sticks: np.ndarray, threshold: float, on: str = "sticks",
     values = sticks if on == "sticks" else np.exp(weights)
     if support is not None:
         values = np.maximum(values, support)
-    keep = np.flatnonzero(values >= threshold)
+    kept = values >= threshold
+    keep = np.flatnonzero(kept if spare is None else kept | np.asarray(spare, dtype=bool))
     if keep.size == 0:
         keep = np.array([int(np.argmax(sticks))])
     return keep[np.argsort(-weights[keep], kind="stable")]
@@ -260,6 +265,30 @@ def sticks_of_weights(pi: np.ndarray) -> np.ndarray:
 
 #: the default threshold as a fraction of the largest mixture weight (measured: docs/decisions.md)
 PRUNE_RELATIVE = 0.1
+
+
+#: a cluster the default threshold would prune is spared when its mean is at least this far from
+#: every other cluster's mean: ``min_j |mu_k - mu_j|^2 / (D sigma^2)``. Chosen from measurements
+#: (docs/decisions.md): the point learners' clusters on the Fashion-MNIST EfficientNet-Lite0
+#: features are at most 4.9 from their nearest (5.4 on 128 principal components) at any pruning, and
+#: its class means at most 7.2 from any other; planted classes 3-6 deviations apart per dimension lie
+#: 18-72 apart. Two equal groups 16 apart make one component whose rows spread ``1 + 16 / 4 = 5``
+#: times ``sigma^2`` per dimension, wider than any single class of those features (4.2)
+SEPARATE_NEAREST = 16.0
+
+
+def separated(means: np.ndarray, which: np.ndarray, sigma2: float) -> np.ndarray:
+    """Whether each cluster ``which`` (indices into ``means``, K x D) has its mean at least
+    :data:`SEPARATE_NEAREST` from every other mean, in squared distance per dimension over
+    ``sigma2``. One ``len(which) x K`` GEMM."""
+    which = np.asarray(which, dtype=np.int64)
+    means = np.asarray(means, dtype=np.float64)
+    if which.size == 0 or means.shape[0] < 2:
+        return np.zeros(which.size, dtype=bool)
+    sq = np.einsum("kd,kd->k", means, means)
+    d2 = sq[which, None] + sq[None, :] - 2.0 * (means[which] @ means.T)
+    d2[np.arange(which.size), which] = np.inf
+    return np.min(d2, axis=1) >= SEPARATE_NEAREST * means.shape[1] * float(sigma2)
 
 
 def default_threshold(sticks: np.ndarray) -> float:
@@ -325,6 +354,6 @@ def point_posterior(point: DPPoint, counts: np.ndarray, prior: Prior, sigma2: fl
                      degrees_of_freedom=None, covariances=np.full(k, float(sigma2)))
 
 
-__all__ = ["PRUNE_RELATIVE", "SGA_METHODS", "Gradients", "MapBound", "Velocity", "default_threshold",
-           "gradients", "map_bound", "minibatch_objective", "mm_sticks", "mm_update", "point_posterior",
-           "prune_order", "reorder", "sga_step", "sticks_of_weights"]
+__all__ = ["PRUNE_RELATIVE", "SEPARATE_NEAREST", "SGA_METHODS", "Gradients", "MapBound", "Velocity",
+           "default_threshold", "gradients", "map_bound", "minibatch_objective", "mm_sticks", "mm_update",
+           "point_posterior", "prune_order", "reorder", "separated", "sga_step", "sticks_of_weights"]

@@ -30,10 +30,11 @@ from vbcore.kernels.sga_stats import (
     MapParams,
     hard_kernel,
     kmeanspp_seeds,
+    log_stick_weights,
     map_params,
     scale_stats,
 )
-from vbcore.learners.sga import default_threshold, mm_update, point_posterior, prune_order, reorder
+from vbcore.learners.sga import default_threshold, mm_update, point_posterior, prune_order, reorder, separated
 from vbcore.learners.sigma2 import split_nn_variance
 from vbcore.model.elbo import ElboTerms, elbo_terms
 from vbcore.model.posterior import Posterior
@@ -173,7 +174,8 @@ class DPPointLearner(Learner):
             raise ConfigError(f"learner option 'prune_threshold' of {cls.name!r} must be in [0, 1), "
                               f"got {thr!r}")
 
-    def prune_kept(self, sticks: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+    def prune_kept(self, sticks: np.ndarray, counts: np.ndarray | None = None,
+                   means: np.ndarray | None = None) -> np.ndarray:
         """The clusters kept by the threshold rule (:func:`vbcore.learners.sga.prune_order`'s order). With the
         option ``prune_threshold`` set, Lim & Jiang 2024 section 4.5's rule ``E[v_k] >= THR``; by
         default a mixture weight of at least :func:`vbcore.learners.sga.default_threshold` of the first
@@ -183,7 +185,11 @@ class DPPointLearner(Learner):
         largest cluster and took Fashion-MNIST from 36 clusters to 2, docs/decisions.md). ``counts``
         (the rows the data give each cluster, estimated from a minibatch) also keep a cluster under
         the default rule when their share ``n_k / (N + a0)`` (MM's weight of those counts) reaches the
-        threshold: a stick step that overshoots does not prune a cluster that holds rows."""
+        threshold: a stick step that overshoots does not prune a cluster that holds rows. With
+        ``means`` and ``counts``, the default rule also spares a cluster holding a row's worth (by
+        ``counts`` or by its weight) whose mean is far from every other
+        (:func:`vbcore.learners.sga.separated`): a small class apart from the rest, which the bound
+        wants and the births would only have to find again."""
         thr = self.opts.get("prune_threshold")
         if thr is not None:
             return prune_order(sticks, float(thr))
@@ -193,7 +199,18 @@ class DPPointLearner(Learner):
         if counts is not None:
             counts = np.asarray(counts, dtype=np.float64)
             support = counts / (counts.sum() + self.a0)
-        return prune_order(sticks, self.thr, on="weights", support=support)
+        keep = prune_order(sticks, self.thr, on="weights", support=support)
+        if means is None or counts is None or keep.size == len(sticks):
+            return keep
+        # clusters holding a row's worth by the data's counts or by their weight (a minibatch may miss a
+        # small cluster); empty ones, whose means say nothing, are left out
+        worth = np.exp(log_stick_weights(sticks)) * float(self.ctx.n_weight)
+        held = np.flatnonzero((np.asarray(counts) >= 1.0) | (worth >= 1.0))
+        below = np.flatnonzero(~np.isin(held, keep))
+        spare = np.zeros(len(sticks), dtype=bool)
+        spare[held[below[separated(np.asarray(means)[held], below, self.sigma2)]]] = True
+        return keep if not spare.any() else prune_order(sticks, self.thr, on="weights", support=support,
+                                                        spare=spare)
 
     def threshold_state(self) -> dict[str, np.ndarray]:
         return {} if self.thr is None else {"prune_threshold": np.array([self.thr])}
@@ -256,7 +273,7 @@ class DPPointLearner(Learner):
 
     # -- state
     def _set(self, point: DPPoint, counts: np.ndarray) -> None:
-        order = self.prune_kept(point.sticks, counts)
+        order = self.prune_kept(point.sticks, counts, point.means)
         self.point = reorder(point, order)
         self.counts = np.asarray(counts, dtype=np.float64)[order]
         self._reorder(order)

@@ -37,7 +37,7 @@ class MM(HardMovesMixin, DPPointLearner):
         self._iteration = iteration
         stats = self.apply_moves(iteration, self.hard_pass(self.point))
         sticks = mm_sticks(stats.nk, self.a0)
-        keep = self.prune_kept(sticks)
+        keep = self.prune_kept(sticks, stats.nk, stats.mean)
         # re-order by descending count, then the MM update in that order (section 4.5): the sticks
         # are the MAP of the new order, and the stick part of the bound is largest for it
         order = keep[np.argsort(-stats.nk[keep], kind="stable")]

@@ -155,7 +155,7 @@ class PointGrowthMixin:
         for _ in range(self.growth.iters):
             stats = me.hard_pass(point)
             first = stats if first is None else first
-            keep = me.prune_kept(mm_sticks(stats.nk, me.a0), stats.nk)
+            keep = me.prune_kept(mm_sticks(stats.nk, me.a0), stats.nk, stats.mean)
             order = keep[np.argsort(-stats.nk[keep], kind="stable")]
             point = mm_update(take_stats(stats, order), me.ctx.prior, me.a0)
         assert first is not None, "grow_iters >= 1"

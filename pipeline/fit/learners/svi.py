@@ -88,7 +88,7 @@ class SVI(DPPointLearner):
         """Drop the sticks with ``E[v_k] = a_k / (a_k + b_k)`` under the threshold (section 4.5) and
         re-order the rest by descending expected count."""
         a, b = post.weight_concentration
-        keep = self.prune_kept(a / (a + b))
+        keep = self.prune_kept(a / (a + b), a - 1.0, post.means)
         order = keep[np.argsort(-a[keep], kind="stable")]  # by descending expected count
         # q(v_k) = Beta(1 + N_k, alpha0 + N_{>k}) with the running counts N_k = a_k - 1: the second
         # parameter is re-derived for the new order (permuting b with a would change every weight;
