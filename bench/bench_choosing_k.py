@@ -4,6 +4,7 @@ the number of clusters found from truncations of a quarter to ten times the trut
     python bench/bench_choosing_k.py truth STORE [--iters 6]      # bound of the labels per prior
     python bench/bench_choosing_k.py init STORE -k 1000           # seconds of each start
     python bench/bench_choosing_k.py planted [--classes 40]       # K found from T/4 ... 10 T
+    python bench/bench_choosing_k.py wider [--learners vbem sga-f]  # 21 planted sets, T/4 ... 10 T
 
 Each line is printed as it is measured (with the load average): run it in the background with a log.
 """
@@ -88,21 +89,83 @@ def planted(classes: int, dim: int, rows: int) -> None:
               f"{time.perf_counter() - t0:.0f}s {_load()}", flush=True)
 
 
+#: docs/algorithms.md "Wider checks": (rows, dims, classes, seed, scale of the centres, class shares, the
+#: classes' standard deviations): shares "equal", or the alpha of Dirichlet(alpha) shares; sd 1, or
+#: drawn from U(0.7, 1.4) per class ("hetero")
+WIDER = {
+    "equal sizes": [(8000, 64, 40, 1, 6.0), (20000, 64, 50, 2, 6.0), (40000, 128, 100, 3, 6.0),
+                    (20000, 16, 20, 4, 6.0), (10000, 8, 12, 5, 6.0), (10000, 2, 6, 6, 15.0),
+                    (5000, 3, 8, 7, 10.0), (20000, 4, 20, 8, 8.0), (30000, 64, 60, 9, 2.0),
+                    (12000, 256, 30, 10, 1.0), (30000, 256, 30, 11, 1.0), (30000, 128, 30, 12, 0.5),
+                    (20000, 64, 40, 13, 6.0, "equal", "hetero")],
+    "Dirichlet(2) sizes": [(20000, 16, 20, 1, 6.0, 2.0), (20000, 64, 40, 2, 4.0, 2.0),
+                           (30000, 64, 40, 3, 6.0, 2.0), (40000, 128, 60, 4, 3.0, 2.0)],
+    "long-tailed sizes": [(100000, 32, 30, 3, 6.0, 0.5), (20000, 32, 30, 8, 6.0, 1.0),
+                          (20000, 32, 30, 3, 6.0, 0.5), (50000, 64, 40, 14, 6.0, 0.5)],
+}
+
+
+def planted_set(rows: int, dim: int, classes: int, seed: int, scale: float, shares: object = "equal",
+                sd: str = "unit") -> tuple[np.ndarray, np.ndarray]:
+    """Isotropic Gaussian classes: centres N(0, scale^2 I), labels uniform or of Dirichlet shares."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=scale, size=(classes, dim))
+    if shares == "equal":
+        y = rng.integers(0, classes, size=rows)
+    else:
+        y = rng.choice(classes, size=rows, p=rng.dirichlet(np.full(classes, float(shares))))  # type: ignore[arg-type]
+    spread = rng.uniform(0.7, 1.4, size=classes) if sd == "hetero" else np.ones(classes)
+    return (centres[y] + spread[y, None] * rng.normal(size=(rows, dim))).astype(np.float32), y
+
+
+def wider(learners: list[str]) -> None:
+    """Each set of :data:`WIDER` from a quarter, half, 1x, 3x and 10x the truth (classes holding rows),
+    the command line's model (its covariance: ``diag`` for VB EM, ``fixed`` for the point learners);
+    fits within 10% counted."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    from pipeline.estimator import VBMixture
+    from pipeline.fit.spec import FitSpec, estimator_params
+
+    tally: dict[tuple[str, str], list[int]] = {}
+    for group, sets in WIDER.items():
+        for args in sets:
+            x, y = planted_set(*args)  # type: ignore[arg-type]
+            truth = int(np.unique(y).size)
+            for learner in learners:
+                for k in (max(1, truth // 4), truth // 2, truth, 3 * truth, 10 * truth):
+                    params = estimator_params()  # and the command line's covariance for the learner
+                    params["covariance_type"] = FitSpec.from_dict({"store": "-", "learner": learner}) \
+                        .resolved("pipeline").covariance
+                    t0 = time.perf_counter()
+                    m = VBMixture(k, learner=learner, **params).fit(x)
+                    ok = abs(m.n_effective_ - truth) <= 0.1 * truth
+                    tally.setdefault((group, learner), []).append(int(ok))
+                    print(f"{group} {args} truth {truth} {learner} K={k}: {m.n_effective_} clusters, NMI "
+                          f"{normalized_mutual_info_score(y, m.predict(x)):.3f}, {'ok' if ok else 'MISS'} "
+                          f"{time.perf_counter() - t0:.1f}s {_load()}", flush=True)
+    for (group, learner), oks in tally.items():
+        print(f"{group}, {learner}: {sum(oks)} of {len(oks)} fits within 10% of the truth")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=("truth", "init", "planted"))
+    p.add_argument("part", choices=("truth", "init", "planted", "wider"))
     p.add_argument("store", nargs="?")
     p.add_argument("-k", type=int, default=1000)
     p.add_argument("--iters", type=int, default=6)
     p.add_argument("--classes", type=int, default=40)
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--rows", type=int, default=12000)
+    p.add_argument("--learners", nargs="+", default=["vbem", "sga-f"])
     a = p.parse_args()
     warnings.simplefilter("ignore")
     if a.part == "truth":
         truth(a.store, a.iters)
     elif a.part == "init":
         init(a.store, a.k)
+    elif a.part == "wider":
+        wider(a.learners)
     else:
         planted(a.classes, a.dim, a.rows)
 
