@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vbcore.kernels.init import sq_dists
 from vbcore.kernels.sga_stats import STICK_EPS, DPPoint, log_stick_weights
 from vbcore.model.posterior import Posterior
 from vbcore.model.priors import Prior
@@ -285,8 +286,7 @@ def separated(means: np.ndarray, which: np.ndarray, sigma2: float) -> np.ndarray
     means = np.asarray(means, dtype=np.float64)
     if which.size == 0 or means.shape[0] < 2:
         return np.zeros(which.size, dtype=bool)
-    sq = np.einsum("kd,kd->k", means, means)
-    d2 = sq[which, None] + sq[None, :] - 2.0 * (means[which] @ means.T)
+    d2 = sq_dists(means[which], means)
     d2[np.arange(which.size), which] = np.inf
     return np.min(d2, axis=1) >= SEPARATE_NEAREST * means.shape[1] * float(sigma2)
 

@@ -205,7 +205,7 @@ class DPPointLearner(Learner):
         # clusters holding a row's worth by the data's counts or by their weight (a minibatch may miss a
         # small cluster); empty ones, whose means say nothing, are left out
         worth = np.exp(log_stick_weights(sticks)) * float(self.ctx.n_weight)
-        held = np.flatnonzero((np.asarray(counts) >= 1.0) | (worth >= 1.0))
+        held = np.flatnonzero((counts >= 1.0) | (worth >= 1.0))
         below = np.flatnonzero(~np.isin(held, keep))
         spare = np.zeros(len(sticks), dtype=bool)
         spare[held[below[separated(np.asarray(means)[held], below, self.sigma2)]]] = True
