@@ -319,7 +319,73 @@ def test_moments_and_projection_use_only_the_array_api(dtype):
     tol = F64 if dtype == np.float64 else F32
     assert np.abs(strict.scatter - ref.scatter).max() <= tol * np.abs(ref.scatter).max()
     np.testing.assert_allclose(strict.mean, ref.mean, rtol=tol)
+    w = np.random.default_rng(1).uniform(0.0, 3.0, X.shape[0])  # weighted rows too
+    ref_w, strict_w = row_moments(X, X[0], w), row_moments(xps.asarray(X), X[0], xps.asarray(w))
+    assert strict_w.n == pytest.approx(ref_w.n, rel=1e-12)
+    assert np.abs(strict_w.scatter - ref_w.scatter).max() <= tol * np.abs(ref_w.scatter).max()
+    np.testing.assert_allclose(strict_w.mean, ref_w.mean, rtol=tol)
     proj = fit_projection(ref, 3, whiten=True)
     got = np.asarray(proj.apply(xps.asarray(X)))
     assert got.dtype == dtype
     np.testing.assert_allclose(got, proj.apply(X), rtol=tol, atol=tol * np.abs(got).max())
+
+
+def _weighted_reference(X, w):
+    """Weighted mean and covariance ``sum w (x - m)(x - m)^T / (sum w - 1)`` in extended precision."""
+    L, lw = np.asarray(X, dtype=np.longdouble), np.asarray(w, dtype=np.longdouble)
+    mu = (lw[:, None] * L).sum(0) / lw.sum()
+    c = L - mu
+    return mu.astype(np.float64), ((c * lw[:, None]).T @ c / (lw.sum() - 1)).astype(np.float64)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e6])
+def test_weighted_moments_are_those_of_repeated_and_dropped_rows(offset):
+    """Weighted rows (issue 28) in the projection pass: integer weights give the moments of the rows
+    repeated, zero weights those of the rows dropped, fractional ones the weighted covariance; on
+    the BLAS path over several blocks and chunks."""
+    X = _skewed(n=2 * BLOCK_ROWS + 77, d=9, offset=offset)
+    w = np.random.default_rng(5).integers(0, 4, X.shape[0]).astype(np.float64)
+    m = data_moments(LocalEngine(threads=2), ArraySource(X, 3000, weights=w))
+    mu, cov = _weighted_reference(X, w)
+    rep = np.repeat(X, w.astype(int), axis=0)
+    assert m.n == w.sum() == rep.shape[0]
+    scale = np.abs(cov).max()
+    assert np.abs(m.covariance() - cov).max() <= F64 * scale
+    assert np.abs(m.covariance() - np.cov(rep.T)).max() <= F64 * scale
+    assert np.abs(m.mean - mu).max() <= F64 * max(offset, 1.0)
+    frac = np.random.default_rng(6).uniform(0.0, 2.0, X.shape[0])
+    m = data_moments(LocalEngine(threads=1), ArraySource(X, 1000, weights=frac))
+    mu, cov = _weighted_reference(X, frac)
+    assert m.n == pytest.approx(frac.sum(), rel=1e-12)
+    assert np.abs(m.covariance() - cov).max() <= F64 * np.abs(cov).max()
+    assert np.abs(m.mean - mu).max() <= F64 * max(offset, 1.0)
+    nothing = row_moments(X[:5], X[0], np.zeros(5))  # a chunk of weight 0 is an empty part
+    assert nothing.n == 0 and not nothing.scatter.any()
+
+
+def test_weighted_projection_on_both_engines_and_in_a_fit(client, tmp_path):
+    """A store with weights (which the pass once could not read: ``'numpy.ndarray' object has no
+    attribute 'x'``): the same bits on both engines, and the fit of integer weights is that of the
+    repeated rows (float32 rows: the projection to float32's precision, the clusters the same)."""
+    X, _ = planted_blobs(n=900, d=10, k=3)
+    w = np.random.default_rng(2).integers(0, 3, X.shape[0])
+    path = str(tmp_path / "w.zarr")
+    FeatureStore.create(path, 10, chunk_rows=200, weights=True).append(X, weights=w)
+    src = StoreSource(path)
+    local = projection_pass(LocalEngine(threads=2), src, 4, True)
+    remote = projection_pass(DaskEngine(client), src, 4, True)
+    for key, value in local.to_arrays().items():
+        assert np.array_equal(value, remote.to_arrays()[key]), key
+    # two components: the blobs' plane (the noise's eigenvalues are too close for float32's
+    # rounding of sqrt(w) x to leave their eigenvectors alone)
+    kw = dict(n_components=4, covariance_type="diag", pca=2, max_iter=5, tol=0.0, random_state=0,
+              reg_covar=0.0)
+    weighted = VBMixture(**kw).fit(path)
+    repeated = VBMixture(**kw).fit(np.repeat(X, w, axis=0).astype(np.float32))
+    for key, value in weighted.projection_.to_arrays().items():
+        ref = repeated.projection_.to_arrays()[key]
+        np.testing.assert_allclose(value, ref, rtol=0, atol=F32 * max(np.abs(ref).max(), 1.0))
+    assert weighted.projection_.n_rows == w.sum()
+    from vbcore.data.metrics import nmi
+
+    assert nmi(weighted.predict(X[w > 0]), repeated.predict(X[w > 0])) == pytest.approx(1.0)

@@ -175,3 +175,36 @@ def test_ingest_weights_file_and_append(tmp_path):
     assert r.exit_code == 0, r.output
     store = FeatureStore.open(out)
     assert store.n_rows == X.shape[0] and np.array_equal(store.read_weights(), W.astype(np.float64))
+
+
+def test_a_store_of_zero_weights_is_a_one_line_error(tmp_path):
+    store = FeatureStore.create(tmp_path / "z.zarr", 3, chunk_rows=32, weights=True)
+    store.append(X, weights=np.zeros(X.shape[0]))
+    message = r"z\.zarr \(120 x 3\): every row has weight 0 \(the store's weights sum to 0\): nothing to fit"
+    for learner in ("vbem", "sga-f"):
+        with pytest.raises(InputError, match=message):
+            VBMixture(2, learner=learner).fit(str(tmp_path / "z.zarr"))
+
+
+@pytest.mark.parametrize("learner", ["vbem", "sga-f", "mm"])
+def test_the_starts_leave_rows_of_weight_zero_out(tmp_path, learner):
+    """Every start from the data ignores rows of weight 0, whatever it samples: the rows of positive
+    weight are the last chunk's 40 of 20,040 (the projected k-means++ start reads whole chunks until
+    it holds 10,000 rows of positive weight; it once took the first 10,000-row chunk it drew, only rows
+    of weight 0 at this seed, and failed on an empty sample), and 40 far rows of weight 0 sit among the
+    others (k-means++ seeds the point learners' start from a uniform sample of all rows, and would
+    seed those first)."""
+    rng = np.random.default_rng(0)
+    far = rng.normal(500.0, 1.0, (40, 3))
+    rows = np.concatenate([rng.normal(0.0, 1.0, (19_960, 3)), far, X[:40] + 20.0])
+    w = np.r_[np.zeros(20_000), np.ones(40)]
+    store = FeatureStore.create(tmp_path / "s.zarr", 3, chunk_rows=10_000, weights=True)
+    store.append(rows, weights=w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = VBMixture(4, learner=learner, covariance_type="fixed" if learner != "vbem" else "diag",
+                          random_state=1, max_iter=0 if learner != "vbem" else 3)
+        model.fit(str(tmp_path / "s.zarr"))
+    assert model.weights_.sum() == pytest.approx(1.0)
+    # every component's mean among the rows of positive weight (none on the far rows of weight 0)
+    assert np.all(np.abs(model.means_ - (X[:40] + 20.0).mean(0)).max(1) < 10.0)

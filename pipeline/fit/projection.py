@@ -19,16 +19,18 @@ import numpy as np
 from pipeline.engine.blas import one_blas_thread
 from pipeline.engine.sources import ArraySource
 from vbcore.errors import ConfigError
-from vbcore.kernels.projection import Projection, RowMoments, check_pca, fit_projection, moments_kernel
+from vbcore.kernels.projection import Projection, RowMoments, Rows, check_pca, fit_projection, moments_kernel
 
 
-def _rows(x: Any) -> Any:
-    """A chunk's rows as they are (the projection pass prepares nothing)."""
-    return x
+def _rows(x: Any) -> Rows:
+    """A chunk's rows as they are (the projection pass prepares nothing; the engine adds the rows'
+    weights)."""
+    return Rows(x)
 
 
 def data_moments(engine: Any, source: Any) -> RowMoments:
-    """Row count, mean and centred scatter of the whole source: one streamed pass on ``engine``."""
+    """Row count (weighted rows: their total weight), mean and centred scatter of the whole source:
+    one streamed pass on ``engine``."""
     handles = engine.prepare(source, _rows, persist="never")
     try:
         where = None if isinstance(source, ArraySource) else source.describe()

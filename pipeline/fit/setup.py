@@ -94,6 +94,9 @@ def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
             engine.map(check_kernel, handles, source.describe(),
                        per_chunk=[s.start for s in source.chunk_slices()])
         moments = engine.map_reduce(moments_kernel, handles)
+        if not moments.total_weight > 0:  # (arrays' sample_weight: checked by open_source)
+            raise InputError(f"{source.describe()}: every row has weight 0 (the store's weights sum to 0): "
+                             "nothing to fit; ingest it again with positive --weights, or without them")
         sigma2 = spec.fixed_variance
         if ct == "fixed" and sigma2 is None:
             sigma2 = _estimate_sigma2(spec, cls, engine, handles, source, random_state)
@@ -123,12 +126,13 @@ def _estimate_sigma2(spec: FitSpec, cls: Any, engine: Any, handles: list[Any], s
         seq = np.random.SeedSequence(seed_entropy(random_state), spawn_key=(0, 4))
         rows = draw_rows(np.random.default_rng(seq), source.n_rows, int(cls.sigma2_sample_rows))
         bounds = np.asarray([*(sl.start for sl in source.chunk_slices()), source.n_rows], dtype=np.int64)
-        sample = gather_rows(engine, handles, bounds, rows)
-        value = cls.estimate_fixed_variance(sample, int(spec.components), random_state)
+        sample = gather_rows(engine, handles, bounds, rows)  # (rows of positive weight)
+        value = cls.estimate_fixed_variance(sample, int(spec.components), random_state) \
+            if sample.shape[0] > 1 else None
         if value is not None:
             return float(value)
-    return default_fixed_variance(sample_rows(source, int(spec.components), random_state),
-                                  int(spec.components), random_state)
+    sample, w = sample_rows(source, int(spec.components), random_state, weights=True)
+    return default_fixed_variance(sample if w is None else sample[w > 0], int(spec.components), random_state)
 
 
 def default_fixed_variance(X: np.ndarray, k: int, random_state: Any) -> float:
@@ -277,22 +281,26 @@ def sample_size(k: int) -> int:
 
 def sample_rows(source: Any, k: int, random_state: Any, weights: bool = False) -> Any:
     """Whole chunks picked at random (seeded) until :func:`sample_size` rows: k-means input. With
-    ``weights``: ``(rows, their weights)``, the weights None for unweighted rows."""
+    ``weights``: ``(rows, their weights)``, the weights None for unweighted rows; rows of weight 0
+    are left out as each chunk is read and do not count towards the sample's size (the starts would
+    drop them: on a store of mostly weight-0 rows every chunk may be read, never all kept)."""
     rng = check_random_state(random_state)
     target = sample_size(k)
     slices = source.chunk_slices()
-    if source.n_rows <= target:
-        picked = list(range(len(slices)))
-    else:
-        picked, total = [], 0
-        for i in rng.permutation(len(slices)):
-            picked.append(int(i))
-            total += slices[i].stop - slices[i].start
-            if total >= target:
-                break
-        picked.sort()
-    rows = np.concatenate([source.load(i) for i in picked])
+    order = range(len(slices)) if source.n_rows <= target else rng.permutation(len(slices))
+    picked: list[tuple[int, np.ndarray, np.ndarray | None]] = []
+    total = 0
+    for i in order:
+        w = chunk_weights(source, int(i)) if weights else None
+        rows = source.load(int(i))
+        if w is not None:
+            rows, w = rows[w > 0], w[w > 0]
+        picked.append((int(i), rows, w))
+        total += rows.shape[0]
+        if total >= target:
+            break
+    picked.sort(key=lambda p: p[0])
+    rows = np.concatenate([p[1] for p in picked])
     if not weights:
         return rows
-    w = [chunk_weights(source, i) for i in picked]
-    return rows, None if any(v is None for v in w) else np.concatenate(w)
+    return rows, None if any(p[2] is None for p in picked) else np.concatenate([p[2] for p in picked])

@@ -2,9 +2,10 @@
 
 Three pieces, each usable alone:
 
-* :func:`row_moments` -- a chunk's row count, mean and *centred* scatter ``sum (x - xbar)(x - xbar)^T``
-  in float64; :meth:`RowMoments.merge` combines two parts with the pairwise correction of Chan et al.
-  1979 (``S = S_a + S_b + n_a n_b / n (xbar_b - xbar_a)(xbar_b - xbar_a)^T``), so an
+* :func:`row_moments` -- a chunk's row count (weighted rows: their total weight), mean and *centred*
+  scatter ``sum w (x - xbar)(x - xbar)^T`` in float64 (an integer weight counts a row that many
+  times, 0 drops it); :meth:`RowMoments.merge` combines two parts with the pairwise correction of
+  Chan et al. 1979 (``S = S_a + S_b + n_a n_b / n (xbar_b - xbar_a)(xbar_b - xbar_a)^T``), so an
   engine's fixed-order tree reduction gives the moments of the whole matrix in one pass without
   the cancellation of ``sum x x^T - n xbar xbar^T`` on data far from the origin;
 * :func:`fit_projection` -- the eigendecomposition of the covariance on the driver, the ``p`` leading
@@ -44,22 +45,33 @@ KEYS = ("projection_mean", "projection_components", "projection_variances", "pro
 
 
 @dataclass(frozen=True)
+class Rows:
+    """A chunk's rows as the projection pass reads them, with their weights (None: unweighted;
+    :func:`vbcore.kernels.estep.weigh_chunk` sets them)."""
+
+    x: Array
+    w: Array | None = None
+
+
+@dataclass(frozen=True)
 class RowMoments:
-    """Row count, mean and centred scatter of a set of rows (float64).
+    """Row count (weighted rows: their total weight), mean and centred scatter of a set of rows
+    (float64).
 
     Attributes
     ----------
-    n : int
+    n : int or float
+        The rows, or their total weight.
     shift : ndarray of shape (D,)
         A reference point common to every part (the first row of the data).
     offset : ndarray of shape (D,)
         The mean minus ``shift``: small numbers, exact to the precision of the data's spread even
         far from the origin, so the merges' mean differences lose nothing.
     scatter : ndarray of shape (D, D)
-        ``sum_n (x_n - mean)(x_n - mean)^T``.
+        ``sum_n w_n (x_n - mean)(x_n - mean)^T`` (``w_n = 1`` for unweighted rows).
     """
 
-    n: int
+    n: float
     shift: np.ndarray
     offset: np.ndarray
     scatter: np.ndarray
@@ -90,7 +102,8 @@ class RowMoments:
         return RowMoments(n, self.shift, offset, scatter)
 
     def covariance(self) -> np.ndarray:
-        """The unbiased sample covariance ``scatter / (n - 1)``."""
+        """The unbiased sample covariance ``scatter / (n - 1)`` (weighted rows: ``n`` their total
+        weight, so integer weights give the covariance of the repeated rows)."""
         return self.scatter / max(self.n - 1, 1)
 
 
@@ -102,24 +115,26 @@ def check_pca(pca: int, n_features: int, n_rows: int | None = None) -> None:
         raise ConfigError(f"pca (--pca) must be at most the number of rows ({n_rows}), got {pca}")
 
 
-def moments_kernel(x: Array, offset: int, shift: np.ndarray, where: str | None) -> RowMoments:
-    """A chunk's :class:`RowMoments` (an engine kernel); rows of sources not validated on the driver
-    (``where`` names the source) are first checked for non-finite values (one line naming the row;
-    device rows are checked on the device, copied only to name a bad row)."""
+def moments_kernel(rows: Rows, offset: int, shift: np.ndarray, where: str | None) -> RowMoments:
+    """A chunk's :class:`RowMoments` (an engine kernel) of its :class:`Rows`; rows of sources not
+    validated on the driver (``where`` names the source) are first checked for non-finite values (one
+    line naming the row; device rows are checked on the device, copied only to name a bad row)."""
     from vbcore.kernels.estep import array_namespace, to_numpy
 
+    x = rows.x
     if where is not None:
         xp = array_namespace(x)
         if xp is np or not bool(xp.all(xp.isfinite(x))):
             check_finite(x if xp is np else to_numpy(x), where, first_row=offset,
                          hint="clean the data (vbcluster ingest rejects or drops such rows)")
-    return row_moments(x, shift)
+    return row_moments(x, shift, rows.w)
 
 
-def row_moments(x: Array, shift: np.ndarray) -> RowMoments:
+def row_moments(x: Array, shift: np.ndarray, w: Array | None = None) -> RowMoments:
     """The :class:`RowMoments` of one chunk's rows, shape (n_rows, D), in their array namespace
     (NumPy, CuPy, any array-API library), returned as float64 NumPy arrays; ``shift`` (float64,
-    shape (D,)) is the reference point every part shares."""
+    shape (D,)) is the reference point every part shares; ``w`` the rows' weights (None: each 1),
+    summed in float64: each row enters the scatter as ``sqrt(w) (x - xbar)``."""
     from vbcore.kernels.estep import array_namespace, to_numpy
 
     xp = array_namespace(x)
@@ -127,29 +142,40 @@ def row_moments(x: Array, shift: np.ndarray) -> RowMoments:
         x = xp.astype(x, xp.float64)
     shift = np.asarray(shift, dtype=np.float64)
     n, d = x.shape
-    if n == 0:
+    w = None if w is None else xp.astype(xp.asarray(w), xp.float64)
+    total = n if w is None else float(xp.sum(w))
+    if n == 0 or not total > 0:
         return RowMoments(0, shift, np.zeros(d), np.zeros((d, d)))
     s = xp.asarray(shift, dtype=xp.float64)
     # a first mean, then the sums of the rows centred on it: the (naive) column sums' rounding
     # does not reach the mean, and the scatter is summed over centred rows
-    guess = (xp.sum(x, axis=0, dtype=xp.float64) - n * s) / n
+    if w is None:
+        guess = (xp.sum(x, axis=0, dtype=xp.float64) - n * s) / n
+    else:  # (in the data's dtype: the centred sums below correct it to float64)
+        guess = xp.astype(xp.astype(w, x.dtype) @ x, xp.float64) / total - s
     if xp is np:
-        residual, scatter = _centred_scatter_blas(x, shift, guess)
-        _add_outer(scatter, -residual, residual / n)  # the scatter about the corrected mean
-        return RowMoments(n, shift, guess + residual / n, scatter)
+        residual, scatter = _centred_scatter_blas(x, shift, guess, w)
+        _add_outer(scatter, -residual, residual / total)  # the scatter about the corrected mean
+        return RowMoments(total, shift, guess + residual / total, scatter)
     scatter, residual = xp.zeros((d, d), dtype=xp.float64), xp.zeros(d, dtype=xp.float64)
     for start in range(0, n, BLOCK_ROWS):
-        xc = (xp.astype(x[start:min(start + BLOCK_ROWS, n), :], xp.float64) - s) - guess
-        residual += xp.sum(xc, axis=0)
+        stop = min(start + BLOCK_ROWS, n)
+        xc = (xp.astype(x[start:stop, :], xp.float64) - s) - guess
+        if w is None:
+            residual += xp.sum(xc, axis=0)
+        else:
+            residual += w[start:stop] @ xc
+            xc = xc * xp.sqrt(w[start:stop])[:, None]
         xc = xp.astype(xc, x.dtype, copy=False)
         scatter += xp.astype(xp.matrix_transpose(xc) @ xc, xp.float64)  # a GEMM in the data's dtype
-    scatter -= residual[:, None] * (residual / n)[None, :]  # the scatter about the corrected mean
-    return RowMoments(n, shift, to_numpy(guess + residual / n), to_numpy(scatter))
+    scatter -= residual[:, None] * (residual / total)[None, :]  # the scatter about the corrected mean
+    return RowMoments(total, shift, to_numpy(guess + residual / total), to_numpy(scatter))
 
 
-def _centred_scatter_blas(x: np.ndarray, shift: np.ndarray,
-                          guess: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """NumPy rows: ``sum_n xc_n`` and ``sum_n xc_n xc_n^T`` of ``xc = (x - shift) - guess``.
+def _centred_scatter_blas(x: np.ndarray, shift: np.ndarray, guess: np.ndarray,
+                          w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy rows: ``sum_n w_n xc_n`` and ``sum_n w_n xc_n xc_n^T`` of ``xc = (x - shift) - guess``
+    (``w_n = 1`` without weights).
 
     Each block of :data:`BLOCK_ROWS` rows is centred in float64 a few rows at a time (a scratch that
     stays in cache), written once in the data's dtype into a reused buffer, and multiplied by a BLAS
@@ -173,7 +199,12 @@ def _centred_scatter_blas(x: np.ndarray, shift: np.ndarray,
             t = scratch[:j - i]
             np.subtract(x[start + i:start + j], shift, out=t)
             np.subtract(t, guess, out=t)
-            residual += np.sum(t, axis=0)
+            if w is None:
+                residual += np.sum(t, axis=0)
+            else:
+                sw = w[start + i:start + j]
+                residual += sw @ t
+                np.multiply(t, np.sqrt(sw)[:, None], out=t)
             block[i:j] = t  # float32 rows: rounded once, as the float32 GEMM sees them
         # product = A A^T with A = block[:m].T (D x m): the scatter of the block's rows
         out = syrk(1.0, block[:m].T, beta=1.0 if product is acc else 0.0, c=product, trans=0,
@@ -221,7 +252,7 @@ class Projection:
     whiten : bool
         Divide each coordinate by its standard deviation (unit variance along every component).
     n_rows : int
-        Rows the moments were computed from.
+        Rows the moments were computed from (weighted rows: their total weight, rounded).
     """
 
     mean: np.ndarray
@@ -307,7 +338,7 @@ def fit_projection(moments: RowMoments, n_components: int, whiten: bool = False,
     for float32 rows): eigenvalues at most ``D * eps * lambda_max`` count as zero, so whitening
     them is refused."""
     d, p = moments.mean.shape[0], int(n_components)
-    check_pca(p, d, moments.n)
+    check_pca(p, d)  # (the rows: by the pass, against the source's rows, not their total weight)
     cov = moments.covariance()
     cov = (cov + cov.T) * 0.5  # exactly symmetric for eigh
     values, vectors = leading_eigh(cov, p, single=eps > 2 * float(np.finfo(np.float64).eps))
@@ -325,4 +356,4 @@ def fit_projection(moments: RowMoments, n_components: int, whiten: bool = False,
                 f"{float(values[j]):.3g} (not above {floor:.3g}): the data span only {j} dimension(s); "
                 f"{fix}")
     return Projection(moments.mean.copy(), np.ascontiguousarray(vectors), np.maximum(values, 0.0),
-                      bool(whiten), int(moments.n))
+                      bool(whiten), int(round(moments.n)))

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from pipeline.fit.learners.base import FitContext, Learner
 from pipeline.fit.learners.truncated import map_search
-from vbcore.errors import ConfigError
+from vbcore.errors import ConfigError, InputError
 from vbcore.kernels.estep import Chunk, array_namespace, to_numpy
 from vbcore.kernels.sga_stats import (
     DPPoint,
@@ -92,16 +93,39 @@ def gather_kernel(chunk: Chunk, rows: np.ndarray) -> np.ndarray:
                                                            else np.float64)
 
 
-def gather_rows(engine: Any, handles: list[Any], bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Sorted global ``rows`` (shifted), gathered next to the data through the engine, in row order;
-    ``bounds`` as :func:`chunk_bounds`."""
+def gather_weighted_kernel(chunk: Chunk, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows of a chunk (:func:`gather_kernel`) and their weights in float64 (None: unweighted rows)."""
+    x = gather_kernel(chunk, rows)
+    if chunk.w is None:
+        return x, None
+    xp = array_namespace(chunk.w)
+    w = to_numpy(xp.take(chunk.w, xp.asarray(np.asarray(rows, dtype=np.int64)), axis=0))
+    return x, np.asarray(w, dtype=np.float64)
+
+
+def gather_weighted(engine: Any, handles: list[Any], bounds: np.ndarray,
+                    rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Sorted global ``rows`` (shifted), gathered next to the data through the engine, in row order,
+    and their weights (None: the rows are unweighted); ``bounds`` as :func:`chunk_bounds`. Rows of
+    weight 0 are left out: a row of weight 0 is no row (it seeds nothing and is counted nowhere)."""
     ids, parts = split_by_chunk(rows, bounds)
-    return np.concatenate(engine.map(gather_kernel, [handles[i] for i in ids], per_chunk=parts))
+    got = engine.map(gather_weighted_kernel, [handles[i] for i in ids], per_chunk=parts)
+    x = np.concatenate([g[0] for g in got])
+    if any(g[1] is None for g in got):
+        return x, None
+    w = np.concatenate([g[1] for g in got])
+    return x[w > 0], w[w > 0]
 
 
-def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> np.ndarray:
-    """A uniform sample of rows (shifted), gathered through the engine, in row order."""
-    return gather_rows(ctx.engine, ctx.handles, chunk_bounds(ctx), draw_rows(ctx.rng(*key), ctx.n_rows, size))
+def gather_rows(engine: Any, handles: list[Any], bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The rows of :func:`gather_weighted` (those of positive weight)."""
+    return gather_weighted(engine, handles, bounds, rows)[0]
+
+
+def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray | None]:
+    """A uniform sample of rows (shifted) and their weights (:func:`gather_weighted`), in row order."""
+    return gather_weighted(ctx.engine, ctx.handles, chunk_bounds(ctx),
+                           draw_rows(ctx.rng(*key), ctx.n_rows, size))
 
 
 def kmeanspp(sample: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -249,27 +273,33 @@ class DPPointLearner(Learner):
         statistics scaled by N / M (the algorithm's input is a minibatch; no full pass)."""
         k = int(self.ctx.prior.n_components)
         size = min(self.ctx.n_rows, max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * k))
-        sample = gather_sample(self.ctx, size, (0, 1))
+        sample, w = gather_sample(self.ctx, size, (0, 1))  # (rows of weight 0 left out)
+        if sample.shape[0] == 0:
+            raise InputError(f"{self.ctx.source.describe()}: none of the {size} rows the start of "
+                             f"{self.name!r} drew has a positive weight; give more rows a positive weight")
         seed = int(self.ctx.rng(0, 3).integers(2**31 - 1))
         centres, _ = kmeanspp(sample, k, seed)
         seeds = DPPoint(centres + self.ctx.shift[None, :], np.full(centres.shape[0], 0.5))
-        stats = self._equal_weight_stats(seeds, sample)
+        stats = self._equal_weight_stats(seeds, sample, w)
         point = mm_update(stats, self.ctx.prior, self.a0)
         self._set(point, stats.nk)
         self.post = self.posterior()
         return self.post
 
-    def _equal_weight_stats(self, seeds: DPPoint, sample: np.ndarray) -> SuffStats:
-        """Hard statistics of the (shifted) sample rows assigned to the seeds with equal weights
-        (``ln pi_k`` would otherwise favour early seeds), scaled to the N rows of the data."""
+    def _equal_weight_stats(self, seeds: DPPoint, sample: np.ndarray,
+                            w: np.ndarray | None = None) -> SuffStats:
+        """Hard statistics of the (shifted) sample rows, weighed by ``w`` (None: unweighted),
+        assigned to the seeds with equal mixture weights (``ln pi_k`` would otherwise favour early
+        seeds), scaled to the data's N (its rows' total weight)."""
         k = seeds.n_components
         # sticks giving pi_k = 1/k for all k: v_k = 1/(k - j) for the j-th (0-based) stick
         sticks = 1.0 / (k - np.arange(k, dtype=np.float64))
         sticks[-1] = 1.0 - 1e-12
         params = map_params(DPPoint(seeds.means, sticks), self.sigma2, self.ctx.shift, sample.dtype)
-        chunk = Chunk(x=sample, feats=None, shift=self.ctx.shift, diagonal=True)
+        chunk = Chunk(x=sample, feats=None, shift=self.ctx.shift, diagonal=True,
+                      w=None if w is None else w.astype(sample.dtype))
         stats = hard_kernel(chunk, None, params).to_stats()
-        return scale_stats(stats, self.ctx.n_weight / sample.shape[0])
+        return scale_stats(stats, self.ctx.n_weight / (sample.shape[0] if w is None else math.fsum(w)))
 
     # -- state
     def _set(self, point: DPPoint, counts: np.ndarray) -> None:
