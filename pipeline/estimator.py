@@ -235,7 +235,8 @@ class VBMixture(DensityMixin, BaseEstimator):
     def partial_fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> VBMixture:
         """Fold one batch of rows into memoized statistics and update the posterior (VB EM; earlier
         batches are not read again). ``n_iter_``, ``converged_`` and ``lower_bounds_`` describe this
-        call; ``lower_bound_`` is the exact bound over every row seen so far (pipeline/fit/partial.py)."""
+        call; ``lower_bound_`` is the exact bound over every row seen so far; with ``pca`` every batch
+        is projected onto the first batch's principal components (pipeline/fit/partial.py)."""
         from pipeline.fit.partial import partial_fit
 
         state = getattr(self, "partial_state_", None)
@@ -246,9 +247,10 @@ class VBMixture(DensityMixin, BaseEstimator):
             self._check_names(X, reset=True)
         out, self.partial_state_ = partial_fit(
             self.spec(), X, sample_weight, self.engine, state, self.posterior_ if fitted else None,
-            self.prior_ if fitted else None, self.random_state)
+            self.prior_ if fitted else None, self.random_state,
+            getattr(self, "projection_", None) if fitted else None)
         self.set_fitted(out.post, self.partial_state_.prior, out.terms, out.history, out.converged,
-                        out.n_iter)
+                        out.n_iter, projection=self.partial_state_.projection)
         return self
 
     def fit_predict(self, X: Any, y: Any = None, resp_init: Any = None, *,

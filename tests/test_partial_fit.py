@@ -180,3 +180,35 @@ def test_a_call_that_fails_changes_nothing(monkeypatch):
     model.partial_fit(batches[2])
     twin.partial_fit(batches[2])
     same_fit_bits(model, twin)
+
+
+def test_batches_are_projected_onto_the_first_batchs_components():
+    """``pca``: the first call's projection pass fixes the space every later batch is projected onto
+    (a second call once failed: 'X has 4 features, but VBMixture is expecting 3'); a model fitted by
+    ``fit`` continues in ``fit``'s space; the bound stays exact and monotone there."""
+    kw = {**KW, "pca": 3}
+    model = VBMixture(**kw)
+    batches = np.array_split(X, 3)
+    model.partial_fit(batches[0])
+    first = model.projection_.to_arrays()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted = VBMixture(**kw).fit(batches[0])
+    for key, value in fitted.projection_.to_arrays().items():  # the first call is fit of its batch
+        assert np.array_equal(value, first[key]), key
+    for batch in batches[1:]:
+        model.partial_fit(batch)
+        assert np.all(np.diff(model.lower_bounds_) >= -1e-9 * abs(model.lower_bound_))
+    for key, value in model.projection_.to_arrays().items():
+        assert np.array_equal(value, first[key]), key
+    total = tree_reduce(model.partial_state_.memos).stats
+    assert elbo_terms(total, model.posterior_, model.prior_).total == model.lower_bound_
+    assert model.predict(X).shape == (X.shape[0],) and model.n_features_in_ == 4
+    fitted.partial_fit(batches[1])  # a model fitted by fit: its projection
+    assert np.array_equal(fitted.projection_.components, first["projection_components"])
+    with pytest.raises(ConfigError, match=r"partial_fit: its projection does not match the data or settings "
+                                          r"\(pca 3 -> 2\)"):
+        fitted.set_params(pca=2).partial_fit(batches[2])
+    unprojected = r"partial_fit: pca=2, but the model was fitted without a projection"
+    with pytest.raises(ConfigError, match=unprojected):
+        VBMixture(**KW).partial_fit(batches[0]).set_params(pca=2).partial_fit(batches[1])

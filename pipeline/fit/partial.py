@@ -23,6 +23,11 @@ re-estimated after every M-step as ``fit`` does (:func:`vbcore.model.empirical.e
 fitted by ``fit`` continues from its posterior and prior, with no statistics (nor moments) of the
 rows ``fit`` saw, so its data defaults stay ``fit``'s. A call that fails changes no state.
 
+With ``pca`` the projection is that of the first batch (its one projection pass; or a model fitted by
+``fit``: that fit's), kept for every later batch: statistics summed across batches must live in
+one space, so later batches are projected onto it and do not move it (a representative first batch
+gives the projection ``fit`` would compute; ``predict`` applies it as after ``fit``).
+
 Against scikit-learn's conventions (its mixtures have no ``partial_fit``; ``MiniBatchKMeans`` and the
 SGD estimators do): one call is one pass of the model over one batch. ``n_iter_`` is the number of
 VB EM iterations of the last call; ``converged_`` says whether the last call's bound changed by less
@@ -42,10 +47,12 @@ from pipeline.engine.engines import make_engine, tree_reduce
 from pipeline.fit.driver import CountingEngine, run_fit
 from pipeline.fit.learners.memo import chunk_keys, kept_total
 from pipeline.fit.learners.vbem import vbem_pass
+from pipeline.fit.projection import check_projection
 from pipeline.fit.setup import build_prior, open_source, setup
 from pipeline.fit.spec import FitSpec
 from vbcore.errors import ConfigError, InputError
 from vbcore.kernels.estep import KernelResult
+from vbcore.kernels.projection import Projection
 from vbcore.model.elbo import ElboTerms, elbo_terms
 from vbcore.model.empirical import empirical_update
 from vbcore.model.mstep import m_step
@@ -63,8 +70,10 @@ class PartialState:
     memos: list[KernelResult] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)  # each batch's content key (pipeline.fit.learners.memo)
     #: each batch's data moments (the prior's data-dependent defaults follow their sum); None for a
-    #: model fitted by ``fit``, whose rows' moments are not kept (its prior stays)
+    #: model fitted by ``fit``, whose rows' moments are not kept (its prior stays), or with ``pca``
     moments: list[SuffStats] | None = None
+    #: the projection every batch is seen through (``pca``: the first batch's, or ``fit``'s)
+    projection: Projection | None = None
 
 
 @dataclass
@@ -77,11 +86,11 @@ class PartialOutcome:
 
 
 def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: PartialState | None,
-                post: Posterior | None, prior: Prior | None,
-                random_state: Any) -> tuple[PartialOutcome, PartialState]:
+                post: Posterior | None, prior: Prior | None, random_state: Any,
+                projection: Projection | None = None) -> tuple[PartialOutcome, PartialState]:
     """Fold the batch ``X`` into ``state`` (None: the first batch) and update the posterior (see the
-    module docstring). ``post``/``prior``: a posterior to start from when ``state`` is None (a model
-    fitted by ``fit``)."""
+    module docstring). ``post``/``prior``/``projection``: a model to start from when ``state`` is None
+    (a model fitted by ``fit``)."""
     if spec.learner != "vbem":
         raise ConfigError(f"partial_fit runs VB EM on memoized statistics; learner {spec.learner!r} has no "
                           "partial_fit (use learner='vbem')")
@@ -91,19 +100,24 @@ def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: P
         if state is None and post is None:
             return _first_fit(spec, source, eng, random_state)
         shift = None if state is None else state.shift
-        ctx = setup(spec, source, CountingEngine(eng), random_state, shift=shift)
+        projection = projection if state is None else state.projection
+        if projection is not None:
+            check_projection(projection, source.n_features, spec.pca, bool(spec.whiten), "partial_fit")
+        elif spec.pca is not None:
+            raise ConfigError(f"partial_fit: pca={spec.pca!r}, but the model was fitted without a projection")
+        ctx = setup(spec, source, CountingEngine(eng), random_state, projection=projection, shift=shift)
         try:
             if state is None:
-                state = PartialState(ctx.shift, ctx.prior if prior is None else prior)
+                state = PartialState(ctx.shift, ctx.prior if prior is None else prior, projection=projection)
             assert post is not None  # (an unfitted model's first call is _first_fit)
-            if post.n_features != source.n_features:
-                raise InputError(f"X has {source.n_features} features, but the model was fitted with "
+            if post.n_features != ctx.n_features:  # (projected rows: the projection's components)
+                raise InputError(f"X has {ctx.n_features} features, but the model was fitted with "
                                  f"{post.n_features}")
             key = "/".join(chunk_keys(source))
             at = state.keys.index(key) if key in state.keys else len(state.memos)
             # the defaults of every row seen, this batch's included (the state changes only at the end)
             start = state.prior if state.moments is None else prior_of_rows(spec, state, ctx.moments, at,
-                                                                            source.n_features)
+                                                                            ctx.n_features)
             out, memo, end_prior = _iterate(spec, replace(ctx, prior=start), state, post, at)
         finally:
             ctx.engine.release(ctx.handles)
@@ -144,7 +158,8 @@ def _first_fit(spec: FitSpec, source: Any, engine: Any,
     out = run_fit(replace(spec, learner_options=opts), source, engine, random_state=random_state)
     memo = kept_total(out.kept)
     state = PartialState(np.asarray(memo.stats.shift), out.prior, [memo], ["/".join(chunk_keys(source))],
-                         None if out.moments is None or spec.pca is not None else [out.moments])
+                         None if out.moments is None or spec.pca is not None else [out.moments],
+                         out.projection)
     return PartialOutcome(out.post, out.terms, out.history, out.converged, out.n_iter), state
 
 
