@@ -67,8 +67,9 @@ class Warm:
     state: dict[str, np.ndarray] | None = None
 
 
-def check_warm(warm: Warm, spec: FitSpec, n_features: int) -> None:
-    """A warm start against the new data's features and the spec (ConfigError naming each difference)."""
+def check_warm(warm: Warm, spec: FitSpec, n_features: int, run: str | Path | None = None) -> None:
+    """A warm start against the new data's features and the spec (ConfigError naming each difference;
+    ``run``: the run directory a command line or flow warm-starts from, else the estimator's own)."""
     post, proj = warm.posterior, warm.projection
     changed = [
         f"{name} {old!r} -> {new!r}"
@@ -84,8 +85,11 @@ def check_warm(warm: Warm, spec: FitSpec, n_features: int) -> None:
         if old != new
     ]
     if changed:
-        raise ConfigError("warm_start: the new data or settings do not match the fitted model ("
-                          + "; ".join(changed) + "); set warm_start=False to start over")
+        if run is None:
+            raise ConfigError("warm_start: the new data or settings do not match the fitted model ("
+                              + "; ".join(changed) + "); set warm_start=False to start over")
+        raise ConfigError(f"cannot warm-start from {run}: the store or settings do not match its model ("
+                          + "; ".join(changed) + "); drop --warm-from (warm_from) to start over")
 
 
 def restart_seeds(random_state: Any, n_init: int) -> list[Any]:
@@ -320,7 +324,7 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             # is judged within this fit; the projection is the previous rows' space, kept
             warm = Warm(previous.posterior_, previous.prior_, previous.projection_,
                         state=kept_state(warm_from))  # memoized statistics of the unchanged chunks
-            check_warm(warm, spec, source.n_features)
+            check_warm(warm, spec, source.n_features, warm_from)
             info["warm_start_from"] = str(Path(warm_from).resolve())
         ckpt = str(run_dir / "checkpoints")
         out = fit(spec, source, eng, random_state=spec.seed, checkpoint_dir=ckpt, warm=warm,

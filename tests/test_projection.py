@@ -275,6 +275,12 @@ def test_cli_fit_assign_and_warm_start_from_a_run(tmp_path):
     assert _same_projection(load_model(warm).projection_, model.projection_)
     with pytest.raises(ConfigError, match=r"cannot warm-start from .*pca 4 -> 3"):
         fit_run(tmp_path / "w2", make_spec(store, components=5, pca=3, whiten=True), warm_from=run)
+    other = str(tmp_path / "other.zarr")  # a store of other features: the command line's words
+    FeatureStore.create(other, 5, chunk_rows=100).append(np.random.default_rng(0).normal(size=(60, 5)))
+    res = runner.invoke(app, ["fit", other, "--run-dir", str(tmp_path / "w3"), "--warm-from", str(run)])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"cannot warm-start from {run}: the store or settings do not match its " \
+        "model (n_features 9 -> 5); drop --warm-from (warm_from) to start over" in said, said
     res = runner.invoke(app, ["fit", store, "--run-dir", str(tmp_path / "r3"), "--whiten"])
     assert res.exit_code == 2 and "whiten (--whiten) needs pca (--pca)" in res.output
     res = runner.invoke(app, ["fit", store, "--run-dir", str(tmp_path / "r3"), "--pca", "10"])
