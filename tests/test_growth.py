@@ -307,3 +307,19 @@ def test_principal_direction_is_the_first_right_singular_vector(shape) -> None:
     assert abs(float(got @ want)) == pytest.approx(1.0, abs=1e-10)
     for zeros in (np.zeros((5, 3)), np.zeros((3, 5))):  # no spread: any direction, finite
         assert np.isfinite(principal_direction(zeros)).all()
+
+
+@pytest.mark.parametrize("distinct", [1, 2, 3])
+def test_births_on_repeated_rows_neither_fail_nor_split_a_point(distinct) -> None:
+    """Rows that repeat a few distinct values (every component's rows alike): the births' reference
+    width is 0 there, which once divided by zero (ZeroDivisionError out of ``vbcluster fit``). The
+    command line's model ends with one cluster per distinct row, none split."""
+    from pipeline.estimator import VBMixture
+    from pipeline.fit.spec import estimator_params
+
+    x = np.repeat(np.eye(8, dtype=np.float32)[:distinct] * 3.0, 1500, axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = VBMixture(10, covariance_type="diag", **estimator_params()).fit(x)
+    assert m.n_effective_ == distinct
+    assert np.unique(m.predict(x)).size == distinct

@@ -214,7 +214,9 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int,
         for rank, k, mine in members:
             z = sample[mine] / scale
             excess = held_out_bimodality(z) - bimodal_threshold(mine.size // 2)
-            ratio = spreads[k] / (post.covariances[k] if post.covariance_type == "fixed" else typical)
+            ref = float(post.covariances[k]) if post.covariance_type == "fixed" else typical
+            # (rows all alike, as most components' may be on data of repeated rows: no reference width)
+            ratio = spreads[k] / ref if ref > 0 else (math.inf if spreads[k] > 0 else 0.0)
             wide = ratio > SPREAD_SPLIT
             if gated and excess <= 0.0 and not wide:
                 continue
