@@ -410,3 +410,28 @@ def test_one_row_is_no_mixture(tmp_path):
         VBMixture(2, learner="sga-f").fit(str(tmp_path / "one.zarr"))
     model = VBMixture(2, covariance_type="diag").partial_fit(np.random.default_rng(0).normal(size=(50, 3)))
     assert model.partial_fit(np.ones((1, 3))).n_features_in_ == 3
+
+
+def test_a_reg_covar_that_swamps_the_data_warns():
+    """Features of scale 1e-4 (three classes 5 deviations apart): the absolute reg_covar 1e-6 is 7.6
+    times the data's variance per dimension and the fit finds one cluster; the warning names the
+    fix, which finds the three."""
+    rng = np.random.default_rng(0)
+    centres, y = rng.normal(size=(3, 8)) * 5, rng.integers(0, 3, 3000)
+    x = centres[y] + rng.normal(size=(3000, 8))
+    from pipeline.fit.spec import estimator_params
+
+    kw = dict(estimator_params(), n_components=6, covariance_type="diag", random_state=0)  # the CLI's model
+    with pytest.warns(UserWarning, match=r"reg_covar \(--reg-covar\) 1e-06 is 7\.\d+ times the data's mean "
+                                         r"variance per dimension .*rescale \(standardise\) the features"):
+        swamped = VBMixture(**kw).fit(x * 1e-4)
+    assert swamped.n_effective_ == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # neither at the data's own scale nor with the fix
+        from sklearn.exceptions import ConvergenceWarning
+
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        assert VBMixture(**kw).fit(x).n_effective_ == 3
+        assert VBMixture(reg_covar=1e-14, **kw).fit(x * 1e-4).n_effective_ == 3

@@ -12,6 +12,7 @@ or the pipeline's projected k-means++ start).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -101,6 +102,7 @@ def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
         if ct == "fixed" and sigma2 is None:
             sigma2 = _estimate_sigma2(spec, cls, engine, handles, source, random_state)
         prior = build_prior(spec, moments, source.n_features, sigma2)
+        check_reg_covar(float(spec.reg_covar), ct, moments)
         if not cls.empirical_bayes:  # held at their initial values by learners that do not update them
             prior = replace(prior, empirical=())
     except BaseException:
@@ -162,6 +164,25 @@ def check_prior_settings(spec: FitSpec, d: int) -> None:
                          scatter=np.eye(d)[None] if wishart else np.ones((1, d)), sum_rlogr=0.0,
                          n_rows=2, shift=np.zeros(d))
     build_prior(spec, stand_in, d, spec.fixed_variance or 1.0)
+
+
+#: ``reg_covar`` at least this share of the data's mean variance per dimension draws a warning
+REG_COVAR_SHARE = 0.1
+
+
+def check_reg_covar(reg_covar: float, covariance_type: str, moments: SuffStats) -> None:
+    """Warn when ``reg_covar`` (absolute, as scikit-learn's) is not small against the data's mean
+    variance per dimension: it then widens every cluster past the data's own spread and the clusters
+    merge (features of scale 1e-4, three classes 5 deviations apart: one cluster found)."""
+    if covariance_type == "fixed" or reg_covar <= 0:  # (the fixed variance takes no reg_covar)
+        return
+    s = np.asarray(moments.scatter[0])
+    var = float(np.mean(np.diagonal(s) if s.ndim == 2 else s)) / max(moments.total_weight - 1, 1)
+    if reg_covar >= REG_COVAR_SHARE * var:
+        warnings.warn(f"reg_covar (--reg-covar) {reg_covar:g} is {reg_covar / var:.3g} times the data's mean "
+                      f"variance per dimension ({var:.3g}): it widens every cluster past the data's own "
+                      "spread, so clusters merge; rescale (standardise) the features or lower reg_covar",
+                      UserWarning, stacklevel=2)
 
 
 def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float | None) -> Prior:
