@@ -208,3 +208,18 @@ def test_the_starts_leave_rows_of_weight_zero_out(tmp_path, learner):
     assert model.weights_.sum() == pytest.approx(1.0)
     # every component's mean among the rows of positive weight (none on the far rows of weight 0)
     assert np.all(np.abs(model.means_ - (X[:40] + 20.0).mean(0)).max(1) < 10.0)
+
+
+@pytest.mark.parametrize("learner, kw", [("sga-f", {}), ("vbem", {"pca": 2})])
+def test_weighted_store_fits_the_same_bits_on_both_engines(tmp_path, client, learner, kw):
+    """The point learners' start gathers the rows' weights with the rows on the workers, and the
+    projection pass weighs them there: a real distributed cluster gives the local engine's bits."""
+    from tests._reference import same_fit_bits
+
+    path = str(tmp_path / "w.zarr")
+    FeatureStore.create(path, 3, chunk_rows=32, weights=True).append(X, weights=W)
+    model = dict(n_components=K, learner=learner, random_state=0, max_iter=5, tol=0.0, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        local, remote = VBMixture(**model).fit(path), VBMixture(engine=client, **model).fit(path)
+    same_fit_bits(local, remote)
