@@ -152,19 +152,22 @@ def test_local_and_dask_engines_give_the_same_bits(client, tmp_path):
     same_fit_bits(VBMixture(**kw).fit(path), streamed)
 
 
-def test_resume_with_pca_is_bitwise(tmp_path):
+@pytest.mark.parametrize("weighted", [False, True])
+def test_resume_with_pca_is_bitwise(tmp_path, weighted):
     X, _ = planted_blobs(n=1500, d=8, k=4)
+    w = np.random.default_rng(4).uniform(0.0, 3.0, X.shape[0]) if weighted else None
     kw = dict(n_components=5, covariance_type="full", pca=3, whiten=True, tol=0.0, random_state=0,
               chunk_rows=400)
-    VBMixture(max_iter=6, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(X)
-    resumed = VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(X)
+    VBMixture(max_iter=6, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(X, sample_weight=w)
+    resumed = VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), checkpoint_every=3, **kw).fit(
+        X, sample_weight=w)
     assert resumed.resumed_from_.endswith("ckpt-00000006")
-    whole = VBMixture(max_iter=12, **kw).fit(X)
+    whole = VBMixture(max_iter=12, **kw).fit(X, sample_weight=w)
     same_fit_bits(resumed, whole)
     for key, value in resumed.projection_.to_arrays().items():
         assert np.array_equal(value, whole.projection_.to_arrays()[key]), key
     with pytest.raises(ConfigError, match=r"settings differ from the checkpoint's \(pca 3 -> 2"):
-        VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), **dict(kw, pca=2)).fit(X)
+        VBMixture(max_iter=12, checkpoint_dir=str(tmp_path), **dict(kw, pca=2)).fit(X, sample_weight=w)
 
 
 def test_predict_applies_the_projection():
