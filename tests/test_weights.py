@@ -223,3 +223,28 @@ def test_weighted_store_fits_the_same_bits_on_both_engines(tmp_path, client, lea
         warnings.simplefilter("ignore")
         local, remote = VBMixture(**model).fit(path), VBMixture(engine=client, **model).fit(path)
     same_fit_bits(local, remote)
+
+
+def test_the_point_learners_start_draws_rows_of_positive_weight_until_it_has_enough():
+    """Where most rows weigh 0 the start draws more rows until it holds as many of positive weight
+    as it asked for (or all of them): 5% of 20,000 rows weigh 1, and a draw of 500 rows alone holds
+    about 25 of them (on Fashion-MNIST features with 10% of the rows weighted, sga-f from K = 100
+    found 43 clusters from that thin a start, 16 now, 13 with the other rows dropped)."""
+    from pipeline.engine.engines import LocalEngine
+    from pipeline.fit.learners.dpm import gather_sample
+    from pipeline.fit.setup import open_source, setup
+
+    rng = np.random.default_rng(1)
+    rows, w = rng.normal(size=(20_000, 3)), (rng.random(20_000) < 0.05).astype(np.float64)
+    spec = VBMixture(4, learner="sga-f", covariance_type="fixed", random_state=0).spec()
+    for weights, want in ((w, 500), (w, 5_000), (None, 500)):
+        ctx = setup(spec, open_source(rows, 1_000, weights), LocalEngine(threads=1), 0)
+        try:
+            x, got = gather_sample(ctx, want, (0, 1))
+        finally:
+            ctx.engine.release(ctx.handles)
+        if weights is None:  # unweighted rows: one draw of the size asked
+            assert got is None and x.shape[0] == want
+        else:  # at least the rows asked for (more than 5,000: every row of positive weight)
+            assert np.all(got == 1.0) and x.shape[0] >= min(want, int(w.sum()))
+            assert x.shape[0] == int(w.sum()) or want == 500
