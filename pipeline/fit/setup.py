@@ -123,12 +123,12 @@ def _estimate_sigma2(spec: FitSpec, cls: Any, engine: Any, handles: list[Any], s
     """The learner's own ``sigma^2`` estimate on rows gathered through the engine, or the default:
     the mean per-dimension within-cluster variance of k-means with K clusters."""
     if cls.sigma2_sample_rows is not None:
-        from pipeline.fit.learners.dpm import draw_rows, gather_rows
+        from pipeline.fit.learners.dpm import gather_drawn
 
         seq = np.random.SeedSequence(seed_entropy(random_state), spawn_key=(0, 4))
-        rows = draw_rows(np.random.default_rng(seq), source.n_rows, int(cls.sigma2_sample_rows))
         bounds = np.asarray([*(sl.start for sl in source.chunk_slices()), source.n_rows], dtype=np.int64)
-        sample = gather_rows(engine, handles, bounds, rows)  # (rows of positive weight)
+        sample = gather_drawn(engine, handles, bounds, source.n_rows, int(cls.sigma2_sample_rows),
+                              np.random.default_rng(seq))[0]  # (rows of positive weight)
         value = cls.estimate_fixed_variance(sample, int(spec.components), random_state) \
             if sample.shape[0] > 1 else None
         if value is not None:
@@ -178,7 +178,7 @@ def check_reg_covar(reg_covar: float, covariance_type: str, moments: SuffStats) 
         return
     s = np.asarray(moments.scatter[0])
     var = float(np.mean(np.diagonal(s) if s.ndim == 2 else s)) / max(moments.total_weight - 1, 1)
-    if reg_covar >= REG_COVAR_SHARE * var:
+    if var > 0 and reg_covar >= REG_COVAR_SHARE * var:  # (rows all alike have no spread to swamp)
         warnings.warn(f"reg_covar (--reg-covar) {reg_covar:g} is {reg_covar / var:.3g} times the data's mean "
                       f"variance per dimension ({var:.3g}): it widens every cluster past the data's own "
                       "spread, so clusters merge; rescale (standardise) the features or lower reg_covar",

@@ -44,7 +44,7 @@ from vbcore.model.stats import SuffStats
 #: rows of the k-means++ sample: max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * K), at most N
 INIT_MIN_ROWS = 5000
 INIT_ROWS_PER_CLUSTER = 10
-#: times the point learners' start draws more rows where most of those it drew weigh 0 (gather_sample)
+#: times a sample draws more rows where most of those it drew weigh 0 (gather_drawn)
 TOP_UP_ROUNDS = 8
 #: sample rows of the default sigma^2 (vbcore.learners.sigma2: an n x n neighbour search over <= 1024
 #: coordinates)
@@ -119,33 +119,34 @@ def gather_weighted(engine: Any, handles: list[Any], bounds: np.ndarray,
     return x[w > 0], w[w > 0]
 
 
-def gather_rows(engine: Any, handles: list[Any], bounds: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The rows of :func:`gather_weighted` (those of positive weight)."""
-    return gather_weighted(engine, handles, bounds, rows)[0]
-
-
-def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray | None]:
-    """A uniform sample of ``size`` rows (shifted) and their weights (:func:`gather_weighted`), in row
-    order within each draw. Rows of weight 0 drawn are left out and more rows drawn among those not
-    drawn yet (the share of positive weight seen so far setting how many, at most ``TOP_UP_ROUNDS``
-    times) until ``size`` rows of positive weight or every row: where most rows weigh 0 the start
-    samples as many rows as it would with those rows dropped. Unweighted rows: one draw."""
-    rng, bounds = ctx.rng(*key), chunk_bounds(ctx)
-    rows = draw_rows(rng, ctx.n_rows, size)
-    x, w = gather_weighted(ctx.engine, ctx.handles, bounds, rows)
+def gather_drawn(engine: Any, handles: list[Any], bounds: np.ndarray, n_rows: int, size: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+    """A uniform sample of ``size`` of the ``n_rows`` rows (shifted), drawn with ``rng``, and their
+    weights (:func:`gather_weighted`), in row order within each draw. Rows of weight 0 drawn are
+    left out and more rows drawn among those not drawn yet (the share of positive weight seen so far
+    setting how many, at most ``TOP_UP_ROUNDS`` times) until ``size`` rows of positive weight or
+    every row: where most rows weigh 0 a sample holds as many rows as it would with those rows
+    dropped. Unweighted rows: one draw."""
+    rows = draw_rows(rng, n_rows, size)
+    x, w = gather_weighted(engine, handles, bounds, rows)
     for _ in range(TOP_UP_ROUNDS):
-        if w is None or x.shape[0] >= min(size, ctx.n_rows) or rows.size >= ctx.n_rows:
+        if w is None or x.shape[0] >= min(size, n_rows) or rows.size >= n_rows:
             break
         share = max(x.shape[0], 1) / rows.size  # rows of positive weight per row drawn
-        want = min(ctx.n_rows - rows.size, int(np.ceil(1.25 * (size - x.shape[0]) / share)))
-        fresh = draw_rows(rng, ctx.n_rows, rows.size + want)  # holds >= want rows not drawn yet
+        want = min(n_rows - rows.size, int(np.ceil(1.25 * (size - x.shape[0]) / share)))
+        fresh = draw_rows(rng, n_rows, rows.size + want)  # holds >= want rows not drawn yet
         fresh = fresh[~np.isin(fresh, rows)]
         more = np.sort(rng.choice(fresh, size=min(want, fresh.size), replace=False))
-        mx, mw = gather_weighted(ctx.engine, ctx.handles, bounds, more)
+        mx, mw = gather_weighted(engine, handles, bounds, more)
         assert mw is not None
         rows = np.union1d(rows, more)
         x, w = np.concatenate((x, mx)), np.concatenate((w, mw))
     return x, w
+
+
+def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`gather_drawn` of the fit's rows with ``ctx.rng(*key)``."""
+    return gather_drawn(ctx.engine, ctx.handles, chunk_bounds(ctx), ctx.n_rows, size, ctx.rng(*key))
 
 
 def kmeanspp(sample: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

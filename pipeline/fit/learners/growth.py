@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.blas import one_blas_thread
-from pipeline.fit.learners.dpm import chunk_bounds, draw_rows, gather_rows
+from pipeline.fit.learners.dpm import chunk_bounds, gather_drawn
 from vbcore.kernels.estep import estep_params, log_rho, prepare_chunk
 from vbcore.model.elbo import ElboTerms
 from vbcore.model.mstep import weight_posterior
@@ -197,8 +197,8 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int,
     direction."""
     size = min(ctx.n_rows, max(GROW_MIN_ROWS, GROW_ROWS_PER_CLUSTER * (post.n_components + n_births)),
                max(GROW_MIN_ROWS, GROW_MAX_BYTES // (8 * post.n_features)))
-    rows = draw_rows(ctx.rng(GROW_TAG, iteration), ctx.n_rows, size)
-    sample = np.asarray(gather_rows(ctx.engine, ctx.handles, chunk_bounds(ctx), rows), dtype=np.float64)
+    sample = np.asarray(gather_drawn(ctx.engine, ctx.handles, chunk_bounds(ctx), ctx.n_rows, size,
+                                     ctx.rng(GROW_TAG, iteration))[0], dtype=np.float64)
     chunk = prepare_chunk(sample.astype(np.float32), np.zeros(sample.shape[1]), ctx.covariance_type)
     scores = np.asarray(log_rho(chunk, estep_params(post, ctx.shift)), dtype=np.float64)
     owner = np.argmax(scores, axis=1)
