@@ -23,7 +23,7 @@ import numpy as np
 
 from pipeline.fit.learners.base import FitContext, Learner
 from pipeline.fit.learners.truncated import map_search
-from vbcore.errors import ConfigError, InputError
+from vbcore.errors import ConfigError
 from vbcore.kernels.estep import Chunk, array_namespace, to_numpy
 from vbcore.kernels.sga_stats import (
     DPPoint,
@@ -96,13 +96,15 @@ def gather_kernel(chunk: Chunk, rows: np.ndarray) -> np.ndarray:
 
 
 def gather_weighted_kernel(chunk: Chunk, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """Rows of a chunk (:func:`gather_kernel`) and their weights in float64 (None: unweighted rows)."""
+    """Rows of a chunk (:func:`gather_kernel`) and their weights in float64 (None: unweighted rows),
+    the rows of weight 0 left out where they are (only the others travel to the driver)."""
     x = gather_kernel(chunk, rows)
     if chunk.w is None:
         return x, None
     xp = array_namespace(chunk.w)
-    w = to_numpy(xp.take(chunk.w, xp.asarray(np.asarray(rows, dtype=np.int64)), axis=0))
-    return x, np.asarray(w, dtype=np.float64)
+    w = np.asarray(to_numpy(xp.take(chunk.w, xp.asarray(np.asarray(rows, dtype=np.int64)), axis=0)),
+                   dtype=np.float64)
+    return x[w > 0], w[w > 0]
 
 
 def gather_weighted(engine: Any, handles: list[Any], bounds: np.ndarray,
@@ -113,10 +115,7 @@ def gather_weighted(engine: Any, handles: list[Any], bounds: np.ndarray,
     ids, parts = split_by_chunk(rows, bounds)
     got = engine.map(gather_weighted_kernel, [handles[i] for i in ids], per_chunk=parts)
     x = np.concatenate([g[0] for g in got])
-    if any(g[1] is None for g in got):
-        return x, None
-    w = np.concatenate([g[1] for g in got])
-    return x[w > 0], w[w > 0]
+    return x, None if any(g[1] is None for g in got) else np.concatenate([g[1] for g in got])
 
 
 def gather_drawn(engine: Any, handles: list[Any], bounds: np.ndarray, n_rows: int, size: int,
@@ -295,9 +294,7 @@ class DPPointLearner(Learner):
         k = int(self.ctx.prior.n_components)
         size = min(self.ctx.n_rows, max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * k))
         sample, w = gather_sample(self.ctx, size, (0, 1))  # (rows of weight 0 left out)
-        if sample.shape[0] == 0:
-            raise InputError(f"{self.ctx.source.describe()}: none of the {size} rows the start of "
-                             f"{self.name!r} drew has a positive weight; give more rows a positive weight")
+        assert sample.shape[0] > 0, "the setup refuses data whose weights sum to 0"
         seed = int(self.ctx.rng(0, 3).integers(2**31 - 1))
         centres, _ = kmeanspp(sample, k, seed)
         seeds = DPPoint(centres + self.ctx.shift[None, :], np.full(centres.shape[0], 0.5))
