@@ -413,7 +413,9 @@ def assign(
 @app.command()
 def study(
     name: str = typer.Argument(..., help="seed000 (Kuusela et al. 2009), seed001 (Watanabe & "
-                              "Watanabe 2005) or seed003 (Lim & Jiang 2024)."),
+                              "Watanabe 2005), seed003 (Lim & Jiang 2024), moves (merge and delete "
+                              "moves, Hughes & Sudderth 2013) or real (every learner on Fashion-MNIST "
+                              "through an ImageNet EfficientNet-Lite0, against scikit-learn)."),
     out: str = typer.Option(..., "--out", help="Results folder; the study writes OUT/NAME/."),
     quick: bool = typer.Option(False, "--quick", help="A small version (seconds), as the tests run it."),
     seed: int = typer.Option(0, help="Random seed of the study."),

@@ -95,3 +95,12 @@ def test_defaults_lists_both_faces_and_why_they_differ():
     assert rows["components"][:2] == ["50", "1"] and rows["covariance"][:2] == ["'diag'", "'full'"]
     assert rows["tol"][:2] == ["0.0001", "0.001"] and rows["max_iter"][:2] == ["200", "100"]
     assert rows["n_init"][1] == "same" and all(r[2] for r in rows.values() if r[1] != "same")
+
+
+def test_study_help_names_every_study():
+    """`vbcluster study --help` once named three of the five studies (moves and real were missing)."""
+    from pipeline.studies import STUDIES
+
+    said = " ".join(_cli("study", "--help", columns=200).split())
+    for name in STUDIES:
+        assert f" {name} (" in said, (name, said)
