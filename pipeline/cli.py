@@ -293,7 +293,8 @@ def learners() -> None:
     table.add_column("about")
     for name, cls in LEARNERS.items():
         opts = ", ".join(f"{k}={v}" for k, v in cls.options.items()) or "-"
-        table.add_row(name, opts, (cls.__doc__ or "").strip().splitlines()[0])
+        about = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "")  # (no reST markup)
+        table.add_row(name, opts, about)
     console.print(table)
 
 

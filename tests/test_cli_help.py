@@ -104,3 +104,10 @@ def test_study_help_names_every_study():
     said = " ".join(_cli("study", "--help", columns=200).split())
     for name in STUDIES:
         assert f" {name} (" in said, (name, said)
+
+
+def test_learners_table_shows_no_rest_markup():
+    """The learners' one-line descriptions come from their docstrings, whose ``code`` markup the table
+    once printed as it was ("Gradient descent along ``-g``")."""
+    said = _cli("learners", columns=200)
+    assert "Gradient descent along -g" in said and "``" not in said, said
