@@ -157,7 +157,9 @@ def ingest(
     labels: str | None = typer.Option(None, help="Labels: a file, key, dataset, column or 'folders'."),
     ids: str | None = typer.Option(None, help="Row ids: a file, key, dataset or column."),
     append: bool = typer.Option(False, "--append", help="Append to an existing store (atomically)."),
-    weights: str | None = typer.Option(None, "--weights", help="Row weights: a .npy file, one per row."),
+    weights: str | None = typer.Option(None, "--weights", help="Row weights: a .npy file, one per row, "
+                                       "or the source's column (Parquet, CSV), array (.npz) or dataset "
+                                       "(HDF5) that holds them."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store once the new "
                                    "one is complete."),
     drop_nonfinite: bool = typer.Option(False, "--drop-nonfinite", help="Drop rows with NaN/inf "

@@ -248,3 +248,40 @@ def test_the_point_learners_start_draws_rows_of_positive_weight_until_it_has_eno
         else:  # at least the rows asked for (more than 5,000: every row of positive weight)
             assert np.all(got == 1.0) and x.shape[0] >= min(want, int(w.sum()))
             assert x.shape[0] == int(w.sum()) or want == 500
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv", "npz", "h5"])
+def test_ingest_weights_from_the_sources_own_column_array_or_dataset(tmp_path, kind):
+    """``--weights NAME`` for a table (a column), an .npz (an array) or an HDF5 file (a dataset): the
+    store holds the same weights as from a .npy file, the column is no feature, and a name the
+    source lacks is one line listing what it has."""
+    import h5py
+    import pandas as pd
+
+    from pipeline.ingest import ingest
+
+    src = tmp_path / f"t.{kind}"
+    frame = pd.DataFrame(X, columns=["a", "b", "c"]).assign(wt=W.astype(np.float64))
+    if kind == "parquet":
+        frame.to_parquet(src)
+    elif kind == "csv":
+        frame.to_csv(src, index=False)
+    elif kind == "npz":
+        np.savez(src, X=X, wt=W.astype(np.float64))
+    else:
+        with h5py.File(src, "w") as f:
+            f["X"], f["wt"] = X, W.astype(np.float64)
+    opts = {"npz": {"key": "X"}, "h5": {"dataset": "X"}}.get(kind, {})
+    ingest(str(src), tmp_path / "s.zarr", weights="wt", chunk_rows=32, **opts)
+    store = FeatureStore.open(tmp_path / "s.zarr")
+    assert store.n_features == 3 and np.array_equal(store.read_weights(), W.astype(np.float64))
+    np.testing.assert_allclose(store.read(), X.astype(np.float32))
+    what = {"parquet": "column", "csv": "column", "npz": "array", "h5": "dataset"}[kind]
+    with pytest.raises(InputError, match=rf"t\.{kind}: no {what} 'nope' for weights"):
+        ingest(str(src), tmp_path / "n.zarr", weights="nope", **opts)
+    assert not (tmp_path / "n.zarr").exists()
+    if kind == "parquet":  # a column of text is no weights
+        frame.assign(wt=[f"w{i}" for i in range(len(frame))]).to_parquet(src)
+        text = r"weights column 'wt' has type \w*string; weights must be numbers"
+        with pytest.raises(InputError, match=text):
+            ingest(str(src), tmp_path / "n.zarr", weights="wt")

@@ -102,7 +102,9 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     progress : callable, optional
         ``progress(rows)`` after each batch read from the source, with the number of rows in it.
     weights : str, optional
-        A .npy file of row weights, one per source row (finite, >= 0): the store's ``weights``.
+        The row weights (finite, >= 0; the store's ``weights``): a ``.npy`` file of one per source row,
+        or the column (Parquet, CSV), array (``.npz``) or dataset (HDF5) of the source that holds them
+        (:func:`weights_in_source`).
     normalize : {'none', 'l2', 'power-l2'}, optional
         A new store's row normalisation (:mod:`vbcore.data.normalize`; default ``'none'``), recorded in its
         ``normalize`` attribute; an append applies the store's and refuses a different one.
@@ -136,7 +138,9 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     batch_chunks = as_int("batch_chunks", batch_chunks, minimum=1)
     check_target(out, append, overwrite)
     normalize = store_normalization(out, append, normalize)
-    plan = with_weights(open_source(str(source), labels, ids, dict(options), chunk_rows), weights)
+    inside = weights_in_source(str(source), weights)
+    plan = open_source(str(source), labels, ids, dict(options), chunk_rows, weights if inside else None)
+    plan = with_weights(plan, None if inside else weights)
     if progress is not None:
         plan.blocks = counted(plan.blocks, progress)
     # Every chunk written here is full of rows, so zarr's per-chunk "is it all fill value?" scan (a
@@ -175,10 +179,22 @@ def refuse_duplicate(out: Path, source: str, fingerprint: str) -> None:
 
 
 # ---- choosing the reader ------------------------------------------------------------------------
+#: sources whose readers take the weights from a column, array or dataset of their own
+SIDE_WEIGHTS = (".npz", ".h5", ".hdf5", ".parquet", ".csv")
+
+
+def weights_in_source(source: str, weights: str | None) -> bool:
+    """Whether ``weights`` names a column, array or dataset of ``source`` (a table, ``.npz`` or HDF5
+    file, and ``weights`` no ``.npy`` path) rather than a ``.npy`` file of weights."""
+    return (weights is not None and Path(source).suffix.lower() in SIDE_WEIGHTS
+            and Path(weights).suffix.lower() != ".npy")
+
+
 def open_source(source: str, labels: str | None, ids: str | None, options: dict[str, Any],
-                chunk_rows: int) -> Plan:
+                chunk_rows: int, weights: str | None = None) -> Plan:
     """Open and check ``source`` with the reader of its kind; ``options`` are consumed (a reader
-    refuses the ones it does not know)."""
+    refuses the ones it does not know); ``weights``: the column, array or dataset of the row weights
+    (:func:`weights_in_source`)."""
     if source == "digits":
         return read_digits(labels, ids, options)
     if source == "synthetic":
@@ -197,11 +213,11 @@ def open_source(source: str, labels: str | None, ids: str | None, options: dict[
     if suffix == ".npy":
         return read_npy(path, labels, ids, options)
     if suffix == ".npz":
-        return read_npz(path, labels, ids, options)
+        return read_npz(path, labels, ids, options, weights)
     if suffix in (".h5", ".hdf5"):
-        return read_hdf5(path, labels, ids, options)
+        return read_hdf5(path, labels, ids, options, weights)
     if suffix == ".parquet":
-        return read_parquet(path, labels, ids, options)
-    return read_csv(path, labels, ids, options)
+        return read_parquet(path, labels, ids, options, weights)
+    return read_csv(path, labels, ids, options, weights)
 
 

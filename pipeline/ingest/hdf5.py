@@ -8,14 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.ingest.plan import Batch, Plan, check_side_shape, id_kind, no_more_options, row_slices
+from pipeline.ingest.plan import Plan, check_side_shape, id_kind, no_more_options, row_slices
 from vbcore.data.validation import check_layout
 from vbcore.errors import InputError
 
 
 # ---- HDF5 ---------------------------------------------------------------------------------------
-def read_hdf5(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
-    """A dataset of an HDF5 file (option ``dataset``); ``labels``/``ids`` name datasets in it."""
+def read_hdf5(path: Path, labels: str | None, ids: str | None, options: dict[str, Any],
+              weights: str | None = None) -> Plan:
+    """A dataset of an HDF5 file (option ``dataset``); ``labels``/``ids``/``weights`` name datasets in it."""
     import h5py
 
     name = options.pop("dataset", None)
@@ -46,7 +47,7 @@ def read_hdf5(path: Path, labels: str | None, ids: str | None, options: dict[str
         check_layout(X.shape, X.dtype, f"{path}[{name}]", min_rows=0)
         n = X.shape[0]
         side: dict[str, Any] = {}
-        for what, dname in (("labels", labels), ("ids", ids)):
+        for what, dname in (("labels", labels), ("ids", ids), ("weights", weights)):
             if dname is None:
                 side[what] = None
                 continue
@@ -64,16 +65,18 @@ def read_hdf5(path: Path, labels: str | None, ids: str | None, options: dict[str
         f.close()
         raise
 
-    def blocks(first: int, size: int) -> Iterator[Batch]:
+    def blocks(first: int, size: int) -> Iterator[Any]:
         for s, e in row_slices(n, first, size):
             # the source's own dtype: the magnitude check sees 1e300, not the inf of a float32 cast
             x = np.empty((e - s, X.shape[1]), dtype=X.dtype)
             if e > s:
                 X.read_direct(x, source_sel=np.s_[s:e])
-            yield (x, None if side["labels"] is None else np.asarray(side["labels"][s:e]),
-                   None if side["ids"] is None else np.asarray(side["ids"][s:e]))
+            got = {k: None if d is None else np.asarray(d[s:e]) for k, d in side.items()}
+            batch = (x, got["labels"], got["ids"])
+            yield batch if weights is None else (*batch, got["weights"])
 
     return Plan(X.shape[1], labels is not None, kind, blocks,
-                 extractor_params={"file": path.name, "dataset": name}, close=f.close)
+                 extractor_params={"file": path.name, "dataset": name}, close=f.close,
+                 weights=weights is not None)
 
 

@@ -88,8 +88,10 @@ class _NpyMember:
                 yield np.frombuffer(buf, dtype=self.dtype).reshape((e - s, *self.shape[1:]))
 
 
-def read_npz(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
-    """One array of an ``.npz`` (option ``key``), streamed from the zip; ``labels``/``ids`` name arrays."""
+def read_npz(path: Path, labels: str | None, ids: str | None, options: dict[str, Any],
+             weights: str | None = None) -> Plan:
+    """One array of an ``.npz`` (option ``key``), streamed from the zip; ``labels``/``ids``/``weights``
+    name arrays."""
     key = options.pop("key", None)
     no_more_options(".npz", options)
     try:
@@ -115,7 +117,7 @@ def read_npz(path: Path, labels: str | None, ids: str | None, options: dict[str,
         check_layout(X.shape, X.dtype, f"{path}[{key}]", min_rows=0)
         n = X.shape[0]
         side: dict[str, _NpyMember | None] = {}
-        for what, name in (("labels", labels), ("ids", ids)):
+        for what, name in (("labels", labels), ("ids", ids), ("weights", weights)):
             if name is None:
                 side[what] = None
                 continue
@@ -127,15 +129,16 @@ def read_npz(path: Path, labels: str | None, ids: str | None, options: dict[str,
         zf.close()
         raise
 
-    def blocks(first: int, size: int) -> Iterator[Batch]:
-        lab_it = side["labels"].blocks(first, size) if side["labels"] else None
-        ids_it = side["ids"].blocks(first, size) if side["ids"] else None
+    def blocks(first: int, size: int) -> Iterator[Any]:
+        its = {k: None if a is None else a.blocks(first, size) for k, a in side.items()}
         for x in X.blocks(first, size):
-            yield (x, None if lab_it is None else next(lab_it),  # cast (after its checks) by check_rows
-                   None if ids_it is None else next(ids_it))
+            got = {k: None if it is None else next(it) for k, it in its.items()}
+            batch = (x, got["labels"], got["ids"])  # cast (after their checks) by check_rows
+            yield batch if weights is None else (*batch, got["weights"])
 
     ids_arr = side["ids"]
     return Plan(X.shape[1], side["labels"] is not None, None if ids_arr is None else id_kind(ids_arr.dtype),
-                 blocks, extractor_params={"file": path.name, "key": key}, close=zf.close)
+                 blocks, extractor_params={"file": path.name, "key": key}, close=zf.close,
+                 weights=weights is not None)
 
 

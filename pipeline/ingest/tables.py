@@ -15,12 +15,13 @@ from vbcore.errors import ConfigError, InputError
 
 # ---- Parquet and CSV ----------------------------------------------------------------------------
 def _columns(where: str, schema: Any, labels: str | None, ids: str | None,
-             ignore: list[str]) -> list[str]:
-    """Feature columns of an Arrow schema; non-numeric ones that are not labels/ids/ignored fail."""
+             ignore: list[str], weights: str | None = None) -> list[str]:
+    """Feature columns of an Arrow schema; non-numeric ones that are not labels/ids/weights/ignored
+    fail."""
     import pyarrow as pa
 
     names = list(schema.names)
-    for what, col in (("labels", labels), ("ids", ids)):
+    for what, col in (("labels", labels), ("ids", ids), ("weights", weights)):
         if col is not None and col not in names:
             raise InputError(f"{where}: no column {col!r} for {what} (columns: {names})")
     unknown = [c for c in ignore if c not in names]
@@ -36,7 +37,10 @@ def _columns(where: str, schema: Any, labels: str | None, ids: str | None,
         return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
                     or pa.types.is_null(t) or pa.types.is_decimal(t))
 
-    skip = {labels, ids, *ignore}
+    if weights is not None and not numeric(schema.field(weights).type):
+        raise InputError(f"{where}: weights column {weights!r} has type {schema.field(weights).type}; "
+                         "weights must be numbers")
+    skip = {labels, ids, weights, *ignore}
     bad = [c for c in names if c not in skip and not numeric(schema.field(c).type)]
     if bad:
         types = ", ".join(f"{c} ({schema.field(c).type})" for c in bad)
@@ -49,9 +53,10 @@ def _columns(where: str, schema: Any, labels: str | None, ids: str | None,
 
 
 def _arrow_batch(batch: Any, feats: list[str], labels: str | None, ids: str | None, where: str,
-                 first_row: int) -> Batch:
-    """One Arrow record batch as float32 features (labels, ids); each column's magnitudes are checked
-    in the column's own type before the cast, so 1e300 is reported as 1e300 (:mod:`vbcore.data.limits`)."""
+                 first_row: int, weights: str | None = None) -> Any:
+    """One Arrow record batch as float32 features (labels, ids[, weights]); each column's magnitudes
+    are checked in the column's own type before the cast, so 1e300 is reported as 1e300
+    (:mod:`vbcore.data.limits`); the weights (float64, nulls as NaN) are checked by the store."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -71,7 +76,10 @@ def _arrow_batch(batch: Any, feats: list[str], labels: str | None, ids: str | No
     idv = None
     if ids is not None:
         idv = batch.column(ids).to_numpy(zero_copy_only=False)
-    return X, lab, idv
+    if weights is None:
+        return X, lab, idv
+    w = pc.cast(batch.column(weights), pa.float64(), safe=False)
+    return X, lab, idv, w.to_numpy(zero_copy_only=False)
 
 
 def _arrow_id_kind(schema: Any, ids: str | None) -> str | None:
@@ -82,8 +90,9 @@ def _arrow_id_kind(schema: Any, ids: str | None) -> str | None:
     return "int" if pa.types.is_integer(schema.field(ids).type) else "str"
 
 
-def read_parquet(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
-    """A Parquet file: numeric columns are features; ``labels``/``ids`` name columns."""
+def read_parquet(path: Path, labels: str | None, ids: str | None, options: dict[str, Any],
+                 weights: str | None = None) -> Plan:
+    """A Parquet file: numeric columns are features; ``labels``/``ids``/``weights`` name columns."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -95,23 +104,25 @@ def read_parquet(path: Path, labels: str | None, ids: str | None, options: dict[
         raise InputError(f"{path}: cannot read as Parquet ({exc})") from None
     schema = pf.schema_arrow
     try:
-        feats = _columns(str(path), schema, labels, ids, ignore)
+        feats = _columns(str(path), schema, labels, ids, ignore, weights)
     except BaseException:
         pf.close()
         raise
-    wanted = feats + [c for c in (labels, ids) if c is not None]
+    wanted = feats + [c for c in (labels, ids, weights) if c is not None]
 
     def blocks(first: int, size: int) -> Iterator[Batch]:
         row = 0
         for batch in pf.iter_batches(batch_size=size, columns=wanted, use_threads=True):
-            yield _arrow_batch(batch, feats, labels, ids, str(path), row)
+            yield _arrow_batch(batch, feats, labels, ids, str(path), row, weights)
             row += batch.num_rows
 
     return Plan(len(feats), labels is not None, _arrow_id_kind(schema, ids), blocks,
-                 extractor_params={"file": path.name, "columns": feats}, close=pf.close)
+                 extractor_params={"file": path.name, "columns": feats}, close=pf.close,
+                 weights=weights is not None)
 
 
-def read_csv(path: Path, labels: str | None, ids: str | None, options: dict[str, Any]) -> Plan:
+def read_csv(path: Path, labels: str | None, ids: str | None, options: dict[str, Any],
+             weights: str | None = None) -> Plan:
     """A CSV file through Arrow (options ``delimiter``, ``block_bytes``, ``ignore_columns``)."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
@@ -127,14 +138,17 @@ def read_csv(path: Path, labels: str | None, ids: str | None, options: dict[str,
             schema = reader.schema
     except pa.ArrowInvalid as exc:
         raise InputError(f"{path}: cannot read as CSV ({exc})") from None
-    feats = _columns(str(path), schema, labels, ids, ignore)
+    feats = _columns(str(path), schema, labels, ids, ignore, weights)
     # fix the types so that a later block cannot be inferred differently (ints, then a float)
     types = {c: pa.float64() for c in feats}
     if labels is not None:
         types[labels] = pa.float64() if pa.types.is_floating(schema.field(labels).type) else pa.int64()
     if ids is not None:
         types[ids] = pa.int64() if pa.types.is_integer(schema.field(ids).type) else pa.string()
-    convert = pcsv.ConvertOptions(column_types=types, include_columns=feats + [c for c in (labels, ids) if c])
+    if weights is not None:
+        types[weights] = pa.float64()
+    convert = pcsv.ConvertOptions(column_types=types,
+                                  include_columns=feats + [c for c in (labels, ids, weights) if c])
 
     def blocks(first: int, size: int) -> Iterator[Batch]:
         try:
@@ -142,12 +156,12 @@ def read_csv(path: Path, labels: str | None, ids: str | None, options: dict[str,
                                convert_options=convert) as reader:
                 row = 0
                 for batch in reader:
-                    yield _arrow_batch(batch, feats, labels, ids, str(path), row)
+                    yield _arrow_batch(batch, feats, labels, ids, str(path), row, weights)
                     row += batch.num_rows
         except pa.ArrowInvalid as exc:
             raise InputError(f"{path}: {exc}") from None
 
     return Plan(len(feats), labels is not None, _arrow_id_kind(schema, ids), blocks,
-                 extractor_params={"file": path.name, "columns": feats})
+                 extractor_params={"file": path.name, "columns": feats}, weights=weights is not None)
 
 
