@@ -120,8 +120,8 @@ def fit(spec: FitSpec, source: Any, engine: Any = "local", *, random_state: Any 
     ``restart-I`` below it). ``verbose``: 1 prints each restart and its end, 2 also every
     ``log_every`` iterations."""
     if source.n_rows < 2:  # (a partial_fit batch may be one row: partial.py does not come here)
-        raise InputError(f"{source.describe()}: found {source.n_rows} row while a minimum of 2 is required "
-                         "to fit a mixture")
+        raise InputError(f"{source.describe()}: found {source.n_rows} sample(s) (rows) while a minimum of 2 "
+                         "is required to fit a mixture")
     n_init = 1 if warm is not None else int(spec.n_init)
     lock = RunLock(checkpoint_dir).acquire() if checkpoint_dir is not None else None
     try:

@@ -402,11 +402,12 @@ def test_one_row_is_no_mixture(tmp_path):
     clusters; a ``partial_fit`` batch may still be one row."""
     from pipeline.store.features import FeatureStore
 
-    with pytest.raises(InputError, match=r"array of shape \(1, 3\): found 1 row while a minimum of 2 is "
-                                         r"required to fit a mixture"):
+    with pytest.raises(InputError, match=r"array of shape \(1, 3\): found 1 sample\(s\) \(rows\) while a "
+                                         r"minimum of 2 is required to fit a mixture"):
         VBMixture(2).fit(np.ones((1, 3)))
     FeatureStore.create(tmp_path / "one.zarr", 3, chunk_rows=4).append(np.ones((1, 3), dtype=np.float32))
-    with pytest.raises(InputError, match=r"one\.zarr \(1 x 3\): found 1 row while a minimum of 2"):
+    one = r"one\.zarr \(1 x 3\): found 1 sample\(s\) \(rows\) while a minimum of 2"
+    with pytest.raises(InputError, match=one):
         VBMixture(2, learner="sga-f").fit(str(tmp_path / "one.zarr"))
     model = VBMixture(2, covariance_type="diag").partial_fit(np.random.default_rng(0).normal(size=(50, 3)))
     assert model.partial_fit(np.ones((1, 3))).n_features_in_ == 3

@@ -5,6 +5,7 @@ import pytest
 from sklearn.datasets import load_iris
 
 from pipeline import VBMixture
+from vbcore.errors import InputError
 
 TYPES = ["full", "diag", "spherical", "fixed"]
 
@@ -78,5 +79,9 @@ def test_more_components_than_rows(ct):
 
 
 def test_single_row():
-    m = VBMixture(2, covariance_type="diag", random_state=0).fit(np.array([[1.0, 2.0]]))
+    """One row is no mixture: one line, as scikit-learn's BayesianGaussianMixture refuses it (a fit of
+    it once ran to its iteration limit and reported 0 clusters); predicting one row is fine."""
+    with pytest.raises(InputError, match=r"found 1 sample\(s\) \(rows\) while a minimum of 2 is required"):
+        VBMixture(2, covariance_type="diag", random_state=0).fit(np.array([[1.0, 2.0]]))
+    m = VBMixture(2, covariance_type="diag", random_state=0).fit(np.array([[1.0, 2.0], [1.5, 2.5]]))
     assert np.isfinite(m.lower_bound_) and m.predict([[1.0, 2.0]]).shape == (1,)
