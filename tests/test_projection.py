@@ -51,6 +51,11 @@ def test_moments_of_float32_rows():
     m = data_moments(LocalEngine(threads=1), ArraySource(X, 512))
     cov = np.cov(X.astype(np.float64).T)
     assert np.abs(m.covariance() - cov).max() <= F32 * np.abs(cov).max()
+    # weighted float32 rows: the weighted mean's first guess is summed in float64 too
+    w = np.random.default_rng(3).integers(0, 4, X.shape[0]).astype(np.float64)
+    m = data_moments(LocalEngine(threads=1), ArraySource(X, 512, weights=w))
+    cov = np.cov(np.repeat(X.astype(np.float64), w.astype(int), axis=0).T)
+    assert np.abs(m.covariance() - cov).max() <= F32 * np.abs(cov).max()
 
 
 @pytest.mark.parametrize("dtype, tol", [(np.float32, F32), (np.float64, 1e-12)])

@@ -151,8 +151,13 @@ def row_moments(x: Array, shift: np.ndarray, w: Array | None = None) -> RowMomen
     # does not reach the mean, and the scatter is summed over centred rows
     if w is None:
         guess = (xp.sum(x, axis=0, dtype=xp.float64) - n * s) / n
-    else:  # (in the data's dtype: the centred sums below correct it to float64)
-        guess = xp.astype(xp.astype(w, x.dtype) @ x, xp.float64) / total - s
+    else:  # float64 products of a few rows at a time (no float64 copy of the chunk)
+        step = max(1, SCRATCH_BYTES // (8 * d))
+        wsum = xp.zeros(d, dtype=xp.float64)
+        for start in range(0, n, step):
+            stop = min(start + step, n)  # (the array API does not allow a stop past the end)
+            wsum += w[start:stop] @ xp.astype(x[start:stop, :], xp.float64)
+        guess = wsum / total - s
     if xp is np:
         residual, scatter = _centred_scatter_blas(x, shift, guess, w)
         _add_outer(scatter, -residual, residual / total)  # the scatter about the corrected mean
