@@ -1,6 +1,5 @@
 """The ``vbcluster`` command line (typer + rich): ingest, fit, resume, assign, report, study, learners,
-check, demo, version (``flows.cli`` adds ``deploy``). ``-h``/``--help`` everywhere, ``vbcluster --version``.
-"""
+check, demo, version (``flows.cli`` adds ``deploy``). ``-h``/``--help`` everywhere, ``--version``."""
 
 from __future__ import annotations
 
@@ -157,9 +156,8 @@ def ingest(
     labels: str | None = typer.Option(None, help="Labels: a file, key, dataset, column or 'folders'."),
     ids: str | None = typer.Option(None, help="Row ids: a file, key, dataset or column."),
     append: bool = typer.Option(False, "--append", help="Append to an existing store (atomically)."),
-    weights: str | None = typer.Option(None, "--weights", help="Row weights: a .npy file, one per row, "
-                                       "or the source's column (Parquet, CSV), array (.npz) or dataset "
-                                       "(HDF5) that holds them."),
+    weights: str | None = typer.Option(None, "--weights", help="Row weights: a .npy file, one per row, or "
+                                       "the source's column, .npz array or HDF5 dataset holding them."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store once the new "
                                    "one is complete."),
     drop_nonfinite: bool = typer.Option(False, "--drop-nonfinite", help="Drop rows with NaN/inf "
@@ -295,8 +293,7 @@ def learners() -> None:
     table.add_column("about")
     for name, cls in LEARNERS.items():
         opts = ", ".join(f"{k}={v}" for k, v in cls.options.items()) or "-"
-        about = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "")  # (no reST markup)
-        table.add_row(name, opts, about)
+        table.add_row(name, opts, (cls.__doc__ or "").strip().splitlines()[0].replace("``", ""))
     console.print(table)
 
 
@@ -415,10 +412,8 @@ def assign(
 
 @app.command()
 def study(
-    name: str = typer.Argument(..., help="seed000 (Kuusela et al. 2009), seed001 (Watanabe & "
-                              "Watanabe 2005), seed003 (Lim & Jiang 2024), moves (merge and delete "
-                              "moves, Hughes & Sudderth 2013) or real (every learner on Fashion-MNIST "
-                              "through an ImageNet EfficientNet-Lite0, against scikit-learn)."),
+    name: str = typer.Argument(..., help="seed000 (Kuusela et al. 2009), seed001 (Watanabe & Watanabe 2005), "
+                              "seed003 (Lim & Jiang 2024), moves (merges, deletes) or real (Fashion-MNIST)."),
     out: str = typer.Option(..., "--out", help="Results folder; the study writes OUT/NAME/."),
     quick: bool = typer.Option(False, "--quick", help="A small version (seconds), as the tests run it."),
     seed: int = typer.Option(0, help="Random seed of the study."),

@@ -102,9 +102,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     progress : callable, optional
         ``progress(rows)`` after each batch read from the source, with the number of rows in it.
     weights : str, optional
-        The row weights (finite, >= 0; the store's ``weights``): a ``.npy`` file of one per source row,
-        or the column (Parquet, CSV), array (``.npz``) or dataset (HDF5) of the source that holds them
-        (:func:`weights_in_source`).
+        Row weights (:func:`open_weighted`): a ``.npy`` file or the source's column, array, dataset.
     normalize : {'none', 'l2', 'power-l2'}, optional
         A new store's row normalisation (:mod:`vbcore.data.normalize`; default ``'none'``), recorded in its
         ``normalize`` attribute; an append applies the store's and refuses a different one.
@@ -138,9 +136,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     batch_chunks = as_int("batch_chunks", batch_chunks, minimum=1)
     check_target(out, append, overwrite)
     normalize = store_normalization(out, append, normalize)
-    inside = weights_in_source(str(source), weights)
-    plan = open_source(str(source), labels, ids, dict(options), chunk_rows, weights if inside else None)
-    plan = with_weights(plan, None if inside else weights)
+    plan = open_weighted(str(source), labels, ids, dict(options), chunk_rows, weights)
     if progress is not None:
         plan.blocks = counted(plan.blocks, progress)
     # Every chunk written here is full of rows, so zarr's per-chunk "is it all fill value?" scan (a
@@ -183,18 +179,22 @@ def refuse_duplicate(out: Path, source: str, fingerprint: str) -> None:
 SIDE_WEIGHTS = (".npz", ".h5", ".hdf5", ".parquet", ".csv")
 
 
-def weights_in_source(source: str, weights: str | None) -> bool:
-    """Whether ``weights`` names a column, array or dataset of ``source`` (a table, ``.npz`` or HDF5
-    file, and ``weights`` no ``.npy`` path) rather than a ``.npy`` file of weights."""
-    return (weights is not None and Path(source).suffix.lower() in SIDE_WEIGHTS
-            and Path(weights).suffix.lower() != ".npy")
+def open_weighted(source: str, labels: str | None, ids: str | None, options: dict[str, Any],
+                  chunk_rows: int, weights: str | None) -> Plan:
+    """:func:`open_source` with the row weights ``weights``: a column, array or dataset of a table,
+    ``.npz`` or HDF5 source (a name that is no ``.npy`` path), read by the source's reader, or a
+    ``.npy`` file (:func:`pipeline.ingest.plan.with_weights`)."""
+    inside = (weights is not None and Path(source).suffix.lower() in SIDE_WEIGHTS
+              and Path(weights).suffix.lower() != ".npy")
+    plan = open_source(source, labels, ids, options, chunk_rows, weights if inside else None)
+    return with_weights(plan, None if inside else weights)
 
 
 def open_source(source: str, labels: str | None, ids: str | None, options: dict[str, Any],
                 chunk_rows: int, weights: str | None = None) -> Plan:
     """Open and check ``source`` with the reader of its kind; ``options`` are consumed (a reader
     refuses the ones it does not know); ``weights``: the column, array or dataset of the row weights
-    (:func:`weights_in_source`)."""
+    (:func:`open_weighted`)."""
     if source == "digits":
         return read_digits(labels, ids, options)
     if source == "synthetic":
