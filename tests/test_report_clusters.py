@@ -181,3 +181,23 @@ def test_the_report_pass_runs_on_dask_workers(tmp_path, client):
                                    "--cluster", client.scheduler.address])
     assert res.exit_code == 0 and f"Dask cluster: {client.scheduler.address}" in res.output, res.output
     assert (tmp_path / "cli" / "report.html").read_text().split(section)[1] == local.split(section)[1]
+
+
+def test_rows_of_weight_zero_are_no_clusters_rows(tmp_path):
+    """A store with weights: a row of weight 0 keeps its label (assign writes every row's) but is
+    neither counted in its cluster's size nor shown as one of its most typical rows, even where it
+    sits at the cluster's centre (here: one such row per blob, exactly at its mean)."""
+    from pipeline.engine.sources import StoreSource
+
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [8.0, 8.0]])
+    X = np.concatenate([rng.normal(c, 1.0, (200, 2)) for c in centres] + [centres])  # rows 400, 401
+    w = np.r_[np.ones(400), 0.0, 0.0]
+    path = tmp_path / "w.zarr"
+    FeatureStore.create(path, 2, chunk_rows=64, weights=True).append(X, weights=w)
+    model = VBMixture(2, covariance_type="diag", random_state=0).fit(str(path))
+    typical = typical_rows(model, StoreSource(str(path)), m=3)
+    assert typical.labels.shape == (402,) and typical.sizes.sum() == 400
+    assert not np.isin(typical.rows, [400, 401]).any()
+    unweighted = typical_rows(model, ArraySource(X, 64), m=3)  # the same rows without weights: shown
+    assert np.isin(unweighted.rows[:, 0], [400, 401]).all() and unweighted.sizes.sum() == 402

@@ -11,7 +11,8 @@ lower row index, so the answer does not depend on how ties fall.
 next to the rows): each chunk returns its rows' MAP labels and, per cluster, its own top ``m``
 (a K x m table of chunk-local rows and scores), never an N x K array and nothing of size D. The
 driver shifts the local rows by the chunk's first row and reduces the tables in chunk order, so the
-result depends only on the data, the posterior and the chunking.
+result depends only on the data, the posterior and the chunking. Rows of weight 0 (a store's
+``weights``) keep their label but are no cluster's row: neither counted in its size nor shown.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class TypicalRows:
     scores : float64 array of shape (K, m)
         Their ``ln rho_nk``; -inf where ``rows`` is -1.
     sizes : int64 array of shape (K,)
-        Rows whose MAP cluster it is.
+        Rows whose MAP cluster it is (rows of positive weight).
     labels : int32 array of shape (N,)
         Every row's MAP cluster.
     """
@@ -72,9 +73,11 @@ def top_per_cluster(cluster: np.ndarray, score: np.ndarray, row: np.ndarray, k: 
     return rows, scores
 
 
-def typical_kernel(chunk: Chunk, params: EStepParams, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One chunk's MAP labels (int32, (n,)) and its top ``m`` rows per cluster (chunk-local rows and
-    scores, (K, m) each). The n x K log responsibilities stay where the chunk lives."""
+def typical_kernel(chunk: Chunk, params: EStepParams,
+                   m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One chunk's MAP labels (int32, (n,)), its top ``m`` rows per cluster (chunk-local rows and
+    scores, (K, m) each) and its rows per cluster (K,), rows of weight 0 left out of the last two.
+    The n x K log responsibilities stay where the chunk lives."""
     lr = log_rho(chunk, params)
     xp = array_namespace(lr)
     resp = normalise(lr)[0]
@@ -84,8 +87,11 @@ def typical_kernel(chunk: Chunk, params: EStepParams, m: int) -> tuple[np.ndarra
     score = xp.max(xp.where(own, lr, xp.asarray(-np.inf, dtype=lr.dtype)), axis=1)  # ln rho at the label
     labels = to_host(lab).astype(np.int64)
     scores = to_host(score).astype(np.float64)
-    rows, top = top_per_cluster(labels, scores, np.arange(len(labels), dtype=np.int64), k, m)
-    return labels.astype(np.int32), rows, top
+    held = np.arange(len(labels), dtype=np.int64)
+    if chunk.w is not None:  # a row of weight 0 is no row of its cluster
+        held = held[to_host(chunk.w) > 0]
+    rows, top = top_per_cluster(labels[held], scores[held], held, k, m)
+    return labels.astype(np.int32), rows, top, np.bincount(labels[held], minlength=k).astype(np.int64)
 
 
 def typical_rows(model: Any, source: Any, m: int = 8, engine: Any = None) -> TypicalRows:
@@ -112,4 +118,4 @@ def typical_rows(model: Any, source: Any, m: int = 8, engine: Any = None) -> Typ
     cluster = np.broadcast_to(np.arange(k)[:, None], cand_rows.shape)[valid]
     rows, scores = top_per_cluster(cluster, cand_scores[valid], cand_rows[valid], k, int(m))
     labels = np.concatenate([p[0] for p in parts])
-    return TypicalRows(rows, scores, np.bincount(labels, minlength=k).astype(np.int64), labels)
+    return TypicalRows(rows, scores, np.sum([p[3] for p in parts], axis=0, dtype=np.int64), labels)
