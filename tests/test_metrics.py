@@ -36,3 +36,18 @@ def test_brute_force_acc_on_small_case():
 def test_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="different lengths: 3 and 2"):
         nmi([0, 1, 1], [0, 1])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_weighted_metrics_are_those_of_repeated_and_dropped_rows(seed):
+    rng = np.random.default_rng(seed)
+    t = rng.integers(0, 5, 300)
+    p = np.where(rng.random(300) < 0.7, t, rng.integers(0, 6, 300))
+    w = rng.integers(0, 4, 300)  # 0: dropped; 1-3: repeated
+    tr, pr = np.repeat(t, w), np.repeat(p, w)
+    assert nmi(t, p, w) == pytest.approx(normalized_mutual_info_score(tr, pr), abs=1e-12)
+    assert ari(t, p, w) == pytest.approx(adjusted_rand_score(tr, pr), abs=1e-12)
+    assert acc(t, p, w) == pytest.approx(acc(tr, pr), abs=1e-12)
+    assert np.array_equal(contingency(t, p, w), contingency(tr, pr))  # (classes of dropped rows gone)
+    with pytest.raises(ValueError, match="2 weights for 300 labels"):
+        nmi(t, p, [1.0, 2.0])

@@ -285,3 +285,24 @@ def test_ingest_weights_from_the_sources_own_column_array_or_dataset(tmp_path, k
         text = r"weights column 'wt' has type \w*string; weights must be numbers"
         with pytest.raises(InputError, match=text):
             ingest(str(src), tmp_path / "n.zarr", weights="wt")
+
+
+def test_a_weighted_stores_metrics_count_rows_by_their_weight(tmp_path):
+    """result.json's NMI/ACC/ARI (the fit summary's) weigh the rows as the fit did: rows of weight 0,
+    labelled with a class of their own here, are not there (they once lowered every metric)."""
+    from pipeline.estimator import load_model
+    from pipeline.service import fit_run, make_spec
+    from vbcore.data.metrics import nmi
+
+    labels = np.r_[np.repeat([0, 1, 2], 40), 9, 9, 9]
+    rows = np.concatenate([X, X[:3] + 0.01])
+    w = np.r_[np.ones(X.shape[0]), 0.0, 0.0, 0.0]
+    path = str(tmp_path / "w.zarr")
+    store = FeatureStore.create(path, 3, chunk_rows=32, weights=True, labels=True)
+    store.append(rows, labels=labels, weights=w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        metrics = fit_run(tmp_path / "run", make_spec(path, components=4, seed=0))["metrics"]
+    pred = load_model(tmp_path / "run").predict(rows.astype(np.float32))
+    assert metrics["nmi"] == pytest.approx(nmi(labels, pred, w), abs=1e-12)
+    assert metrics["nmi"] > nmi(labels, pred) + 1e-3

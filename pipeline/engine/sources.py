@@ -123,6 +123,12 @@ class StoreSource:
                  for i in range(len(self.chunk_slices()))]
         return np.concatenate(parts)
 
+    def all_weights(self) -> np.ndarray | None:
+        """Every row's weight (float64, verified like :meth:`load_weights`), or None without weights."""
+        if not self.weighted:
+            return None
+        return np.concatenate([np.asarray(self.load_weights(i)) for i in range(len(self.chunk_slices()))])
+
     def describe(self) -> str:
         return f"store {self.path} ({self.n_rows} x {self.n_features})"
 

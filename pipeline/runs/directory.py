@@ -110,8 +110,10 @@ def save_run(run_dir: str | Path, model: Any, store: str, *, extra: dict[str, An
     labels = src.labels()
     if labels is not None:
         pred, _ = assign_rows(model, src, engine)
-        result["metrics"] = {"nmi": nmi(labels, pred), "acc": acc(labels, pred), "ari": ari(labels, pred),
-                             "clusters_used": int(len(np.unique(pred)))}
+        w = src.all_weights()  # weighted rows count w times (0: not at all), as in the fit
+        held = pred if w is None else pred[w > 0]
+        result["metrics"] = {"nmi": nmi(labels, pred, w), "acc": acc(labels, pred, w),
+                             "ari": ari(labels, pred, w), "clusters_used": int(len(np.unique(held)))}
     result.update(extra or {})
     run_dir.mkdir(parents=True, exist_ok=True)
     # posterior first, then result.json (which names the posterior's sha256): a reader that finds a

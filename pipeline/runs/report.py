@@ -236,13 +236,16 @@ def sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Path) -> None:
+def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Path,
+                      weights: np.ndarray | None = None) -> None:
     import matplotlib.pyplot as plt
 
+    if weights is not None:  # weighted rows count w times (0: not at all), as in the fit
+        labels, pred, weights = labels[weights > 0], pred[weights > 0], weights[weights > 0]
     classes, yi = np.unique(labels, return_inverse=True)
     clusters, ci = np.unique(pred, return_inverse=True)
-    table = np.zeros((len(classes), len(clusters)), dtype=np.int64)
-    np.add.at(table, (yi, ci), 1)
+    table = np.zeros((len(classes), len(clusters)), dtype=np.float64)
+    np.add.at(table, (yi, ci), 1.0 if weights is None else weights)
     # the largest classes and clusters; clusters ordered by the class they mostly hold
     rows = np.argsort(-table.sum(1), kind="stable")[:MAX_HEATMAP]
     rows = np.sort(rows)
@@ -250,7 +253,8 @@ def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Pa
     sub = table[np.ix_(rows, cols)]
     order = np.lexsort((-sub.max(0), sub.argmax(0)))
     sub = sub[:, order]
-    frac = sub / np.maximum(sub.sum(1, keepdims=True), 1)
+    total = sub.sum(1, keepdims=True)
+    frac = sub / np.where(total > 0, total, 1.0)
     fig, ax = plt.subplots(figsize=(min(14.0, 3 + 0.22 * sub.shape[1]), min(12.0, 2.5 + 0.22 * sub.shape[0])))
     im = ax.imshow(frac, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     ax.set_xlabel("cluster (ordered by majority class)")
@@ -262,7 +266,7 @@ def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Pa
     shown = "" if (len(classes) <= MAX_HEATMAP and len(clusters) <= MAX_HEATMAP) else \
         f" (largest {sub.shape[0]} of {len(classes)} classes, {sub.shape[1]} of {len(clusters)} clusters)"
     ax.set_title(f"{title}: share of each class in each cluster{shown}\n"
-                 f"NMI {nmi(labels, pred):.3f}, ACC {acc(labels, pred):.3f}")
+                 f"NMI {nmi(labels, pred, weights):.3f}, ACC {acc(labels, pred, weights):.3f}")
     fig.colorbar(im, ax=ax, label="share of the class's rows")
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
@@ -361,7 +365,7 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
         notes.append(f"clusters read from {r['store']}/{ASSIGNMENTS}/{d.resolve().name}")
     labels = src.labels()
     if labels is not None:
-        _contingency_plot(labels, pred, title, tmp / f"run{i}-contingency.png")
+        _contingency_plot(labels, pred, title, tmp / f"run{i}-contingency.png", src.all_weights())
         figs.append((f"run{i}-contingency.png", "Contingency against the store's labels"))
     else:
         notes.append("the store has no labels: no contingency table")
