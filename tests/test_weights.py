@@ -229,7 +229,7 @@ def test_the_point_learners_start_draws_rows_of_positive_weight_until_it_has_eno
     """Where most rows weigh 0 the start draws more rows until it holds as many of positive weight
     as it asked for (or all of them): 5% of 20,000 rows weigh 1, and a draw of 500 rows alone holds
     about 25 of them (on Fashion-MNIST features with 10% of the rows weighted, sga-f from K = 100
-    found 43 clusters from that thin a start, 16 now, 13 with the other rows dropped)."""
+    found 43 clusters from that thin a start, 17 now, 13 with the other rows dropped)."""
     from pipeline.engine.engines import LocalEngine
     from pipeline.fit.learners.dpm import gather_sample
     from pipeline.fit.setup import open_source, setup
