@@ -280,3 +280,30 @@ def test_typical_rows_of_standard_chunks_equal_numpys(xps, data):
     np.testing.assert_array_equal(got[1], ref[1])
     np.testing.assert_allclose(got[2], ref[2], rtol=1e-5)
     assert (ref[1] >= 0).all() and ref[1].shape == (K, 3)
+    # weighted rows (a store's weights): rows of weight 0 are no cluster's row, on either namespace
+    from vbcore.kernels.estep import weigh_chunk
+
+    w = np.random.default_rng(1).integers(0, 3, X.shape[0]).astype(np.float64)
+    ref = typical_kernel(weigh_chunk(prepare_chunk(X, prior.mean, "diag"), w), params, 3)
+    got = typical_kernel(weigh_chunk(prepare_chunk(xps.asarray(X), prior.mean, "diag"), w), params, 3)
+    for a, b in zip((got[0], got[1], got[3]), (ref[0], ref[1], ref[3]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert ref[3].sum() == np.count_nonzero(w) and not np.isin(ref[1], np.flatnonzero(w == 0)).any()
+
+
+def test_gathered_rows_and_weights_of_standard_chunks_equal_numpys(xps, data):
+    """The point learners' samples gather rows with their weights next to the data, leaving rows of
+    weight 0 where they are (pipeline/fit/learners/dpm.py), the same on standard arrays."""
+    from pipeline.fit.learners.dpm import gather_weighted_kernel
+    from vbcore.kernels.estep import weigh_chunk
+
+    X = data.astype(np.float32)
+    w = np.random.default_rng(2).integers(0, 3, X.shape[0]).astype(np.float64)
+    rows = np.arange(0, X.shape[0], 3)
+    ref = gather_weighted_kernel(weigh_chunk(prepare_chunk(X, np.zeros(X.shape[1]), "diag"), w), rows)
+    got = gather_weighted_kernel(weigh_chunk(prepare_chunk(xps.asarray(X), np.zeros(X.shape[1]), "diag"), w),
+                                 rows)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert ref[1] is not None and np.array_equal(ref[1], w[rows][w[rows] > 0])
+    np.testing.assert_array_equal(ref[0], X[rows][w[rows] > 0])

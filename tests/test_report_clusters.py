@@ -201,3 +201,33 @@ def test_rows_of_weight_zero_are_no_clusters_rows(tmp_path):
     assert not np.isin(typical.rows, [400, 401]).any()
     unweighted = typical_rows(model, ArraySource(X, 64), m=3)  # the same rows without weights: shown
     assert np.isin(unweighted.rows[:, 0], [400, 401]).all() and unweighted.sizes.sum() == 402
+
+
+def test_the_reports_plots_of_a_weighted_store_leave_rows_of_weight_zero_out(tmp_path, monkeypatch):
+    """The PCA plot's sample and the contingency hold only rows the fit counted: rows of weight 0
+    (here far away and labelled 9) are in neither."""
+    import pipeline.runs.report as report
+
+    rng = np.random.default_rng(1)
+    X = np.concatenate([rng.normal(c, 1.0, (100, 2)) for c in (0.0, 8.0)] + [np.full((20, 2), 100.0)])
+    labels = np.r_[np.zeros(100), np.ones(100), np.full(20, 9)].astype(np.int64)
+    w = np.r_[np.ones(200), np.zeros(20)]
+    path = tmp_path / "w.zarr"
+    FeatureStore.create(path, 2, chunk_rows=64, weights=True, labels=True).append(X, labels=labels, weights=w)
+    model = VBMixture(2, covariance_type="diag", random_state=0).fit(str(path))
+    save_run(tmp_path / "run", model, str(path))
+    seen, pca, table = {}, report._pca_plot, report._contingency_plot
+
+    def pca_plot(X, *args):
+        seen["pca"] = X
+        pca(X, *args)
+
+    def contingency_plot(lab, pred, title, path, weights=None):
+        seen["classes"] = set(lab[weights > 0].tolist())
+        table(lab, pred, title, path, weights)
+
+    monkeypatch.setattr(report, "_pca_plot", pca_plot)
+    monkeypatch.setattr(report, "_contingency_plot", contingency_plot)
+    write_report([tmp_path / "run"])
+    assert seen["pca"].shape[0] == 200 and seen["pca"].max() < 50.0
+    assert seen["classes"] == {0, 1}

@@ -363,14 +363,14 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
         pred = typical.labels
     else:
         notes.append(f"clusters read from {r['store']}/{ASSIGNMENTS}/{d.resolve().name}")
-    labels = src.labels()
+    labels, weights = src.labels(), src.all_weights()
     if labels is not None:
-        _contingency_plot(labels, pred, title, tmp / f"run{i}-contingency.png", src.all_weights())
+        _contingency_plot(labels, pred, title, tmp / f"run{i}-contingency.png", weights)
         figs.append((f"run{i}-contingency.png", "Contingency against the store's labels"))
     else:
         notes.append("the store has no labels: no contingency table")
-    rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(src.n_rows, size=min(sample, src.n_rows), replace=False))
+    held = np.arange(src.n_rows) if weights is None else np.flatnonzero(weights > 0)  # (no weight-0 row)
+    rows = np.sort(np.random.default_rng(seed).choice(held, size=min(sample, held.size), replace=False))
     store = FeatureStore.open(r["store"])
     clusters = clusters_html(store, typical, r.get("counts"))
     X = np.asarray(store.features.get_orthogonal_selection((rows, slice(None))), dtype=np.float64)
