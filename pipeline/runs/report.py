@@ -51,7 +51,7 @@ from pipeline.runs.report_clusters import CSS as CLUSTERS_CSS
 from pipeline.runs.report_clusters import EXEMPLARS, clusters_html
 from pipeline.runs.report_curves import bound_label, data_passes, elbo_figures, k_cell, model_label, run_prior
 from pipeline.runs.typical import typical_rows
-from vbcore.data.metrics import acc, nmi
+from vbcore.data.metrics import acc, contingency, nmi
 from vbcore.errors import InputError
 
 REPORT_DIR = "report"
@@ -240,12 +240,11 @@ def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Pa
                       weights: np.ndarray | None = None) -> None:
     import matplotlib.pyplot as plt
 
-    if weights is not None:  # weighted rows count w times (0: not at all), as in the fit
-        labels, pred, weights = labels[weights > 0], pred[weights > 0], weights[weights > 0]
-    classes, yi = np.unique(labels, return_inverse=True)
-    clusters, ci = np.unique(pred, return_inverse=True)
-    table = np.zeros((len(classes), len(clusters)), dtype=np.float64)
-    np.add.at(table, (yi, ci), 1.0 if weights is None else weights)
+    # weighted rows count w times (0: not at all), as in the fit; the table's rows and columns are
+    # the classes and clusters of the rows counted, in np.unique's order (vbcore.data.metrics.contingency)
+    table = contingency(labels, pred, weights).astype(np.float64)
+    held = slice(None) if weights is None else weights > 0
+    classes, clusters = np.unique(labels[held]), np.unique(pred[held])
     # the largest classes and clusters; clusters ordered by the class they mostly hold
     rows = np.argsort(-table.sum(1), kind="stable")[:MAX_HEATMAP]
     rows = np.sort(rows)

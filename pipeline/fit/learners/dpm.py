@@ -102,8 +102,7 @@ def gather_weighted_kernel(chunk: Chunk, rows: np.ndarray) -> tuple[np.ndarray, 
     if chunk.w is None:
         return x, None
     xp = array_namespace(chunk.w)
-    w = np.asarray(to_numpy(xp.take(chunk.w, xp.asarray(np.asarray(rows, dtype=np.int64)), axis=0)),
-                   dtype=np.float64)
+    w = to_numpy(xp.take(chunk.w, xp.asarray(np.asarray(rows, dtype=np.int64)), axis=0))  # (float64)
     return x[w > 0], w[w > 0]
 
 
