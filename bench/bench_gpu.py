@@ -3,11 +3,12 @@ CPU, and the share of the GPU's own float32 GEMM rate that the device pass reach
 
 Setting: diag components, N=100,000, D=512, K=100, float32 data shaped like ReLU CNN features (as
 in bench/bench_vbem.py), the same chunks and E-step parameters on both sides. The pass is
-``vbem_kernel`` over every chunk (E-step GEMM, softmax, statistics GEMM, block by block) with the
-statistics merged in chunk order: 8 N D K flops. Run with ``python bench/bench_gpu.py`` (``--help``
-for the settings); it needs the gpu extra (CuPy) and a CUDA device, and says so when either is
-missing. CuPy multiplies float32 with TF32 tensor cores only when ``CUPY_TF32=1``; the default
-(off) is what the kernels' float32 accuracy assumes, and the reference GEMM uses the same setting.
+``vbem_pass_kernel`` over every chunk (E-step GEMM, softmax, statistics GEMM, block by block) with
+the statistics merged in chunk order where they live, then copied to the host once: 8 N D K flops.
+Run with ``python bench/bench_gpu.py`` (``--help`` for the settings); it needs the gpu extra (CuPy)
+and a CUDA device, and says so when either is missing. CuPy multiplies float32 with TF32 tensor cores
+only when ``CUPY_TF32=1``; the default (off) is what the kernels' float32 accuracy assumes, and the
+reference GEMM uses the same setting.
 
 ``--sun397`` times the pass at the SUN397 shape of issue 27's target (N=108,754, D=4096, K=1000:
 3.6e12 flop per pass; target <= 0.15 s and >= 50% of the GEMM rate). ``--json PATH`` writes the
@@ -195,7 +196,7 @@ def main() -> None:
     from threadpoolctl import threadpool_info
 
     from pipeline.engine.engines import split_rows
-    from vbcore.kernels.estep import KernelResult, prepare_chunk, vbem_kernel
+    from vbcore.kernels.estep import KernelResult, prepare_chunk, vbem_pass_kernel
 
     n, d, k = args.rows, args.dim, args.components
     print(f"vbcluster GPU bench: one VB EM kernel pass (E-step + statistics), diag, "
@@ -213,8 +214,8 @@ def main() -> None:
     dev.sync()
     setup_s = time.perf_counter() - t0
 
-    def one_pass(chunks: list[Any]) -> KernelResult:
-        return reduce(KernelResult.merge, [vbem_kernel(c, params) for c in chunks])
+    def one_pass(chunks: list[Any]) -> KernelResult:  # as an engine's map_reduce: merged where they live
+        return reduce(KernelResult.merge, [vbem_pass_kernel(c, params) for c in chunks]).on_host()
 
     t_gpu = time_pass(lambda: one_pass(dev_chunks), args.repeat, dev.sync)
     t_cpu = time_pass(lambda: one_pass(host_chunks), args.cpu_repeat or max(1, args.repeat // 2))

@@ -307,3 +307,44 @@ def test_gathered_rows_and_weights_of_standard_chunks_equal_numpys(xps, data):
     np.testing.assert_array_equal(got[1], ref[1])
     assert ref[1] is not None and np.array_equal(ref[1], w[rows][w[rows] > 0])
     np.testing.assert_array_equal(ref[0], X[rows][w[rows] > 0])
+
+
+# ---- a pass's statistics merged where they live (a device engine's reduction) ---------------------
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])
+@pytest.mark.parametrize("ct", ["diag", "spherical", "fixed"])
+def test_pass_statistics_merged_where_they_live_are_the_host_merges_bits(xps, data, ct, dtype, weighted):
+    """``vbem_pass_kernel`` keeps a chunk's diagonal statistics in its namespace; merged there over the
+    engines' fixed tree (``merge`` as the Dask engine, ``merge_owned`` as the in-process one) and
+    copied to the host once by ``on_host``, they are bit for bit the statistics copied chunk by chunk
+    and merged on the host: centring and merging are elementwise."""
+    from pipeline.engine.engines import on_host, tree_reduce
+    from vbcore.kernels.estep import KernelResult, vbem_kernel, vbem_pass_kernel, weigh_chunk
+
+    rng = np.random.default_rng(5)  # 24 features, 12 components: 288 entries a chunk in mean and scatter
+    X = np.concatenate([data] * 5, axis=1)[:, :24] + rng.normal(scale=0.3, size=(data.shape[0], 24))
+    prior, post = _posterior(X, ct, k=12)
+    params = estep_params(post, prior.mean)
+    X = X.astype(dtype)
+    w = rng.integers(0, 3, size=X.shape[0]).astype(float) if weighted else None
+    parts = np.array_split(np.arange(X.shape[0]), 5)  # five chunks: the tree has a lone position
+    chunks = [weigh_chunk(prepare_chunk(xps.asarray(X[p]), prior.mean, ct), None if w is None else w[p])
+              for p in parts]
+    per_chunk = [vbem_kernel(c, params) for c in chunks]
+    for c, ref in zip(chunks, per_chunk, strict=True):  # each chunk's centred statistics, then the tree
+        one = on_host(vbem_pass_kernel(c, params)).stats
+        for name in ("nk", "mean", "scatter"):
+            np.testing.assert_array_equal(getattr(one, name), getattr(ref.stats, name), err_msg=name)
+    host = tree_reduce(per_chunk, KernelResult.merge_owned)
+    assert isinstance(host.stats.nk, np.ndarray)
+    for merge in (KernelResult.merge, KernelResult.merge_owned):
+        kept = [vbem_pass_kernel(c, params) for c in chunks]
+        assert all(array_namespace(r.stats.mean) is xps for r in kept)  # not copied chunk by chunk
+        got = on_host(tree_reduce(kept, merge))
+        for name in ("nk", "mean", "scatter"):
+            a = getattr(got.stats, name)
+            assert type(a) is np.ndarray and a.dtype == np.float64, name
+            np.testing.assert_array_equal(a, getattr(host.stats, name), err_msg=name)
+        assert (got.log_norm, got.log_norm_m2, got.stats.sum_rlogr, got.stats.n_rows, got.stats.weight) == (
+            host.log_norm, host.log_norm_m2, host.stats.sum_rlogr, host.stats.n_rows, host.stats.weight)
+    assert on_host(host) is host  # host results pass through

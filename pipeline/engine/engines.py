@@ -57,7 +57,18 @@ register_sizes()
 
 
 class Mergeable(Protocol):
+    """A per-chunk result that merges pairwise. One that may hold device arrays also has
+    ``on_host()`` (``vbcore.kernels.estep.KernelResult``): ``map_reduce`` merges such results where
+    they live and returns the reduced one on the host (:func:`on_host`)."""
+
     def merge(self: R, other: R) -> R: ...
+
+
+def on_host(result: Any) -> Any:
+    """``result.on_host()`` where the result has it (device arrays copied to the host once), else the
+    result itself."""
+    convert = getattr(result, "on_host", None)
+    return result if convert is None else convert()
 
 
 def row_slices(n_rows: int, chunk_rows: int) -> Iterator[slice]:
@@ -242,7 +253,7 @@ class LocalEngine:
 
     def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
                    per_chunk: Sequence[Any] | None = None) -> R:
-        return tree_reduce(self.map(kernel, handles, *args, per_chunk=per_chunk), _merge_owned)
+        return on_host(tree_reduce(self.map(kernel, handles, *args, per_chunk=per_chunk), _merge_owned))
 
     def map_keep(self, kernel: Callable[..., tuple[Any, R]], handles: Sequence[Any], states: Sequence[Any],
                  *args: Any, combine: Callable[[list[R]], R] | None = None) -> tuple[list[Any], R]:
@@ -395,6 +406,8 @@ class DaskEngine:
                    per_chunk: Sequence[Any] | None = None) -> R:
         parts = self._submit(kernel, handles, args, per_chunk)
         root = tree_reduce(parts, lambda a, b: self.client.submit(_merge, a, b, pure=False))
+        if self.array_backend != "numpy":  # to the host on the worker: the driver may have no device
+            root = self.client.submit(on_host, root, pure=False)
         return root.result()
 
     def map_keep(self, kernel: Callable[..., tuple[Any, R]], handles: Sequence[Any], states: Sequence[Any],

@@ -8,14 +8,20 @@ scatter ``sum_k N_k S_k``, one D x D matrix, which is all its M-step and ELBO re
 formula of Chan, Golub and LeVeque, which stays accurate where raw moments ``sum r x x^T`` would
 cancel. Means are stored relative to a ``shift`` (the same for every chunk of a fit, usually the prior
 mean) to keep float32 GEMMs accurate.
-All arrays are float64 NumPy arrays.
+The arrays are float64 NumPy arrays, except on a device engine's way to its reduction: the diagonal
+statistics of a pass (:func:`diag_stats`, :meth:`SuffStats.merge`) are made and merged in their
+arrays' namespace (CuPy: on the device) with the same elementwise operations, so the same bits, and
+cross to the host once a pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from vbcore.arrays import array_namespace
 
 
 @dataclass(frozen=True)
@@ -75,9 +81,10 @@ class SuffStats:
         engines merge in a fixed (chunk) order so that results are bitwise reproducible.
         """
         self._check_mergeable(other)
+        xp = array_namespace(self.nk)
         na, nb = self.nk, other.nk
         n = na + nb
-        safe = np.where(n > 0, n, 1.0)
+        safe = xp.where(n > 0, n, xp.ones_like(n))
         delta = other.mean - self.mean
         mean = self.mean + delta * (nb / safe)[:, None]
         weight = na * nb / safe
@@ -93,14 +100,15 @@ class SuffStats:
 
     def merge_owned(self, other: SuffStats) -> SuffStats:
         """:meth:`merge`, computed into this summary's arrays (the same bits; ``self`` is spent): an
-        engine's in-process reduction of fresh chunk results. Diagonal statistics only (the others
-        merge as :meth:`merge`): two K x D temporaries instead of six."""
-        if self.pooled or self.full:
+        engine's in-process reduction of fresh chunk results. Diagonal NumPy statistics only (the
+        others merge as :meth:`merge`): two K x D temporaries instead of six."""
+        if self.pooled or self.full or not isinstance(self.nk, np.ndarray):
             return self.merge(other)
         self._check_mergeable(other)
+        xp = array_namespace(self.nk)
         na, nb = self.nk, other.nk
         n = na + nb
-        safe = np.where(n > 0, n, 1.0)
+        safe = xp.where(n > 0, n, xp.ones_like(n))
         delta = other.mean - self.mean
         part = (na * nb / safe)[:, None] * delta
         part *= delta
@@ -154,8 +162,11 @@ def diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, n_rows: int, shi
     """Centred statistics from ``g = [sum r x^2, sum r x]`` (K, 2D) of ``n_rows`` rows shifted by
     ``shift``: ``mean = sum r x / N_k``, ``scatter = sum r x^2 - N_k mean^2`` (0 where N_k = 0).
     ``owned``: ``g`` is the caller's to give away, and the two are computed into its halves (the
-    same bits, with one K x D temporary instead of four: a chunk's host time at K = 1000, D = 4096)."""
+    same bits, with one K x D temporary instead of four: a chunk's host time at K = 1000, D = 4096).
+    Arrays of another namespace (a device's) give arrays of that namespace, the same values."""
     d = g.shape[1] // 2
+    if not isinstance(nk, np.ndarray):
+        return _diag_stats_xp(nk, g, d, sum_rlogr, n_rows, shift, weight)
     safe = np.where(nk > 0, nk, 1.0)
     if owned:
         mean = np.divide(g[:, d:], safe[:, None], out=g[:, d:])
@@ -169,3 +180,17 @@ def diag_stats(nk: np.ndarray, g: np.ndarray, sum_rlogr: float, n_rows: int, shi
     scatter[nk <= 0] = 0.0
     return SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=sum_rlogr, n_rows=n_rows, shift=shift,
                      weight=weight)
+
+
+def _diag_stats_xp(nk: Any, g: Any, d: int, sum_rlogr: float, n_rows: int, shift: np.ndarray,
+                   weight: float | None) -> SuffStats:
+    """:func:`diag_stats` in the namespace of ``nk`` and ``g`` with array-API operations only: the
+    same elementwise operations in the same order, so the same values."""
+    xp = array_namespace(nk)
+    zero = xp.asarray(0.0, dtype=xp.float64)
+    safe = xp.where(nk > 0, nk, xp.ones_like(nk))
+    empty = xp.reshape(nk <= 0, (-1, 1))
+    mean = g[:, d:] / xp.reshape(safe, (-1, 1))
+    scatter = xp.maximum(g[:, :d] - xp.reshape(nk, (-1, 1)) * mean * mean, zero)
+    return SuffStats(nk=nk, mean=xp.where(empty, zero, mean), scatter=xp.where(empty, zero, scatter),
+                     sum_rlogr=sum_rlogr, n_rows=n_rows, shift=shift, weight=weight)

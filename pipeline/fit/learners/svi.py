@@ -23,7 +23,7 @@ from pipeline.fit.learners.dpm import DPPointLearner, check_range, minibatch, mi
 from pipeline.fit.learners.moves import HARD_MOVE_OPTIONS, MOVE_OPTIONS, Moves, check_move_options
 from pipeline.fit.learners.sga import check_minibatch_options
 from vbcore.errors import ConfigError
-from vbcore.kernels.estep import estep_params, vbem_kernel
+from vbcore.kernels.estep import estep_params, vbem_pass_kernel
 from vbcore.kernels.sga_stats import scale_stats
 from vbcore.learners.svi import minibatch_vbem_kernel, step_size, svi_update
 from vbcore.model.elbo import ElboTerms, elbo_terms, minibatch_standard_error
@@ -109,7 +109,7 @@ class SVI(DPPointLearner):
         if self.bound_kind() == "exact" or self.vb is None:
             return None
         params = estep_params(self.vb, self.ctx.shift)
-        full = self.ctx.engine.map_reduce(vbem_kernel, self.ctx.handles, params)
+        full = self.ctx.engine.map_reduce(vbem_pass_kernel, self.ctx.handles, params)
         return elbo_terms(full.stats, self.vb, self.ctx.prior)
 
     def merge_round(self) -> None:
@@ -142,7 +142,7 @@ class SVI(DPPointLearner):
             self.vb = self._prune(new)
         else:
             self.vb = self._prune(new)
-            full = self.ctx.engine.map_reduce(vbem_kernel, self.ctx.handles,
+            full = self.ctx.engine.map_reduce(vbem_pass_kernel, self.ctx.handles,
                                               estep_params(self.vb, self.ctx.shift))
             terms = elbo_terms(full.stats, self.vb, self.ctx.prior)
         self.post = self.vb

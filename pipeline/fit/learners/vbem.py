@@ -22,7 +22,7 @@ from pipeline.fit.learners.memo import MemoStats, check_memo_option
 from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, check_move_options
 from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
 from vbcore.errors import ConfigError
-from vbcore.kernels.estep import KernelResult, estep_params, vbem_kernel
+from vbcore.kernels.estep import KernelResult, estep_params, vbem_pass_kernel
 from vbcore.model.elbo import ElboTerms, elbo_terms
 from vbcore.model.empirical import empirical_update, prior_from_state, prior_state
 from vbcore.model.mstep import m_step
@@ -32,7 +32,7 @@ from vbcore.model.stats import SuffStats
 
 def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
     """One E-step + statistics pass with responsibilities from ``post``."""
-    return ctx.engine.map_reduce(vbem_kernel, ctx.handles, estep_params(post, ctx.shift))
+    return ctx.engine.map_reduce(vbem_pass_kernel, ctx.handles, estep_params(post, ctx.shift))
 
 
 @register("vbem")
