@@ -348,3 +348,26 @@ def test_pass_statistics_merged_where_they_live_are_the_host_merges_bits(xps, da
         assert (got.log_norm, got.log_norm_m2, got.stats.sum_rlogr, got.stats.n_rows, got.stats.weight) == (
             host.log_norm, host.log_norm_m2, host.stats.sum_rlogr, host.stats.n_rows, host.stats.weight)
     assert on_host(host) is host  # host results pass through
+
+
+def test_a_dask_device_reduction_reaches_the_driver_on_the_host(xps, data, client):
+    """The Dask engine of a device backend merges ``vbem_pass_kernel``'s results on the workers and
+    copies the root to the host there (the driver may have no device): the driver gets NumPy arrays,
+    bit for bit the host path's. Worker processes of a real cluster; the chunks are array-api-strict
+    arrays, the engine's backend name is set to 'cupy' (its workers need no device for these)."""
+    from pipeline.engine.engines import DaskEngine, LocalEngine
+    from vbcore.kernels.estep import vbem_kernel, vbem_pass_kernel
+
+    prior, post = _posterior(data, "diag")
+    params = estep_params(post, prior.mean)
+    chunks = [prepare_chunk(xps.asarray(data[p]), prior.mean, "diag")
+              for p in np.array_split(np.arange(data.shape[0]), 5)]
+    engine = DaskEngine(client)
+    engine.array_backend = "cupy"
+    got = engine.map_reduce(vbem_pass_kernel, chunks, params)
+    ref = LocalEngine().map_reduce(vbem_kernel, chunks, params)
+    for name in ("nk", "mean", "scatter"):
+        a = getattr(got.stats, name)
+        assert type(a) is np.ndarray, f"{name} reached the driver as {type(a)}"
+        np.testing.assert_array_equal(a, getattr(ref.stats, name), err_msg=name)
+    assert got.log_norm == ref.log_norm
