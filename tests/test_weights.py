@@ -306,3 +306,53 @@ def test_a_weighted_stores_metrics_count_rows_by_their_weight(tmp_path):
     pred = load_model(tmp_path / "run").predict(rows.astype(np.float32))
     assert metrics["nmi"] == pytest.approx(nmi(labels, pred, w), abs=1e-12)
     assert metrics["nmi"] > nmi(labels, pred) + 1e-3
+
+
+@pytest.mark.parametrize("learner", ["vbem", "mm", "sga-f"])
+def test_the_k_means_pp_starts_draw_seeds_by_weight_and_count_weights(learner, monkeypatch):
+    """The pipeline's default start (k-means++-projected) and the point learners' start draw their
+    k-means++ seeds in proportion to the rows' weights (the seeding gets the sample's weights), and
+    their statistics count the weights: two blobs of 400 rows of weight 1 and 4 rows of weight 5,000
+    away from both, 96% of the weight. (The projected start's statistics of the diagonal families
+    once counted rows: the heavy rows' cluster held 0.6% of the weight.)"""
+    import pipeline.fit.learners.dpm as dpm
+    import vbcore.kernels.sga_stats as sga_stats
+
+    seen = []
+
+    def spy(x, k, rng, project=256, weights=None):
+        seen.append(weights)
+        return seeding(x, k, rng, project, weights)
+
+    seeding = sga_stats.kmeanspp_seeds
+    monkeypatch.setattr(sga_stats, "kmeanspp_seeds", spy)  # the projected start imports it when it runs
+    monkeypatch.setattr(dpm, "kmeanspp_seeds", spy)
+    rng = np.random.default_rng(3)
+    rows = np.concatenate([rng.normal(c, 0.3, (n, 2)) for c, n in (((0, 0), 400), ((10, 0), 400),
+                                                                   ((0, 10), 4))])
+    w = np.r_[np.ones(800), np.full(4, 5000.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for seed in range(3):
+            model = VBMixture(2, learner=learner, covariance_type="diag" if learner == "vbem" else "fixed",
+                              init_params="k-means++-projected", random_state=seed, max_iter=0)
+            model.fit(rows, sample_weight=w)
+            near = int(np.argmin(np.abs(model.means_ - [0.0, 10.0]).max(1)))
+            assert np.abs(model.means_[near] - [0.0, 10.0]).max() < 0.5, (seed, model.means_)
+            assert model.weights_[near] > 0.9, (seed, model.weights_)
+    assert len(seen) == 3 and all(np.array_equal(np.sort(s), np.sort(w)) for s in seen), seen
+
+
+def test_weighted_k_means_pp_seeding_is_the_unweighted_bits_for_equal_weights():
+    """``kmeanspp_seeds(weights=...)``: equal weights draw the unweighted seeds bit for bit, and rows
+    carrying nearly all the weight are seeds at every draw (as their copies would be)."""
+    from vbcore.kernels.sga_stats import kmeanspp_seeds
+
+    x = np.random.default_rng(1).normal(size=(300, 5))
+    plain = kmeanspp_seeds(x, 7, np.random.default_rng(5))
+    np.testing.assert_array_equal(kmeanspp_seeds(x, 7, np.random.default_rng(5), weights=np.full(300, 2.5)),
+                                  plain)
+    heavy = np.ones(300)
+    heavy[[17, 230]] = 1e9  # two rows carrying nearly all the weight are seeds at every draw
+    for s in range(5):
+        assert {17, 230} <= set(kmeanspp_seeds(x, 3, np.random.default_rng(s), weights=heavy).tolist())

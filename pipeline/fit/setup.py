@@ -234,8 +234,8 @@ def initial_stats(spec: FitSpec, ctx: FitContext, resp_init: Any, random_state: 
         keep = np.sort(gen.choice(sample.shape[0], size=sample_size(k), replace=False))
         sample, w = sample[keep], None if w is None else w[keep]
     m = min(k, sample.shape[0])
-    if spec.init == "k-means++-projected":  # (seeds among the rows of positive weight, unweighted)
-        return projected_init_stats(ctx, sample, m, k, rng)  # converts only the rows it draws
+    if spec.init == "k-means++-projected":  # seeds drawn by weight among the rows of positive weight
+        return projected_init_stats(ctx, sample, m, k, rng, w)  # converts only the rows it draws
     sample = sample.astype(np.float64)
     if spec.init == "kmeans":  # k-means of the weighted rows (a weighted coreset: of the data)
         from sklearn.cluster import KMeans
@@ -259,12 +259,14 @@ PROJECTED_ROWS_PER_CLUSTER = 5
 PROJECTED_WIDTH = 256
 
 
-def projected_init_stats(ctx: FitContext, sample: np.ndarray, m: int, k: int, rng: Any) -> SuffStats:
+def projected_init_stats(ctx: FitContext, sample: np.ndarray, m: int, k: int, rng: Any,
+                         w: np.ndarray | None = None) -> SuffStats:
     """The pipeline's default start (``init='k-means++-projected'``): greedy k-means++ seeds
     (Arthur & Vassilvitskii 2007) among at most ``max(5000, 5 K)`` sample rows, distances in a
     Gaussian random projection to 256 dimensions when D is larger (as the SGA learners seed,
     :func:`vbcore.kernels.sga_stats.kmeanspp_seeds`), then every row to its nearest seed in that projection
-    (:func:`vbcore.kernels.init.projected_nearest_kernel`): no Lloyd iterations, O(N p K + N D)."""
+    (:func:`vbcore.kernels.init.projected_nearest_kernel`): no Lloyd iterations, O(N p K + N D).
+    ``w``: the sample rows' weights (all positive); the seeds are drawn by weight."""
     from vbcore.kernels.sga_stats import kmeanspp_seeds
 
     seed = int(rng.randint(2**31 - 1))
@@ -272,7 +274,7 @@ def projected_init_stats(ctx: FitContext, sample: np.ndarray, m: int, k: int, rn
     size = min(sample.shape[0], max(PROJECTED_MIN_ROWS, PROJECTED_ROWS_PER_CLUSTER * k))
     rows = np.sort(gen.choice(sample.shape[0], size=size, replace=False))
     sub = np.asarray(sample[rows], dtype=np.float64) - ctx.shift  # float64, exact for float32 rows
-    idx = kmeanspp_seeds(sub, m, gen)
+    idx = kmeanspp_seeds(sub, m, gen, weights=None if w is None else w[rows])
     d = sub.shape[1]
     proj = (np.eye(d) if d <= PROJECTED_WIDTH
             else gen.standard_normal((d, PROJECTED_WIDTH)) / np.sqrt(PROJECTED_WIDTH)).astype(np.float32)

@@ -63,7 +63,8 @@ def projected_nearest_kernel(chunk: Chunk, proj: np.ndarray, centres: np.ndarray
     """Hard responsibilities by nearest centre in a random projection (``proj``, D x p float32, and
     the projected, shifted ``centres``, K x p): one float32 GEMM of ``p`` columns per row instead of
     K x D. The statistics are the exact ones of those labels: per-label sums (O(N D), float64 across
-    blocks) for the diagonal families, the one-hot GEMM for 'full' and 'tied'."""
+    blocks) for the diagonal families, the one-hot GEMM for 'full' and 'tied'; weighted rows count
+    their weight in both."""
     from vbcore.kernels.sga_stats import label_sums
 
     x = to_numpy(chunk.x)
@@ -73,7 +74,8 @@ def projected_nearest_kernel(chunk: Chunk, proj: np.ndarray, centres: np.ndarray
     labels = np.argmin(d2, axis=1)
     if chunk.is_diagonal and not chunk.pooled:
         feats = None if chunk.feats is None else to_numpy(chunk.feats)
-        return label_sums(x, feats, labels, k, chunk.shift).to_stats()
+        w = None if chunk.w is None else to_numpy(chunk.w)
+        return label_sums(x, feats, labels, k, chunk.shift, w=w).to_stats()
     r = np.zeros((chunk.n_rows, k))
     r[np.arange(chunk.n_rows), labels] = 1.0
     return chunk_statistics(chunk, on_device(chunk, r))

@@ -354,7 +354,8 @@ def map_labels(chunk: Chunk, params: MapParams) -> np.ndarray:
 
 
 # ---- initialisation (Algorithm 1, step 3.iii) ---------------------------------------------------
-def kmeanspp_seeds(x: np.ndarray, k: int, rng: np.random.Generator, project: int = 256) -> np.ndarray:
+def kmeanspp_seeds(x: np.ndarray, k: int, rng: np.random.Generator, project: int = 256,
+                   weights: np.ndarray | None = None) -> np.ndarray:
     """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007; ``2 + ln k`` candidates per step, as
     scikit-learn) on rows ``x``; returns the indices of the ``k`` seed rows.
 
@@ -367,9 +368,15 @@ def kmeanspp_seeds(x: np.ndarray, k: int, rng: np.random.Generator, project: int
     x : array of shape (n, D)
     k : int, at most n
     rng : numpy Generator
+    weights : array of shape (n,), positive, optional
+        Row weights, as scikit-learn's ``kmeans_plusplus(sample_weight=...)``: the first seed is
+        drawn in proportion to the weight, the candidates in proportion to ``w d^2``, and the
+        greedy choice minimises ``sum w d^2`` -- a row of weight 3 seeds as three copies of it
+        would. None, or all weights equal: the unweighted draws (the same bits).
     """
     n, d = x.shape
     k = min(int(k), n)
+    w = None if weights is None or np.all(weights == weights[0]) else np.asarray(weights, dtype=np.float64)
     y = np.asarray(x, dtype=np.float32)
     if d > project:
         g = (rng.standard_normal((d, project)) / np.sqrt(project)).astype(np.float32)
@@ -381,18 +388,23 @@ def kmeanspp_seeds(x: np.ndarray, k: int, rng: np.random.Generator, project: int
         prod = (y[idx] @ yt).astype(np.float64).T
         return np.maximum(sq[:, None] + sq[idx][None, :] - 2.0 * prod, 0.0)
 
-    chosen = [int(rng.integers(n))]
+    def draw(mass: np.ndarray, size: int | None) -> Any:
+        u = rng.uniform(size=size) * mass.sum()
+        return np.minimum(np.searchsorted(np.cumsum(mass), u), n - 1)
+
+    chosen = [int(rng.integers(n))] if w is None else [int(draw(w, None))]
     d2 = dist2(np.array(chosen))[:, 0]
     trials = 2 + int(np.log(k)) if k > 1 else 1
     for _ in range(1, k):
-        total = d2.sum()
+        mass = d2 if w is None else w * d2
+        total = mass.sum()
         if not total > 0:  # every row coincides with a seed: take unused rows in order
             rest = np.setdiff1d(np.arange(n), chosen)[: k - len(chosen)]
             chosen.extend(int(i) for i in rest)
             break
-        cand = np.minimum(np.searchsorted(np.cumsum(d2), rng.uniform(size=trials) * total), n - 1)
+        cand = draw(mass, trials)
         new = np.minimum(d2[:, None], dist2(cand))
-        best = int(np.argmin(new.sum(0)))
+        best = int(np.argmin(new.sum(0) if w is None else w @ new))
         chosen.append(int(cand[best]))
         d2 = new[:, best]
     return np.asarray(chosen, dtype=np.int64)

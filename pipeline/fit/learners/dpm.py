@@ -147,10 +147,11 @@ def gather_sample(ctx: FitContext, size: int, key: tuple[int, ...]) -> tuple[np.
     return gather_drawn(ctx.engine, ctx.handles, chunk_bounds(ctx), ctx.n_rows, size, ctx.rng(*key))
 
 
-def kmeanspp(sample: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """k-means++ seeds (float64) and their row indices in ``sample``
-    (:func:`vbcore.kernels.sga_stats.kmeanspp_seeds`)."""
-    idx = kmeanspp_seeds(sample, k, np.random.default_rng(seed))
+def kmeanspp(sample: np.ndarray, k: int, seed: int,
+             w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """k-means++ seeds (float64) and their row indices in ``sample``, drawn by the rows' weights ``w``
+    where given (:func:`vbcore.kernels.sga_stats.kmeanspp_seeds`)."""
+    idx = kmeanspp_seeds(sample, k, np.random.default_rng(seed), weights=w)
     return np.asarray(sample[idx], dtype=np.float64), idx
 
 
@@ -287,15 +288,16 @@ class DPPointLearner(Learner):
 
     # -- initialisation (called by the estimator instead of its own k-means)
     def initialise(self) -> Posterior:
-        """Algorithm 1, step 3.iii, on a sample: k-means++ seeds, then MAP assignments of the sample's
-        rows to the seeds (equal weights) and the MM update of means and sticks from the sample's
-        statistics scaled by N / M (the algorithm's input is a minibatch; no full pass)."""
+        """Algorithm 1, step 3.iii, on a sample: k-means++ seeds (drawn by the rows' weights), then MAP
+        assignments of the sample's rows to the seeds (equal weights) and the MM update of means and
+        sticks from the sample's statistics scaled by N / M (the algorithm's input is a minibatch; no
+        full pass)."""
         k = int(self.ctx.prior.n_components)
         size = min(self.ctx.n_rows, max(INIT_MIN_ROWS, INIT_ROWS_PER_CLUSTER * k))
         sample, w = gather_sample(self.ctx, size, (0, 1))  # (rows of weight 0 left out)
         assert sample.shape[0] > 0, "the setup refuses data whose weights sum to 0"
         seed = int(self.ctx.rng(0, 3).integers(2**31 - 1))
-        centres, _ = kmeanspp(sample, k, seed)
+        centres, _ = kmeanspp(sample, k, seed, w)  # seeds drawn by weight
         seeds = DPPoint(centres + self.ctx.shift[None, :], np.full(centres.shape[0], 0.5))
         stats = self._equal_weight_stats(seeds, sample, w)
         point = mm_update(stats, self.ctx.prior, self.a0)
