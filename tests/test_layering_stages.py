@@ -15,16 +15,19 @@ from test_layering import find_forbidden_imports  # the same import walker (rela
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: vbcore: errors and the lazy exports below everything; rows' rules; the model and its bound; chunk
-#: kernels; the learners' math and the moves on top (neither imports the other)
+#: vbcore: errors, the lazy exports and where arrays live (array namespaces, host copies) below
+#: everything; rows' rules; the model and its bound; chunk kernels; the learners' math and the moves
+#: on top (neither imports the other)
+_VB_BASE = frozenset({"errors", "lazy", "arrays"})
 VBCORE: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "lazy": frozenset(),
-    "data": frozenset({"errors", "lazy"}),
-    "model": frozenset({"errors", "lazy", "data"}),
-    "kernels": frozenset({"errors", "lazy", "data", "model"}),
-    "learners": frozenset({"errors", "lazy", "data", "model", "kernels"}),
-    "moves": frozenset({"errors", "lazy", "data", "model", "kernels"}),
+    "arrays": frozenset(),
+    "data": _VB_BASE,
+    "model": _VB_BASE | {"data"},
+    "kernels": _VB_BASE | {"data", "model"},
+    "learners": _VB_BASE | {"data", "model", "kernels"},
+    "moves": _VB_BASE | {"data", "model", "kernels"},
 }
 
 _BASE = frozenset({"files", "store", "engine"})
