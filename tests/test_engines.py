@@ -36,6 +36,64 @@ def test_tree_is_fixed_and_complete():
     assert tree_reduce(list("abcde"), lambda a, b: f"({a}{b})") == "(((ab)(cd))e)"
 
 
+def test_the_streaming_fold_is_the_fixed_tree():
+    """TreeFold (results merged as they come, in order) builds tree_reduce's tree, operand for
+    operand, for every count of chunks up to 600."""
+    from pipeline.engine.tree import TreeFold
+
+    def merge(a, b):
+        return f"({a},{b})"
+
+    for n in range(1, 601):
+        items = [str(i) for i in range(n)]
+        fold = TreeFold(merge)
+        for item in items:
+            fold.push(item)
+        assert fold.result() == tree_reduce(items, merge), n
+        assert len(fold.stack) == 0
+    with pytest.raises(ValueError, match="no chunks"):
+        TreeFold(merge).result()
+
+
+class _Part:
+    """A chunk result that counts how many results are alive at once."""
+
+    alive = 0
+    most = 0
+
+    def __init__(self, ids):
+        self.ids = ids
+        _Part.alive += 1
+        _Part.most = max(_Part.most, _Part.alive)
+
+    def __del__(self):
+        _Part.alive -= 1
+
+    def merge(self, other):
+        return _Part(self.ids + other.ids)
+
+
+@pytest.mark.parametrize("first_alone", [False, True])
+def test_the_in_process_reduction_holds_few_results_at_once(first_alone):
+    """LocalEngine.map_reduce merges each chunk's result as the fixed tree allows while the pool runs
+    at most 2 x threads chunks ahead: 200 chunks on 4 threads never hold more than 2 x 4 + log2(200)
+    + 2 results (it held all 200), and the result is tree_reduce's."""
+    import time
+
+    engine = LocalEngine(threads=4)
+    engine.array_backend = "cupy" if first_alone else "numpy"  # the schedule only; no array is made
+
+    def kernel(i):
+        time.sleep(0.001 * (i % 3))  # results complete out of order
+        return _Part([i])
+
+    _Part.alive = _Part.most = 0
+    got = engine.map_reduce(kernel, list(range(200)))
+    assert got.ids == list(range(200))
+    assert _Part.most <= 2 * 4 + 8 + 2, _Part.most
+    assert engine.map_reduce(kernel, [7]).ids == [7]
+
+
 @pytest.mark.parametrize("ct", ["diag", "full"])
 def test_local_and_dask_engines_are_bitwise_identical(client, store, ct):
     kw = dict(n_components=8, covariance_type=ct, max_iter=25, tol=0.0, random_state=0)

@@ -35,7 +35,6 @@ import operator
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -44,7 +43,9 @@ import numpy as np
 from pipeline.engine.backends import ARRAY_BACKENDS, check_backend, first_chunk_alone, on_backend
 from pipeline.engine.blas import default_threads, one_blas_thread, pin_one_blas_thread
 from pipeline.engine.dask_sizes import register_sizes
+from pipeline.engine.pool import fold_in_pool, in_pool
 from pipeline.engine.sources import chunk_weights, load_prepared, prep_weighted
+from pipeline.engine.tree import tree_pairs, tree_reduce
 from vbcore.errors import ConfigError
 
 __all__ = ["DaskEngine", "LocalEngine", "default_threads", "make_engine", "one_blas_thread",
@@ -90,28 +91,6 @@ def _merge(a: R, b: R) -> R:
 def _merge_owned(a: Any, b: Any) -> Any:
     """``a.merge_owned(b)`` (into ``a``'s buffers, same bits) where it exists: local results only."""
     return getattr(a, "merge_owned", a.merge)(b)
-
-
-def tree_pairs(n: int) -> list[list[tuple[int, int] | int]]:
-    """The fixed reduction tree: per level, pairs of positions to merge (or a lone position)."""
-    levels: list[list[tuple[int, int] | int]] = []
-    while n > 1:
-        level: list[tuple[int, int] | int] = [(i, i + 1) for i in range(0, n - 1, 2)]
-        if n % 2:
-            level.append(n - 1)
-        levels.append(level)
-        n = len(level)
-    return levels
-
-
-def tree_reduce(results: Sequence[R], merge: Callable[[Any, Any], Any] = _merge) -> Any:
-    """Reduce with the fixed pairwise tree of :func:`tree_pairs` (``merge`` may return futures)."""
-    if not results:
-        raise ValueError("nothing to reduce: there are no chunks")
-    items = list(results)
-    for level in tree_pairs(len(items)):
-        items = [merge(items[p[0]], items[p[1]]) if isinstance(p, tuple) else items[p] for p in level]
-    return items[0]
 
 
 @dataclass(frozen=True)
@@ -164,17 +143,6 @@ def _prep_pinned(prep: Callable[..., Any], rows: Any, *args: Any) -> Any:
     """``prep`` on a Dask worker with BLAS pinned to one thread (a projection's GEMM)."""
     pin_one_blas_thread()
     return prep(rows, *args)
-
-
-def _in_pool(calls: Sequence[Callable[[], Any]], workers: int, first_alone: bool, prefix: str) -> list[Any]:
-    """``call()`` of every call, results in order, ``workers`` at a time; ``first_alone``: the first
-    one done before the others start (a device backend compiles its kernels once:
-    :func:`pipeline.engine.backends.first_chunk_alone`)."""
-    if workers <= 1:
-        return [call() for call in calls]
-    first = [calls[0]()] if first_alone and calls else []
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix) as pool:
-        return first + list(pool.map(lambda call: call(), calls[len(first):]))
 
 
 def _identity(value: Any) -> Any:
@@ -236,24 +204,35 @@ class LocalEngine:
         workers = max(1, min(n, os.cpu_count() or 1, 4))
         with one_blas_thread():
             calls = [functools.partial(load_prepared, source, i, prep, *args) for i in range(n)]
-            return _in_pool(calls, workers, first_chunk_alone(self.array_backend), "vbcluster-load")
+            return in_pool(calls, workers, first_chunk_alone(self.array_backend), "vbcluster-load")
+
+    @staticmethod
+    def _calls(kernel: Callable[..., Any], handles: Sequence[Any], args: tuple[Any, ...],
+               per_chunk: Sequence[Any] | None) -> list[Callable[[], Any]]:
+        if per_chunk is None:
+            return [functools.partial(_apply, kernel, h, *args) for h in handles]
+        return [functools.partial(_apply_item, kernel, h, item, *args)
+                for h, item in zip(handles, per_chunk, strict=True)]
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
             per_chunk: Sequence[Any] | None = None) -> list[Any]:
         """``kernel(chunk, *args)``, or ``kernel(chunk, per_chunk[i], *args)``, for every chunk; the
         results in chunk order."""
-        if per_chunk is None:
-            calls = [functools.partial(_apply, kernel, h, *args) for h in handles]
-        else:
-            calls = [functools.partial(_apply_item, kernel, h, item, *args)
-                     for h, item in zip(handles, per_chunk, strict=True)]
+        calls = self._calls(kernel, handles, args, per_chunk)
         workers = min(self.threads, len(calls))
         with one_blas_thread():  # held for the whole pass: the kernels' own entries only count
-            return _in_pool(calls, workers, first_chunk_alone(self.array_backend), "vbcluster-pass")
+            return in_pool(calls, workers, first_chunk_alone(self.array_backend), "vbcluster-pass")
 
     def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
                    per_chunk: Sequence[Any] | None = None) -> R:
-        return on_host(tree_reduce(self.map(kernel, handles, *args, per_chunk=per_chunk), _merge_owned))
+        """:meth:`map`'s results reduced over the fixed tree, each merged as soon as the tree allows."""
+        calls = self._calls(kernel, handles, args, per_chunk)
+        if not calls:
+            raise ValueError("nothing to reduce: there are no chunks")
+        with one_blas_thread():
+            first = first_chunk_alone(self.array_backend)
+            return on_host(fold_in_pool(calls, min(self.threads, len(calls)), first, "vbcluster-pass",
+                                        _merge_owned))
 
     def map_keep(self, kernel: Callable[..., tuple[Any, R]], handles: Sequence[Any], states: Sequence[Any],
                  *args: Any, combine: Callable[[list[R]], R] | None = None) -> tuple[list[Any], R]:
