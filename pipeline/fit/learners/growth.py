@@ -39,6 +39,7 @@ import numpy as np
 
 from pipeline.engine.blas import one_blas_thread
 from pipeline.fit.learners.dpm import chunk_bounds, gather_drawn
+from pipeline.fit.learners.outliers import outlier_births
 from vbcore.kernels.estep import estep_params, log_rho, prepare_chunk
 from vbcore.model.elbo import ElboTerms
 from vbcore.model.mstep import weight_posterior
@@ -259,6 +260,24 @@ def propose(ctx: Any, post: Posterior, prior: Any, truncation: int, iteration: i
     if parents.size == 0:
         return None
     return with_children(post, replace(prior, n_components=truncation), ctx.shift, parents, kept, children)
+
+
+def propose_outliers(ctx: Any, post: Posterior, prior: Any, limit: int) -> tuple[int, Posterior] | None:
+    """Births from groups of the worst-explained rows (:mod:`pipeline.fit.learners.outliers`), on
+    their own: a child at each group's mean (its component keeps its mean), up to ``limit``
+    components; the truncation that holds them and the proposal, or None (no group, no room)."""
+    if post.n_components >= limit:
+        return None
+    means = post.means - ctx.shift
+    groups = outlier_births(ctx, estep_params(post, ctx.shift), means, SPREAD_SPLIT)
+    if not groups:
+        return None
+    k = min(limit, max(int(prior.n_components), post.n_components + len(groups)))
+    chosen = groups[: k - post.n_components]
+    parents = np.asarray([g[1] for g in chosen], dtype=np.int64)
+    children = np.asarray([g[2] for g in chosen]).reshape(-1, post.n_features)
+    return k, with_children(post, replace(prior, n_components=k), ctx.shift, parents, means[parents],
+                            children)
 
 
 class Growth:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.fit.learners import register
-from pipeline.fit.learners.growth import Growth, default_limit, n_used, propose
+from pipeline.fit.learners.growth import Growth, default_limit, n_used, propose, propose_outliers
 from pipeline.fit.learners.memo import MemoStats, check_memo_option
 from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, check_move_options
 from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
@@ -157,34 +157,51 @@ class VBEM(TruncatedLearner):
         return terms, keep
 
     def grow(self, iteration: int) -> tuple[Posterior, ElboTerms]:
-        """The birth proposal doubling the truncation, accepted at the first of ``grow_iters`` exact
-        iterations whose bound beats the converged one (:mod:`pipeline.fit.learners.growth`); refused, the
-        fit keeps its posterior and bound (the history repeats its last value and the fit ends)."""
+        """Birth proposals, each accepted at the first of ``grow_iters`` exact iterations whose bound
+        beats the converged one (:mod:`pipeline.fit.learners.growth`): the splits towards the doubled
+        or filled truncation, then, when they are refused or there are none, the births from groups of
+        the worst-explained rows (:func:`pipeline.fit.learners.growth.propose_outliers`). All
+        refused, the fit keeps its posterior and bound (the history repeats its last value and the
+        fit ends)."""
         assert self.post is not None and self.growth.last is not None
         growth, ctx = self.growth, self.ctx
         growth.pending = False
         old_post, old_prior, last = self.post, ctx.prior, growth.last
         kept = None if self.memo is None else self.memo.snapshot()
         k = growth.next_truncation()
-        proposal = propose(ctx, old_post, old_prior, k, iteration, gated=not growth.double)
-        if proposal is not None:
-            ctx.prior = replace(old_prior, n_components=k)
-            self.post = proposal
-            for _ in range(growth.iters):
-                stats = self.full_pass(iteration)
-                terms, keep = self.update(stats)
-                if keep is not None and self.memo is not None:
-                    self.memo.relabel(kept_components(self.post, keep))
-                if terms.total > last.total + growth.min_gain:
-                    growth.truncation, growth.grown = k, growth.grown + 1
-                    if self.truncated is not None:  # new candidate sets for the new components
-                        self.truncated.start(self.post)
-                    self.moves.restart(iteration, stats, keep, self.post, ctx.prior, ctx.reg_covar)
-                    return self.post, terms
+        for make in (lambda: (k, propose(ctx, old_post, old_prior, k, iteration, gated=not growth.double)),
+                     lambda: propose_outliers(ctx, old_post, old_prior, growth.limit)):
+            k_new, proposal = make() or (k, None)
+            if proposal is not None:
+                accepted = self._try(proposal, k_new, old_prior, last, iteration, kept)
+                if accepted is not None:
+                    return self.post, accepted
         ctx.prior, self.post, growth.last, growth.refused = old_prior, old_post, last, True
+        return old_post, last
+
+    def _try(self, proposal: Posterior, k: int, old_prior: Any, last: ElboTerms, iteration: int,
+             kept: Any) -> ElboTerms | None:
+        """Up to ``grow_iters`` exact iterations from ``proposal`` (truncation ``k``): the bound of
+        the first that beats ``last`` by ``min_gain`` (the proposal accepted), or None, with the
+        posterior, prior and memoized statistics as before it."""
+        growth, ctx, old_post = self.growth, self.ctx, self.post
+        ctx.prior = replace(old_prior, n_components=k)
+        self.post = proposal
+        for _ in range(growth.iters):
+            stats = self.full_pass(iteration)
+            terms, keep = self.update(stats)
+            if keep is not None and self.memo is not None:
+                self.memo.relabel(kept_components(self.post, keep))
+            if terms.total > last.total + growth.min_gain:
+                growth.truncation, growth.grown = k, growth.grown + 1
+                if self.truncated is not None:  # new candidate sets for the new components
+                    self.truncated.start(self.post)
+                self.moves.restart(iteration, stats, keep, self.post, ctx.prior, ctx.reg_covar)
+                return terms
+        ctx.prior, self.post = old_prior, old_post
         if kept is not None and self.memo is not None:  # q(Z) and q(theta) as before the proposal
             self.memo.restore(kept)
-        return old_post, last
+        return None
 
     def full_pass(self, iteration: int) -> SuffStats:
         """A pass over every chunk (a birth proposal's): memoized statistics keep theirs."""
