@@ -118,3 +118,19 @@ def test_a_fit_grown_from_few_components_finds_classes_of_a_few_rows(start):
         assert np.unique(labels[y == c]).size == 1
         assert np.sum(labels == labels[y == c][0]) == 12
     assert np.all(np.diff(model.lower_bounds_) >= -1e-9 * np.abs(model.lower_bounds_).max())
+
+
+def test_the_worst_rows_of_standard_chunks_equal_numpys():
+    """The kernel uses the array API only (it runs on CuPy chunks): array-api-strict chunks give the
+    NumPy chunk's rows, counts and squares."""
+    xps = pytest.importorskip("array_api_strict")
+    rng = np.random.default_rng(5)
+    X = np.concatenate([rng.normal(0, 1, (300, 4)), rng.normal(8, 1, (300, 4)), rng.normal(40, 1, (4, 4))])
+    prior, post = posterior(X, "diag", k=2)
+    params = estep_params(post, prior.mean)
+    means = post.means - prior.mean
+    ref = worst_rows_kernel(prepare_chunk(X, prior.mean, "diag"), params, 9, means)
+    got = worst_rows_kernel(prepare_chunk(xps.asarray(X), prior.mean, "diag"), params, 9, means)
+    for a, b in zip(got, ref, strict=True):
+        assert type(a) is np.ndarray
+        np.testing.assert_allclose(a, b, rtol=1e-12)
