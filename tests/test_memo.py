@@ -378,3 +378,39 @@ def test_a_memoized_refresh_costs_the_new_rows(monkeypatch):
 def test_memo_stop_is_checked():
     with pytest.raises(ConfigError, match=r"learner option 'memo_stop' of 'vbem' must be one of"):
         _fit(X, learner_options={"memo": 0.5, "memo_stop": "sometimes"})
+
+
+def test_a_memoized_refresh_checks_only_its_new_chunks_for_worst_rows(monkeypatch):
+    """The worst-rows birth check (pipeline.fit.learners.outliers) of a memoized refresh reads the
+    chunks it started without kept statistics (the appended rows; the fit it refreshes checked the
+    others), not every chunk: a full pass would cost the refresh what memo saves. A fit from scratch
+    with memo, and a refresh without memo, read every chunk."""
+    import pipeline.fit.learners.outliers as outliers
+
+    kw = {**GROW, "n_components": 20, "tol": 1e-4}
+    first = _fit(PLANTED[:5500], learner_options={"memo": 1.0}, **kw)
+    read = []
+    worst_rows = outliers.worst_rows
+    monkeypatch.setattr(outliers, "worst_rows",
+                        lambda ctx, params, means, chunks=None: read.append(
+                            len(ctx.handles) if chunks is None else chunks.size) or worst_rows(
+                            ctx, params, means, chunks))
+
+    def refresh(opts):
+        read.clear()
+        m = VBMixture(**{**kw, "n_components": first.prior_.n_components}, warm_start=True,
+                      learner_options=opts)
+        m.posterior_, m.prior_, m.warm_state_ = first.posterior_, first.prior_, first.warm_state_
+        m.n_features_in_, m.lower_bound_ = PLANTED.shape[1], first.lower_bound_
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m.fit(PLANTED)
+        return m, list(read)
+
+    memo, memo_reads = refresh({"memo": 0.25})
+    full, full_reads = refresh({})
+    assert memo.adopted_chunks_ == 11 and memo_reads and set(memo_reads) == {1}  # the one new chunk
+    assert full_reads and set(full_reads) == {12}
+    read.clear()
+    _fit(PLANTED[:5500], learner_options={"memo": 1.0}, **kw)
+    assert read and set(read) == {11}

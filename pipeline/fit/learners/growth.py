@@ -262,14 +262,16 @@ def propose(ctx: Any, post: Posterior, prior: Any, truncation: int, iteration: i
     return with_children(post, replace(prior, n_components=truncation), ctx.shift, parents, kept, children)
 
 
-def propose_outliers(ctx: Any, post: Posterior, prior: Any, limit: int) -> tuple[int, Posterior] | None:
-    """Births from groups of the worst-explained rows (:mod:`pipeline.fit.learners.outliers`), on
-    their own: a child at each group's mean (its component keeps its mean), up to ``limit``
-    components; the truncation that holds them and the proposal, or None (no group, no room)."""
+def propose_outliers(ctx: Any, post: Posterior, prior: Any, limit: int,
+                     chunks: np.ndarray | None = None) -> tuple[int, Posterior] | None:
+    """Births from groups of the worst-explained rows (:mod:`pipeline.fit.learners.outliers`; of the
+    chunks ``chunks`` only, where given), on their own: a child at each group's mean (its component
+    keeps its mean), up to ``limit`` components; the truncation that holds them and the proposal, or
+    None (no group, no room)."""
     if post.n_components >= limit:
         return None
     means = post.means - ctx.shift
-    groups = outlier_births(ctx, estep_params(post, ctx.shift), means, SPREAD_SPLIT)
+    groups = outlier_births(ctx, estep_params(post, ctx.shift), means, SPREAD_SPLIT, chunks)
     if not groups:
         return None
     k = min(limit, max(int(prior.n_components), post.n_components + len(groups)))

@@ -139,6 +139,9 @@ class MemoStats:
         self.have = np.zeros(n, dtype=bool)  # chunks with kept statistics
         self.moved = np.full(n, np.inf)  # movement at the last visit
         self.visited = np.zeros(n, dtype=np.int64)  # iteration of the last visit (0: never)
+        #: chunks this fit started without kept statistics (a refresh's new rows): the worst-rows
+        #: birth check reads only these (:mod:`pipeline.fit.learners.outliers`)
+        self.fresh = np.ones(n, dtype=bool)
         self.keys = chunk_keys(ctx.source)
         self.k = -1  # components of the kept statistics (-1: not known yet)
         #: each chunk's share of the last move round (:mod:`pipeline.fit.learners.memo_round`)
@@ -282,7 +285,7 @@ class MemoStats:
         parts = self.ctx.engine.fetch_states(self.states)
         self.states = restart_lineage(self.ctx, self.states, parts)
         out = {_PREFIX + "have": self.have, _PREFIX + "moved": self.moved, _PREFIX + "visited": self.visited,
-               _PREFIX + "keys": np.asarray(self.keys, dtype=str)}
+               _PREFIX + "fresh": self.fresh, _PREFIX + "keys": np.asarray(self.keys, dtype=str)}
         out.update(self.rounds.state(_ROUND))
         out.update(stack_stats([None if p is None else p.stats for p in parts], _PREFIX))
         for name in ("log_norm", "log_norm_m2"):
@@ -294,6 +297,7 @@ class MemoStats:
         self.have = np.asarray(arrays[_PREFIX + "have"], dtype=bool).copy()
         self.moved = np.asarray(arrays[_PREFIX + "moved"], dtype=np.float64).copy()
         self.visited = np.asarray(arrays[_PREFIX + "visited"], dtype=np.int64).copy()
+        self.fresh = np.asarray(arrays.get(_PREFIX + "fresh", np.ones(self.have.size)), dtype=bool).copy()
         parts = _results(arrays, range(self.have.size), self.have)
         self.states = list(self.ctx.engine.place_states(parts, self.ctx.handles))
         self.k = next((p.stats.n_components for p in parts if p is not None), -1)
@@ -313,7 +317,7 @@ class MemoStats:
         take = np.asarray([j >= 0 for j in src], dtype=bool)
         parts = _results(arrays, src, take)
         self.states = list(self.ctx.engine.place_states(parts, self.ctx.handles))
-        self.have = take.copy()
+        self.have, self.fresh = take.copy(), ~take
         self.moved = np.where(take, 0.0, np.inf)
         self.visited = np.zeros(take.size, dtype=np.int64)
         self.rounds.load(arrays, _ROUND, src)

@@ -96,11 +96,13 @@ def spread_per_dimension(counts: np.ndarray, squares: np.ndarray, d: int) -> flo
     return float(np.median(squares[held] / (counts[held] * d))) if held.any() else 0.0
 
 
-def worst_rows(ctx: Any, params: EStepParams, means: np.ndarray) -> tuple[np.ndarray, float]:
+def worst_rows(ctx: Any, params: EStepParams, means: np.ndarray,
+               chunks: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """The fit's worst-explained rows (shifted, float64), lowest ``ln sum_k rho`` first, and the
-    model's typical spread per dimension (one pass over the data)."""
+    model's typical spread per dimension (one pass over the data, or over the chunks ``chunks``)."""
     m = int(min(ctx.n_rows, OUTLIER_ROWS, max(1, OUTLIER_MAX_BYTES // (8 * ctx.n_features))))
-    parts = ctx.engine.map(worst_rows_kernel, ctx.handles, params, m, means)
+    handles = ctx.handles if chunks is None else [ctx.handles[int(i)] for i in chunks]
+    parts = ctx.engine.map(worst_rows_kernel, handles, params, m, means)
     ln = np.concatenate([p[0] for p in parts])
     rows = np.concatenate([p[1] for p in parts])
     counts, squares = np.zeros(means.shape[0]), np.zeros(means.shape[0])
@@ -138,12 +140,15 @@ def outlier_groups(rows: np.ndarray, owner: np.ndarray, means: np.ndarray, sprea
     return out
 
 
-def outlier_births(ctx: Any, params: EStepParams, means: np.ndarray,
-                   far: float) -> list[tuple[float, int, np.ndarray]]:
-    """:func:`outlier_groups` of the fit's worst-explained rows (one pass over the data), each row
-    given to the component it is most likely under, against the model's typical spread; groups at
-    least ``far`` and ``OUTLIER_FAR`` times :func:`tail_ratio` away."""
-    rows, typical = worst_rows(ctx, params, means)
+def outlier_births(ctx: Any, params: EStepParams, means: np.ndarray, far: float,
+                   chunks: np.ndarray | None = None) -> list[tuple[float, int, np.ndarray]]:
+    """:func:`outlier_groups` of the fit's worst-explained rows (one pass over the data, or over the
+    chunks ``chunks``: a memoized refresh's new ones), each row given to the component it is most
+    likely under, against the model's typical spread; groups at least ``far`` and ``OUTLIER_FAR``
+    times :func:`tail_ratio` away."""
+    if chunks is not None and chunks.size == 0:
+        return []
+    rows, typical = worst_rows(ctx, params, means, chunks)
     if rows.shape[0] < OUTLIER_MIN_ROWS or not typical > 0:
         return []
     far = max(far, OUTLIER_FAR * tail_ratio(ctx.n_weight, rows.shape[1]))

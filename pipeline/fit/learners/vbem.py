@@ -170,7 +170,7 @@ class VBEM(TruncatedLearner):
         kept = None if self.memo is None else self.memo.snapshot()
         k = growth.next_truncation()
         for make in (lambda: (k, propose(ctx, old_post, old_prior, k, iteration, gated=not growth.double)),
-                     lambda: propose_outliers(ctx, old_post, old_prior, growth.limit)):
+                     lambda: propose_outliers(ctx, old_post, old_prior, growth.limit, self._fresh())):
             k_new, proposal = make() or (k, None)
             if proposal is not None:
                 accepted = self._try(proposal, k_new, old_prior, last, iteration, kept)
@@ -178,6 +178,12 @@ class VBEM(TruncatedLearner):
                     return self.post, accepted
         ctx.prior, self.post, growth.last, growth.refused = old_prior, old_post, last, True
         return old_post, last
+
+    def _fresh(self) -> np.ndarray | None:
+        """The chunks the worst-rows check reads: all (None), or with memoized statistics the chunks
+        this fit started without (a refresh's new rows: the old ones were checked by the fit it
+        refreshes, and a pass over them would cost the refresh a full pass)."""
+        return None if self.memo is None else np.flatnonzero(self.memo.fresh)
 
     def _try(self, proposal: Posterior, k: int, old_prior: Any, last: ElboTerms, iteration: int,
              kept: Any) -> ElboTerms | None:
