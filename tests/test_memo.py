@@ -337,6 +337,17 @@ def test_a_warm_start_from_a_fit_that_grew_continues_with_its_truncation(tmp_pat
     assert res["adopted_chunks"] == 10 and res["n_effective"] == 20 and res["converged"]
 
 
+def _refresh_planted(first, kw, opts):
+    """A warm start from ``first`` (a fit of the first 5,500 planted rows) refitting all of them."""
+    m = VBMixture(**{**kw, "n_components": first.prior_.n_components}, warm_start=True, learner_options=opts)
+    m.posterior_, m.prior_, m.warm_state_ = first.posterior_, first.prior_, first.warm_state_
+    m.n_features_in_, m.lower_bound_ = PLANTED.shape[1], first.lower_bound_
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.fit(PLANTED)
+    return m
+
+
 def test_a_memoized_refresh_costs_the_new_rows(monkeypatch):
     """After an append of rows like the old ones, the refresh with ``memo_stop='gain'`` (the default)
     visits the new chunk, then makes its move round (right after the new rows are absorbed:
@@ -354,13 +365,7 @@ def test_a_memoized_refresh_costs_the_new_rows(monkeypatch):
     def refresh(opts):
         visits.clear()
         rounds.clear()
-        m = VBMixture(**{**kw, "n_components": first.prior_.n_components}, warm_start=True,
-                      learner_options=opts)
-        m.posterior_, m.prior_, m.warm_state_ = first.posterior_, first.prior_, first.warm_state_
-        m.n_features_in_, m.lower_bound_ = PLANTED.shape[1], first.lower_bound_
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            m.fit(PLANTED)
+        m = _refresh_planted(first, kw, opts)
         return m, sum(v.size for v in visits), len(rounds)
 
     (gain, gain_visits, gain_rounds) = refresh({"memo": 0.25})
@@ -398,14 +403,7 @@ def test_a_memoized_refresh_checks_only_its_new_chunks_for_worst_rows(monkeypatc
 
     def refresh(opts):
         read.clear()
-        m = VBMixture(**{**kw, "n_components": first.prior_.n_components}, warm_start=True,
-                      learner_options=opts)
-        m.posterior_, m.prior_, m.warm_state_ = first.posterior_, first.prior_, first.warm_state_
-        m.n_features_in_, m.lower_bound_ = PLANTED.shape[1], first.lower_bound_
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            m.fit(PLANTED)
-        return m, list(read)
+        return _refresh_planted(first, kw, opts), list(read)
 
     memo, memo_reads = refresh({"memo": 0.25})
     full, full_reads = refresh({})
