@@ -159,17 +159,29 @@ class VBEM(TruncatedLearner):
     def grow(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         """Birth proposals, each accepted at the first of ``grow_iters`` exact iterations whose bound
         beats the converged one (:mod:`pipeline.fit.learners.growth`): the splits towards the doubled
-        or filled truncation, then, when they are refused or there are none, the births from groups of
-        the worst-explained rows (:func:`pipeline.fit.learners.growth.propose_outliers`). All
-        refused, the fit keeps its posterior and bound (the history repeats its last value and the
-        fit ends)."""
+        or filled truncation; when a doubling (every component split) is refused, the splits of the
+        components that look like two groups alone (a saturated fit may hold single classes, whose
+        splits cost more than the merged ones' gain); then, when they are refused or there are
+        none, the births from groups of the worst-explained rows
+        (:func:`pipeline.fit.learners.growth.propose_outliers`). All refused, the fit keeps its
+        posterior and bound (the history repeats its last value and the fit ends)."""
         assert self.post is not None and self.growth.last is not None
         growth, ctx = self.growth, self.ctx
         growth.pending = False
         old_post, old_prior, last = self.post, ctx.prior, growth.last
         kept = None if self.memo is None else self.memo.snapshot()
         k = growth.next_truncation()
-        for make in (lambda: (k, propose(ctx, old_post, old_prior, k, iteration, gated=not growth.double)),
+        doubling = [-1]  # the doubling's components (a gated proposal as large is the same splits)
+
+        def splits(gated: bool) -> tuple[int, Posterior | None] | None:
+            proposal = propose(ctx, old_post, old_prior, k, iteration, gated=gated)
+            if gated and proposal is not None and proposal.n_components == doubling[0]:
+                return None
+            if not gated and proposal is not None:
+                doubling[0] = proposal.n_components
+            return k, proposal
+
+        for make in (lambda: splits(not growth.double), lambda: splits(True) if growth.double else None,
                      lambda: propose_outliers(ctx, old_post, old_prior, growth.limit, self._fresh())):
             k_new, proposal = make() or (k, None)
             if proposal is not None:
