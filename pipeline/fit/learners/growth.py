@@ -110,20 +110,19 @@ def two_means(rows: np.ndarray, first: np.ndarray, second: np.ndarray,
     """Lloyd's 2-means on ``rows`` from the centres ``first`` and ``second``; the label of each row."""
     c = np.stack((first, second))
     lab = np.zeros(rows.shape[0], dtype=np.int64)
-    for _ in range(iters):
-        d2 = ((rows[:, None, :] - c[None]) ** 2).sum(-1)
-        lab = np.argmin(d2, axis=1)
+    for _ in range(iters):  # nearest centre: the smaller |c|^2 - 2 x.c (two GEMV, no n x 2 x D array)
+        lab = np.argmin(np.einsum("ij,ij->i", c, c)[None, :] - 2.0 * (rows @ c.T), axis=1)
         for j in (0, 1):
             if np.any(lab == j):
                 c[j] = rows[lab == j].mean(0)
     return lab
 
 
-def pc_two_means(rows: np.ndarray, z: np.ndarray) -> np.ndarray:
+def pc_two_means(rows: np.ndarray, z: np.ndarray, direction: np.ndarray | None = None) -> np.ndarray:
     """:func:`two_means` of ``rows`` started from the two sides of the first principal component of
-    ``z`` (the rows, scaled): the label of each row."""
+    ``z`` (the rows, scaled; ``direction``, where known): the label of each row."""
     centred = z - z.mean(0)
-    side = centred @ principal_direction(centred) > 0
+    side = centred @ (principal_direction(centred) if direction is None else direction) > 0
     if side.all() or not side.any():
         return side.astype(np.int64)
     return two_means(rows, rows[~side].mean(0), rows[side].mean(0))
@@ -143,15 +142,56 @@ def best_cut_share(p: np.ndarray) -> float:
     return float(np.max(i * (n - i) / n * (left - right) ** 2) / total)
 
 
-def held_out_bimodality(z: np.ndarray) -> float:
+def halves(z: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``(fit, test, fit's first principal direction)`` for the rows ``z`` halved at even and odd
+    positions, each half fitting once and testing once (the held-out statistics below)."""
+    return [(fit, test, principal_direction(fit - fit.mean(0)))
+            for fit, test in ((z[0::2], z[1::2]), (z[1::2], z[0::2]))]
+
+
+def held_out_bimodality(z: np.ndarray, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+                        ) -> float:
     """How bimodal the rows ``z`` are along their main direction, judged on rows that did not choose
     it: the rows are halved (even and odd positions), each half's first principal direction projects
     the other half, and the mean of the two :func:`best_cut_share` is returned. A direction fitted to
     few rows in many dimensions separates them whatever they are; projected held-out rows of one
-    Gaussian are a 1-D Gaussian sample, whatever the dimension (see :func:`bimodal_threshold`)."""
+    Gaussian are a 1-D Gaussian sample, whatever the dimension (see :func:`bimodal_threshold`).
+    ``parts``: :func:`halves` of ``z``, where known."""
+    return float(np.mean([best_cut_share(test @ u) for _, test, u in parts or halves(z)]))
+
+
+def held_out_split_gain(z: np.ndarray, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+                        ) -> float:
+    """How much better two Gaussians explain the rows ``z`` than one, judged on rows that did not
+    fit them: the rows are halved (even and odd positions); on each half, one Gaussian (its mean and
+    per-dimension variance) and a two-component mixture (:func:`pc_two_means`' groups: their shares,
+    means and pooled per-dimension variance) are fitted, and the other half's mean log-likelihood
+    gain of the mixture's density over the one Gaussian is taken; the mean of the two. Its
+    expectation is the two Kullback-Leibler divergences' difference, ``KL(p || one) - KL(p || two)``:
+    negative for rows of one Gaussian (the one Gaussian is the truth's fit, the mixture is not, and
+    it has more to estimate), positive for rows of several classes the two groups part, even where
+    no direction shows two groups (:func:`held_out_bimodality`: several classes along no one line).
+    ``parts``: :func:`halves` of ``z``, where known."""
     out = []
-    for fit, test in ((z[0::2], z[1::2]), (z[1::2], z[0::2])):
-        out.append(best_cut_share(test @ principal_direction(fit - fit.mean(0))))
+    for fit, test, u in parts or halves(z):
+        centre = fit.mean(0)
+        fit, test = fit - centre, test - centre
+        lab = pc_two_means(fit, fit, u)
+        if lab.min() == lab.max() or test.shape[0] == 0:
+            return -math.inf
+        var = fit.var(0)
+        floor = 1e-6 * max(float(var.mean()), 1e-300)
+        means = np.stack([fit[lab == j].mean(0) for j in (0, 1)])
+        within = ((fit - means[lab]) ** 2).mean(0) + floor
+        var = var + floor
+        # the log densities through GEMMs: sum_d (x - m)^2 / v = x^2 . (1/v) - 2 x . (m/v) + m^2 . (1/v)
+        sq = (test * test) @ np.stack((1.0 / var, 1.0 / within)).T
+        one = -0.5 * (sq[:, 0] + np.log(2.0 * np.pi * var).sum())
+        lin = test @ (means / within).T
+        two = (np.log(np.bincount(lab, minlength=2) / lab.size)[None, :]
+               - 0.5 * (sq[:, 1:] - 2.0 * lin + (means * means / within).sum(1)[None, :]
+                        + np.log(2.0 * np.pi * within).sum()))
+        out.append(float(np.mean(np.logaddexp(two[:, 0], two[:, 1]) - one)))
     return float(np.mean(out))
 
 
@@ -191,7 +231,9 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int,
     are cut in two by 2-means started from the sign of their first principal component; the components
     are ranked by how far their :func:`held_out_bimodality` exceeds :func:`bimodal_threshold` (ties:
     larger first) and split, the parent taking one half's mean, a child the other's. ``gated``: only
-    components above the threshold (a fit that is not short of components splits only those). A
+    components above the threshold, or that two Gaussians explain better than one on held-out rows
+    (:func:`held_out_split_gain`, ranked after them), are split (a fit that is not short of
+    components splits only those). A
     component ``SPREAD_SPLIT`` times as wide as one of the model (:func:`spread_ratio` against the
     fixed covariance's sigma^2, or the median component's spread) is split too, before the others
     (widest first): several classes held by one component need not look like two groups along one
@@ -214,12 +256,13 @@ def split_proposals(ctx: Any, post: Posterior, n_births: int, iteration: int,
     with one_blas_thread():  # hundreds of small eigh/GEMM calls: threads only cost (7 ms each at load 3)
         for rank, k, mine in members:
             z = sample[mine] / scale
-            excess = held_out_bimodality(z) - bimodal_threshold(mine.size // 2)
+            parts = halves(z)
+            excess = held_out_bimodality(z, parts) - bimodal_threshold(mine.size // 2)
             ref = float(post.covariances[k]) if post.covariance_type == "fixed" else typical
             # (rows all alike, as most components' may be on data of repeated rows: no reference width)
             ratio = spreads[k] / ref if ref > 0 else (math.inf if spreads[k] > 0 else 0.0)
             wide = ratio > SPREAD_SPLIT
-            if gated and excess <= 0.0 and not wide:
+            if gated and excess <= 0.0 and not wide and not held_out_split_gain(z, parts) > 0.0:
                 continue
             lab = pc_two_means(sample[mine], z)
             if lab.min() == lab.max():
