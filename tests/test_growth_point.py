@@ -129,10 +129,11 @@ def test_a_refused_proposal_leaves_the_fit_bitwise_as_without_growth(planted) ->
     t = refused.truncation_
     assert t["refused"] and t["grew"] == 0 and t["final"] == 5
     same_fit_bits(refused, fixed)
-    # the proposal's passes were spent at iteration 20 only (grow_every): the sample's gather and the
-    # current point's and the proposal's refinements (grow_iters + 1 each; the first is the current bound)
+    # the proposal's passes were spent at iteration 20 only (grow_every): the sample's gather, the
+    # current point's and the proposal's refinements (grow_iters + 1 each; the first is the current
+    # bound) and, the splits refused, the worst-explained rows' gather (no group: nothing proposed)
     extra = np.diff([0] + [s["passes"] for s in seen]) - np.diff([0] + [s["passes"] for s in _passes(x)])
-    assert np.flatnonzero(extra).tolist() == [19] and extra[19] == 1 + 2 * (3 + 1)
+    assert np.flatnonzero(extra).tolist() == [19] and extra[19] == 1 + 2 * (3 + 1) + 1
 
 
 def _passes(x) -> list[dict]:
@@ -240,3 +241,47 @@ def test_a_warm_start_of_a_grown_fit_spends_no_doubling(planted) -> None:
         warm.fit(x)
     t = warm.truncation_
     assert t["start"] == unsaturated_truncation(k) and t["grew"] == 0 and warm.n_effective_ == 20
+
+
+def test_outlier_point_takes_the_childs_weight_from_its_parent() -> None:
+    from pipeline.fit.learners.point_growth import outlier_point
+
+    rng = np.random.default_rng(1)
+    means = rng.standard_normal((3, 2))
+    point = DPPoint(means, sticks_of_weights(np.array([0.5, 0.3, 0.2])))
+    shift = np.array([1.0, -1.0])
+    child = rng.standard_normal((2, 2))
+    new = outlier_point(point, np.array([0, 2]), child, shift, n_weight=300.0)  # 3 rows: 0.01 each
+    assert np.allclose(np.exp(log_stick_weights(new.sticks)), [0.49, 0.3, 0.19, 0.01, 0.01])
+    assert np.array_equal(new.means[3:], child + shift) and np.array_equal(new.means[:3], means)
+
+
+@pytest.fixture(scope="module")
+def two_tiny_classes():
+    """Three classes of 3,000 rows and two of 12 (0.13% of the rows each), far apart, 16 dimensions:
+    a minibatch of 4,000 rows holds about 5 of a tiny class's rows."""
+    rng = np.random.default_rng(4)
+    centres = rng.normal(scale=6.0, size=(5, 16))
+    lab = np.repeat(np.arange(5), [3000, 3000, 3000, 12, 12])
+    return (centres[lab] + rng.normal(size=(lab.size, 16))).astype(np.float32), lab
+
+
+@pytest.mark.parametrize("k", [2, 4, 50])
+def test_sga_f_finds_classes_of_a_few_rows_from_the_worst_explained_rows(two_tiny_classes, k) -> None:
+    """The births' check gathers the worst-explained rows when no component passes the split gates
+    (as VB EM's does): a child at each tight, distant group of them, judged on the exact bound.
+    Without it the two tiny classes stayed inside larger clusters from every start."""
+    x, lab = two_tiny_classes
+    m = _fit(x, k)
+    labels = m.predict(x)
+    assert m.n_effective_ == 5
+    for c in (3, 4):  # each tiny class is a cluster of its own
+        assert np.unique(labels[lab == c]).size == 1
+        assert np.sum(labels == labels[lab == c][0]) == 12
+
+
+def test_outlier_births_same_bits_on_dask(two_tiny_classes, client) -> None:
+    x, _ = two_tiny_classes
+    local = _fit(x, 2, max_iter=60)
+    assert local.n_effective_ == 5
+    same_fit_bits(_fit(x, 2, max_iter=60, engine=client), local)

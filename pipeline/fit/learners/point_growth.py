@@ -17,7 +17,12 @@ the seeded sample of rows, the held-out bimodality test, the 2-means split, :cla
    assignments never join the halves of a split Gaussian again, which VB EM's soft ones do, so an
    ungated doubling of single Gaussians would only waste its passes before the bound refuses it). The
    parent takes one half's mean, a child the other's, each half the parent's weight
-   (:func:`split_point`). No component passes: nothing is proposed and the growth ends.
+   (:func:`split_point`). When no component passes, or the bound refuses the splits, one more pass
+   gathers the worst-explained rows as VB EM's births do
+   (:func:`pipeline.fit.learners.outliers.outlier_births`) and proposes a child at each tight group
+   of them far from its cluster, weighing ``OUTLIER_MIN_ROWS`` rows taken from that cluster
+   (:func:`outlier_point`): a class of a few dozen rows that the minibatches rarely show. Nothing
+   proposed, or all refused: the growth ends.
 3. **Judged on the exact bound of all rows**: the proposal and the current point are each refined by
    ``grow_iters`` full-data MM steps (MAP assignments of all rows, :func:`vbcore.learners.sga.mm_update`, the
    learner's threshold rule; :meth:`PointGrowthMixin.refine`), and the proposal is accepted only when
@@ -45,8 +50,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.fit.learners.growth import Growth, default_limit, n_used, split_proposals
+from pipeline.fit.learners.growth import SPREAD_SPLIT, Growth, default_limit, n_used, split_proposals
+from pipeline.fit.learners.outliers import OUTLIER_MIN_ROWS, outlier_births
 from vbcore.errors import ConfigError
+from vbcore.kernels.estep import estep_params
 from vbcore.kernels.sga_stats import DPPoint, log_stick_weights, take_stats
 from vbcore.learners.sga import Velocity, default_threshold, mm_sticks, mm_update, sticks_of_weights
 from vbcore.model.elbo import ElboTerms
@@ -78,6 +85,19 @@ def split_point(point: DPPoint, parents: np.ndarray, kept: np.ndarray, children:
     means = np.concatenate((point.means, children + shift))
     means[parents] = kept + shift
     return DPPoint(means, sticks_of_weights(np.concatenate((pi, pi[parents]))))
+
+
+def outlier_point(point: DPPoint, parents: np.ndarray, children: np.ndarray, shift: np.ndarray,
+                  n_weight: float) -> DPPoint:
+    """``point`` with a child at each row of ``children`` (shifted group means of the worst-explained
+    rows, :func:`pipeline.fit.learners.outliers.outlier_births`) appended, each weighing
+    ``OUTLIER_MIN_ROWS`` rows taken from its parent (``parents``); the other weights are unchanged."""
+    pi = np.exp(log_stick_weights(point.sticks))
+    w = np.full(parents.size, min(OUTLIER_MIN_ROWS / max(float(n_weight), 1.0), 1.0))
+    np.subtract.at(pi, parents, w)
+    pi[parents] = np.maximum(pi[parents], w)  # (a parent keeps at least what its child takes)
+    means = np.concatenate((point.means, children + shift))
+    return DPPoint(means, sticks_of_weights(np.concatenate((pi, w))))
 
 
 class PointGrowthMixin:
@@ -117,26 +137,54 @@ class PointGrowthMixin:
         return terms
 
     def try_births(self, iteration: int) -> ElboTerms | None:
-        """The birth proposal towards :meth:`Growth.next_truncation`, accepted on the exact bound."""
+        """The birth proposal towards :meth:`Growth.next_truncation`, accepted on the exact bound:
+        the gated splits, then, when they are refused or there are none, children at the groups of
+        the worst-explained rows (:func:`pipeline.fit.learners.outliers.outlier_births`, one more
+        pass), as VB EM's births."""
         me: Any = self
         g, ctx = self.growth, me.ctx
         k = g.next_truncation()
         births = k - me.point.n_components
         parents, kept, children = split_proposals(ctx, me.post, births, iteration, gated=True)
-        if parents.size == 0:
-            return None
-        old_thr = me.thr
-        refined, refined_stats, first = self.refine(me.point)  # first: the current point's pass
-        now, base = me.bound_of(me.point, first)[1], me.bound_of(refined, refined_stats)[1]
-        proposal = split_point(me.point, parents, kept, children, ctx.shift)
-        if old_thr is not None:  # the bound judges the children: the threshold may not prune them first
+        current: list[float] = []  # the current point's bound and its refined one's (computed once)
+        if parents.size:
+            proposal = split_point(me.point, parents, kept, children, ctx.shift)
             born = np.exp(log_stick_weights(proposal.sticks))[parents]
-            me.thr = min(old_thr, default_threshold(proposal.sticks), BIRTH_SHARE * float(born.min()))
+            if (judged := self.judge(proposal, float(born.min()), current)) is not None:
+                return self.accept(*judged, k)
+        groups = outlier_births(ctx, estep_params(me.post, ctx.shift), me.point.means - ctx.shift,
+                                SPREAD_SPLIT)[:births]
+        if not groups:
+            return None
+        proposal = outlier_point(me.point, np.asarray([c[1] for c in groups], dtype=np.int64),
+                                 np.asarray([c[2] for c in groups]), ctx.shift, ctx.n_weight)
+        judged = self.judge(proposal, float(np.exp(log_stick_weights(proposal.sticks))[-1]), current)
+        return None if judged is None else self.accept(*judged, k)
+
+    def judge(self, proposal: DPPoint, smallest: float,
+              current: list[float]) -> tuple[DPPoint, SuffStats, ElboTerms] | None:
+        """The refined proposal, its statistics and exact bound when that beats the current point's
+        and its refined one's (``current``, filled on the first call) by more than ``min_gain``; None:
+        refused, the threshold as it was. The threshold may not prune a child (of weight
+        ``smallest`` or more) before the bound has judged it."""
+        me: Any = self
+        if not current:
+            refined, refined_stats, first = self.refine(me.point)  # first: the current point's pass
+            current += [me.bound_of(me.point, first)[1].total, me.bound_of(refined, refined_stats)[1].total]
+        old_thr = me.thr
+        if old_thr is not None:
+            me.thr = min(old_thr, default_threshold(proposal.sticks), BIRTH_SHARE * smallest)
         point, stats, _ = self.refine(proposal)
         terms = me.bound_of(point, stats)[1]
-        if terms.total <= max(now.total, base.total) + g.min_gain:
+        if terms.total <= max(current) + self.growth.min_gain:
             me.thr = old_thr
             return None
+        return point, stats, terms
+
+    def accept(self, point: DPPoint, stats: SuffStats, terms: ElboTerms, k: int) -> ElboTerms:
+        """Go on from an accepted proposal's refined point with the truncation ``k``."""
+        me: Any = self
+        g, ctx = self.growth, me.ctx
         me.point, me.counts = point, stats.nk.copy()
         me.velocity = Velocity.zeros(*point.means.shape)  # the children have no momentum; the step restarts
         me.post = me.posterior()
