@@ -112,20 +112,29 @@ WIDER_FRESH = {
                     (15000, 32, 25, 106, 6.0, "equal", "hetero")],
     "Dirichlet(2) sizes": [(20000, 32, 30, 107, 5.0, 2.0), (30000, 128, 50, 108, 2.0, 2.0)],
     "long-tailed sizes": [(50000, 32, 25, 109, 6.0, 0.5), (30000, 64, 30, 110, 6.0, 1.0)],
+    # diagonal covariances of their own (VB EM's family, not the point learners' isotropic one)
+    "diag classes": [(20000, 32, 30, 201, 6.0, "equal", "diag"), (20000, 64, 40, 202, 3.0, "equal", "diag"),
+                     (10000, 8, 15, 203, 8.0, "equal", "diag"), (30000, 128, 50, 204, 2.0, 2.0, "diag"),
+                     (40000, 32, 30, 205, 6.0, 0.5, "diag")],
 }
 
 
 def planted_set(rows: int, dim: int, classes: int, seed: int, scale: float, shares: object = "equal",
                 sd: str = "unit") -> tuple[np.ndarray, np.ndarray]:
-    """Isotropic Gaussian classes: centres N(0, scale^2 I), labels uniform or of Dirichlet shares."""
+    """Gaussian classes: centres N(0, scale^2 I), labels uniform or of Dirichlet shares; unit
+    deviations, or ``sd='hetero'`` one deviation per class in U(0.7, 1.4), or ``sd='diag'`` one per
+    class and dimension in U(0.5, 2)."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(scale=scale, size=(classes, dim))
     if shares == "equal":
         y = rng.integers(0, classes, size=rows)
     else:
         y = rng.choice(classes, size=rows, p=rng.dirichlet(np.full(classes, float(shares))))  # type: ignore[arg-type]
-    spread = rng.uniform(0.7, 1.4, size=classes) if sd == "hetero" else np.ones(classes)
-    return (centres[y] + spread[y, None] * rng.normal(size=(rows, dim))).astype(np.float32), y
+    if sd == "diag":
+        spread = rng.uniform(0.5, 2.0, size=(classes, dim))[y]
+    else:
+        spread = (rng.uniform(0.7, 1.4, size=classes) if sd == "hetero" else np.ones(classes))[y, None]
+    return (centres[y] + spread * rng.normal(size=(rows, dim))).astype(np.float32), y
 
 
 def wider(learners: list[str], sets_by_group: dict | None = None) -> None:
