@@ -72,11 +72,14 @@ def saturated(n_used: int, truncation: int) -> bool:
 
 def stopped_growing(info: dict[str, Any], converged: bool) -> dict[str, Any]:
     """The truncation entry of a fit as it ended (``info``: :meth:`Growth.info` or a learner's
-    ``truncation_info``): a growing truncation still saturated below its limit, whose last growth
-    was not refused by the bound, when the fit stopped unconverged had not settled, so the
-    iteration limit decided the count (``max_iter_hit``, which counts as ``limit_hit``). A refused
-    proposal settles it (the point learners' steady state: they never declare convergence)."""
-    cut = bool(info.get("growth") and info.get("saturated") and not info.get("limit_hit")
+    ``truncation_info``): a growing truncation below its limit, still saturated or grown by a birth
+    since its last refusal, when the fit stopped unconverged had not settled, so the iteration limit
+    decided the count (``max_iter_hit``, which counts as ``limit_hit``). A refused proposal settles
+    it (the point learners' steady state: they never declare convergence). (Saturation alone missed
+    a fill in progress: `sga-f` at defaults on 200 classes, 100,000 x 256, ended at its 200
+    iterations with 146 of a truncation of 200 grown 10 times, unwarned; 203 at 800 iterations.)"""
+    growing = bool(info.get("saturated")) or int(info.get("grew") or 0) > 0
+    cut = bool(info.get("growth") and growing and not info.get("limit_hit")
                and not info.get("refused") and not converged)
     return {**info, "max_iter_hit": cut, "limit_hit": bool(info.get("limit_hit")) or cut}
 
