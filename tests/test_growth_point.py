@@ -288,14 +288,14 @@ def test_outlier_births_same_bits_on_dask(two_tiny_classes, client) -> None:
 
 
 def test_an_iteration_limit_that_cuts_a_fill_in_progress_warns(planted) -> None:
-    """From a quarter of the truth, 45 iterations stop the growth after two accepted births, the
+    """From a quarter of the truth, 21 iterations stop the growth after two accepted births, the
     truncation (20) not saturated by the 14 clusters: the iteration limit decided the count, and the
     fit says so (saturation alone did not flag it). Given its iterations, the growth settles (a
     refusal) at the truth and nothing is flagged."""
     from vbcore.errors import truncation_message
 
     x, _ = planted
-    t = _fit(x, 5, max_iter=45).truncation_
+    t = _fit(x, 5, max_iter=21).truncation_
     assert t["max_iter_hit"] and t["limit_hit"] and not t["saturated"] and t["grew"] == 2
     assert truncation_message(t).startswith("the fit uses 14 of its 20 components and the fit stopped at "
                                             "its iteration limit while the truncation was still growing")

@@ -6,7 +6,8 @@ it grow, in the spirit of VB EM's births (:mod:`pipeline.fit.learners.growth`, w
 the seeded sample of rows, the held-out bimodality test, the 2-means split, :class:`Growth`'s rules):
 
 1. **When**: every ``grow_every`` iterations (the minibatch estimate never converges, so the check
-   has its own schedule), and where the learner's bound is exact (``elbo='full'``) also when it has
+   has its own schedule), at the iteration after an accepted birth (growth from far below takes one
+   check per doubling), and where the learner's bound is exact (``elbo='full'``) also when it has
    converged (the next iteration checks). The check asks :meth:`Growth.wants` with the counts the
    learner holds: a saturated truncation below the limit doubles; one the threshold or the merges
    have shrunk is filled.
@@ -191,6 +192,7 @@ class PointGrowthMixin:
         g.truncation, g.grown = k, g.grown + 1
         ctx.prior = replace(ctx.prior, n_components=k)
         me.moves.pending = True  # a merge round before an exact fit may converge
+        g.pending = True  # the next iteration checks again (the refined proposal is settled enough)
         return terms
 
     def refine(self, point: DPPoint) -> tuple[DPPoint, SuffStats, SuffStats]:
