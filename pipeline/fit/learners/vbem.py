@@ -10,7 +10,7 @@ default; they combine (:mod:`vbcore.moves.truncated`). Memoized statistics (``me
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -170,26 +170,26 @@ class VBEM(TruncatedLearner):
         growth.pending = False
         old_post, old_prior, last = self.post, ctx.prior, growth.last
         kept = None if self.memo is None else self.memo.snapshot()
-        k = growth.next_truncation()
-        doubling = [-1]  # the doubling's components (a gated proposal as large is the same splits)
-
-        def splits(gated: bool) -> tuple[int, Posterior | None] | None:
-            proposal = propose(ctx, old_post, old_prior, k, iteration, gated=gated)
-            if gated and proposal is not None and proposal.n_components == doubling[0]:
-                return None
-            if not gated and proposal is not None:
-                doubling[0] = proposal.n_components
-            return k, proposal
-
-        for make in (lambda: splits(not growth.double), lambda: splits(True) if growth.double else None,
-                     lambda: propose_outliers(ctx, old_post, old_prior, growth.limit, self._fresh())):
-            k_new, proposal = make() or (k, None)
+        for k_new, proposal in self._proposals(growth.next_truncation(), old_post, old_prior, iteration):
             if proposal is not None:
                 accepted = self._try(proposal, k_new, old_prior, last, iteration, kept)
                 if accepted is not None:
                     return self.post, accepted
         ctx.prior, self.post, growth.last, growth.refused = old_prior, old_post, last, True
         return old_post, last
+
+    def _proposals(self, k: int, post: Posterior, prior: Any,
+                   iteration: int) -> Iterator[tuple[int, Posterior | None]]:
+        """The birth proposals of :meth:`grow` in the order they are tried, made lazily (each costs a
+        sample or a pass): ``(truncation, proposal or None)``."""
+        ctx, growth = self.ctx, self.growth
+        first = propose(ctx, post, prior, k, iteration, gated=not growth.double)
+        yield k, first
+        if growth.double:  # a refused doubling: the components that look like two groups alone
+            gated = propose(ctx, post, prior, k, iteration, gated=True)
+            if first is None or gated is None or gated.n_components != first.n_components:
+                yield k, gated  # (as large as the doubling, it is the same splits: not tried again)
+        yield propose_outliers(ctx, post, prior, growth.limit, self._fresh()) or (k, None)
 
     def _fresh(self) -> np.ndarray | None:
         """The chunks the worst-rows check reads: all (None), or with memoized statistics the chunks
