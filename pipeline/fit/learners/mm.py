@@ -13,7 +13,7 @@ import numpy as np
 
 from pipeline.fit.learners import register
 from pipeline.fit.learners.dpm import DPPointLearner
-from pipeline.fit.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
+from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS, HardMovesMixin
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.kernels.sga_stats import take_stats
 from vbcore.learners.sga import map_bound, mm_sticks, mm_update
@@ -30,7 +30,7 @@ class MM(HardMovesMixin, DPPointLearner):
 
     #: merges: pipeline.fit.learners.moves; ``candidates`` > 0: the MAP labels searched over candidate
     #: clusters (pipeline.fit.learners.truncated.MapSearch)
-    options = {"prune_threshold": None, **HARD_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS}
+    options = {"prune_threshold": None, **POINT_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS}
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.point is not None, "start() first"

@@ -36,6 +36,7 @@ from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
 from vbcore.kernels.sga_stats import DPPoint, take_stats
 from vbcore.model.posterior import Posterior
+from vbcore.model.priors import Prior, default_prior
 from vbcore.model.stats import SuffStats
 from vbcore.moves.estep_pass import MoveParams, move_kernel
 from vbcore.moves.exact import (
@@ -59,6 +60,12 @@ MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 
 #: search is, issue 26)
 HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", **{k: MOVE_OPTIONS[k] for k in (
     "move_every", "move_pairs", "move_neighbours")}}
+#: learner option ``judge`` of the DP point learners: the exact bound their merges and births are judged
+#: on -- ``diag`` (the default): the pipeline's default model's, of their hard assignments
+#: (:func:`partition_prior`); ``own``: the learner's own (the fixed isotropic covariance)
+JUDGES = ("diag", "own")
+#: the move options of the DP point learners (MM, SGA, SGA+M, SGA+F)
+POINT_MOVE_OPTIONS: dict[str, Any] = {**HARD_MOVE_OPTIONS, "judge": "diag"}
 _EMPTY = np.zeros((0, 2), dtype=np.int64)
 
 
@@ -80,6 +87,9 @@ def parse_moves(learner: str, value: str, candidates: int = 0) -> frozenset[str]
 
 def check_move_options(learner: str, opts: Mapping[str, Any]) -> frozenset[str]:
     kinds = parse_moves(learner, opts["moves"], int(opts.get("candidates", 0)))
+    if "judge" in opts and opts["judge"] not in JUDGES:
+        raise ConfigError(f"learner option 'judge' of {learner!r} must be one of {JUDGES}, "
+                          f"got {opts['judge']!r}")
     for key in ("move_every", "move_pairs", "move_neighbours", "delete_max"):
         if key in opts and opts[key] < 1:
             raise ConfigError(f"learner option {key!r} of {learner!r} must be an integer >= 1, "
@@ -188,14 +198,15 @@ class Moves:
         keep = np.setdiff1d(np.arange(k), self.deletes) if self.deletes.size else None
         return keep, (_EMPTY if keep is None else reindex_pairs(self.pairs, keep, k))
 
-    def run(self, ctx: Any, post: Posterior, pass_: Any = None) -> SuffStats:
+    def run(self, ctx: Any, post: Posterior, pass_: Any = None, prior: Prior | None = None) -> SuffStats:
         """One move round: the E-step pass with the move quantities, then the best exact ELBO.
         ``pass_(params)``: the pass (default: ``map_reduce`` of :func:`vbcore.moves.estep_pass.move_kernel`;
-        VB EM's memoized statistics keep each chunk's regular statistics)."""
+        VB EM's memoized statistics keep each chunk's regular statistics); ``prior``: the one whose
+        exact ELBO judges (default ``ctx.prior``; SVI's :class:`Judge`)."""
         keep, keep_pairs = self._prepare(post.n_components)
         params = MoveParams(estep_params(post, ctx.shift), self.pairs, keep, keep_pairs)
         res = ctx.engine.map_reduce(move_kernel, ctx.handles, params) if pass_ is None else pass_(params)
-        return self.choose(ctx, res.stats, res.h, res.alt, res.alt_h, keep, keep_pairs)
+        return self.choose(ctx, res.stats, res.h, res.alt, res.alt_h, keep, keep_pairs, prior)
 
     def truncated_request(self, k: int) -> TruncMoveRequest:
         """The hook of a truncated pass that is a move round (:mod:`vbcore.moves.truncated`)."""
@@ -211,10 +222,11 @@ class Moves:
         return self.choose(ctx, result.stats, extra.h, alt, extra.alt_h, keep, keep_pairs)
 
     def choose(self, ctx: Any, stats: SuffStats, h: np.ndarray, alt: SuffStats | None, alt_h: np.ndarray,
-               keep: np.ndarray | None, keep_pairs: np.ndarray) -> SuffStats:
-        """Keep whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO.
-        Sets :attr:`relabelling` (kept components, moved ones) for the truncated E-step's state."""
-        prior, reg = ctx.prior, ctx.reg_covar
+               keep: np.ndarray | None, keep_pairs: np.ndarray, prior: Prior | None = None) -> SuffStats:
+        """Keep whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO
+        (under ``prior``, default ``ctx.prior``). Sets :attr:`relabelling` (kept components, moved
+        ones) for the truncated E-step's state."""
+        prior, reg = ctx.prior if prior is None else prior, ctx.reg_covar
         k = stats.nk.shape[0]
         remove = removes_components(prior)
         base = total_elbo(stats, prior, reg)
@@ -330,14 +342,62 @@ class HardMoves:
             self.pending, self.force = bool(pending), bool(force)
 
 
+def partition_prior(ctx: Any) -> Prior:
+    """The prior of the bound that judges a DP point learner's merges and births (``judge='diag'``): the
+    pipeline's default model -- diagonal covariances, the empirical defaults of
+    :func:`vbcore.model.priors.default_prior` from the data's moments -- with the learner's own weight
+    prior. Its exact ELBO at one-hot q(Z) (:func:`partition_bound`) scores a partition of the rows with
+    per-cluster, per-dimension variances, where the learner's fixed isotropic ``sigma^2`` makes every
+    class of real features worth many clusters (docs/algorithms.md, "Model selection in the DP point
+    learners")."""
+    m, own = ctx.moments, ctx.prior
+    return default_prior(covariance_type="diag", weight_type=own.weight_type, n_components=own.n_components,
+                         data_mean=m.raw_mean()[0], data_covariance=m.scatter[0] / max(m.total_weight - 1, 1),
+                         weight_concentration=own.weight_concentration, mean=own.mean, defaults="empirical",
+                         n_rows=float(m.total_weight))
+
+
+def partition_bound(stats: SuffStats, prior: Prior) -> float:
+    """The exact ELBO of the one-hot q(Z) summarised by ``stats`` (hard statistics of all rows) under
+    ``prior``, at its optimal q(theta): the bound :func:`vbcore.moves.hard.select_hard_merges` changes."""
+    return total_elbo(stats, prior, 0.0)
+
+
+class Judge:
+    """Which prior's exact ELBO judges a DP learner's merges and births (learner option ``judge``): the
+    learner's own (``own``), or :func:`partition_prior` (``diag``, made on first use: the data's
+    moments do not change within a fit)."""
+
+    def __init__(self, opts: Mapping[str, Any]) -> None:
+        self.own = opts.get("judge", "own") == "own"
+        self._prior: Prior | None = None
+
+    def prior(self, ctx: Any) -> Prior:
+        if self.own:
+            return ctx.prior  # type: ignore[no-any-return]
+        if self._prior is None:
+            self._prior = partition_prior(ctx)
+        return self._prior
+
+
 class HardMovesMixin:
     """Merges for a :class:`pipeline.fit.learners.dpm.DPPointLearner` (put before it in the bases):
-    the :class:`HardMoves` schedule, its checkpoint state and convergence rule, and
-    :meth:`apply_moves` for the learner's step."""
+    the :class:`HardMoves` schedule, its checkpoint state and convergence rule,
+    :meth:`apply_moves` for the learner's step, and the bound merges and births are judged on
+    (option ``judge``, :class:`Judge`)."""
 
     def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)  # type: ignore[call-arg]
         self.moves = HardMoves(self.name, self.opts)  # type: ignore[attr-defined]
+        self.judging = Judge(self.opts)  # type: ignore[attr-defined]
+
+    def judged_bound(self, point: DPPoint, stats: SuffStats) -> float:
+        """The bound a birth is judged on: the learner's exact ELBO at ``point`` (``judge='own'``) or
+        :func:`partition_bound` of its hard statistics ``stats``."""
+        me: Any = self
+        if self.judging.own:
+            return float(me.bound_of(point, stats)[1].total)
+        return partition_bound(stats, self.judging.prior(me.ctx))
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
@@ -352,7 +412,7 @@ class HardMovesMixin:
         if not self.moves.due(iteration):
             return stats
         me: Any = self
-        acc = self.moves.select(stats, me.point.means, me.ctx.prior)
+        acc = self.moves.select(stats, me.point.means, self.judging.prior(me.ctx))
         if acc.shape[0] == 0:
             return stats
         means, sticks, counts, keep = merge_points(me.point.means, me.point.sticks, stats.nk, acc)

@@ -171,16 +171,15 @@ class PointGrowthMixin:
         me: Any = self
         if not current:
             refined, refined_stats, first = self.refine(me.point)  # first: the current point's pass
-            current += [me.bound_of(me.point, first)[1].total, me.bound_of(refined, refined_stats)[1].total]
+            current += [me.judged_bound(me.point, first), me.judged_bound(refined, refined_stats)]
         old_thr = me.thr
         if old_thr is not None:
             me.thr = min(old_thr, default_threshold(proposal.sticks), BIRTH_SHARE * smallest)
         point, stats, _ = self.refine(proposal)
-        terms = me.bound_of(point, stats)[1]
-        if terms.total <= max(current) + self.growth.min_gain:
+        if me.judged_bound(point, stats) <= max(current) + self.growth.min_gain:
             me.thr = old_thr
             return None
-        return point, stats, terms
+        return point, stats, me.bound_of(point, stats)[1]
 
     def accept(self, point: DPPoint, stats: SuffStats, terms: ElboTerms, k: int) -> ElboTerms:
         """Go on from an accepted proposal's refined point with the truncation ``k``."""

@@ -28,7 +28,7 @@ import numpy as np
 from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext
 from pipeline.fit.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
-from pipeline.fit.learners.moves import HARD_MOVE_OPTIONS, HardMovesMixin
+from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS, HardMovesMixin
 from pipeline.fit.learners.point_growth import POINT_GROW_OPTIONS, PointGrowthMixin, check_point_grow_options
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.errors import ConfigError
@@ -53,7 +53,7 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
 class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
     method = "sga"
     options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch",
-               **HARD_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS,  # merges: pipeline.fit.learners.moves
+               **POINT_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS,  # merges: pipeline.fit.learners.moves
                **POINT_GROW_OPTIONS}  # births: pipeline.fit.learners.point_growth
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:

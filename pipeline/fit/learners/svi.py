@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext
 from pipeline.fit.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
-from pipeline.fit.learners.moves import HARD_MOVE_OPTIONS, MOVE_OPTIONS, Moves, check_move_options
+from pipeline.fit.learners.moves import MOVE_OPTIONS, POINT_MOVE_OPTIONS, Judge, Moves, check_move_options
 from pipeline.fit.learners.sga import check_minibatch_options
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params, vbem_pass_kernel
@@ -40,13 +40,14 @@ class SVI(DPPointLearner):
     #: the entropy changes of merging each cluster with its nearest neighbours; merges are kept when
     #: the exact ELBO of all rows rises (:class:`pipeline.fit.learners.moves.Moves`)
     options = {"minibatch": 4000, "tau": 1.0, "kappa": 0.7, "prune_threshold": None, "elbo": "minibatch",
-               **HARD_MOVE_OPTIONS}
+               **POINT_MOVE_OPTIONS}
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
         self.vb: Posterior | None = None
         self.se: float | None = None
         self.moves = Moves(self.name, {**MOVE_OPTIONS, **self.opts})
+        self.judging = Judge(self.opts)
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
@@ -118,7 +119,7 @@ class SVI(DPPointLearner):
         the full-data posterior of the merged statistics."""
         assert self.vb is not None
         self.moves.pairs = nearest_pairs(self.vb.means, int(self.opts["move_neighbours"]))
-        chosen = self.moves.run(self.ctx, self.vb)
+        chosen = self.moves.run(self.ctx, self.vb, prior=self.judging.prior(self.ctx))
         if self.moves.last_round["merges"]:
             self.vb = self._prune(m_step(chosen, self.ctx.prior, self.ctx.reg_covar))
             self.post = self.vb
