@@ -231,3 +231,35 @@ def test_the_judge_option_is_checked() -> None:
     with pytest.raises(ConfigError, match=r"^learner option 'judge' of 'sga-f' must be one of "
                                           r"\('diag', 'own'\), got 'full'$"):
         learner_class("sga-f").parse_options({"judge": "full"})
+
+
+def test_the_judge_tunes_beta0_on_the_partition_it_judges() -> None:
+    """Six planted 2-D classes (bench/bench_choosing_k.py's ``planted_set(10000, 2, 6, 6, 15.0)``): at
+    ``beta0 = 1`` the diagonal bound of the true labels pays for merging two classes (each mean is
+    tied to ``m0`` at its class's own spread); at the ``beta0`` :meth:`Judge.tune` finds for them it
+    does not, and ``sga-f`` finds the six classes from one cluster and from three times the truth."""
+    from types import SimpleNamespace
+
+    from pipeline.estimator import VBMixture
+    from pipeline.fit.learners.moves import Judge, partition_prior
+    from pipeline.fit.spec import estimator_params
+    from vbcore.kernels.estep import prepare_chunk
+    from vbcore.kernels.init import moments_kernel
+
+    rng = np.random.default_rng(6)
+    centres = rng.normal(scale=15.0, size=(6, 2))
+    y = rng.integers(0, 6, size=10000)
+    x = (centres[y] + rng.normal(size=(10000, 2))).astype(np.float32)
+    chunk = prepare_chunk(x.astype(np.float64), x.mean(0), "fixed")
+    own = default_prior(covariance_type="fixed", weight_type="dirichlet_process", n_components=6,
+                        data_mean=x.mean(0), data_covariance=x.var(0), weight_concentration=1e4,
+                        fixed_variance=1.0)
+    ctx = SimpleNamespace(moments=moments_kernel(chunk), prior=own)
+    stats = _stats(x.astype(np.float64), np.eye(6)[y], "fixed", x.mean(0))
+    pairs = np.array([[a, b] for a in range(6) for b in range(a + 1, 6)])
+    assert select_hard_merges(stats, pairs, partition_prior(ctx))[0].shape[0] >= 1
+    tuned = Judge({"judge": "diag"}).tune(ctx, stats)
+    assert tuned.mean_precision < 0.1 and select_hard_merges(stats, pairs, tuned)[0].shape[0] == 0
+    params = {**estimator_params("pipeline"), "covariance_type": "fixed"}
+    for k in (1, 18):
+        assert VBMixture(k, learner="sga-f", **params).fit(x).n_effective_ == 6

@@ -119,7 +119,7 @@ class SVI(DPPointLearner):
         the full-data posterior of the merged statistics."""
         assert self.vb is not None
         self.moves.pairs = nearest_pairs(self.vb.means, int(self.opts["move_neighbours"]))
-        chosen = self.moves.run(self.ctx, self.vb, prior=self.judging.prior(self.ctx))
+        chosen = self.moves.run(self.ctx, self.vb, judge=self.judging)
         if self.moves.last_round["merges"]:
             self.vb = self._prune(m_step(chosen, self.ctx.prior, self.ctx.reg_covar))
             self.post = self.vb
