@@ -68,7 +68,7 @@ HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", **{k: MOVE_OPTIONS[k] for 
 JUDGES = ("diag", "own")
 #: empirical-Bayes steps on ``beta0`` for a judging prior at most (:meth:`Judge.tune`)
 TUNE_STEPS = 50
-#: the move options of the DP point learners (MM, SGA, SGA+M, SGA+F)
+#: the move options of the DP point learners (MM, SGA, SGA+M, SGA+F) and SVI
 POINT_MOVE_OPTIONS: dict[str, Any] = {**HARD_MOVE_OPTIONS, "judge": "diag"}
 _EMPTY = np.zeros((0, 2), dtype=np.int64)
 
