@@ -188,7 +188,6 @@ def check_reg_covar(reg_covar: float, covariance_type: str, moments: SuffStats) 
 def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float | None) -> Prior:
     """The prior of the spec, with data-dependent defaults from the moments (``spec.priors``: the
     pipeline's empirical defaults or scikit-learn's; :func:`vbcore.model.priors.default_prior`)."""
-    n = max(moments.total_weight - 1, 1)  # weighted rows: their total weight is the data's N
     mean_prior = None if spec.mean_prior is None else np.asarray(spec.mean_prior, dtype=np.float64)
     if mean_prior is not None and mean_prior.shape != (d,):
         raise ConfigError(f"mean_prior must have shape (n_features,) = ({d},), got {mean_prior.shape}")
@@ -198,7 +197,7 @@ def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float
     assert spec.covariance is not None, "resolve the spec first"
     return default_prior(
         covariance_type=spec.covariance, weight_type=spec.weights, n_components=int(spec.components),
-        data_mean=moments.raw_mean()[0], data_covariance=moments.scatter[0] / n,
+        data_mean=moments.raw_mean()[0], data_covariance=moments.data_covariance(),
         weight_concentration=wc, mean_precision=spec.mean_precision_prior, mean=mean_prior,
         degrees_of_freedom=spec.degrees_of_freedom_prior,
         covariance=None if spec.covariance_prior is None

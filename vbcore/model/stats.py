@@ -149,6 +149,12 @@ class SuffStats:
         """Weighted means in the data's own coordinates (``mean + shift``)."""
         return self.mean + self.shift
 
+    def data_covariance(self) -> np.ndarray:
+        """The unbiased covariance of the rows (their per-dimension variances for the diagonal
+        families) of a one-component summary of the data (the fit's moments); weighted rows: their
+        total weight is the data's N."""
+        return self.scatter[0] / max(self.total_weight - 1, 1)
+
 
 def add_weights(a: SuffStats, b: SuffStats) -> float | None:
     """The ``weight`` of the union of two summaries: None when both are unweighted."""

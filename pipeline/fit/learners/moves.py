@@ -357,7 +357,7 @@ def partition_prior(ctx: Any) -> Prior:
     learners")."""
     m, own = ctx.moments, ctx.prior
     return default_prior(covariance_type="diag", weight_type=own.weight_type, n_components=own.n_components,
-                         data_mean=m.raw_mean()[0], data_covariance=m.scatter[0] / max(m.total_weight - 1, 1),
+                         data_mean=m.raw_mean()[0], data_covariance=m.data_covariance(),
                          weight_concentration=own.weight_concentration, mean=own.mean, defaults="empirical",
                          n_rows=float(m.total_weight))
 
