@@ -412,3 +412,31 @@ def test_a_memoized_refresh_checks_only_its_new_chunks_for_worst_rows(monkeypatc
     read.clear()
     _fit(PLANTED[:5500], learner_options={"memo": 1.0}, **kw)
     assert read and set(read) == {11}
+
+
+def test_the_gain_test_after_first_visits_stands_for_the_chunks_not_visited_yet():
+    """``memo_stop='gain'``: a run that visited only adopted chunks this fit had not visited yet (a
+    seeded random sample of them) estimates what a full pass would gain over its own rows and the
+    ones still not visited, so its gain per unit weight is weighed by that share of the store; any
+    other run (a revisit among them, a full pass) by the whole store, as before."""
+    spec = VBMixture(**KW).spec()
+    ctx = setup(spec, open_source(X, 100), CountingEngine(LocalEngine(threads=2)), 0)
+    params = estep_params(_fit(X, max_iter=3).posterior_, ctx.shift)
+    first = MemoStats(ctx, 0.25)
+    first.run(params, 1, visit=np.arange(12))
+    memo = MemoStats(ctx, 0.25)
+    assert memo.adopt(first.state(), params.const.shape[0]) == 12
+    tol = 1e-3
+
+    def converged(visit, gain_per_row):
+        memo.run(params, memo.visited.max() + 1, visit=np.asarray(visit))
+        return memo.converged([0.0, gain_per_row * memo.last_weight], tol, 1200.0, 0)
+
+    # six of twelve first visits stand for the whole store: 1.5 tol per row does not pass
+    assert not converged(range(6), 1.5 * tol) and memo.stands_for == 1200
+    # three more (three still not visited) stand for half the store: 1.5 tol per row passes, 2.5 not
+    assert converged([6, 7, 8], 1.5 * tol) and memo.stands_for == 600
+    assert not memo.converged([0.0, 2.5 * tol * memo.last_weight], tol, 1200.0, 0)
+    # a run that revisits a chunk: the whole store, as the test without first visits
+    assert not converged([0, 9], 1.5 * tol) and memo.stands_for == 1200
+    assert converged([10, 11], 0.9 * tol) and not converged([10, 11], 1.1 * tol)

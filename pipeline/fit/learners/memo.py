@@ -15,9 +15,10 @@ last visit with the q(theta) of the M-step from their statistics (the ELBO reads
 statistics only), and it never decreases (a visit maximises the chunk's q(Z) for the current q(theta),
 the M-step q(theta) for the new statistics). A chunk not visited for ``ceil(1 / memo)`` iterations,
 or not yet by this fit, is visited next, so every chunk is refreshed at least that often. The fit
-converges (:meth:`MemoStats.converged`, option ``memo_stop``) when the last iteration raised the bound
-by less than ``tol`` per unit of the weight it visited (``gain``, the default: a refresh's cost follows
-the new rows) or over the last lap (``lap``: the iterations since the oldest last visit of any chunk).
+converges (:meth:`MemoStats.converged`, option ``memo_stop``) when the last iteration's gain per unit
+of the weight it visited, over the weight it stands for, is below ``tol`` per row (``gain``, the
+default: a refresh's cost follows the new rows) or when the bound rose by less than ``tol`` per row
+over the last lap (``lap``: the iterations since the oldest last visit of any chunk).
 
 Births and merge/delete moves (the pipeline's defaults) run as without ``memo``: a birth proposal's
 passes visit every chunk through :meth:`MemoStats.run` (a refused proposal restores the kept
@@ -135,6 +136,10 @@ class MemoStats:
         #: the weight the last :meth:`run` visited (0: it was not a full pass but visited a chunk
         #: without statistics, whose new rows the bound's change is mostly about); whether it did
         self.last_weight, self.absorbed = 0.0, False
+        #: the weight whose full pass the last run's gain per unit weight stands for (:meth:`converged`)
+        self.stands_for = ctx.n_weight
+        #: each chunk's weight, where known (kept statistics, a visit)
+        self.weight = np.full(n, np.nan)
         self.states: list[Any] = [None] * n
         self.have = np.zeros(n, dtype=bool)  # chunks with kept statistics
         self.moved = np.full(n, np.inf)  # movement at the last visit
@@ -169,15 +174,26 @@ class MemoStats:
         kept, parts = ctx.engine.map_keep(memo_kernel, handles, [self.states[i] for i in idx], post_params,
                                           combine=list)
         full, new = idx.size == self.have.size, not bool(self.have[idx].all())
-        for i, s, (m, _) in zip(idx.tolist(), kept, parts, strict=True):
-            self.states[i], self.moved[i], self.visited[i] = s, float(m), iteration
+        first = not full and not new and bool(np.all(self.visited[idx] == 0))
+        for i, s, (m, w) in zip(idx.tolist(), kept, parts, strict=True):
+            self.states[i], self.moved[i], self.visited[i], self.weight[i] = s, float(m), iteration, w
         self.have[idx] = True
         self.rounds.forget(idx.tolist())
         self.last_full = full
         # a full pass: plain VB EM's test, the same bits
         self.last_weight = ctx.n_weight if full else 0.0 if new else math.fsum(w for _, w in parts)
+        self.stands_for = self._first_visits_weight() if first else ctx.n_weight
         self.absorbed = new and not full  # chunks without statistics visited beside kept ones
         return self.total()
+
+    def _first_visits_weight(self) -> float:
+        """After a run that visited only chunks this fit had not visited (adopted ones, in a seeded
+        random order): the weight its gain per unit weight stands for -- its own and that of the chunks
+        still not visited, a sample of which it was (the store's weight where one is not known)."""
+        pending = self.visited == 0
+        if np.isnan(self.weight[pending]).any():
+            return self.ctx.n_weight
+        return self.last_weight + math.fsum(self.weight[pending].tolist())
 
     def run_moves(self, params: MoveParams, iteration: int) -> MoveResult:
         """A move round, keeping each chunk's regular statistics and its share of the round
@@ -196,10 +212,11 @@ class MemoStats:
             idx, maps = np.arange(n), None
         kept, parts = ctx.engine.map_keep(memo_move_kernel, [ctx.handles[i] for i in idx],
                                           [self.states[i] for i in idx], params, combine=list)
-        for i, s, (_, m) in zip(idx.tolist(), kept, parts, strict=True):
+        for i, s, (r, m) in zip(idx.tolist(), kept, parts, strict=True):
             self.states[i], self.moved[i], self.visited[i] = s, float(m), iteration
+            self.weight[i] = float(r.stats.total_weight)
         self.have[idx] = True
-        self.last_full, self.absorbed = idx.size == n, False
+        self.last_full, self.absorbed, self.stands_for = idx.size == n, False, ctx.n_weight
         self.last_weight = ctx.n_weight if self.last_full else math.fsum(
             float(r.stats.total_weight) for r, _ in parts)
         shares = self.rounds.serve(params, k, maps, {c: part_of(r) for c, (r, _) in zip(idx.tolist(), parts,
@@ -213,12 +230,16 @@ class MemoStats:
         precede them). Every chunk must hold statistics (the new rows are in the bound).
 
         * ``gain`` (default): the last iteration visited no chunk without statistics (unless it
-          visited every chunk) and raised the bound by less than ``tol`` per unit of the weight *it
-          visited*: refreshing those rows under the current q(theta) gains less than a full pass
-          must to go on, so a refresh after an append ends when the new rows are absorbed and a
-          visit of the old ones (the adopted chunks first, in a seeded random order, then the ones
-          that moved most) no longer pays. Its cost follows the new rows, not the store; the bound
-          is exact either way.
+          visited every chunk), and its gain per unit of the weight *it visited*, times the weight
+          that gain stands for, is less than ``tol`` times the store's weight: an estimate of what
+          a full pass would gain now, tested as plain VB EM tests a pass. Where the iteration
+          visited only chunks this fit had not visited yet (adopted ones, in a seeded random order:
+          a sample of them), its gain stands for its own rows and those still not visited (the
+          ones this fit has visited saw nearly the current q(theta)); otherwise for the whole
+          store (the gain per visited weight itself below ``tol``). So a refresh after an append
+          ends when the new rows are absorbed and refreshing the old rows not yet visited would no
+          longer pay: its cost follows the new rows and how far they move the clusters, not the
+          store; the bound is exact either way.
         * ``lap``: the bound rose by less than ``tol`` per unit of weight over the last *lap*, the
           iterations since the oldest last visit of any chunk, so every row's q(z) was refreshed
           within them: a full pass's test; a refresh ends only after every old chunk was visited
@@ -230,7 +251,8 @@ class MemoStats:
         if self.stop == "gain":
             if len(history) < 2 or self.last_weight <= 0:
                 return False
-            return abs(history[-1] - history[-2]) / self.last_weight < tol
+            gain = abs(history[-1] - history[-2]) / self.last_weight
+            return gain * (self.stands_for / n_weight) < tol  # (a factor of exactly 1: the same test)
         oldest = int(self.visited.min())
         before = len(history) - 1 - (now - oldest + 1)  # the bound before the lap's first iteration
         if oldest < 2 or before < 0:
@@ -300,6 +322,7 @@ class MemoStats:
         self.fresh = np.asarray(arrays.get(_PREFIX + "fresh", np.ones(self.have.size)), dtype=bool).copy()
         parts = _results(arrays, range(self.have.size), self.have)
         self.states = list(self.ctx.engine.place_states(parts, self.ctx.handles))
+        self.weight = _weights(parts)
         self.k = next((p.stats.n_components for p in parts if p is not None), -1)
         self.rounds.load(arrays, _ROUND, list(range(self.have.size)))
 
@@ -317,7 +340,7 @@ class MemoStats:
         take = np.asarray([j >= 0 for j in src], dtype=bool)
         parts = _results(arrays, src, take)
         self.states = list(self.ctx.engine.place_states(parts, self.ctx.handles))
-        self.have, self.fresh = take.copy(), ~take
+        self.have, self.fresh, self.weight = take.copy(), ~take, _weights(parts)
         self.moved = np.where(take, 0.0, np.inf)
         self.visited = np.zeros(take.size, dtype=np.int64)
         self.rounds.load(arrays, _ROUND, src)
@@ -331,6 +354,11 @@ def kept_total(arrays: Mapping[str, np.ndarray]) -> KernelResult:
     if have.size == 0 or not have.all():
         raise ConfigError("memoized statistics: a chunk has not been visited yet")
     return tree_reduce(_results(arrays, range(have.size), have))
+
+
+def _weights(parts: list[KernelResult | None]) -> np.ndarray:
+    """Each kept result's weight (NaN where none)."""
+    return np.asarray([np.nan if p is None else float(p.stats.total_weight) for p in parts])
 
 
 def _results(arrays: Mapping[str, np.ndarray], rows: Any, present: np.ndarray) -> list[KernelResult | None]:
