@@ -60,8 +60,8 @@ def test_moments_of_float32_rows():
 
 @pytest.mark.parametrize("dtype, tol", [(np.float32, F32), (np.float64, 1e-12)])
 def test_syrk_scatter_equals_the_plain_product(dtype, tol):
-    """The BLAS path (SYRK blocks of BLOCK_ROWS rows, centred a few rows at a time, the triangle
-    mirrored) against ``xc.T @ xc`` in float64 over more than two blocks and a partial one."""
+    """The BLAS path (SYRK blocks of BLOCK_ROWS rows, centred a few rows at a time) against
+    ``xc.T @ xc`` in float64 over more than two blocks and a partial one."""
     X = _skewed(n=2 * BLOCK_ROWS + 123, d=300, offset=50.0).astype(dtype)
     m = row_moments(X, X[0].astype(np.float64))
     X64 = X.astype(np.float64)
