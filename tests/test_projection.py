@@ -2,8 +2,6 @@
 the eigendecomposition, equal bits on both engines (a real distributed cluster) and after resume,
 and the projection applied by predict, assign and warm starts."""
 
-import warnings
-
 import numpy as np
 import pytest
 
@@ -405,42 +403,3 @@ def test_weighted_projection_on_both_engines_and_in_a_fit(client, tmp_path):
     from vbcore.data.metrics import nmi
 
     assert nmi(weighted.predict(X[w > 0]), repeated.predict(X[w > 0])) == pytest.approx(1.0)
-
-
-def test_vbem_on_principal_components_defaults_to_full_covariances(tmp_path):
-    """Without a covariance type given, the pipeline's VB EM fits projected rows (``pca``) with full
-    covariances: classes elongated along directions that are not the principal axes are one full
-    component each, where diagonal ones tile each with several (three planted classes: 3 clusters
-    against 5-6). Other learners, and fits without a projection, keep their defaults; a covariance
-    given is kept."""
-    from pipeline.estimator import load_model
-    from pipeline.fit.spec import FitSpec
-    from pipeline.service import fit_run, make_spec
-    from vbcore.data.metrics import nmi
-
-    def resolved(face="pipeline", **kw):
-        return FitSpec.from_dict({"store": "-", **kw}).resolved(face).covariance
-
-    assert resolved(pca=4) == "full" and resolved() == "diag" and resolved(pca=4, covariance="diag") == "diag"
-    assert resolved(pca=4, learner="mm") == "fixed" and resolved(pca=4, learner="ncg") == "diag"
-    assert resolved("estimator") == resolved("estimator", pca=4) == "full"
-    rng = np.random.default_rng(7)
-    X, y = [], []
-    for c in range(3):
-        u = rng.normal(size=6)
-        X.append(rng.normal(size=6) * 12 + rng.normal(size=(600, 1)) * 8.0 * u / np.linalg.norm(u)
-                 + rng.normal(size=(600, 6)))
-        y += [c] * 600
-    X, y = np.concatenate(X).astype(np.float32), np.asarray(y)
-    store = str(tmp_path / "s.zarr")
-    FeatureStore.create(store, 6, chunk_rows=500).append(X)
-    found = {}
-    for cov in (None, "diag"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fit_run(tmp_path / str(cov), make_spec(store, components=10, pca=4, covariance=cov))
-        model = load_model(tmp_path / str(cov))
-        labels = model.predict(X)
-        found[model.covariance_type] = (np.unique(labels).size, nmi(y, labels))
-    assert found["full"][0] == 3 and found["full"][1] > 0.99
-    assert found["diag"][0] > 3, found

@@ -66,8 +66,7 @@ class FitSpec:
                                     "max(4 K, 1024), at most the number of rows.", "int",
                                     estimator="max_components", minimum=1)
     covariance: str | None = _s(None, "full | diag | spherical | fixed | tied; default: the learner's "
-                                "(fixed for mm, sga*, svi; full for vbem with --pca; diag, or "
-                                "scikit-learn's full in VBMixture).",
+                                "(fixed for mm, sga*, svi; diag, or scikit-learn's full in VBMixture).",
                                 "str", estimator="covariance_type", choices=COVARIANCE_TYPES)
     weights: str = _s("dirichlet_process", "dp (truncated Dirichlet process) | dirichlet (finite).",
                       "str", estimator="weight_concentration_prior_type", choices=WEIGHT_TYPES)
@@ -86,9 +85,9 @@ class FitSpec:
     reg_covar: float = _s(1e-6, "Added to the diagonal of each component's sample covariance.", "float",
                           estimator="reg_covar", minimum=0)
     pca: int | None = _s(None, "Project the rows onto their P leading principal components first (one "
-                         "pass over the data; saved with the run, applied by predict and assign). vbem's "
-                         "covariance then defaults to full: on principal components diag keeps far more "
-                         "clusters (docs/studies.md).", "int",
+                         "pass over the data; saved with the run, applied by predict and assign). Pair it "
+                         "with --covariance full: on principal components diag keeps far more clusters "
+                         "(docs/studies.md).", "int",
                          estimator="pca", minimum=1, flag="--pca", identity="when set")
     whiten: bool = _s(False, "With --pca: scale every principal component to unit variance.", "bool",
                       estimator="whiten", identity="when set")
@@ -197,8 +196,7 @@ class FitSpec:
         changes: dict[str, Any] = {}
         if spec.covariance is None:
             face_default = "full" if face == "estimator" else "diag"
-            projected = cls.projected_covariance if spec.pca is not None else None
-            changes["covariance"] = projected or cls.default_covariance or face_default
+            changes["covariance"] = cls.default_covariance or face_default
             if changes["covariance"] not in cls.covariance_types:
                 changes["covariance"] = cls.covariance_types[0]
         changes["weights"] = WEIGHT_ALIASES.get(spec.weights, spec.weights)

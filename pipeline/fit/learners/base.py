@@ -101,9 +101,6 @@ class Learner:
     weight_types: ClassVar[tuple[str, ...]] = WEIGHT_TYPES
     #: the covariance type used when none is given (None: the face's default, diag or full)
     default_covariance: ClassVar[str | None] = None
-    #: the covariance type used when none is given and the rows are projected (``pca``; None: as
-    #: without a projection)
-    projected_covariance: ClassVar[str | None] = None
     #: whether the chunks keep the ``[x*x, x]`` cache of the diagonal families (its E-steps use it;
     #: hard-assignment learners form ``x*x`` only for the rows they touch and save 2x the data's memory)
     cache_squares: ClassVar[bool] = True

@@ -42,12 +42,6 @@ class VBEM(TruncatedLearner):
     The ELBO reported after iteration t is that of (q(Z) from the E-step, q(theta) from the M-step
     that followed), which never decreases for ``reg_covar = 0`` (Bishop 2006 sec. 10.2)."""
 
-    #: principal components (``pca``) without a covariance type given: full covariances. Their classes
-    #: are not aligned with the axes, so diagonal ones tile each with many components: on the
-    #: Fashion-MNIST CNN features after ``pca=64`` a diagonal fit ran to its truncation's limit without
-    #: converging (99 of 100 components, NMI 0.479), a full one converged with 38-40 (0.547-0.552;
-    #: docs/studies.md)
-    projected_covariance = "full"
     #: DP pruning (issue 6): components whose expected count N_k falls under ``prune_below`` rows are
     #: dropped after the M-step (the bound moves by about N_k nats); ``reorder`` sorts the sticks by
     #: descending N_k before the M-step (which never lowers the bound, Lim & Jiang 2024 section 4.5;
