@@ -85,9 +85,9 @@ class FitSpec:
     reg_covar: float = _s(1e-6, "Added to the diagonal of each component's sample covariance.", "float",
                           estimator="reg_covar", minimum=0)
     pca: int | None = _s(None, "Project the rows onto their P leading principal components first (one "
-                         "pass over the data; saved with the run, applied by predict and assign). Pair it "
-                         "with --covariance full: on principal components diag keeps far more clusters "
-                         "(docs/studies.md).", "int",
+                         "pass over the data; saved with the run, applied by predict and assign). Where "
+                         "classes have many more rows than P^2/2 pair it with --covariance full (diag "
+                         "keeps far more clusters there; docs/guide.md).", "int",
                          estimator="pca", minimum=1, flag="--pca", identity="when set")
     whiten: bool = _s(False, "With --pca: scale every principal component to unit variance.", "bool",
                       estimator="whiten", identity="when set")
