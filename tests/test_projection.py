@@ -403,3 +403,29 @@ def test_weighted_projection_on_both_engines_and_in_a_fit(client, tmp_path):
     from vbcore.data.metrics import nmi
 
     assert nmi(weighted.predict(X[w > 0]), repeated.predict(X[w > 0])) == pytest.approx(1.0)
+
+
+def test_a_truncation_warning_after_pca_with_diag_covariances_names_full_covariances(tmp_path):
+    """A fit of diagonal covariances on projected rows that ends bound by its truncation says that
+    full covariances may be the model (docs/guide.md, 'Reducing the dimension first'); without the
+    projection, or with full covariances, the warning is as before."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from vbcore.errors import truncation_message
+
+    store = _store(tmp_path / "s.zarr", 700)
+    runner = CliRunner()
+    hint = "on principal components (--pca) diag covariances tile each class with several components"
+    for name, extra, hinted in (("pca-diag", ["--pca", "4"], True), ("raw", [], False),
+                                ("pca-full", ["--pca", "4", "--covariance", "full"], False)):
+        run = tmp_path / name
+        res = runner.invoke(app, ["fit", store, "--run-dir", str(run), "-k", "2", "--no-grow", *extra])
+        assert res.exit_code == 0, res.output
+        truncation = json.loads((run / "result.json").read_text())["truncation"]
+        assert truncation["limit_hit"]
+        said = " ".join(res.output.split())
+        assert (hint in said) == hinted and (hint in truncation_message(truncation)) == hinted, said
+        assert "the truncation may have decided the number of clusters" in said

@@ -71,5 +71,6 @@ def truncation_message(info: dict) -> str:  # type: ignore[type-arg]
         why = f"the upper limit max_components = {info['limit']} was reached"
     else:
         why = "the truncation did not grow (grow off for this fit or learner)"
+    hint = f"; {info['hint']}" if info.get("hint") else ""  # (e.g. diag covariances after --pca)
     return (f"the fit uses {info['used']} of its {info['final']} components and {why}: the truncation "
-            f"may have decided the number of clusters; {fix}")
+            f"may have decided the number of clusters; {fix}{hint}")

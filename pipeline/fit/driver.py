@@ -279,8 +279,9 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
                 loop.terms = elbo_terms(vbem_pass(ctx, post).stats, post, ctx.prior)
             passes, kind, options = learner.passes, learner.bound_kind(), dict(learner.opts)
             kept = learner.keep_state()
+            projected_diag = ctx.projection is not None and ctx.covariance_type == "diag"
             truncation = stopped_growing(learner.truncation_info(n_effective(post, ctx.prior)),
-                                         loop.converged)
+                                         loop.converged, projected_diag)
         finally:
             learner.close()
     finally:

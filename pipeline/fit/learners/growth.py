@@ -70,7 +70,13 @@ def saturated(n_used: int, truncation: int) -> bool:
     return int(n_used) >= math.ceil(SATURATED_SHARE * int(truncation) - 1e-9)
 
 
-def stopped_growing(info: dict[str, Any], converged: bool) -> dict[str, Any]:
+#: what a truncation warning adds for diagonal covariances on projected rows (docs/guide.md, "Reducing
+#: the dimension first": Fashion-MNIST after --pca 64, diag ran to the limit, full found 38 clusters)
+PROJECTED_DIAG_HINT = ("on principal components (--pca) diag covariances tile each class with several "
+                       "components: where classes have many more rows than P^2/2, try --covariance full")
+
+
+def stopped_growing(info: dict[str, Any], converged: bool, projected_diag: bool = False) -> dict[str, Any]:
     """The truncation entry of a fit as it ended (``info``: :meth:`Growth.info` or a learner's
     ``truncation_info``): a growing truncation below its limit, still saturated or grown by a birth
     since its last refusal, when the fit stopped unconverged had not settled, so the iteration limit
@@ -81,7 +87,10 @@ def stopped_growing(info: dict[str, Any], converged: bool) -> dict[str, Any]:
     growing = bool(info.get("saturated")) or int(info.get("grew") or 0) > 0
     cut = bool(info.get("growth") and growing and not info.get("limit_hit")
                and not info.get("refused") and not converged)
-    return {**info, "max_iter_hit": cut, "limit_hit": bool(info.get("limit_hit")) or cut}
+    out = {**info, "max_iter_hit": cut, "limit_hit": bool(info.get("limit_hit")) or cut}
+    if out["limit_hit"] and projected_diag:  # (a fit of diagonal covariances on projected rows)
+        out["hint"] = PROJECTED_DIAG_HINT
+    return out
 
 
 def unsaturated_truncation(n_used: int) -> int:
