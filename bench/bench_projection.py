@@ -5,8 +5,14 @@ Issue 25's target: on the 108,754 x 4096 synthetic store, the pass that computes
 most 1.5 VB EM iterations there. Both are measured here on the same engine (in-process, its default
 threads), one after the other:
 
-* ``projection``: :func:`pipeline.fit.projection.projection_pass`, streamed as in a fit (``N D^2`` flops:
-  a SYRK per block of rows), timed before and after the fits (the ratios take the mean of both);
+* ``projection``: :func:`pipeline.fit.projection.projection_pass` as a fit runs it, for each solver of
+  ``--solvers``: ``exact`` (streamed, ``N D^2`` flops: a SYRK per block of rows) and ``randomized``
+  (three passes of ``N x D x (P + 32)`` GEMMs, the chunks kept in memory for them where they fit:
+  the engine's ``persist='auto'``), timed before and after the fits (the ratios take the mean of
+  both); for the randomized solver also the variance its components capture against the exact
+  ones' (``captured_over_exact``);
+* ``syrk_floor``: the exact pass's SYRKs alone at this core's rate, measured on one block of
+  4,096 rows on one thread (what no exact one-pass scatter can go below on this machine);
 * ``vbem``: each iteration of a VB EM fit of the raw store (diag, DP weights) that still has all K
   components: started from ``k-means++-projected`` (seeds among the rows, not collapsing ones) with
   pruning off (``prune_below=0``), checked from the iterations' ``n_components``; with the exact
@@ -114,6 +120,40 @@ def pass_parts(store: str, pca: int) -> dict[str, list[float]]:
     return {k: [round(v, 2) for v in u_s] for k, u_s in parts.items()}
 
 
+def syrk_floor(n: int, d: int) -> float:
+    """CPU seconds of the exact pass's SYRKs at this core's rate: ``block.T @ block`` on one float32
+    block of 4,096 rows on one thread (the best of three), times ``n / 4096``."""
+    import numpy as np
+
+    from pipeline.engine.blas import one_blas_thread
+
+    block = np.random.default_rng(0).standard_normal((4096, d), dtype=np.float32)
+    product = np.empty((d, d), dtype=np.float32)
+    best = float("inf")
+    with one_blas_thread():
+        for _ in range(3):
+            t = time.process_time()
+            np.matmul(block.T, block, out=product)
+            best = min(best, time.process_time() - t)
+    return best * n / 4096
+
+
+def captured_over_exact(src: object, randomized: object) -> float:
+    """The variance the randomized components capture over the exact components' (the optimum):
+    ``tr(U^T C U) / sum(lambda_1..P)`` on the exact covariance (one more exact pass, not timed)."""
+    import numpy as np
+
+    from pipeline.engine.engines import LocalEngine
+    from pipeline.fit.projection import data_moments
+
+    moments = data_moments(LocalEngine(), src)
+    cov = moments.covariance()
+    u = randomized.components  # type: ignore[attr-defined]
+    p = u.shape[1]
+    best = np.linalg.eigvalsh(cov)[::-1][:p].sum()
+    return float(np.einsum("ij,ij->", u, cov @ u) / best)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", default="/work/scratch/sun.zarr")
@@ -122,6 +162,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3, help="iterations per fit (>= 2)")
     ap.add_argument("--persist", default="never", choices=("never", "always"))
     ap.add_argument("--skip-truncated", action="store_true")
+    ap.add_argument("--solvers", nargs="+", default=["exact", "randomized"], choices=("exact", "randomized"))
     ap.add_argument("--parts", action="store_true",
                     help="also time the pass's parts, one chunk at a time on one thread")
     args = ap.parse_args()
@@ -134,25 +175,29 @@ def main() -> None:
     from pipeline.fit.projection import projection_pass
 
     src = StoreSource(args.store)
-    engine = LocalEngine()
     n, d = src.n_rows, src.n_features
     out: dict[str, object] = {"store": args.store, "shape": [n, d], "pca": args.pca, "k": args.components,
-                              "persist": args.persist, "threads": engine.threads, "load_before": _load()}
+                              "persist": args.persist, "threads": LocalEngine().threads,
+                              "load_before": _load()}
 
-    def timed_pass(tag: str) -> tuple[float, float]:
+    def timed_pass(tag: str, solver: str) -> tuple[float, float]:
         t0, u0, s0 = _usage()
-        proj = projection_pass(engine, src, args.pca, False)
+        proj = projection_pass(LocalEngine(persist="auto"), src, args.pca, False, solver, 0)
         t1, u1, s1 = _usage()
         wall, cpu = t1 - t0, (u1 - u0) + (s1 - s0)
-        out[f"projection_{tag}"] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-                                    "user_s": round(u1 - u0, 2), "sys_s": round(s1 - s0, 2),
-                                    "gflops_per_cpu_s": round(n * d * (d + 1) / cpu / 1e9, 1),
-                                    "explained_variance": round(float(proj.variances.sum()), 4),
-                                    "load_after": _load()}
+        out[f"projection_{solver}_{tag}"] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                                             "user_s": round(u1 - u0, 2), "sys_s": round(s1 - s0, 2),
+                                             "explained_variance": round(float(proj.variances.sum()), 4),
+                                             "load_after": _load()}
+        found[solver] = proj
         return wall, cpu
 
-    passes = [timed_pass("before")]  # timed again after the fits: the load drifts on a shared machine
+    found: dict[str, object] = {}
+    passes = {solver: [timed_pass("before", solver)] for solver in args.solvers}  # again after the fits
     out["blas"] = blas_libraries()
+    out["syrk_floor_cpu_s"] = round(syrk_floor(n, d), 2)
+    if "randomized" in found:
+        out["captured_over_exact"] = round(captured_over_exact(src, found["randomized"]), 5)
     if args.parts:
         out["projection_parts_user_sys_s"] = pass_parts(args.store, args.pca)
         out["load_after_parts"] = _load()
@@ -168,11 +213,14 @@ def main() -> None:
             out[f"vbem_{name}_warning"] = "components were dropped: the iterations are not at K"
         out[f"load_after_{name}"] = _load()
         print(json.dumps(out), flush=True)
-    passes.append(timed_pass("after"))
-    wall, cpu = statistics.mean(p[0] for p in passes), statistics.mean(p[1] for p in passes)
-    for name, (it_wall, it_cpu) in typical.items():  # the mean of the two passes over the median iteration
-        out[f"projection_over_{name}_iteration"] = round(wall / it_wall, 3)
-        out[f"projection_over_{name}_iteration_cpu"] = round(cpu / it_cpu, 3)
+    for solver in args.solvers:
+        passes[solver].append(timed_pass("after", solver))
+        wall, cpu = (statistics.mean(p[i] for p in passes[solver]) for i in (0, 1))
+        for name, (it_wall, it_cpu) in typical.items():  # the two passes' mean over the median iteration
+            out[f"projection_{solver}_over_{name}_iteration"] = round(wall / it_wall, 3)
+            out[f"projection_{solver}_over_{name}_iteration_cpu"] = round(cpu / it_cpu, 3)
+    for name, (_, it_cpu) in typical.items():
+        out[f"syrk_floor_over_{name}_iteration_cpu"] = round(out["syrk_floor_cpu_s"] / it_cpu, 3)  # type: ignore[operator]
     print(json.dumps(out, indent=1))
 
 if __name__ == "__main__":

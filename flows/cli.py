@@ -30,6 +30,7 @@ def deploy(
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
     whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
+    pca_solver: str | None = typer.Option(None, "--pca-solver", help=spec_help("pca_solver")),
     images: str | None = typer.Option(None, "--images", help="An image folder, tar shard(s) or image list: "
                                       "each refresh first extracts its new images into STORE."),
     extract_option: list[str] = typer.Option([], "--extract-option", "-x", metavar="KEY=VALUE",
@@ -51,7 +52,7 @@ def deploy(
                           learner=learner, learner_options=key_values(learner_option) or None,
                           components=components, covariance=covariance, weights=weights,
                           max_iter=max_iter, tol=tol, seed=seed, cluster=cluster, images=images,
-                          pca=pca, whiten=whiten,
+                          pca=pca, whiten=whiten, pca_solver=pca_solver,
                           extract_options=key_values(extract_option) or None)
     except VBClusterError as exc:
         fail(exc)

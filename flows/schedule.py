@@ -94,6 +94,7 @@ def refresh_flow(
     cluster: str | None = None,
     pca: int | None = None,
     whiten: bool = False,
+    pca_solver: str | None = None,
     quiet: bool = True,
     images: str | None = None,
     extract_options: dict[str, Any] | None = None,
@@ -128,7 +129,7 @@ def refresh_flow(
         return make_spec(store, learner=learner, components=components, covariance=covariance,
                          weights=weights, max_iter=max_iter, tol=tol, seed=seed, cluster=cluster,
                          learner_options=refresh_options(learner, learner_options, cold), pca=pca,
-                         whiten=whiten or None)
+                         whiten=whiten or None, pca_solver=pca_solver)
 
     spec = refresh_spec(warm is None)
     if warm is not None and (problem := warm_start_problem(warm, spec)):
@@ -145,7 +146,8 @@ def refresh_flow(
                           covariance=spec.covariance, weights=spec.weights, max_iter=spec.max_iter,
                           tol=spec.tol, seed=spec.seed, learner_options=spec.learner_options or None,
                           cluster=spec.cluster, warm_start_from=warm, quiet=quiet, extra={"refresh": p},
-                          settings={"pca": spec.pca, "whiten": spec.whiten or None})
+                          settings={"pca": spec.pca, "whiten": spec.whiten or None,
+                                    "pca_solver": spec.pca_solver})
     publish_version(out, str(run_dir))
     logger.info("published %s (%s start, %d rows, %d iterations, %d clusters found)", run_dir.name,
                 p["action"], result["n_rows"], result["n_iter"], result["n_effective"])

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.cli_format import fit_table, install_help_formatting
+from pipeline.cli_format import fit_table, install_help_formatting, key_values
 
 #: exit codes: bad input (a file, store, config or option to fix) and environment (disk, permissions)
 EXIT_INPUT, EXIT_ENVIRONMENT = 2, 1
@@ -132,16 +132,6 @@ def demo(
     console.print(CLUSTERS_FOUND + ".", soft_wrap=True)
 
 
-def key_values(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for p in pairs:
-        if "=" not in p:
-            raise typer.BadParameter(f"options take KEY=VALUE, got {p!r}")
-        k, v = p.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
-
-
 def fail(exc: Exception) -> None:
     console.print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
     raise typer.Exit(code=exit_code(exc))
@@ -252,6 +242,7 @@ def fit(
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
     whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
+    pca_solver: str | None = typer.Option(None, "--pca-solver", help=spec_help("pca_solver")),
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
     chunk_rows: int | None = typer.Option(None, help=spec_help("chunk_rows")),
     checkpoint_every: int | None = typer.Option(None, help=spec_help("checkpoint_every")),
@@ -275,7 +266,8 @@ def fit(
                          degrees_of_freedom_prior=degrees_of_freedom_prior, chunk_rows=chunk_rows,
                          priors=priors, grow=False if no_grow else None, max_components=max_components,
                          keep=keep, checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
-                         learner_options=key_values(learner_option), pca=pca, whiten=whiten or None)
+                         learner_options=key_values(learner_option), pca=pca, whiten=whiten or None,
+                         pca_solver=pca_solver)
     except VBClusterError as exc:
         fail(exc)
         return

@@ -1,14 +1,15 @@
 """How the ``vbcluster`` command line formats what it prints: typer's help (readable types, usage
-lines, option names kept whole at 80 columns) and the fit summary table."""
+lines, option names kept whole at 80 columns), the fit summary table, and ``KEY=VALUE`` options."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import typer
 from rich.table import Table
 from typer.core import TyperArgument, TyperOption
 
-__all__ = ["install_help_formatting", "fit_table", "defaults_table"]
+__all__ = ["install_help_formatting", "fit_table", "defaults_table", "key_values"]
 
 
 def _readable_type(self: Any, ctx: Any) -> str | None:
@@ -110,3 +111,14 @@ def defaults_table() -> Table:
         table.add_row(name, repr(cli[name]), "same" if same else repr(est[name]),
                       "" if same else WHY.get(name, ""))
     return table
+
+
+def key_values(pairs: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` options (``-o``, ``-x``) as a dict; anything else is a usage error naming it."""
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise typer.BadParameter(f"options take KEY=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out

@@ -95,6 +95,10 @@ class VBMixture(DensityMixin, BaseEstimator):
         back to the input space).
     whiten : bool, default=False
         With ``pca``: scale every principal component to unit variance.
+    pca_solver : {'exact', 'randomized'}, default='exact'
+        With ``pca``: the D x D covariance in one pass ('exact'), or three passes of randomized
+        subspace iteration on ``pca + 32`` vectors (:mod:`vbcore.kernels.sketch`; cheaper where D
+        is large, about 99% of the exact components' variance), started from ``random_state``.
     learner : str, default='vbem'
         A registered learner (``pipeline.fit.learners.LEARNERS``): 'vbem', and the others listed in
         docs/algorithms.md. ``set_params(learner=..., warm_start=True)`` switches learners and
@@ -148,6 +152,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         fixed_variance: float | None = None,
         pca: int | None = None,
         whiten: bool = False,
+        pca_solver: str = "exact",
         learner: str = "vbem",
         learner_options: dict[str, Any] | None = None,
         chunk_rows: int = CHUNK_ROWS,
@@ -181,6 +186,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         self.fixed_variance = fixed_variance
         self.pca = pca
         self.whiten = whiten
+        self.pca_solver = pca_solver
         self.learner = learner
         self.learner_options = learner_options
         self.chunk_rows = chunk_rows

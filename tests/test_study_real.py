@@ -64,9 +64,13 @@ def test_plan_covers_every_learner_and_the_baselines():
                                          ("power-l2-pca64w", ("power-l2", 64, True))])
 def test_feature_set_tags(tag, parsed):
     assert real.feature_set(tag) == parsed
+    assert real.pca_solver(tag) == "exact"
+    if parsed[1] is not None:  # a final 'r': the same set through the randomized solver
+        assert real.feature_set(tag + "r") == parsed and real.pca_solver(tag + "r") == "randomized"
 
 
-@pytest.mark.parametrize("tag", ["pca0", "pca", "rawish", "l1-raw", "pca64x", "power-pca64", ""])
+@pytest.mark.parametrize("tag", ["pca0", "pca", "rawish", "l1-raw", "pca64x", "power-pca64", "", "rawr",
+                                 "pca64rw"])
 def test_a_bad_feature_set_is_one_line(tag):
     with pytest.raises(ConfigError, match=r"^feature set must be raw or pcaP, P > 0 .*, got '.*'$"):
         real.feature_set(tag)

@@ -1,9 +1,11 @@
-"""The projection stage of a fit (``--pca P [--whiten]``): one engine pass, then every chunk projected.
+"""The projection stage of a fit (``--pca P [--whiten]``): engine passes, then every chunk projected.
 
-:func:`projection_pass` reads every chunk once (streamed, never persisted: the store is not
-copied), reduces the rows' mean and centred scatter over the engine's fixed-order tree
-(:mod:`vbcore.kernels.projection`; both engines give the same bits) and takes the eigendecomposition on the
-driver. The fit then passes the :class:`~vbcore.kernels.projection.Projection` to
+:func:`projection_pass` with the exact solver (the default) reads every chunk once (streamed, never
+persisted: the store is not copied), reduces the rows' mean and centred scatter over the engine's
+fixed-order tree (:mod:`vbcore.kernels.projection`; both engines give the same bits) and takes the
+eigendecomposition on the driver; the randomized solver (``--pca-solver randomized``) makes three
+passes of ``N x D x (P + 32)`` products instead (:mod:`vbcore.kernels.sketch`). The fit then
+passes the :class:`~vbcore.kernels.projection.Projection` to
 :func:`vbcore.kernels.estep.prepare_chunk`, the one place where chunks are made: every learner, the
 initialisation, ``predict``, ``assign``, warm starts and scheduled refreshes see projected rows.
 :class:`ProjectedSource` gives the driver's own reads (the shift, the k-means sample) the same rows.
@@ -18,8 +20,13 @@ import numpy as np
 
 from pipeline.engine.blas import one_blas_thread
 from pipeline.engine.sources import ArraySource
+from pipeline.fit.spec import PCA_SOLVERS
 from vbcore.errors import ConfigError
 from vbcore.kernels.projection import Projection, RowMoments, Rows, check_pca, fit_projection, moments_kernel
+from vbcore.kernels.sketch import SketchPart, centred_rows, randomized_projection, sketch_kernel
+
+#: the ``SeedSequence`` spawn key of the randomized solver's starting basis (under the fit's seed)
+PROJECTION_SEED_KEY = (0, 5)
 
 
 def _rows(x: Any) -> Rows:
@@ -41,16 +48,47 @@ def data_moments(engine: Any, source: Any) -> RowMoments:
         engine.release(handles)
 
 
-def projection_pass(engine: Any, source: Any, n_components: int, whiten: bool) -> Projection:
-    """The projection of ``source`` onto its ``n_components`` leading principal components."""
+def projection_pass(engine: Any, source: Any, n_components: int, whiten: bool, solver: str = "exact",
+                    seed: int | None = None) -> Projection:
+    """The projection of ``source`` onto its ``n_components`` leading principal components:
+    ``solver`` 'exact' (the D x D scatter, one streamed pass) or 'randomized' (subspace iteration,
+    :mod:`vbcore.kernels.sketch`, its start drawn from ``seed``)."""
     check_pca(int(n_components), source.n_features, source.n_rows)
+    single = np.dtype(source.dtype) == np.float32
+    eps = float(np.finfo(np.float32 if single else np.float64).eps)
+    if solver == "randomized":
+        return _randomized(engine, source, int(n_components), bool(whiten), seed, single, eps)
+    if solver != "exact":
+        raise ConfigError(f"pca_solver must be one of {PCA_SOLVERS}, got {solver!r}")
     moments = data_moments(engine, source)
-    eps = float(np.finfo(np.float32 if np.dtype(source.dtype) == np.float32 else np.float64).eps)
     # one BLAS thread, as the chunk kernels: eigenvectors whose bits do not depend on the driver's
     # cores (and on a busy 2-core machine LAPACK's eigh at D = 4096 took 7 CPU s on one thread,
     # 20 on two)
     with one_blas_thread():
         return fit_projection(moments, int(n_components), bool(whiten), eps=eps)
+
+
+def _randomized(engine: Any, source: Any, n_components: int, whiten: bool, seed: int | None,
+                single: bool, eps: float) -> Projection:
+    """:func:`vbcore.kernels.sketch.randomized_projection` with its passes on ``engine``: the chunks
+    kept in (worker) memory for all of them when the engine's ``persist`` allows (so the store is
+    read once), else streamed in each; released afterwards."""
+    shift = np.asarray(source.load(0)[0], dtype=np.float64)
+    handles = engine.prepare(source, centred_rows, shift)
+    try:
+        where = None if isinstance(source, ArraySource) else source.describe()
+        starts = [s.start for s in source.chunk_slices()]
+
+        def apply(basis: np.ndarray, first: bool) -> SketchPart:
+            return engine.map_reduce(sketch_kernel, handles, basis, where if first else None,
+                                     per_chunk=starts)
+
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=PROJECTION_SEED_KEY))
+        with one_blas_thread():  # the driver's QR and eigh: the same bits on any number of cores
+            return randomized_projection(apply, shift, n_components, whiten, rng,
+                                         np.float32 if single else np.float64, eps)
+    finally:
+        engine.release(handles)
 
 
 def check_projection(projection: Projection, n_features: int, pca: int | None, whiten: bool,

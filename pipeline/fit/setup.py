@@ -83,7 +83,8 @@ def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
     ct = spec.covariance
     assert ct is not None, "resolve the spec first"
     if spec.pca is not None and projection is None:
-        projection = projection_pass(engine, raw, int(spec.pca), bool(spec.whiten))
+        projection = projection_pass(engine, raw, int(spec.pca), bool(spec.whiten), spec.pca_solver,
+                                     seed_entropy(random_state))
     source = raw if projection is None else ProjectedSource(raw, projection)
     shift = np.asarray(source.load(0)[0] if shift is None else shift, dtype=np.float64)
     squares = ct not in ("full", "tied") and cls.cache_squares

@@ -32,6 +32,8 @@ from vbcore.model.priors import COVARIANCE_TYPES, PRIOR_DEFAULTS, WEIGHT_TYPES
 WEIGHT_ALIASES = {"dp": "dirichlet_process", "dirichlet": "dirichlet_distribution"}
 INIT_METHODS = ("kmeans", "k-means++", "random", "random_from_data", "k-means++-projected")
 PERSIST_MODES = ("auto", "always", "never")
+#: how the projection (pca) is computed: pipeline.fit.projection.projection_pass
+PCA_SOLVERS = ("exact", "randomized")
 #: the faces a spec is resolved for: their defaults differ only where the estimator keeps scikit-learn's
 FACES = ("pipeline", "estimator")
 _SAME = object()
@@ -91,6 +93,11 @@ class FitSpec:
                          estimator="pca", minimum=1, flag="--pca", identity="when set")
     whiten: bool = _s(False, "With --pca: scale every principal component to unit variance.", "bool",
                       estimator="whiten", identity="when set")
+    pca_solver: str = _s("exact", "With --pca: exact (the D x D covariance in one pass, N D^2 flops) | "
+                         "randomized (three passes of subspace iteration on P + 32 vectors, 12 N D (P + 32) "
+                         "flops, the store read once where it fits in memory; about 99% of the exact "
+                         "components' variance; docs/guide.md).", "str", estimator="pca_solver",
+                         choices=PCA_SOLVERS, identity="when set")
     learner_options: dict[str, Any] = _s({}, "Learner options KEY=VALUE (`vbcluster learners`).",
                                          "options", estimator="learner_options", sklearn=None)
     weight_concentration_prior: float | None = _s(
@@ -204,6 +211,9 @@ class FitSpec:
         if spec.whiten and spec.pca is None:
             raise ConfigError(f"{_where('whiten', face)} needs {_where('pca', face)}: whitening scales "
                               "the principal components")
+        if spec.pca_solver != "exact" and spec.pca is None:
+            raise ConfigError(f"{_where('pca_solver', face)} needs {_where('pca', face)}: it computes the "
+                              "principal components")
         spec = replace(spec, **changes)
         cls.check_spec(spec)
         return spec

@@ -167,14 +167,26 @@ def timed(fit: Callable[[], Any]) -> tuple[Any, float, str]:
 
 def feature_set(tag: str) -> tuple[str, int | None, bool]:
     """(row normalisation, principal components or None, whitened) of a feature set's tag:
-    ``raw`` or ``pcaP`` (``pcaPw``: whitened), optionally after ``l2-`` or ``power-l2-``
+    ``raw`` or ``pcaP`` (``pcaPw``: whitened; a final ``r``: the randomized solver, see
+    :func:`pca_solver`), optionally after ``l2-`` or ``power-l2-``
     (:func:`vbcore.data.normalize.normalize_rows`); anything else is a one-line ConfigError."""
-    m = re.fullmatch(r"(?:(l2|power-l2)-)?(?:raw|pca([1-9][0-9]*)(w?))", str(tag))
-    if m is None:
-        raise ConfigError(f"feature set must be raw or pcaP, P > 0 ('w' after P: whitened), optionally "
-                          f"after l2- or power-l2-, got {tag!r}")
-    norm, p, w = m.groups()
+    m = _tag(tag)
+    norm, p, w, _ = m.groups()
     return norm or "none", int(p) if p else None, bool(w)
+
+
+def pca_solver(tag: str) -> str:
+    """The projection's solver of a feature set's tag (``pca_solver``): 'randomized' for a tag that
+    ends in ``r`` after its ``pcaP[w]`` (``power-l2-pca64wr``), else 'exact'."""
+    return "randomized" if _tag(tag).group(4) else "exact"
+
+
+def _tag(tag: str) -> re.Match[str]:
+    m = re.fullmatch(r"(?:(l2|power-l2)-)?(?:raw|pca([1-9][0-9]*)(w?)(r?))", str(tag))
+    if m is None:
+        raise ConfigError(f"feature set must be raw or pcaP, P > 0 ('w' after P: whitened; 'r' last: the "
+                          f"randomized solver), optionally after l2- or power-l2-, got {tag!r}")
+    return m
 
 
 def vb_fit(X: np.ndarray, y: np.ndarray, learner: str, k: int, tag: str, covariance: str,
@@ -188,7 +200,7 @@ def vb_fit(X: np.ndarray, y: np.ndarray, learner: str, k: int, tag: str, covaria
     _, pca, whiten = feature_set(tag)
     kw: dict[str, Any] = {**estimator_params(defaults), "random_state": seed, "max_iter": max_iter}
     if pca:
-        kw.update(pca=pca, whiten=whiten)
+        kw.update(pca=pca, whiten=whiten, pca_solver=pca_solver(tag))
     model = VBMixture(k, learner=learner, covariance_type=covariance, **kw)
     m, wall, err = timed(lambda: model.fit(X))
     row = {"features": tag, "method": learner, "settings": SETTINGS[defaults],

@@ -24,6 +24,7 @@ the engine; other array namespaces (CuPy) use ``xc.T @ xc``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,15 +120,23 @@ def moments_kernel(rows: Rows, offset: int, shift: np.ndarray, where: str | None
     """A chunk's :class:`RowMoments` (an engine kernel) of its :class:`Rows`; rows of sources not
     validated on the driver (``where`` names the source) are first checked for non-finite values (one
     line naming the row; device rows are checked on the device, copied only to name a bad row)."""
+    check_rows(rows, offset, where)
+    return row_moments(rows.x, shift, rows.w)
+
+
+def check_rows(rows: Rows, offset: int, where: str | None) -> None:
+    """Rows of a source not validated on the driver (``where`` names it; None: nothing to check)
+    against non-finite values: one line naming the row (device rows are checked on the device,
+    copied only to name a bad row)."""
     from vbcore.kernels.estep import array_namespace, to_numpy
 
+    if where is None:
+        return
     x = rows.x
-    if where is not None:
-        xp = array_namespace(x)
-        if xp is np or not bool(xp.all(xp.isfinite(x))):
-            check_finite(x if xp is np else to_numpy(x), where, first_row=offset,
-                         hint="clean the data (vbcluster ingest rejects or drops such rows)")
-    return row_moments(x, shift, rows.w)
+    xp = array_namespace(x)
+    if xp is np or not bool(xp.all(xp.isfinite(x))):
+        check_finite(x if xp is np else to_numpy(x), where, first_row=offset,
+                     hint="clean the data (vbcluster ingest rejects or drops such rows)")
 
 
 def row_moments(x: Array, shift: np.ndarray, w: Array | None = None) -> RowMoments:
@@ -182,40 +191,51 @@ def _centred_scatter_blas(x: np.ndarray, shift: np.ndarray, guess: np.ndarray,
     """NumPy rows: ``sum_n w_n xc_n`` and ``sum_n w_n xc_n xc_n^T`` of ``xc = (x - shift) - guess``
     (``w_n = 1`` without weights).
 
-    Each block of :data:`BLOCK_ROWS` rows is centred in float64 a few rows at a time (a scratch that
-    stays in cache), written once in the data's dtype into a reused buffer, and multiplied by itself,
-    ``block.T @ block``, into a reused product added into a float64 accumulator. For the product of an
-    array with its own transpose NumPy calls BLAS's SYRK (``ssyrk`` for float32 rows, ``dsyrk`` for
-    float64: one triangle, half a GEMM's flops), mirrors the triangle, and releases the GIL while it
-    runs, so the engine's threads multiply their chunks at once (SciPy's BLAS wrappers hold the GIL:
-    two threads took turns, 1.66 s for four 4,096-row SYRKs against 1.69 s on one thread; NumPy's
-    0.93-0.96 s). Every product is exactly symmetric, so is their sum.
+    Each block of :func:`centred_blocks` is multiplied by itself, ``block.T @ block``, into a reused
+    product added into a float64 accumulator. For the product of an array with its own transpose
+    NumPy calls BLAS's SYRK (``ssyrk`` for float32 rows, ``dsyrk`` for float64: one triangle, half a
+    GEMM's flops), mirrors the triangle, and releases the GIL while it runs, so the engine's threads
+    multiply their chunks at once (SciPy's BLAS wrappers hold the GIL: two threads took turns, 1.66 s
+    for four 4,096-row SYRKs against 1.69 s on one thread; NumPy's 0.93-0.96 s). Every product is
+    exactly symmetric, so is their sum.
     """
-    n, d = x.shape
-    dtype = x.dtype
-    rows = min(BLOCK_ROWS, n)
-    block = np.empty((rows, d), dtype=dtype)
+    d = x.shape[1]
     acc = np.zeros((d, d), dtype=np.float64)
-    product = np.empty((d, d), dtype=dtype)
-    scratch = np.empty((max(1, SCRATCH_BYTES // (8 * d)), d), dtype=np.float64)
+    product = np.empty((d, d), dtype=x.dtype)
     residual = np.zeros(d, dtype=np.float64)
+    for block in centred_blocks(x, shift, guess, w, residual):
+        np.matmul(block.T, block, out=product)  # the block's scatter (a SYRK: see above)
+        acc += product
+    return residual, acc
+
+
+def centred_blocks(x: np.ndarray, shift: np.ndarray, guess: np.ndarray | None, w: np.ndarray | None,
+                   residual: np.ndarray) -> Iterator[np.ndarray]:
+    """NumPy rows ``x`` as blocks of at most :data:`BLOCK_ROWS` rows of ``sqrt(w) ((x - shift) -
+    guess)`` (``guess`` None: ``x - shift``) in ``x``'s dtype, each written into one reused buffer
+    (valid until the next block), with ``sum w ((x - shift) - guess)`` added into the float64
+    ``residual``. Rows are centred in float64 a few at a time, in a scratch that stays in cache, and
+    written once in the data's dtype (float32 rows: rounded once, as the float32 products see them)."""
+    n, d = x.shape
+    rows = min(BLOCK_ROWS, n)
+    block = np.empty((rows, d), dtype=x.dtype)
+    scratch = np.empty((max(1, SCRATCH_BYTES // (8 * d)), d), dtype=np.float64)
     for start in range(0, n, rows):
         m = min(rows, n - start)
         for i in range(0, m, len(scratch)):
             j = min(i + len(scratch), m)
             t = scratch[:j - i]
             np.subtract(x[start + i:start + j], shift, out=t)
-            np.subtract(t, guess, out=t)
+            if guess is not None:
+                np.subtract(t, guess, out=t)
             if w is None:
                 residual += np.sum(t, axis=0)
             else:
                 sw = w[start + i:start + j]
                 residual += sw @ t
                 np.multiply(t, np.sqrt(sw)[:, None], out=t)
-            block[i:j] = t  # float32 rows: rounded once, as the float32 product sees them
-        np.matmul(block[:m].T, block[:m], out=product)  # the block's scatter (a SYRK: see above)
-        acc += product
-    return residual, acc
+            block[i:j] = t
+        yield block[:m]
 
 
 def _add_outer(a: np.ndarray, u: np.ndarray, v: np.ndarray) -> None:
@@ -331,7 +351,16 @@ def fit_projection(moments: RowMoments, n_components: int, whiten: bool = False,
     cov = moments.covariance()
     cov = (cov + cov.T) * 0.5  # exactly symmetric for eigh
     values, vectors = leading_eigh(cov, p, single=eps > 2 * float(np.finfo(np.float64).eps))
-    values, vectors = values[::-1], vectors[:, ::-1]
+    return projection_from_eigenpairs(moments.mean, values[::-1], vectors[:, ::-1], whiten, moments.n, eps)
+
+
+def projection_from_eigenpairs(mean: np.ndarray, values: np.ndarray, vectors: np.ndarray, whiten: bool,
+                               n_rows: float, eps: float) -> Projection:
+    """The :class:`Projection` of the covariance's leading eigenpairs (``values`` decreasing, the
+    columns of ``vectors`` orthonormal): each vector's entry of largest magnitude made positive, and
+    with ``whiten`` a one-line ConfigError for an eigenvalue at most ``D * eps * lambda_max`` (see
+    :func:`fit_projection`)."""
+    d, p = vectors.shape
     big = np.argmax(np.abs(vectors), axis=0)
     vectors = vectors * np.sign(vectors[big, np.arange(p)])[None, :]
     floor = d * eps * max(float(values[0]), 0.0) if p else 0.0
@@ -344,5 +373,5 @@ def fit_projection(moments: RowMoments, n_components: int, whiten: bool = False,
                 f"whiten (--whiten): principal component {j + 1} of {p} has variance "
                 f"{float(values[j]):.3g} (not above {floor:.3g}): the data span only {j} dimension(s); "
                 f"{fix}")
-    return Projection(moments.mean.copy(), np.ascontiguousarray(vectors), np.maximum(values, 0.0),
-                      bool(whiten), int(round(moments.n)))
+    return Projection(np.array(mean, dtype=np.float64), np.ascontiguousarray(vectors),
+                      np.maximum(values, 0.0), bool(whiten), int(round(n_rows)))
