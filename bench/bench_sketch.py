@@ -8,10 +8,10 @@ kernel (float32 GEMMs over blocks of 4,096 rows about a common shift, float64 su
 fixed-order reduction, in-process on its threads) on chunks read once and kept in memory:
 
 * ``nystrom1_kK``: one pass, ``Y = C Omega`` (``K`` Gaussian columns), the stabilised Nystrom
-  approximation ``Y (Omega^T Y)^+ Y^T`` (Tropp, Yurtsever, Udell & Cevher 2017) and its ``P``
+  approximation ``Y (Omega^T Y)^+ Y^T`` (Tropp et al. 2017) and its ``P``
   leading eigenvectors (its eigenvalues are biased low: not the data's variances);
 * ``rrQ_kK``: ``Q`` passes of subspace iteration on ``K`` vectors with the Rayleigh-Ritz step on the
-  last span (:func:`vbcore.kernels.sketch.randomized_projection`; Halko, Martinsson & Tropp 2011).
+  last span (:func:`vbcore.kernels.sketch.randomized_projection`; Halko et al. 2011).
 
 For each: the CPU seconds of its passes over the exact pass's (which also reads the store), the
 variance its ``P`` vectors capture over the optimum (the ``P`` leading eigenvalues of the exact
@@ -67,7 +67,7 @@ def cpu() -> float:
 
 
 def nystrom(omega: np.ndarray, y: np.ndarray, p: int) -> np.ndarray:
-    """The ``p`` leading eigenvectors of the shifted Nystrom approximation (Tropp et al. 2017, Alg. 3)."""
+    """The ``p`` leading eigenvectors of the shifted, stabilised Nystrom approximation (Tropp et al. 2017)."""
     od = omega.astype(np.float64)
     nu = float(np.finfo(np.float32).eps) * float(np.linalg.norm(y))
     yn = y + nu * od

@@ -13,7 +13,7 @@ forms it. Each pass multiplies the covariance ``C`` by a D x k basis (``k = P + 
   of :data:`~vbcore.kernels.projection.BLOCK_ROWS` rows); parts merge by adding, over the engine's
   fixed-order tree;
 * :func:`randomized_projection` -- on the driver: ``Q_0`` Gaussian (from the fit's seed), ``Q_j =
-  orth(C Q_{j-1})`` (randomized subspace iteration, Halko, Martinsson & Tropp 2011, Algorithm 4.4,
+  orth(C Q_{j-1})`` (randomized subspace iteration, Halko et al. 2011, Algorithm 4.4,
   on the symmetric ``C``: one product per pass), and after the last pass the Rayleigh-Ritz step on
   the span of the last basis: the ``P`` leading eigenpairs of ``Q^T C Q`` in the metric ``Q^T Q``.
 
