@@ -46,7 +46,8 @@ bench: venv
 	$(VPY) bench/bench_ncg.py --workdir bench/out
 	$(VPY) bench/bench_sga.py --workdir bench/out --vbem-iter 5
 	$(VPY) bench/bench_converge.py --store bench/out/sun397.zarr
-	$(VPY) bench/bench_projection.py --store bench/out/sun397.zarr --parts
+	$(VPY) bench/bench_projection.py --store bench/out/sun397.zarr --parts  # both solvers, the SYRK floor
+	$(VPY) bench/bench_sketch.py --store bench/out/sun397.zarr --pca 128  # randomized variants: cost, captured variance
 	$(VPY) bench/bench_extract.py --workdir bench/out --images 64
 	$(VPY) bench/bench_moves_cost.py
 	$(VPY) bench/bench_refresh.py --workdir bench/out  # 500,000 x 128: memoized refresh, partial_fit, coreset

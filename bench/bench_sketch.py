@@ -39,12 +39,12 @@ class Sketcher:
     seconds kept."""
 
     def __init__(self, engine: Any, source: Any) -> None:
-        from vbcore.kernels.projection import Rows
+        from vbcore.kernels.sketch import centred_rows
 
         self.engine, self.source = engine, source
         self.shift = np.asarray(source.load(0)[0], dtype=np.float64)
         t = cpu()
-        self.handles = engine.prepare(source, Rows, persist="auto")
+        self.handles = engine.prepare(source, centred_rows, self.shift, persist="auto")
         self.read_s = cpu() - t
         self.seconds = 0.0
 
@@ -52,7 +52,7 @@ class Sketcher:
         from vbcore.kernels.sketch import sketch_kernel
 
         t = cpu()
-        part = self.engine.map_reduce(sketch_kernel, self.handles, q, self.shift, None,
+        part = self.engine.map_reduce(sketch_kernel, self.handles, q, None,
                                       per_chunk=[s.start for s in self.source.chunk_slices()])
         self.seconds += cpu() - t
         return part

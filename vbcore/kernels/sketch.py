@@ -22,7 +22,7 @@ data's variances along them (whitening is exact for the directions found); the v
 subspace that captures at most the variance the exact eigenvectors capture (Ky Fan), and all of it
 when the centred rows span at most ``k`` dimensions. Measured (docs/benchmarks.md, "The projection
 pass"): on the 108,754 x 4096 synthetic store at P = 128, 99.0% of the exact subspace's variance;
-on Fashion-MNIST's EfficientNet features 99.7% (P = 128) and 99.8% (P = 64 after power-L2 rows).
+on Fashion-MNIST's EfficientNet features 99.7% (P = 128) and 99.8% (P = 64).
 """
 
 from __future__ import annotations
