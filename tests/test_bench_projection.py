@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _bench(script: str, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
-                         timeout=600, env=env, cwd=ROOT)
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True,
+                         text=True, timeout=600, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout[out.stdout.rindex("\n{\n") + 1:])  # the last, indented, object
 

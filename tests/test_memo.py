@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from pipeline import VBMixture
 from pipeline.cli import app
+from pipeline.engine.blas import one_blas_thread
 from pipeline.engine.engines import LocalEngine, tree_reduce
 from pipeline.fit.driver import CountingEngine
 from pipeline.fit.learners import memo as memo_module
@@ -64,8 +65,9 @@ def test_memoized_statistics_are_the_exact_sum_after_any_visiting_order(cov):
         p = it % 2
         got = memo.run(estep_params(posts[p], ctx.shift), it, visit=visit)
         last.update(dict.fromkeys(visit.tolist(), p))
-        want = tree_reduce([vbem_kernel(h, estep_params(posts[last[i]], ctx.shift))
-                            for i, h in enumerate(ctx.handles)])
+        with one_blas_thread():  # as the engine runs kernels
+            want = tree_reduce([vbem_kernel(h, estep_params(posts[last[i]], ctx.shift))
+                                for i, h in enumerate(ctx.handles)])
         _same_stats(got.stats, want.stats)
         assert got.log_norm == want.log_norm
     memo.run(estep_params(posts[0], ctx.shift), 9, visit=np.arange(len(ctx.handles)))
@@ -253,13 +255,14 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
         seen["rounds"] += rounds
         if self.memo.have.all():
             want = []
-            for i, h in enumerate(self.ctx.handles):
-                p = log[i][0]
-                res = (vbem_kernel(h, p) if isinstance(p, EStepParams)
-                       else KernelResult(move_kernel(h, p).stats, 0.0))
-                for order in log[i][1:]:
-                    res = take_memo(res, order)
-                want.append(res)
+            with one_blas_thread():  # as the engine runs kernels: the bits of a one-thread BLAS
+                for i, h in enumerate(self.ctx.handles):
+                    p = log[i][0]
+                    res = (vbem_kernel(h, p) if isinstance(p, EStepParams)
+                           else KernelResult(move_kernel(h, p).stats, 0.0))
+                    for order in log[i][1:]:
+                        res = take_memo(res, order)
+                    want.append(res)
             _same_stats(self.memo.total().stats, tree_reduce(want).stats)
             seen["checks"] += 1
             seen["births"] += self.growth.grown > grown

@@ -121,6 +121,7 @@ def features(folder: Path, quick: bool, split: str = "all") -> tuple[np.ndarray,
     from pipeline.extract.extraction import refresh_images
     from pipeline.store.features import FeatureStore
 
+    fashion_mnist()  # the data's message first (the model's: model_path)
     model = model_path()
     src = (_quick_source(folder / "quick-idx", QUICK_IMAGES) if quick
            else _split_source(folder / f"{split}-idx", split))
