@@ -59,7 +59,7 @@ def projection_pass(engine: Any, source: Any, n_components: int, whiten: bool, s
     if solver == "randomized":
         return _randomized(engine, source, int(n_components), bool(whiten), seed, single, eps)
     if solver != "exact":
-        raise ConfigError(f"pca_solver must be one of {PCA_SOLVERS}, got {solver!r}")
+        raise ConfigError(f"pca_solver must be one of {', '.join(PCA_SOLVERS)}, got {solver!r}")
     moments = data_moments(engine, source)
     # one BLAS thread, as the chunk kernels: eigenvectors whose bits do not depend on the driver's
     # cores (and on a busy 2-core machine LAPACK's eigh at D = 4096 took 7 CPU s on one thread,
