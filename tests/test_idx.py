@@ -131,13 +131,13 @@ def test_errors_name_the_file(tmp_path):
     write_pair(twice, "x", a, ya, gz=True)
     with pytest.raises(InputError, match=r"x-images-idx3-ubyte and x-images-idx3-ubyte.gz hold the same"):
         list_images(str(twice))
-    crc = tmp_path / "crc"  # a damaged gzip stream: caught when the worker decompresses it
+    crc = tmp_path / "crc"  # a damaged gzip stream: caught when the listing decompresses it to count
     write_pair(crc, "x", a, ya, gz=True)
     whole = bytearray((crc / "x-images-idx3-ubyte.gz").read_bytes())
     whole[-10] ^= 0xFF  # inside the deflate data, after the header
     (crc / "x-images-idx3-ubyte.gz").write_bytes(bytes(whole))
-    with pytest.raises(InputError, match=r"crc/x-images-idx3-ubyte.gz, image 0: cannot read the image "
-                                         r"\(InputError: .*crc/x-images-idx3-ubyte.gz: cannot decompress"):
+    with pytest.raises(InputError, match=r"crc/x-images-idx3-ubyte.gz: cannot decompress the idx file "
+                                         r"\(BadGzipFile: CRC check failed"):
         ingest(str(crc), tmp_path / "t.zarr", extractor="color-hog", size=16)
     assert not (tmp_path / "t.zarr").exists()
 

@@ -16,6 +16,13 @@ locations to RGB ``uint8`` arrays, the grey value repeated in the 3 channels. A 
 last file it decoded in memory (a gzipped file must be decompressed whole), so the shards of one file
 cost one decompression per worker; plain files are memory-mapped.
 
+Headers are not trusted: a file is refused, from its header and before anything is listed or read
+whole, when its images are over Pillow's decoding limit, when it declares more than MAX_IDX_IMAGES
+images, when a gzipped file would decompress to more than MAX_GZ_DATA_BYTES, and when its data (the
+file size, or for gzip the bytes decompressed block by block, stopping one byte past the declared
+size) are not what the header declares; a labels file declaring another count than its images is
+refused before its labels are read.
+
 Corrupt headers, a file size that does not match its header and a label count that does not match
 the images are :class:`~vbcore.errors.InputError` s naming the file.
 """
@@ -77,36 +84,103 @@ def read_header(path: Path, ndim: int) -> tuple[tuple[int, ...], int]:
     return dims, 4 + 4 * ndim
 
 
-def _data_bytes(path: Path, header: int) -> int:
-    """Bytes after the header: the file size, or for gzip the size its trailer records (mod 2**32)."""
-    size = path.stat().st_size
-    if not path.name.endswith(".gz"):
-        return size - header
-    with open(path, "rb") as f:
-        f.seek(max(size - 4, 0))
-        return int.from_bytes(f.read(4), "little") - header
+#: The most images one idx source may list: each is an id, a location and a size held in memory
+#: (about 200 bytes), so 10 million take about 2 GB; MNIST8M, the largest idx set known, has 8.1 million.
+MAX_IDX_IMAGES = 10_000_000
+#: The most bytes of pixels a gzipped idx file may hold: it is decompressed whole into memory (a plain
+#: file is memory-mapped instead); Fashion-MNIST's training set holds 47 MB.
+MAX_GZ_DATA_BYTES = 2 * 2**30
+_BLOCK = 1 << 20  # bytes decompressed at a time when a gzipped file is measured
+
+
+def _pixel_limit() -> int | None:
+    from PIL import Image
+
+    return None if Image.MAX_IMAGE_PIXELS is None else int(Image.MAX_IMAGE_PIXELS)
+
+
+def _check_dims(path: Path, dims: tuple[int, ...]) -> None:
+    """Refuse, from the header alone, images over the decoding limit, more images than
+    MAX_IDX_IMAGES, and a gzipped file too large to decompress into memory."""
+    if len(dims) == 3:
+        limit, pixels = _pixel_limit(), dims[1] * dims[2]
+        if limit is not None and pixels > limit:
+            raise InputError(f"{path}: the idx header declares images of {dims[1]} x {dims[2]} = {pixels:,} "
+                             f"pixels, over the decoding limit of {limit:,} pixels "
+                             "(PIL.Image.MAX_IMAGE_PIXELS)")
+    if dims[0] > MAX_IDX_IMAGES:
+        raise InputError(f"{path}: the idx header declares {dims[0]:,} images, over the limit of "
+                         f"{MAX_IDX_IMAGES:,} for one idx source (idx_images.MAX_IDX_IMAGES)")
+    want = int(np.prod(dims))
+    if path.name.endswith(".gz") and want > MAX_GZ_DATA_BYTES:
+        raise InputError(f"{path}: the idx header declares {want:,} bytes of data, over the "
+                         f"{MAX_GZ_DATA_BYTES:,} a gzipped idx file may hold (it is decompressed into "
+                         "memory); gunzip it: a plain file is memory-mapped")
+
+
+def _gz_data_bytes(path: Path, header: int, want: int) -> int:
+    """The bytes after the header of a gzipped file, decompressed block by block and counted; stops
+    at ``want + 1`` (so a forged header or a gzip bomb costs one block of memory, not the whole)."""
+    got = -header
+    try:
+        with gzip.open(path, "rb") as f:
+            while got <= want:
+                block = f.read(_BLOCK)
+                if not block:
+                    break
+                got += len(block)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{path}: cannot decompress the idx file ({type(exc).__name__}: {exc})") from None
+    return got
 
 
 def _check_size(path: Path, dims: tuple[int, ...], header: int, found: int | None = None) -> None:
+    """Refuse a file whose data (counted after the header: the file size, or for gzip the bytes
+    decompressed) are not what its header declares; the header is checked against the limits first."""
+    _check_dims(path, dims)
     want = int(np.prod(dims))
-    got = _data_bytes(path, header) if found is None else found
-    if path.name.endswith(".gz") and found is None:
-        got, want = got % 2**32, want % 2**32  # the gzip trailer holds the size mod 2**32
+    if found is not None:
+        got = found
+    elif path.name.endswith(".gz"):
+        got = _gz_data_bytes(path, header, want)
+    else:
+        got = path.stat().st_size - header
     if got != want:
         shape = " x ".join(str(d) for d in dims)
+        holds = f"more than {want}" if got > want and path.name.endswith(".gz") else str(got)
         raise InputError(f"{path}: the idx header declares {shape} = {want} bytes of data but the file "
-                         f"holds {got}: truncated or corrupt")
+                         f"holds {holds}: truncated or corrupt")
 
 
-def read_labels(path: Path) -> np.ndarray:
-    """The labels of an idx1 labels file (int64)."""
-    (n,), header = read_header(path, 1)
+def _read_data(path: Path, dims: tuple[int, ...], header: int) -> bytes:
+    """The header and data of a gzipped idx file, decompressed; at most one byte more than the
+    header declares is read, so the size check needs no second pass."""
+    _check_dims(path, dims)
+    want = int(np.prod(dims))
     try:
-        with _open(path) as f:
-            raw = f.read()
+        with gzip.open(path, "rb") as f:
+            raw = f.read(header + want + 1)
     except (OSError, EOFError, zlib.error) as exc:
-        raise InputError(f"{path}: cannot read the labels ({type(exc).__name__}: {exc})") from None
-    _check_size(path, (n,), header, len(raw) - header)
+        raise InputError(f"{path}: cannot decompress the idx file ({type(exc).__name__}: {exc})") from None
+    _check_size(path, dims, header, len(raw) - header)
+    return raw
+
+
+def read_labels(path: Path, n: int | None = None, images: str = "") -> np.ndarray:
+    """The labels of an idx1 labels file (int64). With ``n``, a header declaring another count is
+    refused before any label is read (the message names the ``images`` file)."""
+    (count,), header = read_header(path, 1)
+    if n is not None and count != n:
+        raise InputError(f"{path}: {count} labels for the {n} images of {images}")
+    if path.name.endswith(".gz"):
+        raw = _read_data(path, (count,), header)
+    else:
+        _check_size(path, (count,), header)
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read the labels ({type(exc).__name__}: {exc})") from None
+        _check_size(path, (count,), header, len(raw) - header)
     return np.frombuffer(raw, np.uint8, offset=header).astype(np.int64)
 
 
@@ -120,13 +194,7 @@ def read_images_file(path: Path) -> np.ndarray:
         return hit[1]
     dims, header = read_header(path, 3)
     if path.name.endswith(".gz"):
-        try:
-            with gzip.open(path, "rb") as f:
-                raw = f.read()
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(f"{path}: cannot decompress the idx file "
-                             f"({type(exc).__name__}: {exc})") from None
-        _check_size(path, dims, header, len(raw) - header)
+        raw = _read_data(path, dims, header)
         arr = np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
     else:
         _check_size(path, dims, header)
@@ -186,12 +254,12 @@ def list_idx(source: str, labels: str | None) -> tuple[list[str], list[int], lis
         dims, header = read_header(f, 3)
         _check_size(f, dims, header)
         n, prefix = dims[0], IMAGES_RE.match(f.name)["prefix"]  # type: ignore[index]
+        if len(ids) + n > MAX_IDX_IMAGES:
+            raise InputError(f"{f}: {len(ids) + n:,} images with the files before it, over the limit of "
+                             f"{MAX_IDX_IMAGES:,} for one idx source; ingest the files one by one")
         lab_file = pairs[f]
         if lab_file is not None and not missing:
-            y = read_labels(lab_file)
-            if len(y) != n:
-                raise InputError(f"{lab_file}: {len(y)} labels for the {n} images of {f.name}")
-            labs.extend(str(v) for v in y.tolist())
+            labs.extend(str(v) for v in read_labels(lab_file, n, f.name).tolist())
         mtime = f.stat().st_mtime_ns
         ids.extend(f"{prefix}/{i}" for i in range(n))
         sizes.extend([dims[1] * dims[2]] * n)
@@ -227,5 +295,6 @@ def shown(loc: str) -> str:
     return f"{name}, image {index}" if is_idx_loc(loc) else loc
 
 
-__all__ = ["IDX_SEP", "is_idx_images", "is_idx_source", "list_idx", "read_header", "read_idx_images",
+__all__ = ["IDX_SEP", "MAX_GZ_DATA_BYTES", "MAX_IDX_IMAGES",
+           "is_idx_images", "is_idx_source", "list_idx", "read_header", "read_idx_images",
            "read_images_file", "read_labels", "shown", "is_idx_loc", "idx_files"]
