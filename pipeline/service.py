@@ -41,7 +41,7 @@ from pipeline.files.atomic import write_file as write_atomic
 from pipeline.files.locks import RunLock
 from pipeline.fit.driver import FitOutcome, run_fit
 from pipeline.fit.fitted import FittedMixture
-from pipeline.fit.setup import check_prior_settings, open_source
+from pipeline.fit.setup import check_components, check_prior_settings, open_source
 from pipeline.fit.spec import FitSpec
 from pipeline.runs.directory import load_fitted, read_result, save_run
 from vbcore.errors import ConfigError, InputError
@@ -275,6 +275,8 @@ def check_fit(run_dir: str | Path, spec: FitSpec, warm_from: str | Path | None =
     source = StoreSource(spec.store)  # a missing or bad store fails before anything is written
     if spec.pca is not None:
         check_pca(int(spec.pca), source.n_features, source.n_rows)
+    if warm_from is None:
+        check_components(int(spec.components), source.n_rows, source.describe())
     check_prior_settings(spec, source.n_features if spec.pca is None else int(spec.pca))
     if warm_from is not None:
         problem = warm_start_problem(warm_from, spec)

@@ -22,7 +22,7 @@ from pipeline.fit.learners import FitContext, make_learner
 from pipeline.fit.learners.growth import stopped_growing
 from pipeline.fit.learners.vbem import vbem_pass
 from pipeline.fit.projection import check_projection
-from pipeline.fit.setup import initial_posterior, setup
+from pipeline.fit.setup import check_components, initial_posterior, setup
 from pipeline.fit.spec import FitSpec
 from vbcore.errors import ConfigError, FitInterrupted
 from vbcore.kernels.projection import Projection
@@ -251,6 +251,8 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     if projection is not None:
         check_projection(projection, source.n_features, spec.pca, bool(spec.whiten),
                          "the warm start" if loaded is None else str(loaded.path))
+    if loaded is None and warm is None:  # (a resumed or warm start keeps the components it has)
+        check_components(int(spec.components), source.n_rows, source.describe())
     report_stage(callback, "reading the rows (chunks, moments, prior)")
     ctx = setup(spec, source, CountingEngine(engine), random_state, projection)
     ctx.engine.passes = 0  # the setup's passes are not the learner's

@@ -167,6 +167,15 @@ def check_prior_settings(spec: FitSpec, d: int) -> None:
     build_prior(spec, stand_in, d, spec.fixed_variance or 1.0)
 
 
+def check_components(k: int, n_rows: int, where: str) -> None:
+    """Refuse a start of more components than rows (``-k 100000`` on 500 rows asked for 74.5 GiB of
+    K x D x D statistics before failing); checked before any data pass. Growth (``grow``) stays
+    bounded by the rows on its own (:attr:`FitSpec.max_components`)."""
+    if k > n_rows:
+        raise ConfigError(f"{where}: n_components (-k) is {k} but the data hold {n_rows} rows; a fit "
+                          f"starts with at most one component per row: use at most {n_rows}")
+
+
 #: ``reg_covar`` at least this share of the data's mean variance per dimension draws a warning
 REG_COVAR_SHARE = 0.1
 

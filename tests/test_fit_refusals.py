@@ -1,0 +1,50 @@
+"""Fit settings refused up front in one line (issue 53): more components than rows (item 10), row
+weights out of the range the fit computes with (item 6), a run directory that would land in the
+store, at /, or through a link to a system folder (item 8)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from pipeline import VBMixture
+from pipeline.ingest import ingest
+from vbcore.errors import ConfigError
+
+runner = CliRunner()
+
+
+def _lines(res) -> list[str]:
+    return [ln for ln in res.output.splitlines() if ln.strip()]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("refuse")
+    np.save(root / "x.npy", np.random.default_rng(0).normal(size=(500, 40)))
+    ingest(str(root / "x.npy"), root / "s.zarr", chunk_rows=200)
+    return root / "s.zarr"
+
+
+# ---- item 10: -k above the number of rows --------------------------------------------------------
+def test_more_components_than_rows_is_refused_on_the_cli(store, tmp_path):
+    t0 = time.perf_counter()
+    res = runner.invoke(app, ["fit", str(store), "--run-dir", str(tmp_path / "r"), "-k", "100000", "-q"])
+    lines = _lines(res)
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert re.search(r"s\.zarr \(500 x 40\): n_components \(-k\) is 100000 but the data hold 500 rows; a "
+                     r"fit starts with at most one component per row: use at most 500", lines[0])
+    assert not (tmp_path / "r").exists() and time.perf_counter() - t0 < 30
+
+
+def test_more_components_than_rows_is_refused_by_the_estimator():
+    X = np.random.default_rng(1).normal(size=(30, 3))
+    with pytest.raises(ConfigError, match=r"array of shape \(30, 3\): n_components \(-k\) is 31 but the "
+                                          r"data hold 30 rows"):
+        VBMixture(n_components=31, random_state=0).fit(X)
+    VBMixture(n_components=30, max_iter=2, random_state=0).fit(X)  # one per row is allowed
