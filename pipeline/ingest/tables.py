@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.ingest.plan import Batch, Plan, as_int, as_list, no_more_options
+from pipeline.ingest.plan import Batch, Plan, as_bool, as_int, as_list, no_more_options
 from vbcore.data.limits import check_magnitude
 from vbcore.errors import ConfigError, InputError
 
@@ -121,23 +121,46 @@ def read_parquet(path: Path, labels: str | None, ids: str | None, options: dict[
                  weights=weights is not None)
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_header(path: Path, names: list[str]) -> None:
+    """Refuse a first line of numbers only, read as column names (with ``header`` unset): a CSV
+    without a header row would lose its first row silently (300 lines: 299 rows written)."""
+    if names and all(_is_number(n) for n in names):
+        shown = ",".join(names[:4]) + (",..." if len(names) > 4 else "")
+        raise InputError(f"{path}: the first line ({shown}) holds only numbers: a row, or column names? "
+                         "Pass -o header=no to read it as a row (columns are then named f0, f1, ...) or "
+                         "-o header=yes to take it as the column names")
+
+
 def read_csv(path: Path, labels: str | None, ids: str | None, options: dict[str, Any],
              weights: str | None = None) -> Plan:
-    """A CSV file through Arrow (options ``delimiter``, ``block_bytes``, ``ignore_columns``)."""
+    """A CSV file through Arrow (options ``delimiter``, ``block_bytes``, ``ignore_columns``, ``header``:
+    unset, a first line of numbers only is refused; ``no``: no header row, columns f0, f1, ...)."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
     ignore = as_list(options.pop("ignore_columns", None))
     delimiter = str(options.pop("delimiter", ","))
     block_bytes = as_int("block_bytes", options.pop("block_bytes", 16 << 20), minimum=1 << 10)
+    header = options.pop("header", None)
+    header = None if header is None else as_bool("header", header)
     no_more_options("CSV", options)
-    read = pcsv.ReadOptions(block_size=block_bytes)
+    read = pcsv.ReadOptions(block_size=block_bytes, autogenerate_column_names=header is False)
     parse = pcsv.ParseOptions(delimiter=delimiter)
     try:  # the first block gives the column names and inferred types
         with pcsv.open_csv(path, read_options=read, parse_options=parse) as reader:
             schema = reader.schema
     except pa.ArrowInvalid as exc:
         raise InputError(f"{path}: cannot read as CSV ({exc})") from None
+    if header is None:
+        _check_header(path, list(schema.names))
     feats = _columns(str(path), schema, labels, ids, ignore, weights)
     # fix the types so that a later block cannot be inferred differently (ints, then a float)
     types = {c: pa.float64() for c in feats}

@@ -1,0 +1,47 @@
+"""Sources a new user meets, read as they mean or refused in one line (issue 53): a CSV without a
+header row (item 9)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from pipeline.ingest import ingest
+from pipeline.store.features import FeatureStore
+from vbcore.errors import ConfigError, InputError
+
+runner = CliRunner()
+
+
+def _lines(res) -> list[str]:
+    return [ln for ln in res.output.splitlines() if ln.strip()]
+
+
+# ---- item 9: a CSV without a header row ----------------------------------------------------------
+def test_csv_without_header_is_refused_unless_header_is_given(tmp_path):
+    X = np.round(np.random.default_rng(0).normal(size=(300, 3)), 4)
+    path = tmp_path / "noheader.csv"
+    np.savetxt(path, X, delimiter=",", fmt="%.4f")  # 300 lines, no header
+    res = runner.invoke(app, ["ingest", str(path), "--out", str(tmp_path / "s.zarr"), "-q"])
+    lines = _lines(res)
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert f"{path}: the first line ({X[0, 0]:.4f},{X[0, 1]:.4f},{X[0, 2]:.4f}) holds only numbers: a row, " \
+           "or column names? Pass -o header=no to read it as a row" in lines[0]
+    assert not (tmp_path / "s.zarr").exists()
+    rep = ingest(str(path), tmp_path / "no.zarr", header="no")
+    assert rep.rows_written == 300  # every line a row
+    np.testing.assert_allclose(FeatureStore.open(tmp_path / "no.zarr").read(), X.astype(np.float32))
+    assert FeatureStore.open(tmp_path / "no.zarr").attrs["extractor_params"]["columns"] == ["f0", "f1", "f2"]
+    res = runner.invoke(app, ["ingest", str(path), "--out", str(tmp_path / "yes.zarr"), "-o", "header=yes"])
+    assert res.exit_code == 0 and "wrote 299 rows" in " ".join(res.output.split()), res.output  # as asked
+    (tmp_path / "named.csv").write_text("a,b,c\n1,2,3\n4,5,6\n")  # a header row: read as before
+    assert ingest(str(tmp_path / "named.csv"), tmp_path / "n.zarr").rows_written == 2
+    with pytest.raises(ConfigError, match=r"header must be true or false, got 'maybe'"):
+        ingest(str(path), tmp_path / "m.zarr", header="maybe")
+    with pytest.raises(InputError, match=r"no column 'f1' for labels \(columns: \['a', 'b', 'c'\]\)"):
+        ingest(str(tmp_path / "named.csv"), tmp_path / "l.zarr", labels="f1", header="yes")
+    (tmp_path / "lab.csv").write_text("0.5,1.5,3\n2.5,0.25,7\n")
+    ingest(str(tmp_path / "lab.csv"), tmp_path / "lab.zarr", header="no", labels="f2")  # a generated name
+    np.testing.assert_array_equal(FeatureStore.open(tmp_path / "lab.zarr").read_labels(), [3, 7])
