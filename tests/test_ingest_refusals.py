@@ -45,3 +45,43 @@ def test_csv_without_header_is_refused_unless_header_is_given(tmp_path):
     (tmp_path / "lab.csv").write_text("0.5,1.5,3\n2.5,0.25,7\n")
     ingest(str(tmp_path / "lab.csv"), tmp_path / "lab.zarr", header="no", labels="f2")  # a generated name
     np.testing.assert_array_equal(FeatureStore.open(tmp_path / "lab.zarr").read_labels(), [3, 7])
+
+
+# ---- item 5: image names that are not one line of UTF-8 ------------------------------------------
+def _png(path) -> None:
+    from PIL import Image
+
+    Image.fromarray(np.full((8, 8, 3), 120, np.uint8)).save(path)
+
+
+@pytest.mark.parametrize("name, shown, what", [
+    (b"a\tb.png", r"a\tb.png", "a tab"),
+    (b"c\nd.png", r"c\nd.png", "a newline"),
+    (b"\xffbad.png", r"\xffbad.png", "a byte that is not UTF-8"),
+])
+def test_image_names_that_break_ids_are_refused_naming_the_file(tmp_path, name, shown, what):
+    import os
+
+    src = tmp_path / "imgs"
+    (src / "cat").mkdir(parents=True)
+    _png(src / "cat" / "ok.png")
+    _png(os.fsdecode(os.fsencode(src / "cat") + b"/" + name))
+    res = runner.invoke(app, ["ingest", str(src), "--out", str(tmp_path / "s.zarr"),
+                              "-o", "extractor=color-hog", "-o", "size=16", "-q"])
+    lines = _lines(res)
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].endswith(f"imgs/cat/{shown}: the image's name holds {what}; image ids are one line "
+                             "of UTF-8 text: rename the file"), lines[0]
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_manifest_holding_a_tab_still_reads(tmp_path):
+    """A store ingested before tabs were refused: its manifest's ids may hold one."""
+    from pipeline.extract.image_store import MANIFEST, read_manifest
+
+    np.save(tmp_path / "x.npy", np.zeros((2, 2)))
+    ingest(str(tmp_path / "x.npy"), tmp_path / "s.zarr")
+    s = FeatureStore.open(tmp_path / "s.zarr", "r+")
+    arr = s.group.create_array(MANIFEST, shape=(2,), chunks=(2,), dtype=str)
+    arr[:] = np.array(["cat/a\tb.png\t10\t20", "cat/c.png\t30\t40"])
+    assert read_manifest(s) == {"cat/a\tb.png": (10, 20), "cat/c.png": (30, 40)}

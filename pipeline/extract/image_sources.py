@@ -26,6 +26,7 @@ from __future__ import annotations
 import glob
 import io
 import tarfile
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,12 +71,40 @@ def list_images(source: str, labels: str | None = None) -> ImageSet:
     """The images of ``source`` (see the module docstring), with their labels when asked for."""
     s = str(source)
     if is_idx_source(s):
-        return ImageSet("idx", *list_idx(s, labels))
-    if Path(s).is_dir():
-        return _folder(Path(s), labels)
-    if s.endswith(".tar"):
-        return _tars(s, labels)
-    return _listfile(Path(s), labels)
+        images = ImageSet("idx", *list_idx(s, labels))
+    elif Path(s).is_dir():
+        images = _folder(Path(s), labels)
+    elif s.endswith(".tar"):
+        images = _tars(s, labels)
+    else:
+        images = _listfile(Path(s), labels)
+    check_names(images)
+    return images
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on one line: bytes that are not UTF-8 (a file name's, kept by Python as
+    surrogate escapes) as ``\\xff``, control characters (tab, newline) as ``\\t``, ``\\n``."""
+    s = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
+def check_names(images: ImageSet) -> None:
+    """Refuse an image whose id is not one line of UTF-8 text (a tab or a newline in a file name, a
+    byte that is not UTF-8): the store's ids and its image manifest hold text, one line per image."""
+    for name, loc in zip(images.ids, images.locs, strict=True):
+        if name.isprintable():
+            continue
+        bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cs")), None)
+        if bad is None:  # (other unprintable characters, a no-break space, are text)
+            continue
+        if unicodedata.category(bad) == "Cs":
+            what = "a byte that is not UTF-8"
+        else:
+            what = {"\t": "a tab", "\n": "a newline", "\r": "a carriage return"}.get(
+                bad, "a control character")
+        raise InputError(f"{printable(loc)}: the image's name holds {what}; image ids are one line of "
+                         "UTF-8 text: rename the file")
 
 
 def _is_image(name: str) -> bool:

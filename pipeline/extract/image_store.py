@@ -33,7 +33,7 @@ def read_manifest(store: FeatureStore) -> dict[str, tuple[int, int]]:
     arr = store.group[MANIFEST]
     out = {}
     for line in np.asarray(arr[:]).tolist():  # type: ignore[index]
-        i, size, mtime = str(line).split("\t")
+        i, size, mtime = str(line).rsplit("\t", 2)  # (ids held before tabs were refused may hold one)
         out[i] = (int(size), int(mtime))
     return out
 
