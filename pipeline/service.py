@@ -43,7 +43,7 @@ from pipeline.fit.driver import FitOutcome, run_fit
 from pipeline.fit.fitted import FittedMixture
 from pipeline.fit.setup import check_components, check_prior_settings, open_source
 from pipeline.fit.spec import FitSpec
-from pipeline.runs.directory import load_fitted, read_result, save_run
+from pipeline.runs.directory import check_run_dir, load_fitted, read_result, save_run
 from vbcore.errors import ConfigError, InputError
 from vbcore.kernels.projection import Projection, check_pca
 from vbcore.model.posterior import Posterior
@@ -273,6 +273,7 @@ def check_fit(run_dir: str | Path, spec: FitSpec, warm_from: str | Path | None =
     if spec.store is None:
         raise ConfigError("a run needs a store (the feature store to fit)")
     source = StoreSource(spec.store)  # a missing or bad store fails before anything is written
+    check_run_dir(run_dir, spec.store)
     if spec.pca is not None:
         check_pca(int(spec.pca), source.n_features, source.n_rows)
     if warm_from is None:

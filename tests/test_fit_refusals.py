@@ -4,6 +4,7 @@ store, at /, or through a link to a system folder (item 8)."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -48,3 +49,47 @@ def test_more_components_than_rows_is_refused_by_the_estimator():
                                           r"data hold 30 rows"):
         VBMixture(n_components=31, random_state=0).fit(X)
     VBMixture(n_components=30, max_iter=2, random_state=0).fit(X)  # one per row is allowed
+
+
+# ---- item 8: a run directory inside the store, at /, or through a link to a system folder --------
+def _refused(store, run_dir, expect: str) -> None:
+    res = runner.invoke(app, ["fit", str(store), "--run-dir", str(run_dir), "-k", "2", "--max-iter", "2",
+                              "-q"])
+    lines = _lines(res)
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert re.search(expect, lines[0]), lines[0]
+
+
+def test_run_dir_where_run_files_do_not_belong_is_refused(store, tmp_path):
+    before = sorted(p.name for p in store.rglob("*"))
+    inside = r"is inside the feature store .*s\.zarr: run files would land in its Zarr group; choose a folder"
+    _refused(store, store, inside)
+    _refused(store, store / "features", inside)
+    _refused(store, store / "new" / "run", inside)
+    link = tmp_path / "via-link"
+    os.symlink(store, link)
+    _refused(store, link, rf"--run-dir .*via-link \(that is .*s\.zarr\) {inside}")
+    assert sorted(p.name for p in store.rglob("*")) == before  # nothing written into the store
+    _refused(store, "/", r"--run-dir / is the root folder: run files need a folder of their own; choose "
+                         r"one, e.g\. runs/NAME")
+    etc = tmp_path / "etc-link"
+    os.symlink("/etc", etc)
+    _refused(store, etc, r"etc-link \(that is /etc\) is a system folder: run files need a folder")
+    _refused(store, "/usr/share/x", r"--run-dir /usr/share/x is a system folder")
+    _refused(store, "/tmp", r"--run-dir /tmp is a folder shared by everything on the host")
+
+
+def test_resume_of_a_run_json_pointing_into_the_store_is_refused(store, tmp_path):
+    run = tmp_path / "r"
+    res = runner.invoke(app, ["fit", str(store), "--run-dir", str(run), "-k", "2", "--max-iter", "2", "-q"])
+    assert res.exit_code == 0, res.output
+    (run / "result.json").unlink()
+    moved = store / "r"  # a run directory moved into the store, then resumed there
+    os.rename(run, moved)
+    try:
+        res = runner.invoke(app, ["resume", str(moved), "-q"])
+        lines = _lines(res)
+        assert res.exit_code == 2 and len(lines) == 1, res.output
+        assert "is inside the feature store" in lines[0]
+    finally:
+        os.rename(moved, run)

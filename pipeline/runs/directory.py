@@ -50,6 +50,34 @@ CLUSTERS_FOUND = ("clusters found: components holding at least one expected row 
 WRITTEN_BY = "vbcluster assign"  # the attribute of every assignment group: the only kind assign replaces
 
 
+#: system folders a run directory may neither be nor lie in (``/`` itself may not be one either)
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr")
+#: folders a run directory may lie in but not be
+SHARED_DIRS = ("/home", "/media", "/mnt", "/opt", "/root", "/run", "/srv", "/tmp", "/var")
+
+
+def check_run_dir(run_dir: str | Path, store: str | Path) -> None:
+    """Refuse a run directory whose run files would land where they do not belong: the store itself or
+    a folder inside it (its Zarr group), ``/``, a system folder or a folder shared by everything
+    (``/tmp``), also when reached through a symbolic link; checked on the resolved paths before
+    anything is written."""
+    where = Path(run_dir).resolve()
+    shown = f"--run-dir {run_dir}" + (f" (that is {where})" if str(where) != str(run_dir) else "")
+    home = Path(store).resolve()
+    if where == home or home in where.parents:
+        raise ConfigError(f"{shown} is inside the feature store {store}: run files would land in its Zarr "
+                          "group; choose a folder outside the store")
+    if where == Path(where.anchor):
+        what = "the root folder"
+    elif any(where == Path(d) or Path(d) in where.parents for d in SYSTEM_DIRS):
+        what = "a system folder"
+    elif str(where) in SHARED_DIRS:
+        what = "a folder shared by everything on the host"
+    else:
+        return
+    raise ConfigError(f"{shown} is {what}: run files need a folder of their own; choose one, e.g. runs/NAME")
+
+
 def _assign_kernel(chunk: Chunk, params: Any) -> tuple[np.ndarray, np.ndarray]:
     """MAP cluster and its responsibility per row, reduced where the chunk lives: on a GPU two
     (n,) vectors cross the bus, not the n x K responsibilities."""
