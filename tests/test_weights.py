@@ -12,6 +12,7 @@ import pytest
 
 from pipeline import VBMixture
 from pipeline.store.features import FeatureStore
+from vbcore.data.limits import weight_range
 from vbcore.errors import InputError
 
 RNG = np.random.default_rng(28)
@@ -128,6 +129,38 @@ def test_a_store_with_weights_fits_as_the_weighted_array(tmp_path):
 def test_bad_weights_are_one_line_errors(w, message):
     with pytest.raises(InputError, match=message):
         VBMixture(2).fit(X, sample_weight=w)
+
+
+@pytest.mark.parametrize("dtype, w, message", [
+    (np.float32, 1e30, r"sample_weight: row 4 has weight 1e\+30, above the largest weight, 2\.94e\+16, that "
+                       r"float32 sums over 3 features compute with \(the features' limit\); rescale the weights"),
+    (np.float64, 1e-320, r"sample_weight: row 4 has weight 1e-320, below the smallest positive weight, "
+                         r"4\.68e-152, that float64 sums over 3 features compute with"),
+    (np.float64, 1e160, r"row 4 has weight 1e\+160, above the largest weight, 2\.14e\+151"),
+])
+def test_weights_out_of_the_range_computed_with_are_refused(dtype, w, message):
+    """Issue 53, item 6: 1e30 overflowed float32 sums (NumPy's raw warning), 1e-320 raised SciPy's
+    'array must not contain infs or NaNs'; both are refused, the features' limit applied to weights."""
+    weights = np.ones(X.shape[0])
+    weights[4] = w
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # refused before any sum
+        with pytest.raises(InputError, match=message):
+            VBMixture(2, random_state=0).fit(X.astype(dtype), sample_weight=weights)
+    lo, hi = weight_range(3, dtype)
+    weights[4], weights[5] = hi, lo  # the ends of the range are allowed, and 0 drops a row
+    weights[6] = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        VBMixture(2, max_iter=3, random_state=0).fit(X.astype(dtype), sample_weight=weights)
+
+
+def test_a_weight_out_of_range_in_an_append_names_the_row(tmp_path):
+    store = FeatureStore.create(tmp_path / "w.zarr", 3, chunk_rows=32, weights=True)
+    with pytest.raises(InputError, match=r"appended rows: weights: row 2 has weight 1e\+30, above the largest "
+                                         r"weight, 2\.94e\+16, that float32 sums"):
+        store.append(X[:5], weights=[1, 1, 1e30, 1, 1])
+    assert store.n_rows == 0
 
 
 def test_bad_weights_in_an_append_name_the_row(tmp_path):

@@ -59,7 +59,8 @@ def open_source(X: Any, chunk_rows: int, sample_weight: Any = None) -> Any:
         return source
     source = DaskArraySource(X) if is_dask_array(X) else ArraySource(check_array_2d(X), int(chunk_rows))
     if sample_weight is not None:
-        source.weights = check_weights(sample_weight, source.n_rows, some_positive=True)
+        source.weights = check_weights(sample_weight, source.n_rows, some_positive=True,
+                                       n_features=source.n_features, dtype=source.dtype)
     return source
 
 

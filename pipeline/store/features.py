@@ -435,7 +435,8 @@ class FeatureStore:
         if not present:
             raise InputError(f"{where}: the store was created without '{name}'")
         if name == "weights":
-            w = check_weights(values, n_in, f"{where}: weights", first_row=first_row)
+            w = check_weights(values, n_in, f"{where}: weights", first_row=first_row,
+                              n_features=self.n_features)
             return w if kept is None else w[kept]
         arr = np.asarray(values)
         if arr.ndim != 1 or arr.shape[0] != n_in:

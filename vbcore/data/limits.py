@@ -16,6 +16,11 @@ it (a float64 1e300 is reported as 1e300, not as the "inf" it would become in fl
 * at ingest (stores hold float32: the float32 rule, whatever the source's dtype);
 * in ``VBMixture.fit``/``predict``/... (:func:`vbcore.data.validation.as_rows`): the rule of the array's
   own dtype; float32 arrays beyond the float32 limit are told to pass float64 or rescale.
+
+Row weights multiply the rows' terms in the same sums, in the same dtype, so they are held to the same
+limit (:func:`weight_range`): a positive weight lies within ``[1 / L, L]`` for the feature limit ``L``
+(1e30 overflowed float32 sums of squares; 1e-320 is no float32 number at all and made the float64
+M-step divide by a subnormal); 0 drops a row.
 """
 
 from __future__ import annotations
@@ -40,6 +45,14 @@ def max_abs_value(n_features: int, dtype: Any = np.float32) -> float:
     ``n_features`` features."""
     top = float(np.finfo(np.float64 if np.dtype(dtype) == np.float64 else np.float32).max)
     return math.sqrt(top / (4.0 * HEADROOM * BLOCK_ROWS * max(int(n_features), 1)))
+
+
+def weight_range(n_features: int, dtype: Any = np.float32) -> tuple[float, float]:
+    """The smallest and the largest positive row weight computed with: ``1 / L`` and ``L`` for the
+    feature limit ``L = max_abs_value(n_features, dtype)`` (about 1.7e-16 and 6e15 in float32 for
+    64 features)."""
+    limit = max_abs_value(n_features, dtype)
+    return 1.0 / limit, limit
 
 
 def _first_too_large(X: np.ndarray, limit: float) -> tuple[int, int] | None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
-from vbcore.data.limits import check_magnitude
+from vbcore.data.limits import check_magnitude, weight_range
 from vbcore.errors import InputError, InputTypeError
 
 __all__ = ["NUMERIC_KINDS", "check_layout", "row_is_finite", "check_finite", "as_rows", "check_weights"]
@@ -137,9 +137,11 @@ def check_array_2d(X: Any, name: str = "X") -> np.ndarray:
 
 
 def check_weights(w: Any, n_rows: int, where: str = "sample_weight", *, first_row: int = 0,
-                  some_positive: bool = False) -> np.ndarray:
+                  some_positive: bool = False, n_features: int | None = None,
+                  dtype: Any = np.float32) -> np.ndarray:
     """Row weights as a float64 array of shape ``(n_rows,)``: one number per row, finite and >= 0
-    (0 drops the row; an integer weight counts the row that many times) and, with
+    (0 drops the row; an integer weight counts the row that many times), with ``n_features`` positive
+    ones within :func:`vbcore.data.limits.weight_range` for the fit's ``dtype``, and, with
     ``some_positive`` (the weights of a fit), not all 0. One line names what is wrong and the first
     row where it is."""
     arr = np.asarray(w)
@@ -157,6 +159,22 @@ def check_weights(w: Any, n_rows: int, where: str = "sample_weight", *, first_ro
     if neg.any():
         i = int(np.argmax(neg))
         raise InputError(f"{where}: row {first_row + i} has weight {float(arr[i])}; weights must be >= 0")
+    if n_features is not None:
+        _check_weight_range(arr, where, first_row, n_features, dtype)
     if some_positive and n_rows and not arr.sum() > 0:  # scikit-learn's wording
         raise InputError(f"{where}: Sample weights must contain at least one non-zero number.")
     return arr
+
+
+def _check_weight_range(arr: np.ndarray, where: str, first_row: int, n_features: int, dtype: Any) -> None:
+    """Positive weights within :func:`vbcore.data.limits.weight_range` of the dtype the fit computes in."""
+    lo, hi = weight_range(n_features, dtype)
+    out = (arr > hi) | ((arr > 0) & (arr < lo))
+    if not out.any():
+        return
+    i = int(np.argmax(out))
+    side = (f"above the largest weight, {hi:.3g}" if arr[i] > hi
+            else f"below the smallest positive weight, {lo:.3g}")
+    raise InputError(f"{where}: row {first_row + i} has weight {float(arr[i])!r}, {side}, that "
+                     f"{np.dtype(dtype).name} sums over {n_features} features compute with (the features' "
+                     "limit); rescale the weights (0 drops a row)")
