@@ -145,6 +145,40 @@ def test_image_store_report_has_thumbnails_then_ids_when_the_images_are_gone(tmp
     assert re.search(r"<p class='ids'>blue/\d+\.png, ", page) and "red/a&lt;b&gt;&amp;" in page
 
 
+def test_a_replaced_image_of_the_same_size_and_time_is_not_shown(tmp_path):
+    """Issue 53, item 7: an image replaced after the ingest by a link to a file outside the folder, or
+    by other pixels, both of the same size and modification time, is shown by its id only."""
+    src = tmp_path / "imgs"
+    _colour_folder(src)
+    store = str(tmp_path / "s.zarr")
+    ingest(str(src), store, labels="folders", extractor="color-hog", size=16, chunk_rows=8)
+    model = VBMixture(n_components=2, covariance_type="spherical", max_iter=20, random_state=0).fit(store)
+    save_run(tmp_path / "run", model, store)
+    page = write_report([tmp_path / "run"]).read_text()
+    first, second = re.findall(r'alt="(blue/\d+\.png)"', page)[:2]
+    assert len(_thumbs(page)) == 12
+    st = os.stat(src / first)
+    secret = tmp_path / "outside" / "secret.png"  # a file outside the folder, made the same size
+    secret.parent.mkdir()
+    Image.fromarray(np.full((16, 16, 3), 7, np.uint8)).save(secret)
+    secret.write_bytes(secret.read_bytes()[: st.st_size].ljust(st.st_size, b"\0"))
+    os.utime(secret, ns=(st.st_atime_ns, st.st_mtime_ns))
+    (src / first).unlink()
+    os.symlink(secret, src / first)
+    other = src / second  # other pixels (a flat blue, padded) in a file of the same size and time
+    st2 = os.stat(other)
+    Image.fromarray(np.full((16, 16, 3), (30, 30, 220), np.uint8)).save(other)
+    other.write_bytes(other.read_bytes().ljust(st2.st_size, b"\0"))  # Pillow ignores bytes after IEND
+    os.utime(other, ns=(st2.st_atime_ns, st2.st_mtime_ns))
+    assert os.stat(other).st_size == st2.st_size
+    page = write_report([tmp_path / "run"]).read_text()
+    assert "1 whose pixels changed since they were ingested (same size and time)" in page
+    assert f"<figcaption>{second}</figcaption></figure>" in page
+    assert "1 links out of the source folder" in page
+    assert f"<figcaption>{first}</figcaption></figure>" in page  # by its id only
+    assert len(_thumbs(page)) == 10 and all(t.mean() > 8 for t in _thumbs(page))  # never the outside file
+
+
 def test_a_store_from_idx_files_shows_its_images(tmp_path):
     """MNIST-format files (ids PREFIX/INDEX): the thumbnails are the grey images of the rows."""
     rng = np.random.default_rng(1)

@@ -43,7 +43,14 @@ import zarr
 from pipeline.extract.extractors import FeatureExtractor, make_extractor
 from pipeline.extract.idx_images import is_idx_loc
 from pipeline.extract.idx_images import shown as idx_shown
-from pipeline.extract.image_sources import ImageSet, is_image_source, label_codes, list_images, read_images
+from pipeline.extract.image_sources import (
+    ImageSet,
+    is_image_source,
+    label_codes,
+    list_images,
+    pixel_digest,
+    read_images,
+)
 from pipeline.extract.image_store import Batch, append_store, create_store, read_manifest
 from pipeline.extract.shards import read_shard, save_shard, shard_id, usable
 from pipeline.ingest import IngestReport
@@ -132,10 +139,11 @@ def run_shard(recipe: Any, locs: list[str], batch_images: int, skip_unreadable: 
 
     Returns ``{'X': (n_ok, n_features) float32, 'ok': positions of the rows in locs (int64),
     'skipped': positions skipped, 'errors': their messages, 'params': the extractor's parameters as
-    canonical JSON}`` (the driver checks that every worker ran the same model).
+    canonical JSON, 'digests': the rows' :func:`pixel_digest`}`` (the driver checks that every worker
+    ran the same model).
     """
     ext = cached_extractor(recipe)
-    rows, ok, skipped, errors = [], [], [], []
+    rows, ok, skipped, errors, digests = [], [], [], [], []
     for s in range(0, len(locs), batch_images):
         images, pos = [], []
         for i, got in read_images(locs[s:s + batch_images]):
@@ -148,6 +156,7 @@ def run_shard(recipe: Any, locs: list[str], batch_images: int, skip_unreadable: 
                 continue
             images.append(got)
             pos.append(s + i)
+            digests.append(pixel_digest(got))
         if not images:
             continue
         X = np.asarray(ext(images))
@@ -158,7 +167,8 @@ def run_shard(recipe: Any, locs: list[str], batch_images: int, skip_unreadable: 
         ok.extend(pos)
     X = np.concatenate(rows) if rows else np.empty((0, ext.n_features), np.float32)
     return {"X": X, "ok": np.array(ok, np.int64), "skipped": np.array(skipped, np.int64),
-            "errors": np.array(errors, dtype=str), "params": np.array(canonical(ext.params))}
+            "errors": np.array(errors, dtype=str), "params": np.array(canonical(ext.params)),
+            "digests": np.array(digests, dtype=str)}
 
 
 def _shown(loc: str) -> str:
@@ -262,15 +272,16 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
     try:
         resumed, rate, workers = _run_shards(work, shards, images, st, canonical(ext.params), progress)
         skipped = [images.ids[todo[i]] for i in _skipped_positions(work, shards, images)]
-        blocks = _blocks(work, shards, images, codes)
+        digests: dict[str, str] = {}  # filled as the blocks are written
+        blocks = _blocks(work, shards, images, codes, digests)
         lab = codes is not None
         with zarr.config.set({"array.write_empty_chunks": True}):
             written = (append_store(out, blocks, str(source), batch_chunks, drop_nonfinite, images, todo,
-                                    skipped)
+                                    skipped, digests)
                        if append else
                        create_store(out, blocks, str(source), chunk_rows, batch_chunks, drop_nonfinite,
                                     compression_level, ext, params, lab, images, todo, skipped,
-                                    normalize))
+                                    normalize, digests))
     except VBClusterError:
         shutil.rmtree(work, ignore_errors=True)  # a bad image or setting: the listing will change
         raise
@@ -436,11 +447,13 @@ def _skipped_positions(work: Path, shards: list[list[int]], images: ImageSet) ->
 
 
 def _blocks(work: Path, shards: list[list[int]], images: ImageSet,
-            codes: np.ndarray | None) -> Iterator[Batch]:
-    """The shards' rows in image order: (features, labels or None, ids)."""
+            codes: np.ndarray | None, digests: dict[str, str]) -> Iterator[Batch]:
+    """The shards' rows in image order: (features, labels or None, ids); ``digests`` receives each
+    row's pixel digest by id."""
     for i, (shard, sid) in enumerate(zip(shards, _shard_ids(shards, images), strict=True)):
         z = read_shard(work, i, sid)
         X, ok = z["X"], z["ok"]
         idx = [shard[int(p)] for p in ok]
+        digests.update(zip((images.ids[j] for j in idx), (str(d) for d in z["digests"]), strict=True))
         yield (X, None if codes is None else codes[idx],
                np.array([images.ids[j] for j in idx], dtype=str))

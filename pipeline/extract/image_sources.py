@@ -24,6 +24,7 @@ unpacked to disk).
 from __future__ import annotations
 
 import glob
+import hashlib
 import io
 import tarfile
 import unicodedata
@@ -80,6 +81,16 @@ def list_images(source: str, labels: str | None = None) -> ImageSet:
         images = _listfile(Path(s), labels)
     check_names(images)
     return images
+
+
+def pixel_digest(img: np.ndarray) -> str:
+    """A digest of a decoded image (its shape and RGB bytes): what the store's image manifest records
+    at extraction and the report compares before showing a thumbnail (a file replaced by another of
+    the same size and time is told apart)."""
+    a = np.ascontiguousarray(img, dtype=np.uint8)
+    h = hashlib.sha256(repr(a.shape).encode())
+    h.update(memoryview(a).cast("B"))
+    return h.hexdigest()[:32]
 
 
 def printable(text: str) -> str:

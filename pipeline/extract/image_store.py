@@ -2,8 +2,10 @@
 and the image manifest (which images the store holds, with their size and modification time).
 
 Used by :mod:`pipeline.extract.extraction`. The manifest is the str array ``image_manifest`` in the store's
-group, one ``ID<TAB>SIZE<TAB>MTIME_NS`` line per image held, and the group attribute ``images``
-records ``held``, ``n_skipped`` and the ``skipped`` images' ids.
+group, one ``ID<TAB>SIZE<TAB>MTIME_NS`` line per image held, beside it ``image_digests``, one
+``ID<TAB>DIGEST`` line per image (the digest of its decoded pixels,
+:func:`pipeline.extract.image_sources.pixel_digest`; stores written before hold none), and the group
+attribute ``images`` records ``held``, ``n_skipped`` and the ``skipped`` images' ids.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pipeline.store.features import FeatureStore
 from pipeline.store.journal import JOURNAL, AppendLock
 
 MANIFEST = "image_manifest"
+DIGESTS = "image_digests"  # one ID<TAB>DIGEST line per image held (pixel_digest); absent in older stores
 Batch = tuple[np.ndarray, np.ndarray | None, np.ndarray]  # (features, labels or None, ids)
 
 
@@ -36,6 +39,24 @@ def read_manifest(store: FeatureStore) -> dict[str, tuple[int, int]]:
         i, size, mtime = str(line).rsplit("\t", 2)  # (ids held before tabs were refused may hold one)
         out[i] = (int(size), int(mtime))
     return out
+
+
+def read_digests(store: FeatureStore) -> dict[str, str]:
+    """{id: pixel digest} of the images held (empty for a store written before digests were kept)."""
+    if DIGESTS not in store.group.array_keys():
+        return {}
+    out = {}
+    for line in np.asarray(store.group[DIGESTS][:]).tolist():  # type: ignore[index]
+        i, digest = str(line).rsplit("\t", 1)
+        out[i] = digest
+    return out
+
+
+def _write_lines(store: FeatureStore, name: str, lines: list[str]) -> None:
+    arr = store.group.create_array(name, shape=(len(lines),), chunks=(max(1, min(len(lines), 65536)),),
+                                   dtype=str, overwrite=True)
+    if lines:
+        arr[:] = np.array(lines, dtype=str)
 
 
 # ---- writing the store --------------------------------------------------------------------------
@@ -65,7 +86,8 @@ def _remove_store(root: Path) -> None:
 
 def create_store(out: Path, blocks: Iterator[Batch], source: str, chunk_rows: int, batch_chunks: int,
             drop: bool, level: int, ext: FeatureExtractor, params: dict[str, Any], labels: bool,
-            images: ImageSet, todo: list[int], skipped: list[str], normalize: str = "none") -> int:
+            images: ImageSet, todo: list[int], skipped: list[str], normalize: str = "none",
+            digests: dict[str, str] | None = None) -> int:
     """Build the store at a temporary sibling path and move it into place once complete; ``normalize``:
     its row normalisation (:mod:`vbcore.data.normalize`)."""
     tmp = leftovers.make_temp(out)  # .OUT.tmp-<random>, its writer recorded (pipeline.files.leftovers)
@@ -76,7 +98,7 @@ def create_store(out: Path, blocks: Iterator[Batch], source: str, chunk_rows: in
         size = chunk_rows * batch_chunks
         written = store.append_batches(aligned(blocks, size, size), source=source,
                                        on_nonfinite="drop" if drop else "raise")
-        record_images(store, images, todo, skipped)
+        record_images(store, images, todo, skipped, digests)
         with AppendLock(out):  # no append to an old store at out meanwhile
             for j in ("", ".tmp", ".done"):
                 shutil.rmtree(out.parent / (out.name + JOURNAL + j), ignore_errors=True)
@@ -90,19 +112,22 @@ def create_store(out: Path, blocks: Iterator[Batch], source: str, chunk_rows: in
 
 
 def append_store(out: Path, blocks: Iterator[Batch], source: str, batch_chunks: int, drop: bool,
-            images: ImageSet, todo: list[int], skipped: list[str]) -> int:
+            images: ImageSet, todo: list[int], skipped: list[str],
+            digests: dict[str, str] | None = None) -> int:
     store = FeatureStore.open(out, "r+")
     with store.writing():  # the rows and the manifest under one hold of the append lock
         size = store.chunk_rows * batch_chunks
         first = store.chunk_rows - store.n_rows % store.chunk_rows
         written = store.append_batches(aligned(blocks, first, size), source=source,
                                        on_nonfinite="drop" if drop else "raise")
-        record_images(store, images, todo, skipped)
+        record_images(store, images, todo, skipped, digests)
     return written
 
 
-def record_images(store: FeatureStore, images: ImageSet, todo: list[int], skipped: list[str]) -> None:
-    """The image manifest (id, size, mtime of every image held) and the skipped images.
+def record_images(store: FeatureStore, images: ImageSet, todo: list[int], skipped: list[str],
+                  digests: dict[str, str] | None = None) -> None:
+    """The image manifest (id, size, mtime of every image held), the pixel digests of the images held
+    (``digests``: the new ones) and the skipped images.
 
     Written after the rows (for an append, after its commit): when a kill lands in between, the next
     append finds held ids missing from the manifest and takes their size and mtime from the listing."""
@@ -112,10 +137,8 @@ def record_images(store: FeatureStore, images: ImageSet, todo: list[int], skippe
     for i, name in enumerate(images.ids):
         if name in held and (name not in known or i in new):
             known[name] = (images.sizes[i], images.mtimes[i])
-    lines = np.array([f"{k}\t{s}\t{m}" for k, (s, m) in known.items()], dtype=str)
-    arr = store.group.create_array(MANIFEST, shape=lines.shape, chunks=(max(1, min(len(lines), 65536)),),
-                                   dtype=str, overwrite=True)
-    if len(lines):
-        arr[:] = lines
+    _write_lines(store, MANIFEST, [f"{k}\t{s}\t{m}" for k, (s, m) in known.items()])
+    sums = {**read_digests(store), **{k: v for k, v in (digests or {}).items() if k in held}}
+    _write_lines(store, DIGESTS, [f"{k}\t{v}" for k, v in sums.items()])
     store.group.attrs.update({"images": {"held": len(known), "n_skipped": len(skipped),
                                          "skipped": list(skipped), "manifest": MANIFEST}})

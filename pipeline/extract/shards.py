@@ -28,7 +28,7 @@ __all__ = ["shard_file", "shard_id", "save_shard", "read_shard", "usable"]
 
 log = logging.getLogger("vbcluster.extract")
 #: the arrays of a shard (:func:`pipeline.extract.extraction.run_shard`'s result, plus its id)
-ARRAYS = ("X", "ok", "skipped", "errors", "params", "shard_id")
+ARRAYS = ("X", "ok", "skipped", "errors", "params", "digests", "shard_id")
 
 
 def shard_file(work: Path, i: int) -> Path:

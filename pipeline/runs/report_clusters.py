@@ -6,9 +6,11 @@ The clusters found (:data:`pipeline.runs.directory.CLUSTERS_FOUND`: at least one
 its expected rows, the rows whose MAP cluster it is (which can be none) and its
 :data:`EXEMPLARS` most typical rows (:mod:`pipeline.runs.typical`): their ids (the store's ``ids``, or
 the row index when it has none) and, for a store ingested from images, a thumbnail of each image
-read again from the source the store records. An image that cannot be read, or whose size or
-modification time differs from the store's image manifest (it changed since it was ingested), is
-shown by its id only, and the section says how many and why; so does a source that is gone.
+read again from the source the store records. An image that cannot be read, whose size or
+modification time differs from the store's image manifest, whose decoded pixels differ from the
+digest the store recorded (replaced by another of the same size and time), or which is a link
+out of the source folder, is shown by its id only, and the section says how many and why; so does a
+source that is gone.
 Thumbnails are PNGs of at most :data:`THUMB` pixels a side, embedded as base64 like the plots.
 """
 
@@ -63,10 +65,10 @@ def image_locations(store: Any, ids: list[str]) -> tuple[dict[str, str], str]:
     source = str(store.attrs["source"])
     tries = [Path(source)] if Path(source).is_absolute() else [Path(source),
                                                                  Path(store.path).resolve().parent / source]
-    listing, why = None, "not found"
+    listing, why, root = None, "not found", Path(source)
     for place in dict.fromkeys(tries):
         try:
-            listing = list_images(str(place))
+            listing, root = list_images(str(place)), place.resolve()
             break
         except (VBClusterError, OSError) as exc:
             why = str(exc)
@@ -75,7 +77,7 @@ def image_locations(store: Any, ids: list[str]) -> tuple[dict[str, str], str]:
                     "without thumbnails")
     known = read_manifest(store)
     index = {name: i for i, name in enumerate(listing.ids)}
-    found, changed = {}, 0
+    found, changed, outside = {}, 0, 0
     for name in ids:
         i = index.get(name)
         if i is None:
@@ -83,33 +85,43 @@ def image_locations(store: Any, ids: list[str]) -> tuple[dict[str, str], str]:
         if name in known and known[name] != (listing.sizes[i], listing.mtimes[i]):
             changed += 1  # not the image that was ingested
             continue
+        if listing.kind == "folder" and root not in Path(listing.locs[i]).resolve().parents:
+            outside += 1  # a link out of the folder (its target was never ingested from it)
+            continue
         found[name] = listing.locs[i]
-    missing = len(set(ids)) - len(found) - changed
+    missing = len(set(ids)) - len(found) - changed - outside
     parts = [f"{n} {what}" for n, what in ((missing, "no longer in the source"),
-                                           (changed, "changed since they were ingested")) if n]
+                                           (changed, "changed since they were ingested"),
+                                           (outside, "links out of the source folder")) if n]
     note = f"thumbnails from {source}" + (f"; without one: {', '.join(parts)}" if parts else "")
     return found, note
 
 
-def thumbnails(locations: dict[str, str]) -> tuple[dict[str, str], int]:
-    """{id: base64 PNG of at most THUMB pixels a side} for the images at ``locations``, and how many
-    could not be read."""
+def thumbnails(locations: dict[str, str],
+               digests: dict[str, str] | None = None) -> tuple[dict[str, str], int, int]:
+    """{id: base64 PNG of at most THUMB pixels a side} for the images at ``locations``, how many could
+    not be read and how many differ from their ``digests`` (the store's pixel digests: an image
+    replaced by another of the same size and time)."""
     from PIL import Image
 
-    from pipeline.extract.image_sources import read_images
+    from pipeline.extract.image_sources import pixel_digest, read_images
 
     names, locs = list(locations), list(locations.values())
-    out, failed = {}, 0
+    out, failed, changed = {}, 0, 0
     for i, img in read_images(locs):
         if isinstance(img, Exception):
             failed += 1
+            continue
+        want = (digests or {}).get(names[i])
+        if want is not None and pixel_digest(img) != want:
+            changed += 1
             continue
         im = Image.fromarray(np.asarray(img, dtype=np.uint8))
         im.thumbnail((THUMB, THUMB))
         buf = io.BytesIO()
         im.save(buf, format="PNG")
         out[names[i]] = base64.b64encode(buf.getvalue()).decode("ascii")
-    return out, failed
+    return out, failed, changed
 
 
 def _exemplar(name: str, thumb: str | None) -> str:
@@ -122,6 +134,8 @@ def _exemplar(name: str, thumb: str | None) -> str:
 
 def clusters_html(store: Any, typical: TypicalRows, counts: list[float] | None) -> str:
     """The clusters section (see the module docstring) as HTML, every id escaped."""
+    from pipeline.extract.image_store import read_digests
+
     if counts is None or len(counts) != len(typical.sizes):  # result.json without them (or edited)
         counts = [float(v) for v in typical.sizes]
     expected = np.asarray(counts, dtype=np.float64)
@@ -132,7 +146,9 @@ def clusters_html(store: Any, typical: TypicalRows, counts: list[float] | None) 
     rows = typical.rows[shown, :EXEMPLARS]
     ids = row_ids(store, rows.ravel())
     locations, note = image_locations(store, sorted(set(ids.values())))
-    thumbs, failed = thumbnails(locations) if locations else ({}, 0)
+    thumbs, failed, changed = thumbnails(locations, read_digests(store)) if locations else ({}, 0, 0)
+    if changed:
+        note += f"; {changed} whose pixels changed since they were ingested (same size and time)"
     if failed:
         note += f"; {failed} could not be read"
     more = "" if len(found) <= len(shown) else f", the {len(shown)} largest shown"
