@@ -85,3 +85,25 @@ def test_a_manifest_holding_a_tab_still_reads(tmp_path):
     arr = s.group.create_array(MANIFEST, shape=(2,), chunks=(2,), dtype=str)
     arr[:] = np.array(["cat/a\tb.png\t10\t20", "cat/c.png\t30\t40"])
     assert read_manifest(s) == {"cat/a\tb.png": (10, 20), "cat/c.png": (30, 40)}
+
+
+# ---- item 17: appends of synthetic rows continue the store's classes -----------------------------
+def test_synthetic_append_continues_the_same_classes(tmp_path):
+    out = tmp_path / "syn.zarr"
+    ingest("synthetic", out, rows=3000, dim=48, classes=6, seed=0, chunk_rows=1024)
+    rep = ingest("synthetic", out, rows=1200, seed=1, append=True)  # dim and classes: the store's
+    assert rep.n_rows == 4200
+    s = FeatureStore.open(out)
+    X, y = s.read().astype(np.float64), s.read_labels()
+    old, new = slice(0, 3000), slice(3000, 4200)
+    means = np.stack([X[old][y[old] == c].mean(0) for c in range(6)])
+    for c in range(6):  # each appended class sits on the store's class of the same label
+        m = X[new][y[new] == c].mean(0)
+        assert np.argmin(((means - m) ** 2).sum(1)) == c
+    assert not np.array_equal(X[new][:10], X[old][:10])  # new rows, not the store's again
+    with pytest.raises(ConfigError, match=r"synthetic --append continues the store's classes 6 \(its class "
+                                          r"model is reused\), got classes=7; leave classes out"):
+        ingest("synthetic", out, rows=100, classes=7, seed=2, append=True)
+    again = tmp_path / "again.zarr"  # a new store from the same parameters: the same rows as before
+    ingest("synthetic", again, rows=3000, dim=48, classes=6, seed=0, chunk_rows=1024)
+    np.testing.assert_array_equal(FeatureStore.open(again).read(), s.read(slice(0, 3000)))

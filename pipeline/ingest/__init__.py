@@ -136,7 +136,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     batch_chunks = as_int("batch_chunks", batch_chunks, minimum=1)
     check_target(out, append, overwrite)
     normalize = store_normalization(out, append, normalize)
-    plan = open_weighted(str(source), labels, ids, dict(options), chunk_rows, weights)
+    model = synthetic_model(out) if append and str(source) == "synthetic" else None
+    plan = open_weighted(str(source), labels, ids, dict(options), chunk_rows, weights, model)
     if progress is not None:
         plan.blocks = counted(plan.blocks, progress)
     # Every chunk written here is full of rows, so zarr's per-chunk "is it all fill value?" scan (a
@@ -179,26 +180,35 @@ def refuse_duplicate(out: Path, source: str, fingerprint: str) -> None:
 SIDE_WEIGHTS = (".npz", ".h5", ".hdf5", ".parquet", ".csv")
 
 
+def synthetic_model(out: Path) -> dict[str, Any] | None:
+    """The extractor_params of the synthetic store at ``out`` (whose class model an append of
+    ``synthetic`` continues), or None for a store made from another source."""
+    from pipeline.store.features import FeatureStore
+
+    attrs = FeatureStore.open(out, "r").attrs
+    return dict(attrs["extractor_params"]) if attrs.get("extractor") == "synthetic" else None
+
+
 def open_weighted(source: str, labels: str | None, ids: str | None, options: dict[str, Any],
-                  chunk_rows: int, weights: str | None) -> Plan:
+                  chunk_rows: int, weights: str | None, model: dict[str, Any] | None = None) -> Plan:
     """:func:`open_source` with the row weights ``weights``: a column, array or dataset of a table,
     ``.npz`` or HDF5 source (a name that is no ``.npy`` path), read by the source's reader, or a
     ``.npy`` file (:func:`pipeline.ingest.plan.with_weights`)."""
     inside = (weights is not None and Path(source).suffix.lower() in SIDE_WEIGHTS
               and Path(weights).suffix.lower() != ".npy")
-    plan = open_source(source, labels, ids, options, chunk_rows, weights if inside else None)
+    plan = open_source(source, labels, ids, options, chunk_rows, weights if inside else None, model)
     return with_weights(plan, None if inside else weights)
 
 
 def open_source(source: str, labels: str | None, ids: str | None, options: dict[str, Any],
-                chunk_rows: int, weights: str | None = None) -> Plan:
+                chunk_rows: int, weights: str | None = None, model: dict[str, Any] | None = None) -> Plan:
     """Open and check ``source`` with the reader of its kind; ``options`` are consumed (a reader
     refuses the ones it does not know); ``weights``: the column, array or dataset of the row weights
-    (:func:`open_weighted`)."""
+    (:func:`open_weighted`); ``model``: the synthetic store an append continues (:func:`synthetic_model`)."""
     if source == "digits":
         return read_digits(labels, ids, options)
     if source == "synthetic":
-        return read_synthetic(labels, ids, options, chunk_rows)
+        return read_synthetic(labels, ids, options, chunk_rows, model)
     if source.startswith("image:"):
         return read_image(source[len("image:"):], labels, ids, options)
     path = Path(source)  # image folders, tar shards and lists went to pipeline.extract.extraction in ingest()
