@@ -107,3 +107,19 @@ def test_synthetic_append_continues_the_same_classes(tmp_path):
     again = tmp_path / "again.zarr"  # a new store from the same parameters: the same rows as before
     ingest("synthetic", again, rows=3000, dim=48, classes=6, seed=0, chunk_rows=1024)
     np.testing.assert_array_equal(FeatureStore.open(again).read(), s.read(slice(0, 3000)))
+
+
+# ---- item 15: a source of no rows ----------------------------------------------------------------
+def test_a_source_of_no_rows_is_refused(tmp_path):
+    np.save(tmp_path / "empty.npy", np.zeros((0, 5), np.float32))
+    res = runner.invoke(app, ["ingest", str(tmp_path / "empty.npy"), "--out", str(tmp_path / "e.zarr"), "-q"])
+    lines = _lines(res)
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].endswith("empty.npy: the source holds no rows; nothing to ingest")
+    assert not (tmp_path / "e.zarr").exists() and not list(tmp_path.glob(".e.zarr*"))
+    np.save(tmp_path / "x.npy", np.ones((3, 5), np.float32))
+    ingest(str(tmp_path / "x.npy"), tmp_path / "s.zarr")
+    with pytest.raises(InputError, match=r"empty.npy: the source holds no rows"):
+        ingest(str(tmp_path / "empty.npy"), tmp_path / "s.zarr", append=True)
+    s = FeatureStore.open(tmp_path / "s.zarr")
+    assert s.n_rows == 3 and len(s.attrs["appends"]) == 1  # no empty append recorded

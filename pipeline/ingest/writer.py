@@ -17,7 +17,7 @@ from pipeline.ingest.plan import Batch, Plan
 from pipeline.store.features import FeatureStore
 from pipeline.store.journal import AppendLock, journal_paths
 from vbcore.data.normalize import check_normalization
-from vbcore.errors import ConfigError, StoreError
+from vbcore.errors import ConfigError, InputError, StoreError
 
 #: the chunk of a store made from a source smaller than the ``chunk_rows`` asked for (the default)
 SMALL_SOURCE_CHUNK_ROWS = 8192
@@ -33,11 +33,11 @@ def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int
         store = FeatureStore.open(out, "r+")
         size = store.chunk_rows * batch_chunks
         first = store.chunk_rows - store.n_rows % store.chunk_rows  # then whole chunks
-        written = store.append_batches(_aligned(plan.blocks(first, size), first, size), source=source,
-                                       on_nonfinite=on_nonfinite, record=record)
+        written = store.append_batches(_aligned(_some_rows(plan.blocks(first, size), source), first, size),
+                                       source=source, on_nonfinite=on_nonfinite, record=record)
         return store, written
     size = chunk_rows * batch_chunks
-    blocks, short = _peek_rows(plan.blocks(size, size), chunk_rows)
+    blocks, short = _peek_rows(_some_rows(plan.blocks(size, size), source), chunk_rows)
     if short is not None:  # a source smaller than one chunk (issue 29): no chunk larger than the
         # source, or than the default chunk when the source is smaller (room for appends)
         chunk_rows = min(chunk_rows, max(short, SMALL_SOURCE_CHUNK_ROWS))
@@ -58,6 +58,17 @@ def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int
         raise
     leftovers.release(tmp)  # after the old store (renamed aside) is gone too
     return FeatureStore.open(out, "r"), written
+
+
+def _some_rows(blocks: Iterator[Batch], source: str) -> Iterator[Batch]:
+    """``blocks``, refusing a source that yields no row at all (a 0-row .npy used to make an empty
+    store, or an empty append, silently); raised inside the write, so nothing is kept."""
+    n = 0
+    for b in blocks:
+        n += int(b[0].shape[0])
+        yield b
+    if n == 0:
+        raise InputError(f"{source}: the source holds no rows; nothing to ingest")
 
 
 def counted(blocks: Callable[[int, int], Iterator[Batch]],
