@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.cli_format import fit_table, install_help_formatting, key_values
+from pipeline.cli_format import fit_table, install_help_formatting, key_values, table_console
 
 #: exit codes: bad input (a file, store, config or option to fix) and environment (disk, permissions)
 EXIT_INPUT, EXIT_ENVIRONMENT = 2, 1
@@ -286,7 +286,7 @@ def learners() -> None:
     for name, cls in LEARNERS.items():
         opts = ", ".join(f"{k}={v}" for k, v in cls.options.items()) or "-"
         table.add_row(name, opts, (cls.__doc__ or "").strip().splitlines()[0].replace("``", ""))
-    console.print(table)
+    table_console().print(table)
 
 
 @app.command("defaults")
@@ -294,7 +294,7 @@ def show_defaults() -> None:
     """List every fit setting's default on the command line and in VBMixture, side by side."""
     from pipeline.cli_format import defaults_table
 
-    console.print(defaults_table())
+    table_console().print(defaults_table())
 
 
 @app.command()

@@ -9,7 +9,23 @@ import typer
 from rich.table import Table
 from typer.core import TyperArgument, TyperOption
 
-__all__ = ["install_help_formatting", "fit_table", "defaults_table", "key_values"]
+__all__ = ["install_help_formatting", "fit_table", "defaults_table", "key_values", "table_console"]
+
+#: the width of tables printed into a pipe or a file when COLUMNS does not say (not a terminal)
+PIPE_COLUMNS = 80
+
+
+def table_console() -> Any:
+    """A console for tables (``learners``, ``defaults``): the terminal's width, or COLUMNS, or
+    PIPE_COLUMNS when printing into a pipe or a file (110 columns went into pipes before)."""
+    import os
+
+    from rich.console import Console
+
+    columns = os.environ.get("COLUMNS", "")
+    if Console().is_terminal or columns.isdigit():
+        return Console(markup=False)  # (rich reads COLUMNS itself)
+    return Console(markup=False, width=PIPE_COLUMNS)
 
 
 def _readable_type(self: Any, ctx: Any) -> str | None:

@@ -88,7 +88,7 @@ def test_defaults_lists_both_faces_and_why_they_differ():
 
     from pipeline.cli import app
 
-    res = CliRunner().invoke(app, ["defaults"], terminal_width=200)
+    res = CliRunner().invoke(app, ["defaults"], terminal_width=200, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:5]]
             for line in res.output.splitlines() if line.count("│") >= 5 and line.split("│")[1].strip()}
@@ -111,3 +111,24 @@ def test_learners_table_shows_no_rest_markup():
     once printed as it was ("Gradient descent along ``-g``")."""
     said = _cli("learners", columns=200)
     assert "Gradient descent along -g" in said and "``" not in said, said
+
+
+@pytest.mark.parametrize("command", ["learners", "defaults"])
+def test_tables_into_a_pipe_fit_80_columns(command):
+    """Issue 53, item 15: `learners` and `defaults` printed 110 columns into a pipe; without a terminal
+    and without COLUMNS they keep to 80, and COLUMNS is respected."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH", "LINES")}
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", command], capture_output=True, text=True,
+                         env=env, timeout=300)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) > 5, out.stdout + out.stderr
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    wide = _cli(command, columns=150)
+    assert max(len(line) for line in wide.splitlines() if "LOADED" not in line) > 80  # COLUMNS respected
+
+
+def test_fit_help_of_k_names_the_no_grow_flag():
+    """Issue 53, item 15: `fit -k`'s help said "see grow", a setting the command line calls --no-grow."""
+    said = " ".join(_cli("fit", "--help", columns=200).replace("│", " ").split())
+    assert "see grow" not in said
+    assert "nearly all of it; --no-grow, grow=False in VBMixture, keeps it)" in said

@@ -59,7 +59,8 @@ class FitSpec:
     learner: str = _s("vbem", "The learner (`vbcluster learners` lists them).", "learner",
                       estimator="learner")
     components: int = _s(50, "K: number of components (the starting truncation of the Dirichlet process, "
-                         "which vbem and sga* grow while the fit uses nearly all of it; see grow).",
+                         "which vbem and sga* grow while the fit uses nearly all of it; --no-grow, "
+                         "grow=False in VBMixture, keeps it).",
                          "int", estimator="n_components", sklearn=1, minimum=1, flag="--components/-k")
     grow: bool = _s(True, "Grow the truncation (vbem, sga*, DP weights) while the fit ends with nearly every "
                     "component in use, up to max_components.", "bool", estimator="grow", sklearn=False,
