@@ -483,8 +483,9 @@ def check(
     if rep.nonfinite_rows:
         fail(ValueError(f"{store}: {rep.nonfinite_rows} rows of 'features' hold NaN/inf"))
     how = "checksums verified" if rep.checksummed else "no checksums: only presence and decoding checked"
+    rate = "" if rep.seconds_per_gb is None else f" = {rep.seconds_per_gb:.1f} s/GB"
     console.print(f"{store}: ok, {rep.n_rows} rows, {rep.chunks} chunks, {rep.n_bytes / 1e6:.1f} MB "
-                  f"({how}) in {rep.seconds:.2f}s = {rep.seconds_per_gb:.1f} s/GB", soft_wrap=True)
+                  f"({how}) in {rep.seconds:.2f}s{rate}", soft_wrap=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,6 +2,7 @@
 rows, the fingerprint derived from the chunk checksums, `vbcluster check` and `--upgrade`."""
 
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -213,7 +214,8 @@ def test_upgrade_killed_between_renames_is_finished_by_the_next_open(old_store):
 
 def test_check_reports_time_per_gb_and_nonfinite(store):
     rep = integrity.check(store)
-    assert rep.chunks == 15 and rep.n_bytes > 0 and rep.seconds_per_gb > 0 and rep.nonfinite_rows == 0
+    assert rep.chunks == 15 and 0 < rep.n_bytes < integrity.RATE_MIN_BYTES and rep.nonfinite_rows == 0
+    assert rep.seconds_per_gb is None  # a tiny store's check time is its start-up, not a rate
     arr = zarr.open_array(f"{store}/features", mode="r+")
     arr[3, 1] = np.nan
     res = runner.invoke(app, ["check", store])
@@ -256,3 +258,17 @@ def test_swapped_chunk_files_fail_check(store):
     first.write_bytes(data_last)
     with pytest.raises(StoreError, match=r"'labels' chunk labels/c/0 \(rows 0-7\) is not the chunk"):
         integrity.check(store)
+
+
+def test_check_says_a_rate_only_for_a_store_of_some_size(tmp_path):
+    """Issue 53, item 15: `check` of an empty store printed "11690331000.0 s/GB"."""
+    FeatureStore.create(tmp_path / "empty.zarr", 4)
+    res = runner.invoke(app, ["check", str(tmp_path / "empty.zarr")])
+    assert res.exit_code == 0 and "ok, 0 rows, 0 chunks, 0.0 MB" in res.output, res.output
+    assert "s/GB" not in res.output
+    big = FeatureStore.create(tmp_path / "big.zarr", 100, chunk_rows=1000)
+    big.append(np.random.default_rng(0).normal(size=(4000, 100)).astype(np.float32))  # about 1.5 MB
+    rep = integrity.check(str(tmp_path / "big.zarr"))
+    assert rep.n_bytes >= integrity.RATE_MIN_BYTES and rep.seconds_per_gb is not None
+    res = runner.invoke(app, ["check", str(tmp_path / "big.zarr")])
+    assert res.exit_code == 0 and re.search(r"s = \d+\.\d s/GB", res.output), res.output
