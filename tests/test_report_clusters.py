@@ -250,18 +250,45 @@ def test_the_reports_plots_of_a_weighted_store_leave_rows_of_weight_zero_out(tmp
     FeatureStore.create(path, 2, chunk_rows=64, weights=True, labels=True).append(X, labels=labels, weights=w)
     model = VBMixture(2, covariance_type="diag", random_state=0).fit(str(path))
     save_run(tmp_path / "run", model, str(path))
-    seen, pca, table = {}, report._pca_plot, report._contingency_plot
+    seen, pca, table = {}, report._pca_plot, report.contingency_plot
 
     def pca_plot(X, *args):
         seen["pca"] = X
         pca(X, *args)
 
-    def contingency_plot(lab, pred, title, path, weights=None):
+    def contingency_plot(lab, pred, title, path, weights=None, names=None):
         seen["classes"] = set(lab[weights > 0].tolist())
-        table(lab, pred, title, path, weights)
+        return table(lab, pred, title, path, weights, names)
 
     monkeypatch.setattr(report, "_pca_plot", pca_plot)
-    monkeypatch.setattr(report, "_contingency_plot", contingency_plot)
+    monkeypatch.setattr(report, "contingency_plot", contingency_plot)
     write_report([tmp_path / "run"])
     assert seen["pca"].shape[0] == 200 and seen["pca"].max() < 50.0
     assert seen["classes"] == {0, 1}
+
+
+def test_class_axis_shows_the_folder_names_and_six_thumbnails_fit_a_cell(tmp_path):
+    """Issue 53, item 15: the contingency's class axis showed 0-9 where the store records folder names;
+    a cluster's six thumbnails wrapped as 5 + 1 in a 300 px cell."""
+    from pipeline.runs.report import contingency_plot
+    from pipeline.runs.report_clusters import CSS, EXEMPLARS
+
+    y = np.array([0, 0, 1, 1, 2, 2])
+    ticks = contingency_plot(y, np.array([0, 0, 1, 1, 1, 0]), "t", tmp_path / "c.png",
+                             names=["cat", "dog", "emu"])
+    assert ticks == ["cat", "dog", "emu"] and (tmp_path / "c.png").stat().st_size > 0
+    assert contingency_plot(y, y, "t", tmp_path / "d.png") == ["0", "1", "2"]  # no names: the codes
+    assert contingency_plot(y, y, "t", tmp_path / "e.png", names=["cat"]) == ["0", "1", "2"]  # too few
+    src = tmp_path / "imgs"
+    _colour_folder(src)
+    store = str(tmp_path / "s.zarr")
+    ingest(str(src), store, labels="folders", extractor="color-hog", size=16, chunk_rows=8)
+    assert FeatureStore.open(store).attrs["extractor_params"]["classes"] == ["blue", "red"]
+    model = VBMixture(n_components=2, covariance_type="spherical", max_iter=5, random_state=0).fit(store)
+    save_run(tmp_path / "run", model, store)
+    page = write_report([tmp_path / "run"]).read_text()
+    assert "run0-contingency.png" in page and "store plots skipped" not in page
+    cell = int(re.search(r"minmax\(min\(100%,(\d+)px\)", CSS)[1])
+    figure = int(re.search(r"\.ex figure\{margin:0;width:(\d+)px\}", CSS)[1])
+    gap = int(re.search(r"\.ex\{display:flex;flex-wrap:wrap;gap:(\d+)px\}", CSS)[1])
+    assert cell >= EXEMPLARS * figure + (EXEMPLARS - 1) * gap  # six on one line

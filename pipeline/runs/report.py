@@ -236,8 +236,11 @@ def sizes_plot(r: dict[str, Any], title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Path,
-                      weights: np.ndarray | None = None) -> None:
+def contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Path,
+                     weights: np.ndarray | None = None, names: list[str] | None = None) -> list[str]:
+    """The contingency heat map of ``labels`` x ``pred`` at ``path``; ``names``: the class names the
+    store records (``extractor_params['classes']``, label ``i`` is ``names[i]``), shown on the class
+    axis instead of the codes. Returns the class axis's tick labels as drawn."""
     import matplotlib.pyplot as plt
 
     # weighted rows count w times (0: not at all), as in the fit; the table's rows and columns are
@@ -257,9 +260,11 @@ def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Pa
     fig, ax = plt.subplots(figsize=(min(14.0, 3 + 0.22 * sub.shape[1]), min(12.0, 2.5 + 0.22 * sub.shape[0])))
     im = ax.imshow(frac, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     ax.set_xlabel("cluster (ordered by majority class)")
-    ax.set_ylabel("class (label)")
+    named = names is not None and all(0 <= int(c) < len(names) for c in classes)
+    ax.set_ylabel("class" if named else "class (label)")
     if sub.shape[0] <= 40:
-        ax.set_yticks(np.arange(sub.shape[0]), [str(c) for c in classes[rows]])
+        ax.set_yticks(np.arange(sub.shape[0]), [str(names[int(c)]) if named else str(c)  # type: ignore[index]
+                                                for c in classes[rows]])
     if sub.shape[1] <= 40:
         ax.set_xticks(np.arange(sub.shape[1]), [str(c) for c in clusters[cols][order]], rotation=90)
     shown = "" if (len(classes) <= MAX_HEATMAP and len(clusters) <= MAX_HEATMAP) else \
@@ -269,7 +274,9 @@ def _contingency_plot(labels: np.ndarray, pred: np.ndarray, title: str, path: Pa
     fig.colorbar(im, ax=ax, label="share of the class's rows")
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
     plt.close(fig)
+    return ticks
 
 
 def _cluster_colours(pred: np.ndarray, top: int = 20) -> tuple[np.ndarray, list[int]]:
@@ -364,7 +371,8 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
         notes.append(f"clusters read from {r['store']}/{ASSIGNMENTS}/{d.resolve().name}")
     labels, weights = src.labels(), src.all_weights()
     if labels is not None:
-        _contingency_plot(labels, pred, title, tmp / f"run{i}-contingency.png", weights)
+        names = FeatureStore.open(r["store"]).attrs.get("extractor_params", {}).get("classes")
+        contingency_plot(labels, pred, title, tmp / f"run{i}-contingency.png", weights, names)
         figs.append((f"run{i}-contingency.png", "Contingency against the store's labels"))
     else:
         notes.append("the store has no labels: no contingency table")

@@ -30,9 +30,14 @@ EXEMPLARS = 6  # most typical rows shown per cluster
 MAX_CLUSTERS = 60  # clusters shown, largest first
 THUMB = 64  # a thumbnail's longest side, pixels
 
-CSS = (".clusters{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,300px),1fr));"
+FIGURE_PX, GAP_PX = 72, 4  # a thumbnail's box and the gap between boxes
+#: a cluster's cell holds its EXEMPLARS thumbnails on one line (300 px wrapped six as 5 + 1)
+CELL_PX = EXEMPLARS * FIGURE_PX + (EXEMPLARS - 1) * GAP_PX
+
+CSS = (".clusters{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,"
+       f"{CELL_PX}px),1fr));"
        "gap:.5em 1em}.cl{border-top:1px solid #ddd;padding:.3em 0}.cl h3{font-size:1em;margin:.2em 0}"
-       ".ex{display:flex;flex-wrap:wrap;gap:4px}.ex figure{margin:0;width:72px}"
+       f".ex{{display:flex;flex-wrap:wrap;gap:{GAP_PX}px}}.ex figure{{margin:0;width:{FIGURE_PX}px}}"
        ".ex img{width:64px;height:64px;object-fit:contain;image-rendering:pixelated;background:#eee}"
        ".ex figcaption,.ids{font-size:75%;overflow-wrap:anywhere;color:#333}")
 
