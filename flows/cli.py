@@ -31,6 +31,10 @@ def deploy(
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
     whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
     pca_solver: str | None = typer.Option(None, "--pca-solver", help=spec_help("pca_solver")),
+    priors: str | None = typer.Option(None, help=spec_help("priors")),
+    init: str | None = typer.Option(None, help=spec_help("init")),
+    max_components: int | None = typer.Option(None, help=spec_help("max_components")),
+    no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem, sga* grow it)."),
     images: str | None = typer.Option(None, "--images", help="An image folder, tar shard(s) or image list: "
                                       "each refresh first extracts its new images into STORE."),
     extract_option: list[str] = typer.Option([], "--extract-option", "-x", metavar="KEY=VALUE",
@@ -52,7 +56,8 @@ def deploy(
                           learner=learner, learner_options=key_values(learner_option) or None,
                           components=components, covariance=covariance, weights=weights,
                           max_iter=max_iter, tol=tol, seed=seed, cluster=cluster, images=images,
-                          pca=pca, whiten=whiten, pca_solver=pca_solver,
+                          pca=pca, whiten=whiten, pca_solver=pca_solver, priors=priors, init=init,
+                          max_components=max_components, grow=False if no_grow else None,
                           extract_options=key_values(extract_option) or None)
     except VBClusterError as exc:
         fail(exc)

@@ -95,6 +95,10 @@ def refresh_flow(
     pca: int | None = None,
     whiten: bool = False,
     pca_solver: str | None = None,
+    priors: str | None = None,
+    init: str | None = None,
+    max_components: int | None = None,
+    grow: bool | None = None,
     quiet: bool = True,
     images: str | None = None,
     extract_options: dict[str, Any] | None = None,
@@ -129,7 +133,8 @@ def refresh_flow(
         return make_spec(store, learner=learner, components=components, covariance=covariance,
                          weights=weights, max_iter=max_iter, tol=tol, seed=seed, cluster=cluster,
                          learner_options=refresh_options(learner, learner_options, cold), pca=pca,
-                         whiten=whiten or None, pca_solver=pca_solver)
+                         whiten=whiten or None, pca_solver=pca_solver, priors=priors, init=init,
+                         max_components=max_components, grow=grow)
 
     spec = refresh_spec(warm is None)
     if warm is not None and (problem := warm_start_problem(warm, spec)):
@@ -144,10 +149,12 @@ def refresh_flow(
         run_dir = claim_version(out, _run_key())
     result = cluster_flow(store, str(run_dir), learner=spec.learner, components=spec.components,
                           covariance=spec.covariance, weights=spec.weights, max_iter=spec.max_iter,
-                          tol=spec.tol, seed=spec.seed, learner_options=spec.learner_options or None,
+                          tol=spec.tol, seed=spec.seed, init=spec.init,
+                          learner_options=spec.learner_options or None,
                           cluster=spec.cluster, warm_start_from=warm, quiet=quiet, extra={"refresh": p},
                           settings={"pca": spec.pca, "whiten": spec.whiten or None,
-                                    "pca_solver": spec.pca_solver})
+                                    "pca_solver": spec.pca_solver, "priors": spec.priors,
+                                    "max_components": spec.max_components, "grow": spec.grow})
     publish_version(out, str(run_dir))
     logger.info("published %s (%s start, %d rows, %d iterations, %d clusters found)", run_dir.name,
                 p["action"], result["n_rows"], result["n_iter"], result["n_effective"])
@@ -248,5 +255,29 @@ def deploy(store: str, out: str | None = None, *, cron: str | None = None, inter
     params = deployment_parameters(store, out, **settings)
     if not dry_run:
         check_api()
-        refresh_flow.serve(name=name, parameters=params, limit=1, **schedule)
+        serve(name, params, schedule)
     return {"parameters": params, **schedule}
+
+
+def serve(name: str, params: dict[str, Any], schedule: dict[str, Any]) -> None:
+    """``refresh_flow.serve(name=name, parameters=params, limit=1, **schedule)``, where SIGTERM stops
+    the process as Ctrl-C does (the runner stops and pauses the schedule): Prefect's own SIGTERM
+    handler calls the runner's asynchronous stop without awaiting it, which printed "coroutine
+    'Runner.astop' was never awaited" and exited without stopping the runner."""
+    import asyncio
+    import signal
+
+    from prefect.runner import Runner
+
+    class StopOnTerm(Runner):
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            signal.raise_signal(signal.SIGINT)  # asyncio's Ctrl-C: the main task is cancelled
+
+    runner = StopOnTerm(name=name, limit=1)
+    runner.add_flow(refresh_flow, name=name, parameters=params, **schedule)
+    when = schedule.get("cron") or f"every {schedule['interval'].total_seconds():g} s"
+    print(f"serving the deployment {name!r} of refresh_flow ({when}); Ctrl-C or SIGTERM stops it", flush=True)
+    try:
+        asyncio.run(runner.start())
+    except KeyboardInterrupt:
+        print(f"stopped serving {name!r} (its schedule is paused)", flush=True)

@@ -90,6 +90,27 @@ def test_refresh_flow_cold_skip_warm(tmp_path, prefect_api):
     assert [p.name[:5] for p in version_dirs(out)] == ["v0001", "v0002"]
 
 
+def test_deploy_takes_priors_init_max_components_and_no_grow(tmp_path, prefect_api):
+    """Issue 53, item 15: deploy lacked --priors, --init, --max-components and --no-grow; they come from
+    the one fit specification, are checked before anything is registered, and reach the refits."""
+    from flows.schedule import refresh_flow
+
+    store = _store(tmp_path / "s.zarr", 600)
+    res = runner.invoke(app, ["deploy", store, "--interval", "60", "--dry-run", "-k", "6", "--priors",
+                              "sklearn", "--init", "kmeans", "--max-components", "8", "--no-grow"])
+    assert res.exit_code == 0 and "ok: would refresh" in res.output, res.output
+    got = deploy(store, interval=60, dry_run=True, components=6, priors="sklearn", init="kmeans",
+                 max_components=8, grow=False)["parameters"]
+    assert (got["priors"], got["init"], got["max_components"], got["grow"]) == ("sklearn", "kmeans", 8, False)
+    res = runner.invoke(app, ["deploy", store, "--interval", "60", "--dry-run", "--init", "bogus"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "init" in lines[0] and "bogus" in lines[0], res.output
+    done = refresh_flow(store, str(tmp_path / "pub"), components=6, max_iter=20, priors="sklearn",
+                        init="kmeans", max_components=8, grow=False)
+    ran = json.loads((Path(done["version"]) / "run.json").read_text())
+    assert (ran["priors"], ran["init"], ran["max_components"], ran["grow"]) == ("sklearn", "kmeans", 8, False)
+
+
 def test_the_next_refresh_resumes_a_refresh_that_died(tmp_path, prefect_api, monkeypatch):
     """A refresh dies mid-fit before publishing (disk full at its second checkpoint); the next
     scheduled run finds its version directory, resumes it from the checkpoint and publishes it, with
@@ -212,6 +233,15 @@ def test_scheduled_runs_publish_versions_and_warm_start_after_an_append(tmp_path
             "deployments": {"name": {"any_": ["test-refresh"]}}}, timeout=10).json()
         assert len(runs) >= 2, json.dumps(runs)[:2000]
         assert all(r["auto_scheduled"] for r in runs)
+        # SIGTERM (issue 53, item 15) stops it as Ctrl-C does, without "coroutine 'Runner.astop' was
+        # never awaited", and the schedule is paused
+        os.kill(procs[1].pid, signal.SIGTERM)
+        assert procs[1].wait(timeout=60) is not None
+        said = serve_log.read_text()
+        assert "never awaited" not in said and "stopped serving 'test-refresh'" in said, said[-3000:]
+        query = {"deployments": {"name": {"any_": ["test-refresh"]}}}
+        deps = httpx.post(f"{api}/deployments/filter", json=query, timeout=10).json()
+        assert deps and all(d["paused"] for d in deps), json.dumps(deps)[:2000]
     finally:
         for p in reversed(procs):
             _stop(p)
