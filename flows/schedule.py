@@ -95,10 +95,8 @@ def refresh_flow(
     pca: int | None = None,
     whiten: bool = False,
     pca_solver: str | None = None,
-    priors: str | None = None,
-    init: str | None = None,
-    max_components: int | None = None,
-    grow: bool | None = None,
+    priors: str | None = None, init: str | None = None,  # (FitSpec's, as the other settings)
+    max_components: int | None = None, grow: bool | None = None,
     quiet: bool = True,
     images: str | None = None,
     extract_options: dict[str, Any] | None = None,
