@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from pipeline.ingest import ingest
 from pipeline.store.features import FeatureStore
-from vbcore.errors import ConfigError, InputError
+from vbcore.errors import ConfigError, InputError, StoreError
 
 runner = CliRunner()
 
@@ -123,3 +123,35 @@ def test_a_source_of_no_rows_is_refused(tmp_path):
         ingest(str(tmp_path / "empty.npy"), tmp_path / "s.zarr", append=True)
     s = FeatureStore.open(tmp_path / "s.zarr")
     assert s.n_rows == 3 and len(s.attrs["appends"]) == 1  # no empty append recorded
+
+
+# ---- item 16: a store as a source of its own -------------------------------------------------------
+def test_a_store_is_copied_with_a_new_normalisation_chunking_and_level(tmp_path):
+    from vbcore.data.normalize import normalize_rows
+
+    rng = np.random.default_rng(0)
+    X = np.abs(rng.normal(size=(300, 6))).astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", rng.integers(0, 3, 300))
+    np.save(tmp_path / "w.npy", rng.integers(1, 4, 300).astype(np.float64))
+    ingest(str(tmp_path / "x.npy"), tmp_path / "fm.zarr", labels=str(tmp_path / "y.npy"),
+           weights=str(tmp_path / "w.npy"), chunk_rows=64)
+    res = runner.invoke(app, ["ingest", str(tmp_path / "fm.zarr"), "--out", str(tmp_path / "x.zarr"),
+                              "--normalize", "power-l2", "--chunk-rows", "100", "-o", "compression_level=3"])
+    assert res.exit_code == 0 and "wrote 300 rows x 6 features" in " ".join(res.output.split()), res.output
+    src, got = FeatureStore.open(tmp_path / "fm.zarr"), FeatureStore.open(tmp_path / "x.zarr")
+    assert (got.normalize, got.chunk_rows, got.n_rows) == ("power-l2", 100, 300)
+    np.testing.assert_array_equal(got.read(), normalize_rows(X, "power-l2", dtype=np.float32))
+    np.testing.assert_array_equal(got.read_labels(), src.read_labels())
+    np.testing.assert_array_equal(got.read_weights(), src.read_weights())
+    assert got.attrs["extractor_params"]["copied_from"]["fingerprint"] == src.fingerprint
+    assert '"level": 3' in (tmp_path / "x.zarr" / "features" / "zarr.json").read_text()
+    with pytest.raises(StoreError, match=r"fm.zarr was already appended to this store"):  # its fingerprint
+        ingest(str(tmp_path / "fm.zarr"), tmp_path / "x.zarr", append=True)
+    with pytest.raises(ConfigError, match=r"x.zarr: its rows are normalised 'power-l2' \(the raw rows are "
+                                          r"not held\), so they cannot be normalised again"):
+        ingest(str(tmp_path / "x.zarr"), tmp_path / "z.zarr", normalize="l2")
+    with pytest.raises(ConfigError, match=r"fm.zarr: the source and --out are the same store"):
+        ingest(str(tmp_path / "fm.zarr"), tmp_path / "fm.zarr", append=True)
+    with pytest.raises(ConfigError, match=r"carries its own labels, ids and weights"):
+        ingest(str(tmp_path / "fm.zarr"), tmp_path / "l.zarr", labels="y")

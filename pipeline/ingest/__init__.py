@@ -17,10 +17,12 @@ Sources (the ``source`` string; see docs/ingest.md for every option):
 ``digits``                  scikit-learn's bundled 8x8 digits (1,797 x 64, labels, ids)
 ``image:NAME``              a bundled scikit-image photo as 5-D pixels (r, g, b, row, col)
 ``synthetic``               a SUN397-fc7-shaped generator (options rows, dim, classes, seed)
+``STORE.zarr/``             a feature store of raw rows, copied (labels, ids, weights with it)
 ==========================  ===================================================================
 
 The package has one reader module per source kind (``numpy_files``: .npy/.npz, ``hdf5``, ``tables``:
-Parquet/CSV, ``images``: image folders, ``bundled``: digits and ``image:NAME``, ``synthetic``), each
+Parquet/CSV, ``images``: image folders, ``bundled``: digits and ``image:NAME``, ``synthetic``,
+``stores``: a feature store), each
 turning a source into a :class:`~pipeline.ingest.plan.Plan`, and ``writer``, which streams a plan into
 a store (one append transaction, or a new store moved into place whole with :mod:`pipeline.files.atomic`).
 """
@@ -44,6 +46,7 @@ from pipeline.ingest.hdf5 import read_hdf5
 from pipeline.ingest.images import IMAGE_SUFFIXES
 from pipeline.ingest.numpy_files import read_npy, read_npz
 from pipeline.ingest.plan import Batch, Plan, as_int, with_weights
+from pipeline.ingest.stores import is_store_source, read_store
 from pipeline.ingest.synthetic import SYNTHETIC_DEFAULTS, read_synthetic, synthetic_class_sizes
 from pipeline.ingest.tables import read_csv, read_parquet
 from pipeline.ingest.writer import check_target, counted, store_normalization, write_plan
@@ -73,9 +76,8 @@ class IngestReport:
 # ---- the entry point ----------------------------------------------------------------------------
 def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_ROWS,
            labels: str | None = None, ids: str | None = None, append: bool = False,
-           drop_nonfinite: bool = False,
-           overwrite: bool = False, compression_level: int = 1, batch_chunks: int = 1,
-           progress: Callable[[int], None] | None = None, allow_duplicate: bool = False,
+           drop_nonfinite: bool = False, overwrite: bool = False, allow_duplicate: bool = False,
+           compression_level: int = 1, batch_chunks: int = 1, progress: Callable[[int], None] | None = None,
            weights: str | None = None, normalize: str | None = None, **options: Any) -> IngestReport:
     """Stream ``source`` into the feature store ``out``.
 
@@ -84,7 +86,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     source : str
         A file path (.npy, .npz, .h5/.hdf5, .parquet, .csv), an image folder, tar shards of images
         (``*.tar``), a text file listing image paths (``.txt``/``.lst``; images go through
-        :mod:`pipeline.extract.extraction`), ``'digits'``, ``'image:NAME'`` or ``'synthetic'``.
+        :mod:`pipeline.extract.extraction`), ``'digits'``, ``'image:NAME'``, ``'synthetic'``, a store.
     out : path
         The store. It must not exist unless ``append`` (add rows to it) or ``overwrite`` (replace it,
         only once the new store is complete).
@@ -122,7 +124,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     from pipeline.extract.extraction import ingest_images, is_image_source
 
     leftovers.clean(out)  # temporaries of killed ingests into ``out`` whose writer is gone
-    if is_image_source(str(source)):
+    if is_image_source(str(source)) and not is_store_source(str(source)):
         if weights is not None:
             raise ConfigError("--weights is for array and table sources, not image sources")
         return ingest_images(str(source), out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
@@ -134,10 +136,10 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     out = Path(out)
     chunk_rows = as_int("chunk_rows", chunk_rows, minimum=1)
     batch_chunks = as_int("batch_chunks", batch_chunks, minimum=1)
+    compression_level = as_int("compression_level", compression_level, minimum=0)
     check_target(out, append, overwrite)
     normalize = store_normalization(out, append, normalize)
-    model = synthetic_model(out) if append and str(source) == "synthetic" else None
-    plan = open_weighted(str(source), labels, ids, dict(options), chunk_rows, weights, model)
+    plan = _open_plan(str(source), out, append, labels, ids, dict(options), chunk_rows, weights)
     if progress is not None:
         plan.blocks = counted(plan.blocks, progress)
     # Every chunk written here is full of rows, so zarr's per-chunk "is it all fill value?" scan (a
@@ -152,6 +154,16 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
                                     "drop" if drop_nonfinite else "raise", compression_level,
                                     {"source_fingerprint": fp}, normalize)
     return _report(store, written, str(source), t0, plan)
+
+
+def _open_plan(source: str, out: Path, append: bool, labels: str | None, ids: str | None,
+               options: dict[str, Any], chunk_rows: int, weights: str | None) -> Plan:
+    """The plan of a source that is not images: a feature store's rows (:mod:`pipeline.ingest.stores`),
+    or :func:`open_weighted` (an append of ``synthetic`` continues the store's class model)."""
+    if is_store_source(source):
+        return read_store(Path(source), out, labels, ids, options, weights)
+    model = synthetic_model(out) if append and source == "synthetic" else None
+    return open_weighted(source, labels, ids, options, chunk_rows, weights, model)
 
 
 def _report(store: Any, written: int, source: str, t0: float, plan: Plan) -> IngestReport:

@@ -11,7 +11,8 @@ A fingerprint is the sha256 of a canonical JSON description of the rows a source
   docs/operations.md);
 * ``synthetic``: its parameters (``rows``, ``dim``, ``classes``, ``seed`` with their defaults, and
   ``chunk_rows``, which the generator's streams follow);
-* ``digits`` and ``image:NAME``: the name and the options.
+* ``digits`` and ``image:NAME``: the name and the options;
+* a feature store: its content fingerprint (the chunks' checksums).
 
 Image folders, tar shards and image lists are not fingerprinted: their appends add only the images
 the store does not hold yet (the image manifest, :mod:`pipeline.extract.image_store`).
@@ -53,6 +54,10 @@ def source_fingerprint(source: str, labels: str | None, ids: str | None, options
         desc = {"kind": "synthetic", **params, "chunk_rows": int(chunk_rows)}
     elif source == "digits" or source.startswith("image:"):
         desc["kind"] = source
+    elif Path(source).is_dir():  # a feature store (pipeline.ingest.stores): its content fingerprint
+        from pipeline.store.features import FeatureStore
+
+        desc = {"kind": "feature store", "fingerprint": FeatureStore.open(source, "r").fingerprint}
     else:
         path = Path(source)
         desc["kind"] = path.suffix.lower()
