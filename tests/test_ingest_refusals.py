@@ -155,3 +155,14 @@ def test_a_store_is_copied_with_a_new_normalisation_chunking_and_level(tmp_path)
         ingest(str(tmp_path / "fm.zarr"), tmp_path / "fm.zarr", append=True)
     with pytest.raises(ConfigError, match=r"carries its own labels, ids and weights"):
         ingest(str(tmp_path / "fm.zarr"), tmp_path / "l.zarr", labels="y")
+    for ids in (None, "str"):  # integer ids (digits) and text ids
+        np.save(tmp_path / "ids.npy", np.array([f"r{i}" for i in range(300)]))
+        src_path = tmp_path / f"ids-{ids}.zarr"
+        if ids is None:
+            ingest("digits", src_path)
+        else:
+            ingest(str(tmp_path / "x.npy"), src_path, ids=str(tmp_path / "ids.npy"))
+        ingest(str(src_path), tmp_path / f"copy-{ids}.zarr", chunk_rows=128)
+        a, b = FeatureStore.open(src_path), FeatureStore.open(tmp_path / f"copy-{ids}.zarr")
+        np.testing.assert_array_equal(a.read_ids(), b.read_ids())
+        np.testing.assert_array_equal(a.read(), b.read())

@@ -89,7 +89,7 @@ def pixel_digest(img: np.ndarray) -> str:
     the same size and time is told apart)."""
     a = np.ascontiguousarray(img, dtype=np.uint8)
     h = hashlib.sha256(repr(a.shape).encode())
-    h.update(memoryview(a).cast("B"))
+    h.update(a.tobytes())
     return h.hexdigest()[:32]
 
 

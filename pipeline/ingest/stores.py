@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.ingest.plan import Batch, Plan, id_kind, no_more_options, row_slices
 from pipeline.store.features import FeatureStore
 from vbcore.errors import ConfigError
@@ -35,13 +37,17 @@ def read_store(path: Path, out: Path, labels: str | None, ids: str | None, optio
         raise ConfigError(f"{path}: its rows are normalised {src.normalize!r} (the raw rows are not held), "
                           "so they cannot be normalised again as they were; ingest from the store's own "
                           "source instead")
-    ids_kind = None if not src.has_ids else id_kind(src.group["ids"].dtype)
+    ids_array = src.group["ids"] if src.has_ids else None
+    ids_kind = None if ids_array is None else id_kind(np.dtype(getattr(ids_array, "dtype", "O")))
     carries_weights = "weights" in src.group.array_keys()
 
     def blocks(first: int, size: int) -> Iterator[Batch]:
         for s, e in row_slices(src.n_rows, first, size):
             rows = slice(s, e)
-            batch = (src.read(rows), src.read_labels(rows), src.read_ids(rows))
+            idv = src.read_ids(rows)
+            if idv is not None and idv.dtype.kind not in "biu":  # (Zarr's variable-width strings)
+                idv = np.array(idv.tolist(), dtype=str)
+            batch = (src.read(rows), src.read_labels(rows), idv)
             yield (*batch, src.read_weights(rows)) if carries_weights else batch  # type: ignore[misc]
 
     params = {**dict(src.attrs.get("extractor_params") or {}),
