@@ -5,7 +5,7 @@ import pytest
 from sklearn.datasets import load_iris
 
 from pipeline import VBMixture
-from vbcore.errors import InputError
+from vbcore.errors import ConfigError, InputError
 
 TYPES = ["full", "diag", "spherical", "fixed"]
 
@@ -69,12 +69,16 @@ def test_float32_offset_by_1e4_matches_float64(ct):
 
 @pytest.mark.parametrize("ct", TYPES)
 def test_more_components_than_rows(ct):
+    """K > N is refused up front, as scikit-learn's BayesianGaussianMixture refuses it (issue 53, item
+    10: -k 100000 on 500 rows ran out of memory); K = N, one component per row, fits."""
     X = load_iris().data[:6]
-    m = VBMixture(10, covariance_type=ct, init_params="random", random_state=0, reg_covar=0.0,
+    with pytest.raises(ConfigError, match=r"n_components \(-k\) is 10 but the data hold 6 rows"):
+        VBMixture(10, covariance_type=ct, init_params="random", random_state=0).fit(X)
+    m = VBMixture(6, covariance_type=ct, init_params="random", random_state=0, reg_covar=0.0,
                   max_iter=30).fit(X)
     assert np.isfinite(m.lower_bound_) and _monotone(m.lower_bounds_)
-    assert m.predict_proba(X).shape == (6, 10)
-    k2 = VBMixture(10, covariance_type=ct, random_state=0).fit(X)  # k-means with K > N
+    assert m.predict_proba(X).shape == (6, 6)
+    k2 = VBMixture(6, covariance_type=ct, random_state=0).fit(X)  # k-means with K = N
     assert np.isfinite(k2.lower_bound_)
 
 
