@@ -31,11 +31,14 @@ def test_n_iter_is_the_number_of_iterations():
     assert est.n_iter_ == 1
 
 
-def test_n_components_greater_than_n_samples_is_allowed():
-    """Deliberate difference (docs/decisions.md): a truncation above N is a valid DP fit."""
+def test_n_components_greater_than_n_samples_is_refused():
+    """As scikit-learn's ("Expected n_samples >= n_components"): refused up front with a ValueError
+    (issue 53, item 10; docs/decisions.md records why it is no longer allowed)."""
     X = np.random.RandomState(0).rand(10, 5)
-    est = BayesianGaussianMixture(n_components=12, random_state=0).fit(X)
-    assert est.weights_.shape == (12,) or est.n_components_ <= 12
+    with pytest.raises(ValueError, match=r"n_components \(-k\) is 12 but the data hold 10 rows"):
+        BayesianGaussianMixture(n_components=12, random_state=0).fit(X)
+    est = BayesianGaussianMixture(n_components=10, random_state=0).fit(X)  # one per row: allowed
+    assert np.isfinite(est.lower_bound_) and len(est.weights_) <= 10
 
 
 @pytest.mark.parametrize("covar_type", COVARIANCE_TYPE)
