@@ -44,7 +44,7 @@ from pipeline.fit.driver import FitOutcome, run_fit
 from pipeline.fit.fitted import FittedMixture
 from pipeline.fit.setup import check_prior_settings, open_source
 from pipeline.fit.spec import FitSpec
-from pipeline.runs.directory import read_result, save_run
+from pipeline.runs.directory import read_result, save_run, verify_posterior
 from pipeline.runs.warm_start import WARM_DIR, Warm, discard_warm, load_warm, save_warm, source_model
 from vbcore.errors import ConfigError, InputError
 from vbcore.kernels.projection import check_pca
@@ -232,16 +232,21 @@ def warm_record(run_dir: str | Path) -> dict[str, Any] | None:
 
 def finished_result(run_dir: str | Path) -> dict[str, Any] | None:
     """``run_dir``'s result.json when the run is finished (a readable result.json whose posterior
-    matches it), else None: a run to resume."""
-    from pipeline.runs.directory import verify_posterior
+    matches it, and no checkpoint of a later iteration: a continued fit, ``fit --max-iter`` raised,
+    killed after it), else None: a run to resume."""
+    from pipeline.fit.checkpoint import Checkpointer
 
     if not (Path(run_dir) / "result.json").is_file():
         return None
     try:
         verify_posterior(run_dir)
-        return read_result(run_dir)
+        result = read_result(run_dir)
     except InputError:  # damaged: resuming rewrites it from the last checkpoint
         return None
+    newest = Checkpointer(Path(run_dir) / "checkpoints").list()
+    if newest and int(newest[-1].name.rsplit("-", 1)[-1]) > int(result.get("n_iter", 0)):
+        return None
+    return result
 
 
 def warm_start_problem(previous: str | Path, spec: FitSpec) -> str | None:

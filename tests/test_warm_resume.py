@@ -217,3 +217,20 @@ def test_resume_of_a_finished_run_says_so_and_changes_nothing(refresh, tmp_path)
         assert "nothing to resume" in said
         assert before == {name: ((run / name).read_bytes(), (run / name).stat().st_mtime_ns)
                           for name in ("result.json", "posterior.npz")}
+
+
+def test_resume_after_a_continued_fit_killed_before_its_result_is_not_finished(refresh, tmp_path):
+    """A finished run continued with more iterations (`fit --max-iter 6` after 3) and killed after its
+    last checkpoint, before its result: the old result.json is not the run's end; resume writes it."""
+    store, _, _ = refresh
+    run = tmp_path / "run"
+    cold = ["fit", str(store), "--run-dir", str(run), "-k", "4", "--tol", "0", "--checkpoint-every", "1",
+            "-q"]
+    _run(*cold, "--max-iter", "3")
+    old = {name: (run / name).read_bytes() for name in ("result.json", "posterior.npz")}
+    _run(*cold, "--max-iter", "6")
+    for name, data in old.items():  # as a kill between the last checkpoint and the result leaves it
+        (run / name).write_bytes(data)
+    said = _run("resume", str(run), "-q")
+    assert "nothing to resume" not in said and "resumed from" in said, said
+    assert json.loads((run / "result.json").read_text())["n_iter"] == 6
