@@ -306,13 +306,17 @@ def resume(
     """Continue a fit from its newest valid checkpoint (bit for bit where an uninterrupted fit ends)."""
     from dataclasses import replace
 
-    from pipeline.service import read_spec
+    from pipeline.service import finished_result, read_spec
     from vbcore.errors import VBClusterError
 
     try:
-        spec = read_spec(run_dir)
+        spec, done = read_spec(run_dir), finished_result(run_dir)
     except VBClusterError as exc:
         fail(exc)
+        return
+    if done is not None:  # nothing to resume: result.json and posterior.npz stay as they are
+        console.print(f"{run_dir}: the run is finished ({done.get('n_iter')} iterations, result.json of "
+                      f"{done.get('finished')}); nothing to resume", soft_wrap=True)
         return
     if cluster is not None:
         spec = replace(spec, cluster=cluster)
@@ -326,7 +330,7 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
     from pipeline.fit.checkpoint import Checkpointer, CheckpointError
     from pipeline.fit.driver import stop_on_signals
     from pipeline.fit.progress import FitProgress
-    from pipeline.service import check_fit, fit_run
+    from pipeline.service import check_fit, fit_run, warm_record
     from vbcore.errors import FitInterrupted, RunLockedError, VBClusterError, truncation_message
 
     try:
@@ -334,7 +338,8 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
         if state == "continue" and not resume:
             console.print(f"{run_dir} holds this run: continuing it (--restart starts over)", soft_wrap=True)
         if resume and not Checkpointer(Path(run_dir) / "checkpoints").list():
-            console.print(f"{run_dir}: no checkpoint yet; the fit starts from the beginning", soft_wrap=True)
+            start = "its warm start" if warm_record(run_dir) else "the beginning"
+            console.print(f"{run_dir}: no checkpoint yet; the fit starts from {start}", soft_wrap=True)
         engine = _engine(spec.cluster)
         try:
             with stop_on_signals(), FitProgress(spec.max_iter, f"{spec.learner} {Path(run_dir).name}",

@@ -297,7 +297,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         #: (docs/guide.md "Choosing K")
         self.truncation_ = dict(best.truncation)
         if self.truncation_.get("limit_hit"):
-            warnings.warn(truncation_message(self.truncation_), TruncationWarning, stacklevel=2)
+            warnings.warn(truncation_message(self.truncation_, face="python"), TruncationWarning,
+                          stacklevel=2)
         self.wall_seconds_ = best.wall_seconds  # summed over the attempts a resume continued
         self.resumed_from_ = best.resumed_from
         self.skipped_checkpoints_ = best.skipped

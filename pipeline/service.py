@@ -9,15 +9,17 @@ line (``vbcluster fit``/``resume``), the flows and the schedules.
   :class:`~pipeline.fit.driver.FitOutcome`.
 * :func:`fit_run` -- one fit into a run directory. It validates everything first -- the spec
   (:mod:`pipeline.fit.spec`), the store, the warm start, what the run directory already holds -- and
-  writes nothing until all of it passes. Then it writes ``run.json`` (so ``vbcluster resume
-  RUN_DIR`` works on the directory), takes the run lock, calls :func:`fit` with checkpoints in
-  ``RUN_DIR/checkpoints`` (resuming from the newest valid one when the directory already holds this
-  run), and writes ``result.json`` and ``posterior.npz`` (:func:`pipeline.runs.directory.save_run`). A
-  directory that holds another run is refused unless ``restart=True`` (``vbcluster fit
-  --restart``), which starts over. ``warm_from`` starts from the posterior of a finished run
-  directory instead of the initialisation (the prior is still the data-dependent default of the
-  current store; see docs/operations.md, "Warm start").
-* :func:`make_spec`, :func:`read_spec` -- the spec of a command-line fit, and of a run directory.
+  writes nothing until all of it passes. Then it takes the run lock, copies a warm start into
+  ``RUN_DIR/warm_start/`` (:mod:`pipeline.runs.warm_start`), writes ``run.json`` with its record
+  (so ``vbcluster resume RUN_DIR`` continues the same fit, warm start included), calls :func:`fit`
+  with checkpoints in ``RUN_DIR/checkpoints`` (resuming from the newest valid one when the
+  directory already holds this run), and writes ``result.json`` and ``posterior.npz``
+  (:func:`pipeline.runs.directory.save_run`). A directory that holds another run is refused unless
+  ``restart=True`` (``vbcluster fit --restart``), which starts over. ``warm_from`` starts from the
+  posterior of a finished run directory instead of the initialisation (the prior is still the
+  data-dependent default of the current store; see docs/operations.md, "Warm start").
+* :func:`make_spec`, :func:`read_spec`, :func:`warm_record` -- the spec of a command-line fit, and
+  of a run directory and its warm start; :func:`finished_result` -- a finished run's result.json.
 """
 
 from __future__ import annotations
@@ -26,10 +28,9 @@ import json
 import math
 import shutil
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -43,28 +44,14 @@ from pipeline.fit.driver import FitOutcome, run_fit
 from pipeline.fit.fitted import FittedMixture
 from pipeline.fit.setup import check_components, check_prior_settings, open_source
 from pipeline.fit.spec import FitSpec
-from pipeline.runs.directory import check_run_dir, load_fitted, read_result, save_run
+from pipeline.runs.directory import check_run_dir, read_result, save_run, verify_posterior
+from pipeline.runs.warm_start import WARM_DIR, Warm, discard_warm, load_warm, save_warm, source_model
 from vbcore.errors import ConfigError, InputError
-from vbcore.kernels.projection import Projection, check_pca
-from vbcore.model.posterior import Posterior
-from vbcore.model.priors import Prior
+from vbcore.kernels.projection import check_pca
 
 RUN_SPEC = "run.json"
 #: what a run directory may hold; ``restart`` removes these before a new fit
-RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "iterations.jsonl", "report")
-
-
-@dataclass(frozen=True)
-class Warm:
-    """What a warm start continues: the posterior (with its prior and projection), and optionally
-    the previous fit's bound (convergence is judged across the two fits when the data are the same)
-    and its kept state (memoized statistics a learner may adopt: ``FitOutcome.kept``)."""
-
-    posterior: Posterior
-    prior: Prior
-    projection: Projection | None = None
-    bound: float | None = None
-    state: dict[str, np.ndarray] | None = None
+RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "iterations.jsonl", "report", WARM_DIR)
 
 
 def check_warm(warm: Warm, spec: FitSpec, n_features: int, run: str | Path | None = None) -> None:
@@ -198,8 +185,8 @@ def absolute_paths(spec: FitSpec) -> FitSpec:
     return replace(spec, **changes) if changes else spec
 
 
-def read_spec(run_dir: str | Path) -> FitSpec:
-    """The resolved spec of a run directory's ``run.json`` (one-line errors naming the file)."""
+def _run_json(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
+    """``run_dir``'s run.json and its values (one-line errors naming the file)."""
     path = Path(run_dir) / RUN_SPEC
     if not path.is_file():
         raise InputError(f"{run_dir}: no {RUN_SPEC} (not a run directory of `vbcluster fit`)")
@@ -210,6 +197,13 @@ def read_spec(run_dir: str | Path) -> FitSpec:
                          "into a new directory") from None
     if not isinstance(values, dict):
         raise InputError(f"{path}: not a JSON object of settings")
+    return path, values
+
+
+def read_spec(run_dir: str | Path) -> FitSpec:
+    """The resolved spec of a run directory's ``run.json`` (one-line errors naming the file)."""
+    path, values = _run_json(run_dir)
+    values.pop("warm_start", None)  # the run's warm start, not a setting: warm_record
     spec = FitSpec.from_dict(values, where=str(path)).resolved("pipeline")
     store = spec.store
     if store is not None and "://" not in store and not Path(store).is_absolute() \
@@ -219,6 +213,40 @@ def read_spec(run_dir: str | Path) -> FitSpec:
                          "not exist: resume from that directory, or write the store's absolute path into "
                          f"{RUN_SPEC}")
     return spec
+
+
+def warm_record(run_dir: str | Path) -> dict[str, Any] | None:
+    """The warm start that ``run_dir``'s run.json records (``warm_start``: the source run and the
+    sha256 of its copies in ``RUN_DIR/warm_start/``, :mod:`pipeline.runs.warm_start`), or None for a
+    cold run (and for a warm run written by a vbcluster before issue 53, which recorded none)."""
+    path, values = _run_json(run_dir)
+    record = values.get("warm_start")
+    if record is None:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("from"), str) \
+            or not isinstance(record.get("posterior_sha256"), str):
+        raise InputError(f"{path}: 'warm_start' is not the record vbcluster writes (from, posterior_sha256, "
+                         "kept_sha256); `vbcluster fit ... --warm-from ... --restart` starts the run over")
+    return record
+
+
+def finished_result(run_dir: str | Path) -> dict[str, Any] | None:
+    """``run_dir``'s result.json when the run is finished (a readable result.json whose posterior
+    matches it, and no checkpoint of a later iteration: a continued fit, ``fit --max-iter`` raised,
+    killed after it), else None: a run to resume."""
+    from pipeline.fit.checkpoint import Checkpointer
+
+    if not (Path(run_dir) / "result.json").is_file():
+        return None
+    try:
+        verify_posterior(run_dir)
+        result = read_result(run_dir)
+    except InputError:  # damaged: resuming rewrites it from the last checkpoint
+        return None
+    newest = Checkpointer(Path(run_dir) / "checkpoints").list()
+    if newest and int(newest[-1].name.rsplit("-", 1)[-1]) > int(result.get("n_iter", 0)):
+        return None
+    return result
 
 
 def warm_start_problem(previous: str | Path, spec: FitSpec) -> str | None:
@@ -240,7 +268,8 @@ def run_dir_state(run_dir: str | Path, spec: FitSpec, restart: bool = False) -> 
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} exists and is not a directory")
     if not (run_dir / RUN_SPEC).is_file():
-        if run_dir.is_dir() and any((run_dir / name).exists() for name in RUN_FILES) and not restart:
+        held = [name for name in RUN_FILES if name != WARM_DIR and (run_dir / name).exists()]
+        if run_dir.is_dir() and held and not restart:  # (warm-start copies alone: killed before run.json)
             raise ConfigError(f"{run_dir} holds run files but no {RUN_SPEC}; pass --restart to start over "
                               "there, or choose another --run-dir")
         return "new" if not restart else "restart"
@@ -268,7 +297,8 @@ def _engine(engine: Any) -> Iterator[Any]:
 
 def check_fit(run_dir: str | Path, spec: FitSpec, warm_from: str | Path | None = None,
               restart: bool = False) -> str:
-    """Every check of :func:`fit_run` that needs no lock and writes nothing; returns
+    """Every check of :func:`fit_run` that needs no lock and writes nothing (the warm start's source
+    run included: its posterior read and matched to the store and the spec); returns
     :func:`run_dir_state`."""
     if spec.store is None:
         raise ConfigError("a run needs a store (the feature store to fit)")
@@ -283,7 +313,14 @@ def check_fit(run_dir: str | Path, spec: FitSpec, warm_from: str | Path | None =
         problem = warm_start_problem(warm_from, spec)
         if problem:
             raise ConfigError(f"cannot warm-start from {warm_from}: {problem}")
-    return run_dir_state(run_dir, spec, restart)
+        check_warm(source_model(warm_from), spec, source.n_features, warm_from)
+    state = run_dir_state(run_dir, spec, restart)
+    record = warm_record(run_dir) if state == "continue" else None
+    if record is not None and warm_from is not None and record["from"] != str(Path(warm_from).resolve()):
+        raise ConfigError(f"{run_dir} holds a run warm-started from {record['from']}; `vbcluster resume "
+                          f"{run_dir}` continues it, --restart starts over there, or choose another "
+                          "--run-dir")
+    return state
 
 
 def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
@@ -312,33 +349,27 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
     t0 = time.perf_counter()
     state = check_fit(run_dir, spec, warm_from, restart)
     assert spec.store is not None
+    source = open_source(spec.store, int(spec.chunk_rows))
     with RunLock(run_dir) as lock, _engine(engine) as eng:
-        if state == "restart":
-            for name in RUN_FILES:
-                path = run_dir / name
-                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        if state != "continue":
-            write_atomic(run_dir / RUN_SPEC, lambda f: f.write(json.dumps(spec.to_dict(), indent=1).encode()))
+        record = _prepare_run_dir(run_dir, spec, state, warm_from)
         info: dict[str, Any] = dict(extra or {})
         if lock.taken_over:
             info["took_over_lock_of"] = lock.taken_over
-        source = open_source(spec.store, int(spec.chunk_rows))
         warm = None
-        if warm_from is not None:
-            previous = load_fitted(warm_from)
+        if record is not None:  # the recorded warm start (the same on resume): the copies in the run
             # the posterior and prior only: the previous bound belongs to other data, so convergence
-            # is judged within this fit; the projection is the previous rows' space, kept
-            warm = Warm(previous.posterior_, previous.prior_, previous.projection_,
-                        state=kept_state(warm_from))  # memoized statistics of the unchanged chunks
-            check_warm(warm, spec, source.n_features, warm_from)
-            info["warm_start_from"] = str(Path(warm_from).resolve())
+            # is judged within this fit; the projection is the previous rows' space, kept; the kept
+            # state: memoized statistics of the unchanged chunks
+            warm = load_warm(run_dir, record)
+            check_warm(warm, spec, source.n_features, record["from"])
+            info["warm_start_from"] = record["from"]
         ckpt = str(run_dir / "checkpoints")
         out = fit(spec, source, eng, random_state=spec.seed, checkpoint_dir=ckpt, warm=warm,
                   callback=callback)
         model = fitted_model(out, run_settings(spec, ckpt, warm is not None), source)
         if out.resumed_from:
             info["resumed_from"] = out.resumed_from
-        if warm_from is not None:
+        if warm is not None:
             info["adopted_chunks"] = int(out.adopted)
         # wall time over every attempt: a resumed fit adds this attempt to the checkpoint's total
         info["seconds"] = out.wall_seconds if out.resumed_from else time.perf_counter() - t0
@@ -348,6 +379,27 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             info["bound"]["history_se"] = se
         return save_run(run_dir, model, spec.store, extra=info, engine=eng)
 
+
+def _prepare_run_dir(run_dir: Path, spec: FitSpec, state: str,
+                     warm_from: str | Path | None) -> dict[str, Any] | None:
+    """Under the run lock: the run files of another run removed (``restart``); for a new run the
+    warm start copied in (:func:`pipeline.runs.warm_start.save_warm`), then run.json written with its
+    record (the run exists from then on). Returns the run's warm-start record (None: cold)."""
+    if state == "restart":
+        for name in RUN_FILES:
+            path = run_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    record = warm_record(run_dir) if state == "continue" else None
+    if state == "continue" and (record is not None or warm_from is None):
+        return record
+    # a new run, or one written before run.json recorded its warm start (issue 53): record it now
+    if warm_from is not None:
+        record = save_warm(run_dir, warm_from)
+    else:
+        discard_warm(run_dir)  # (copies of a fit killed before its run.json)
+    values = {**spec.to_dict(), **({"warm_start": record} if record is not None else {})}
+    write_atomic(run_dir / RUN_SPEC, lambda f: f.write(json.dumps(values, indent=1).encode()))
+    return record
 
 
 def run_settings(spec: FitSpec, checkpoint_dir: str | None, warm_start: bool) -> dict[str, Any]:
@@ -366,17 +418,3 @@ def fitted_model(out: FitOutcome, settings: dict[str, Any], source: Any) -> Fitt
     model.learner_options_ = out.options
     model.truncation_ = dict(out.truncation)
     return model
-
-
-def kept_state(run_dir: str | Path) -> dict[str, Any] | None:
-    """What a warm start from ``run_dir`` may adopt: the learner state of its newest valid
-    checkpoint (its memoized statistics, :mod:`pipeline.fit.learners.memo`), or None without one."""
-    from pipeline.fit.checkpoint import Checkpointer
-    from pipeline.fit.driver import LEARNER_KEY
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a skipped damaged checkpoint: an older one serves as well
-        loaded = Checkpointer(Path(run_dir) / "checkpoints").load_latest()
-    if loaded is None:
-        return None
-    return {k[len(LEARNER_KEY):]: v for k, v in loaded.state.items() if k.startswith(LEARNER_KEY)} or None

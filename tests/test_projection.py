@@ -428,4 +428,7 @@ def test_a_truncation_warning_after_pca_with_diag_covariances_names_full_covaria
         assert truncation["limit_hit"]
         said = " ".join(res.output.split())
         assert (hint in said) == hinted and (hint in truncation_message(truncation)) == hinted, said
+        in_python = truncation_message(truncation, face="python")  # VBMixture's words (issue 53)
+        assert "--" not in in_python and ("(pca) diag" in in_python) == hinted
+        assert ("try covariance_type='full'" in in_python) == hinted
         assert "the truncation may have decided the number of clusters" in said

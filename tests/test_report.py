@@ -166,7 +166,7 @@ def test_a_run_whose_answer_touched_a_limit_is_marked(runs, tmp_path):
     r = read_result(run)
     assert r["truncation"]["limit_hit"]
     html = write_report([run], tmp_path / "rep").read_text()
-    assert "warning: the fit uses 3 of its 3 components and the upper limit max_components = 3" in html
+    assert "warning: the fit uses 3 of its 3 components and the upper limit --max-components 3" in html
     assert "3 (limit)" in html
 
 

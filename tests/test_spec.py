@@ -213,9 +213,19 @@ def test_refused_fit_into_a_new_directory_leaves_nothing(store, tmp_path):
 
 
 def test_refused_resume_and_deploy_change_no_file(store, good_run, tmp_path):
+    import shutil
+
     before = tree_digest(good_run)
     res = CliRunner().invoke(app, ["resume", str(good_run), "--cluster", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == 0 and "nothing to resume" in res.output, res.output  # finished: no cluster used
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(good_run, unfinished)
+    for name in ("result.json", "posterior.npz"):
+        (unfinished / name).unlink()  # as a fit killed after its last checkpoint leaves it
+    kept = tree_digest(unfinished)
+    res = CliRunner().invoke(app, ["resume", str(unfinished), "--cluster", str(tmp_path / "missing.yaml")])
     assert res.exit_code == 2, res.output
+    assert tree_digest(unfinished) == kept
     res = CliRunner().invoke(app, ["deploy", store, "--learner", "nope", "--cron", "0 2 * * *",
                                    "--out", str(good_run), "--dry-run"])
     assert res.exit_code == 2 and "unknown learner 'nope'" in res.output

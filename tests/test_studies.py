@@ -3,6 +3,7 @@ studies, the CLI command and its errors."""
 
 import csv
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from pipeline.studies.data import (
     watanabe_data,
     watanabe_logpdf,
 )
-from vbcore.errors import ConfigError
+from vbcore.errors import ConfigError, TruncationWarning
 
 
 # ---- data generators --------------------------------------------------------------------------
@@ -97,6 +98,18 @@ def test_kl_of_one_component_is_the_closed_form():
     n, m = len(X), X.sum(0) / (len(X) + 1)
     kl = 0.5 * 2 * (1 / (n + 1) - 1 + np.log(n + 1)) + 0.5 * m @ m
     assert res.kl == pytest.approx(kl, rel=1e-10)
+
+
+def test_the_study_fits_raise_no_advice_on_a_k_the_study_fixes():
+    """seed001's K is the study's (redundant components on purpose): its fits use all K and must not
+    advise raising it (issue 53: `vbcluster study seed001` printed '... or -k', a flag it has not)."""
+    X = watanabe_data(200, seed=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = seed001.fit_one(X, X[:10], 2, 1.0, 2, np.random.default_rng(0))
+    assert res.n_effective == 2  # all K in use: what drew the warning
+    said = [str(w.message) for w in caught if issubclass(w.category, TruncationWarning)]
+    assert not said, said
 
 
 def test_lambda_below_bound_for_one_true_component():

@@ -61,16 +61,35 @@ class TruncationWarning(UserWarning):
     still growing): the truncation, not the data, may have decided the number of clusters."""
 
 
-def truncation_message(info: dict) -> str:  # type: ignore[type-arg]
-    """The one line the estimator, the CLI summary and the report print when a limit was hit."""
-    fix = "raise max_components (--max-components) or -k"
+#: the words each face speaks in :func:`truncation_message`: the command line's flags ('cli', also the
+#: report of a run directory) and the estimator's parameters ('python', ``VBMixture``)
+FACE_WORDS: dict[str, dict[str, str]] = {
+    "cli": {"limit": "--max-components {}", "raise": "--max-components or -k", "max_iter": "--max-iter",
+            "grow_off": "--no-grow", "pca": "--pca", "full": "--covariance full"},
+    "python": {"limit": "max_components = {}", "raise": "max_components or n_components",
+               "max_iter": "max_iter", "grow_off": "grow=False", "pca": "pca",
+               "full": "covariance_type='full'"},
+}
+#: the hints a truncation entry may name (``info['hint']``), in the face's words
+TRUNCATION_HINTS = {
+    "projected_diag": "on principal components ({pca}) diag covariances tile each class with several "
+                      "components: where classes have many more rows than P^2/2, try {full}",
+}
+
+
+def truncation_message(info: dict, face: str = "cli") -> str:  # type: ignore[type-arg]
+    """The one line the estimator (``face='python'``), the CLI summary and the report (``'cli'``)
+    print when a limit was hit, naming what to change in the words of that face."""
+    words = FACE_WORDS[face]
+    fix = f"raise {words['raise']}"
     if info.get("max_iter_hit"):
         why = "the fit stopped at its iteration limit while the truncation was still growing"
-        fix = "raise max_iter (--max-iter)"
+        fix = f"raise {words['max_iter']}"
     elif info.get("growth"):
-        why = f"the upper limit max_components = {info['limit']} was reached"
+        why = f"the upper limit {words['limit'].format(info['limit'])} was reached"
     else:
-        why = "the truncation did not grow (grow off for this fit or learner)"
-    hint = f"; {info['hint']}" if info.get("hint") else ""  # (e.g. diag covariances after --pca)
+        why = f"the truncation did not grow ({words['grow_off']}, or a learner that does not grow it)"
+    hint = info.get("hint")  # (e.g. diag covariances after pca; a run of before issue 53: the text)
+    hint = f"; {TRUNCATION_HINTS[hint].format(**words) if hint in TRUNCATION_HINTS else hint}" if hint else ""
     return (f"the fit uses {info['used']} of its {info['final']} components and {why}: the truncation "
             f"may have decided the number of clusters; {fix}{hint}")

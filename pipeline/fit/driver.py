@@ -221,6 +221,7 @@ class _Loop:
     wall_before: float = 0.0  # wall seconds of earlier attempts (from the checkpoint)
     started: float = field(default_factory=time.perf_counter)
     history_se: list[float | None] = field(default_factory=list)
+    adopted: int = 0  # chunks adopted from the warm start (kept in checkpoints: a resume reports them)
 
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
@@ -263,7 +264,8 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
                          if warm is not None else f"initialising ({spec.init}, K = {spec.components})")
             loop, post = _begin(spec, ctx, learner, loaded, warm, resp_init, random_state)
             report_stage(callback, ITERATING)
-            adopted = learner.adopt(warm_state) if warm is not None and warm_state and loaded is None else 0
+            if warm is not None and warm_state and loaded is None:
+                loop.adopted = learner.adopt(warm_state)
             loop.started = t_start
             if loaded is not None and callback is not None and loop.history:  # the bar starts there
                 # not an iteration (no "iteration" key: the log holds each iteration once, issue 29)
@@ -291,7 +293,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
                       None if loaded is None else str(loaded.path),
                       [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall(),
-                      loop.history_se, options, ctx.projection, kept, adopted, truncation, ctx.moments)
+                      loop.history_se, options, ctx.projection, kept, loop.adopted, truncation, ctx.moments)
 
 
 def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,
@@ -305,6 +307,7 @@ def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, 
                      ElboTerms(**m["elbo_terms"]) if m["elbo_terms"] else None,
                      bool(m["converged"]), int(m["iteration"]), float(m.get("wall_seconds", 0.0)))
         loop.history_se = list(m.get("elbo_history_se", [None] * len(loop.history)))
+        loop.adopted = int(m.get("adopted", 0))
         learner.load_state(post, {k[len(LEARNER_KEY):]: v for k, v in loaded.state.items()
                                   if k.startswith(LEARNER_KEY)})
         ctx.engine.passes = int(m.get("passes", 0))  # the count goes on (older checkpoints: from 0)
@@ -371,4 +374,5 @@ def _save(ckpt: Checkpointer, loop: _Loop, post: Posterior, learner: Any, identi
     return ckpt.save(loop.n_iter, state, dict(identity, converged=loop.converged, elbo_history=loop.history,
                                               elbo_history_se=loop.history_se,
                                               elbo_terms=asdict(loop.terms), wall_seconds=loop.wall(),
-                                              bound_kind=learner.bound_kind(), passes=learner.passes))
+                                              bound_kind=learner.bound_kind(), passes=learner.passes,
+                                              adopted=loop.adopted))

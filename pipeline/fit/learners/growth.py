@@ -72,8 +72,9 @@ def saturated(n_used: int, truncation: int) -> bool:
 
 #: what a truncation warning adds for diagonal covariances on projected rows (docs/guide.md, "Reducing
 #: the dimension first": Fashion-MNIST after --pca 64, diag ran to the limit, full found 38 clusters)
-PROJECTED_DIAG_HINT = ("on principal components (--pca) diag covariances tile each class with several "
-                       "components: where classes have many more rows than P^2/2, try --covariance full")
+#: the hint a truncation entry names after a fit of diagonal covariances on projected rows
+#: (:data:`vbcore.errors.TRUNCATION_HINTS`: its words on each face)
+PROJECTED_DIAG_HINT = "projected_diag"
 
 
 def stopped_growing(info: dict[str, Any], converged: bool, projected_diag: bool = False) -> dict[str, Any]:
