@@ -394,6 +394,9 @@ def _run_on_cluster(st: _Settings, todo: list[int], args: Callable[[int], tuple[
             done(i, run_shard(st.recipe, *args(i)))
         return 0
     client = engine.client
+    from pipeline.engine.cluster_jobs import wait_for_workers
+
+    wait_for_workers(client)  # batch jobs may still queue: the report counts the workers that came
     workers = len(client.scheduler_info()["workers"])
     recipe = st.recipe if isinstance(st.recipe, list) else client.scatter(st.recipe, broadcast=True)
     futures: dict[Any, int] = {}
