@@ -37,7 +37,8 @@ NODE_CPUS, NODE_MEMORY_MB = 2, 20000
 
 
 def _which(name: str) -> str | None:
-    return shutil.which(name) or next((f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK)), None)
+    found = (f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK))
+    return shutil.which(name) or next(found, None)
 
 
 def unavailable_reason() -> str | None:
@@ -139,8 +140,9 @@ def _start_munge(root: Path) -> tuple[subprocess.Popen, Path]:
     key, sock = root / "munge.key", root / "munge.sock"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    cmd = [_which("munged") or "munged", "--foreground", "--force", f"--key-file={key}", f"--socket={sock}",
-           f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log", f"--seed-file={root}/munged.seed"]
+    cmd = [_which("munged") or "munged", "--foreground", "--force", f"--key-file={key}",
+           f"--socket={sock}", f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
+           f"--seed-file={root}/munged.seed"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(root / "munged.err", "wb"))
     _wait(lambda: sock.exists(), "munged's socket", [proc], root / "munged.log")
     return proc, sock
@@ -152,7 +154,8 @@ def _wait(ready, what: str, procs: list[subprocess.Popen], log: Path) -> None:
         dead = [p for p in procs if p.poll() is not None]
         if dead or time.monotonic() > deadline:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
-            why = f"{dead[0].args[0]} exited {dead[0].returncode}" if dead else f"{START_TIMEOUT_S:.0f} s passed"
+            why = (f"{dead[0].args[0]} exited {dead[0].returncode}" if dead
+                   else f"{START_TIMEOUT_S:.0f} s passed")
             raise RuntimeError(f"local SLURM: waiting for {what}: {why}; {log}:\n{tail}")
         time.sleep(0.3)
 
