@@ -6,7 +6,7 @@ start), through ``cluster_config/slurm-local.yaml``:
 * a worker job ``scancel``-ed mid-fit is submitted again (vbcluster keeps a batch-job cluster at its
   planned size), the fit goes on over the survivor and the new job, with the same bits;
 * an extraction of an image folder on SLURM workers writes the store that the in-process one writes;
-* the scheduled refresh (``vbcluster deploy``'s flow) with the SLURM config publishes one version.
+* ``vbcluster deploy`` with the SLURM config, on a real ``prefect server``, publishes one refresh.
 
 The references run with one BLAS thread, as the workers do (a nanny sets OPENBLAS_NUM_THREADS=1).
 """
@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import dask
+import httpx
 import numpy as np
 import pytest
 import yaml
@@ -152,28 +154,58 @@ def test_an_extraction_on_slurm_workers_equals_the_in_process_one(on_slurm, tmp_
     assert list(a.read_ids()) == list(b.read_ids()) and a.fingerprint == b.fingerprint
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.prefect_server
 @pytest.mark.timeout(400)
-def test_the_scheduled_refresh_runs_on_slurm(on_slurm, store, tmp_path, prefect_api):
-    """``vbcluster deploy --cluster slurm.yaml`` checks the config (``--dry-run``) and schedules
-    ``refresh_flow``; one run of that flow, on the session's Prefect API, fits on SLURM jobs and
-    publishes a version."""
-    from typer.testing import CliRunner
-
-    from flows.cli import app
-    from flows.schedule import refresh_flow
+def test_vbcluster_deploy_with_a_slurm_config_publishes_a_refresh(on_slurm, tmp_path):
+    """A real ``prefect server`` and ``vbcluster deploy --cluster slurm.yaml`` serving its schedule (as
+    tests/test_deploy.py does on a LocalCluster): the first scheduled refresh fits on SLURM jobs and
+    publishes a version (about 30 s for the server, 40 s for the refresh here)."""
     from pipeline.runs.directory import read_result
     from pipeline.runs.publish import latest
+    from tests._dask_procs import free_port
+    from tests.test_deploy import _stop, _wait
 
-    cfg, out = str(slurm_config(tmp_path)), tmp_path / "pub"
-    res = CliRunner().invoke(app, ["deploy", store, "--cluster", cfg, "--interval", "600", "--dry-run",
-                                   "--out", str(out), "-k", "4"])
-    assert res.exit_code == 0 and "ok: would refresh" in " ".join(res.output.split()), res.output
+    rng = np.random.default_rng(1)
+    store = tmp_path / "s.zarr"
+    FeatureStore.create(store, 4, chunk_rows=500, labels=False).append(
+        (rng.normal(size=(1500, 4)) + 6 * rng.integers(0, 3, (1500, 1))).astype(np.float32))
+    cfg, out, port = slurm_config(tmp_path), tmp_path / "pub", free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in on_slurm.env.items() if not k.startswith("PREFECT_")}
+    (tmp_path / "home").mkdir()
+    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_API_URL=api,
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2",
+               PREFECT_RUNNER_POLL_FREQUENCY="1", PREFECT_SERVER_UI_ENABLED="false", MPLBACKEND="Agg")
+    bin_dir = Path(sys.executable).parent
+    logs = [tmp_path / "server.log", tmp_path / "serve.log"]
+    procs: list[subprocess.Popen] = []
     before = set(_allocated(on_slurm))
-    got = refresh_flow(store, str(out), components=4, max_iter=5, cluster=cfg)
-    assert got["action"] == "cold" and latest(out) == Path(got["version"]).resolve()
-    assert read_result(got["version"])["n_rows"] == N_ROWS
-    assert len(set(_allocated(on_slurm)) - before) >= 2  # the fit's jobs (and the report's, if any)
+    try:
+        server = [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                  "--no-ui", "--analytics-off"]
+        with open(logs[0], "wb") as f:
+            procs.append(subprocess.Popen(server, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                          start_new_session=True, cwd=tmp_path))
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{api}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _wait("the Prefect server's /api/health", healthy, 150, procs, logs[:1])
+        deploy = [str(bin_dir / "vbcluster"), "deploy", str(store), "--out", str(out), "--interval", "10",
+                  "-k", "4", "--max-iter", "5", "--cluster", str(cfg), "--name", "slurm-refresh"]
+        with open(logs[1], "wb") as f:
+            procs.append(subprocess.Popen(deploy, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                          start_new_session=True, cwd=tmp_path))
+        _wait("the first published version", lambda: latest(out) is not None, 240, procs, logs)
+        result = read_result(latest(out))
+        assert result["n_rows"] == 1500 and result["refresh"]["action"] == "cold"
+        assert len(set(_allocated(on_slurm)) - before) >= 2  # the refresh's fit ran on SLURM jobs
+    finally:
+        for p in reversed(procs):
+            _stop(p)
 
 
 def test_the_harness_stops_by_pid(slurm):
