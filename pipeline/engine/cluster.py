@@ -432,7 +432,7 @@ def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:
             source,
             None,
             "no such cluster config file (the files shipped with vbcluster are "
-            "in cluster_config/: local, scheduler, slurm, pbs, kubernetes, gpu)",
+            "in cluster_config/: local, scheduler, slurm, slurm-local, pbs, kubernetes, gpu)",
         ) from None
     except OSError as exc:
         raise error(source, None, f"cannot read the cluster config: {exc}") from exc
