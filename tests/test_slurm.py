@@ -216,3 +216,15 @@ def test_the_harness_stops_by_pid(slurm):
                          check=True).stdout.split()
     assert out == ["debug*", "up", "1"]
     assert threading.current_thread() is threading.main_thread()
+
+
+def test_without_slurm_the_harness_says_why(monkeypatch, tmp_path):
+    """Where slurm-wlm is missing (or this is not root) the fixture skips with this reason."""
+    from tests import _slurm
+
+    monkeypatch.setattr(_slurm, "SBIN", ())
+    monkeypatch.setenv("PATH", str(tmp_path))
+    reason = _slurm.unavailable_reason()
+    assert reason is not None
+    assert ("munged, slurmctld, slurmd, sbatch, squeue, scancel, sinfo not installed (Debian: apt-get "
+            "install -y slurm-wlm munge" in reason) or "not root" in reason
