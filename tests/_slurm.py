@@ -88,7 +88,8 @@ class LocalSlurm:
 
     @property
     def log(self) -> Path:
-        """slurmctld's log (job allocations: ``sched: Allocate JobId=...``)."""
+        """slurmctld's log (job allocations: ``sched: Allocate JobId=...``; written late, read it after
+        the fact)."""
         return self.root / "slurmctld.log"
 
     def run(self, *args: str, check: bool = True) -> str:
@@ -102,6 +103,13 @@ class LocalSlurm:
         """This cluster's job ids in ``states`` (squeue)."""
         out = self.run("squeue", "-h", "-o", "%i", "-t", states)
         return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def started(self) -> set[str]:
+        """Ids of this cluster's jobs that were given a node, running or ended (slurmctld keeps ended
+        jobs MinJobAge = 300 s; its log file is written late, so it is not read for this)."""
+        out = self.run("squeue", "-h", "-t", "all", "-o", "%i|%N")
+        rows = (line.partition("|") for line in out.splitlines())
+        return {i.strip() for i, _, nodes in rows if nodes.strip()}
 
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Until no job is pending or running (the previous test's jobs ended)."""

@@ -14,7 +14,6 @@ The references run with one BLAS thread, as the workers do (a nanny sets OPENBLA
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -81,7 +80,7 @@ def _assert_same_bits(got: VBMixture, want: VBMixture) -> None:
 
 
 def _allocated(slurm) -> list[str]:
-    return re.findall(r"sched: Allocate JobId=(\d+)", slurm.log.read_text())
+    return sorted(slurm.started(), key=int)
 
 
 def _job_ids(client) -> set[str]:
