@@ -197,6 +197,7 @@ def ingest(
 
 def _engine(cluster: str | None, persist: str = "auto"):  # type: ignore[no-untyped-def]
     from pipeline.engine.cluster import dashboard_link
+    from pipeline.engine.cluster_jobs import wait_for_workers
     from pipeline.engine.engines import DaskEngine, make_engine
 
     engine = make_engine(cluster or "local", persist)
@@ -204,6 +205,11 @@ def _engine(cluster: str | None, persist: str = "auto"):  # type: ignore[no-unty
         link = dashboard_link(engine.client)
         console.print(f"Dask cluster: {engine.client.scheduler.address}"
                       + (f"  dashboard: {link}" if link else ""))
+        try:  # batch jobs may queue; SIGTERM / Ctrl-C end the wait and cancel them
+            wait_for_workers(engine.client, say=lambda m: console.print(m, soft_wrap=True))
+        except BaseException:
+            engine.close()
+            raise
     return engine
 
 

@@ -74,3 +74,18 @@ def client():
     yield c
     c.close()
     cluster.close()
+
+
+# ---- SLURM: one throwaway SLURM on this machine for the whole session (issue 56) ------------------
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A local SLURM (``tests/_slurm.py``: munged, slurmctld and slurmd as root in a temp directory,
+    one node of 2 CPUs, partition ``debug``), started once a session, stopped by PID at its end.
+    Skips, giving the reason, where it cannot run (not root, slurm-wlm or munge not installed)."""
+    from tests._slurm import local_slurm, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no local SLURM: {reason}")
+    with local_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster

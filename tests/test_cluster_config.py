@@ -267,8 +267,12 @@ def test_scheduler_yaml_connects_to_running_scheduler(tmp_path: Path) -> None:
     ("name", "directive"),
     [("slurm.yaml", "#SBATCH"), ("pbs.yaml", "#PBS")],
 )
-def test_jobqueue_job_script(name: str, directive: str) -> None:
+def test_jobqueue_job_script(name: str, directive: str, tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("dask_jobqueue")
+    for command in ("sbatch", "qsub"):  # a submit command must be on PATH (it is not called here)
+        (tmp_path / command).write_text("#!/bin/sh\nexit 1\n")
+        (tmp_path / command).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     from dask.utils import parse_bytes
     from dask_jobqueue.pbs import pbs_format_bytes_ceil
     from dask_jobqueue.slurm import slurm_format_bytes_ceil

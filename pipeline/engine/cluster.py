@@ -33,6 +33,8 @@ from pipeline.engine.cluster_checks import (
     placeholders,
     suggest,
 )
+from pipeline.engine.cluster_code import check_code
+from pipeline.engine.cluster_jobs import check_submit_command, keep_jobs
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -230,6 +232,7 @@ class ClusterConfig:
         for key, sizes in (("scale", scale), ("adapt", adapt)):
             if sizes is not None:
                 _check_sizes(source, key, sizes)
+        check_code(source, kwargs)
         if address is not None:
             for key, value in (("cluster_kwargs", kwargs), ("scale", scale), ("adapt", adapt)):
                 if value:
@@ -321,6 +324,7 @@ class ClusterConfig:
                          f"use one of {', '.join(KNOWN_WORKERS)}")
         cls = self.resolve_cluster_class()
         check_cluster_kwargs(self.source, cls, self.cluster_class or "", self.cluster_kwargs)
+        check_submit_command(self.source, cls, self.cluster_class or "")
         drop = worker_environ()
         # a nanny started earlier in this process left Dask's value in os.environ, which the new
         # workers would inherit (distributed.nanny sets os.environ before spawning): hidden meanwhile
@@ -352,6 +356,7 @@ class ClusterConfig:
         except BaseException:
             cluster.close()
             raise
+        keep_jobs(cluster)  # batch jobs that end early (scancel, pre-emption, walltime) come back
         return cluster
 
     def connect(self) -> Client:
@@ -427,7 +432,7 @@ def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:
             source,
             None,
             "no such cluster config file (the files shipped with vbcluster are "
-            "in cluster_config/: local, scheduler, slurm, pbs, kubernetes, gpu)",
+            "in cluster_config/: local, scheduler, slurm, slurm-local, pbs, kubernetes, gpu)",
         ) from None
     except OSError as exc:
         raise error(source, None, f"cannot read the cluster config: {exc}") from exc

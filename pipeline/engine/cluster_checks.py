@@ -6,9 +6,9 @@ A config runs ``cluster_class(**cluster_kwargs)``, so a config that could name a
 (``subprocess.Popen`` with ``args``) would run anything, on ``vbcluster fit --cluster`` and on
 ``vbcluster resume`` of a run directory whose ``run.json`` names it. The class is therefore checked by
 name against :data:`KNOWN_CLUSTERS` and the entry points of :data:`ENTRY_POINT_GROUP` when the file
-is loaded, before any import. The options of an allowed class that run commands by design (the job
-script of dask-jobqueue, worker ``preload`` modules) stay allowed: a cluster config is a program for
-the cluster, and docs/operations.md says so.
+is loaded, before any import. The options of an allowed class that load or run code (worker
+``preload`` modules, the job script's own commands) are refused by :mod:`pipeline.engine.cluster_code`
+unless the user opts in (``VBCLUSTER_ALLOW_CODE=1``).
 """
 
 from __future__ import annotations

@@ -405,6 +405,13 @@ def _run_on_cluster(st: _Settings, todo: list[int], args: Callable[[int], tuple[
             done(i, run_shard(st.recipe, *args(i)))
         return 0
     client = engine.client
+    from pipeline.engine.cluster_jobs import wait_for_workers
+
+    try:  # batch jobs may still queue: the report counts the workers that came
+        wait_for_workers(client)
+    except BaseException:  # SIGTERM / Ctrl-C while waiting: the cluster's jobs are cancelled
+        engine.close()
+        raise
     workers = len(client.scheduler_info()["workers"])
     recipe = st.recipe if isinstance(st.recipe, list) else client.scatter(st.recipe, broadcast=True)
     futures: dict[Any, int] = {}
