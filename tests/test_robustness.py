@@ -1,4 +1,5 @@
-"""Awkward but legal inputs: empty components, D = 1, duplicated points, offset float32; K > N refused, K = N."""
+"""Awkward but legal inputs: empty components, D = 1, duplicated points, offset float32; K > N refused,
+K = N."""
 
 import numpy as np
 import pytest

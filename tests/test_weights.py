@@ -132,8 +132,9 @@ def test_bad_weights_are_one_line_errors(w, message):
 
 
 @pytest.mark.parametrize("dtype, w, message", [
-    (np.float32, 1e30, r"sample_weight: row 4 has weight 1e\+30, above the largest weight, 2\.94e\+16, that "
-                       r"float32 sums over 3 features compute with \(the features' limit\); rescale the weights"),
+    (np.float32, 1e30, r"sample_weight: row 4 has weight 1e\+30, above the largest weight, 2\.94e\+16, "
+                       r"that float32 sums over 3 features compute with \(the features' limit\); "
+                       r"rescale the weights"),
     (np.float64, 1e-320, r"sample_weight: row 4 has weight 1e-320, below the smallest positive weight, "
                          r"4\.68e-152, that float64 sums over 3 features compute with"),
     (np.float64, 1e160, r"row 4 has weight 1e\+160, above the largest weight, 2\.14e\+151"),
@@ -157,8 +158,8 @@ def test_weights_out_of_the_range_computed_with_are_refused(dtype, w, message):
 
 def test_a_weight_out_of_range_in_an_append_names_the_row(tmp_path):
     store = FeatureStore.create(tmp_path / "w.zarr", 3, chunk_rows=32, weights=True)
-    with pytest.raises(InputError, match=r"appended rows: weights: row 2 has weight 1e\+30, above the largest "
-                                         r"weight, 2\.94e\+16, that float32 sums"):
+    with pytest.raises(InputError, match=r"appended rows: weights: row 2 has weight 1e\+30, above the "
+                                         r"largest weight, 2\.94e\+16, that float32 sums"):
         store.append(X[:5], weights=[1, 1, 1e30, 1, 1])
     assert store.n_rows == 0
 
