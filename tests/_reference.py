@@ -154,5 +154,6 @@ def planted_small_classes(n_classes: int = 100, d: int = 32, lo: int = 25, hi: i
     for j in range(0, n_classes - 1, 3):
         centres[j + 1] = centres[j] + rng.normal(0, 1.4 * scale / np.sqrt(d), d)
     spreads = np.exp(rng.uniform(np.log(0.5), np.log(1.5), (n_classes, d)))
-    x = np.concatenate([c + s * rng.standard_normal((m * copies, d)) for c, s, m in zip(centres, spreads, sizes)])
+    x = np.concatenate([c + s * rng.standard_normal((m * copies, d))
+                        for c, s, m in zip(centres, spreads, sizes, strict=True)])
     return x.astype(np.float32), np.repeat(np.arange(n_classes), sizes * copies)
