@@ -1,9 +1,10 @@
-"""Issue 51, deliver 3: the 'empirical' prior's weight does not grow with the number of rows.
+"""Issue 51, deliver 3: the prior's weight does not grow with the number of rows.
 
-The diagonal families' ``nu0`` starts at ``min(4 D, 512)`` whatever N and is then re-estimated from
-the exact bound with the prior's variance held at the data's (:func:`vbcore.model.empirical.best_strength`,
-at least ``STRENGTH_FLOOR``). At 1% of the rows (the rule before) it outweighed the classes of a large
-store of small classes and merged them."""
+'empirical' (the pipeline's): the diagonal families' ``nu0`` is ``min(4 D, 512)`` whatever N (before:
+1% of the rows, which outweighed the classes of a large store of small classes and merged them).
+'bound': it starts there and is re-estimated from the exact bound with the prior's variance held at
+the data's (:func:`vbcore.model.empirical.best_strength`, at least ``STRENGTH_FLOOR``), a candidate
+of ``--select auto``, which picks it by its bound where the classes are small."""
 
 from __future__ import annotations
 
@@ -46,11 +47,11 @@ def test_the_strength_update_is_the_bounds_maximum(ct: str) -> None:
     assert np.allclose(new.covariance / nu0, var)
 
 
-def _fit(x: np.ndarray):
+def _fit(x: np.ndarray, priors: str = "bound"):
     from pipeline.estimator import VBMixture
     from pipeline.fit.spec import estimator_params
 
-    m = VBMixture(50, covariance_type="diag", **estimator_params())
+    m = VBMixture(50, covariance_type="diag", **{**estimator_params(), "prior_defaults": priors})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return m.fit(x)
@@ -65,18 +66,37 @@ def test_the_prior_weighs_the_same_at_n_and_10n() -> None:
                             data_mean=v.mean(0), data_covariance=v.var(0), defaults="empirical",
                             n_rows=len(v)).degrees_of_freedom for v in (small, large)]
     assert starts[0] == starts[1] == 32.0
+    a, b = _fit(small, "empirical"), _fit(large, "empirical")
+    assert a.prior_.degrees_of_freedom == b.prior_.degrees_of_freedom == 32.0
     a, b = _fit(small), _fit(large)
     assert a.n_effective_ == b.n_effective_ == 12
     assert a.prior_.degrees_of_freedom == pytest.approx(b.prior_.degrees_of_freedom, rel=0.05)
     assert a.prior_.degrees_of_freedom < 0.1 * 40  # lighter than the smallest class
 
 
-def test_the_defaults_find_many_small_classes() -> None:
-    """100 classes of 25-400 rows in 32 dimensions, a third near another (issue 51's set, small): at
-    1% of the rows (nu0 = 128, the 4 D cap) the prior merged them (67 clusters, NMI 0.958)."""
+def test_the_bounds_prior_finds_many_small_classes_and_selection_picks_it() -> None:
+    """100 classes of 25-400 rows in 32 dimensions, a third near another (issue 51's set, small): the
+    'empirical' prior (nu0 = 4 D = 128 rows at the data's variance, as 1% of the rows was) merges them
+    (67 clusters, NMI 0.958); the bound's weight finds them, and ``--select auto`` passes over the
+    'empirical' prior by the bound (it keeps scikit-learn's, whose bound is higher still)."""
     from sklearn.metrics import normalized_mutual_info_score
+
+    from pipeline.fit.setup import open_source
+    from pipeline.fit.spec import FitSpec
+    from pipeline.service import fit
 
     x, lab = planted_small_classes(n_classes=100, d=32, lo=25, hi=400, seed=0)
     m = _fit(x)
     assert abs(m.n_effective_ - 100) <= 3
     assert normalized_mutual_info_score(lab, m.predict(x)) > 0.99
+    old = _fit(x, "empirical")
+    assert old.n_effective_ < 80 and old.lower_bound_ < m.lower_bound_
+    out = fit(FitSpec(covariance="diag", select="auto", seed=0, select_fits=3).resolved(),
+              open_source(x, 4096), "local", random_state=0)
+    assert out.selection is not None and out.selection["parts"] == "priors"
+    by = {c["priors"]: c for c in out.selection["candidates"]}
+    assert by["empirical"]["full_bound"] < min(by["bound"]["full_bound"], by["sklearn"]["full_bound"]) - 20
+    assert not by["empirical"]["chosen"]  # scikit-learn's light prior, -49.9 per row, or the bound's, -50.5
+    from pipeline.fit.driver import n_effective
+
+    assert abs(n_effective(out.post, out.prior) - 100) <= 3

@@ -2,7 +2,7 @@
 
 The candidates are the covariance families (diag, spherical, and full and tied up to
 ``FULL_MAX_FEATURES`` dimensions) times the ways of filling the priors (``PRIORS``: the 'empirical'
-defaults and scikit-learn's), restricted to the parts of the model the user left unset
+defaults, 'bound' and scikit-learn's), restricted to the parts of the model the user left unset
 (``FitSpec.select``, resolved from ``--covariance`` / ``--priors`` given or not). Each candidate is fitted
 to the same rows -- a subsample of whole chunks drawn from the fit's seed, at most ``SCREEN_ROWS``
 rows -- with every other setting of the fit, and scored by its exact ELBO per row
@@ -29,8 +29,9 @@ from pipeline.fit.spec import FitSpec
 
 #: the covariance families screened, in the order ties are broken
 FAMILIES = ("diag", "full", "tied", "spherical")
-#: the ways of filling unset priors screened (vbcore.model.priors.default_prior)
-PRIORS = ("empirical", "sklearn")
+#: the ways of filling unset priors screened (vbcore.model.priors.default_prior): the pipeline's fixed
+#: weight, the weight the bound chooses, scikit-learn's
+PRIORS = ("empirical", "bound", "sklearn")
 #: full and tied are screened only up to this many dimensions: above, a D x D precision per
 #: component needs more rows than the classes of a store usually hold (D (D + 1) / 2 parameters)
 #: and its screen alone costs K D^3 per iteration

@@ -113,16 +113,17 @@ class FitSpec:
                          estimator="mean_prior")
     degrees_of_freedom_prior: float | None = _s(None, "Degrees of freedom nu0 of the precisions' prior; "
                                                 "default for diag and spherical with priors=empirical: "
-                                                "the bound's (from 4 D, at most 512; at least 1), else D "
+                                                "4 D, at most 512 (bound: re-estimated), else D "
                                                 "(checked against D with the prior).", "prior",
                                                 estimator="degrees_of_freedom_prior")
     covariance_prior: Any = _s(None, "Covariance prior; default: the data covariance (sklearn), nu0 "
                                "times it (empirical; held: a prior variance equal to the data's).", "array",
                                estimator="covariance_prior")
     priors: str | None = _s(None, "How unset priors are filled (default empirical; see select): "
-                            "empirical (alpha0 = 1 for the DP, a prior variance equal to the data's, "
-                            "beta0 and, for diag and spherical, the prior's weight nu0 re-estimated from "
-                            "the bound between iterations: it does not grow with the rows) | sklearn "
+                            "empirical (alpha0 = 1 for the DP, a prior variance equal to the data's "
+                            "weighing nu0 = 4 D rows, at most 512, whatever the number of rows, beta0 "
+                            "re-estimated from the bound between iterations) | bound (the same, and nu0 "
+                            "of diag and spherical re-estimated from the bound, at least 1) | sklearn "
                             "(scikit-learn's: alpha0 = 1/K, nu0 = D, fixed).",
                      "str", estimator="prior_defaults", sklearn="sklearn", choices=PRIOR_DEFAULTS)
     select: str = _s("none", "Model selection by the exact bound (issue 51): auto screens the covariance "

@@ -97,8 +97,8 @@ def model_label(r: dict[str, Any], prior: dict[str, Any]) -> str:
         text += f", sigma^2 = {float(prior['fixed_variance']):.4g}"
     custom = [k for k in ("mean_precision_prior", "mean_prior", "degrees_of_freedom_prior",
                           "covariance_prior") if s.get(k) is not None]
-    if s.get("prior_defaults") == "empirical":
-        text += ", empirical Bayes"
+    if s.get("prior_defaults") in ("empirical", "bound"):
+        text += ", empirical Bayes" + (" (nu0 too)" if s.get("prior_defaults") == "bound" else "")
     return text + (f" (set: {', '.join(custom)})" if custom else "")
 
 

@@ -22,11 +22,12 @@ Bishop 2006 sec. 10.2 gives the model). Closed forms, with ``E[Lambda_k]`` the p
 ``m0`` stays where it was set (it is also the rows' shift); the Wishart families' ``nu0`` too (it
 must stay above D - 1). 'fixed' has no covariance prior: only ``beta0`` moves.
 
-**The 'empirical' defaults free ``beta0`` and the 'strength'** (:func:`vbcore.model.priors.default_prior`;
-issues 26, 51): ``nu0`` of the diagonal families with the prior's mean precision ``nu0 / s0`` held
-(:func:`best_strength`), at least ``STRENGTH_FLOOR``: with the floor, the posterior rate of a
-dimension without spread stays at least ``STRENGTH_FLOOR v / 2`` and the bound stays bounded (below
-the floor, ``a0 -> 0`` is the singularity described next, in another coordinate).
+**The 'empirical' defaults free ``beta0`` only; the 'bound' defaults ``beta0`` and the 'strength'**
+(:func:`vbcore.model.priors.default_prior`; issues 26, 51): ``nu0`` of the diagonal families with the
+prior's mean precision ``nu0 / s0`` held (:func:`best_strength`), at least ``STRENGTH_FLOOR``: with
+the floor, the posterior rate of a dimension without spread stays at least ``STRENGTH_FLOOR v / 2``
+and the bound stays bounded (below the floor, ``a0 -> 0`` is the singularity described next, in
+another coordinate).
 With the covariance prior free as well, the bound has no maximum wherever a component has no spread
 in some dimension (ReLU features: a cluster that is exactly 0 there). Scaling ``beta0`` and the
 Gamma rates by ``s`` (q following) moves the bound by ``c ln s`` with

@@ -30,12 +30,12 @@ COVARIANCE_TYPES = ("full", "tied", "diag", "spherical", "fixed")
 WISHART_TYPES = ("full", "tied")
 WEIGHT_TYPES = ("dirichlet_distribution", "dirichlet_process")
 #: the ways of filling unset hyper-parameters (:func:`default_prior`)
-PRIOR_DEFAULTS = ("empirical", "sklearn")
-#: ``nu0`` of the diagonal families under the 'empirical' defaults starts at ``EMPIRICAL_DOF_PER_DIM * D``
-#: rows, at most ``EMPIRICAL_DOF``, at the data's variance, whatever the number of rows, and is then
-#: re-estimated from the bound (:func:`vbcore.model.empirical.best_strength`; issue 51: at 1% of the
-#: rows it outweighed the classes of a large store of small ones; docs/decisions.md "A prior whose
-#: weight does not grow with the rows"); :func:`empirical_dof`
+PRIOR_DEFAULTS = ("empirical", "sklearn", "bound")
+#: ``nu0`` of the diagonal families under the 'empirical' defaults: ``EMPIRICAL_DOF_PER_DIM * D`` rows,
+#: at most ``EMPIRICAL_DOF``, at the data's variance, whatever the number of rows (issue 51: before, 1%
+#: of the rows); under the 'bound' defaults the start of ``nu0``, then re-estimated from the bound
+#: (:func:`vbcore.model.empirical.best_strength`); docs/decisions.md "A prior whose weight does not
+#: grow with the rows"; :func:`empirical_dof`
 EMPIRICAL_DOF = 512.0
 EMPIRICAL_DOF_PER_DIM = 4.0
 #: the DP concentration under the 'empirical' defaults: one model for every truncation
@@ -192,7 +192,7 @@ def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d
     under ``defaults`` (unset values stay None where scikit-learn's default follows)."""
     if defaults not in PRIOR_DEFAULTS:
         raise ConfigError(f"prior defaults must be one of {PRIOR_DEFAULTS}, got {defaults!r}")
-    if defaults != "empirical":
+    if defaults == "sklearn":
         return (), weight_concentration, degrees_of_freedom, 1.0
     # only beta0 is re-estimated: jointly with the covariance prior (and nu0) the bound has no maximum
     # where a component has no spread in some direction (vbcore/model/empirical.py; docs/decisions.md)
@@ -202,7 +202,7 @@ def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d
             degrees_of_freedom = float(d)
         else:
             degrees_of_freedom = empirical_dof(d)
-            if covariance_type != "fixed":  # nu0 from the bound, the prior variance held (issue 51)
+            if covariance_type != "fixed" and defaults == "bound":  # nu0 the bound's (issue 51)
                 free = (*free, "strength")
     if weight_concentration is None and weight_type == "dirichlet_process":
         weight_concentration = EMPIRICAL_ALPHA
@@ -238,10 +238,11 @@ def default_prior(
     truncation; ``1/K`` stays for finite Dirichlet weights), ``nu0 =`` :func:`empirical_dof` (``4 D``,
     at most 512, whatever ``n_rows``) for the diagonal families (``D`` for the Wishart ones, which
     need ``nu0 > D - 1``), the covariance prior ``nu0`` times scikit-learn's (a prior variance equal
-    to the data's); where unset, ``beta0`` and the diagonal families' ``nu0`` (the prior variance
-    held) are re-estimated from the bound between iterations (:attr:`Prior.empirical`,
-    :mod:`vbcore.model.empirical`, which says why the covariance prior's scale is not). ``n_rows``
-    is accepted and not used: the prior's weight does not depend on the number of rows (issue 51).
+    to the data's), held, and ``beta0``, where unset, re-estimated from the bound between iterations
+    (:attr:`Prior.empirical`, :mod:`vbcore.model.empirical`, which says why the covariance prior's
+    scale is not). ``defaults='bound'``: the same, and the diagonal families' ``nu0`` (the prior
+    variance held) re-estimated from the bound too. ``n_rows`` is accepted and not used: the prior's
+    weight does not depend on the number of rows (issue 51).
 
     Parameters
     ----------
