@@ -238,6 +238,7 @@ def fit(
     degrees_of_freedom_prior: float | None = typer.Option(None, help=spec_help("degrees_of_freedom_prior")),
     priors: str | None = typer.Option(None, help=spec_help("priors")),
     select: str | None = typer.Option(None, help=spec_help("select")),
+    select_fits: int | None = typer.Option(None, help=spec_help("select_fits")),
     no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem, sga* grow it)."),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
@@ -268,7 +269,7 @@ def fit(
                          priors=priors, grow=False if no_grow else None, max_components=max_components,
                          keep=keep, checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                          learner_options=key_values(learner_option), pca=pca, whiten=whiten or None,
-                         pca_solver=pca_solver, select=select)
+                         pca_solver=pca_solver, select=select, select_fits=select_fits)
     except VBClusterError as exc:
         fail(exc)
         return

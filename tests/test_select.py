@@ -53,7 +53,7 @@ def test_screen_bounds_are_the_exact_evidence() -> None:
     spec = _spec(components=1, weights="dirichlet", grow=False, reg_covar=0.0, max_iter=3, tol=0.0,
                  mean_precision_prior=0.7, degrees_of_freedom_prior=4.5, init="kmeans")
     sel = screen(spec, open_source(x, 100), LocalEngine(), 0)
-    assert sel.screen_rows == 80 and len(sel.candidates) == 8
+    assert sel.screen_rows == 80 and len(sel.candidates) == 10  # 4 x 3 less 'bound' of full, tied
     for c in sel.candidates:
         exact = _evidence(x, c.covariance, c.priors, 0.7, 4.5)
         assert c.screen_bound * 80 == pytest.approx(exact, rel=1e-9), (c.covariance, c.priors)
@@ -83,8 +83,9 @@ def test_every_part_can_be_fixed_by_hand(tmp_path) -> None:
     assert _spec(select="priors").select == "priors"
     assert _spec().resolved().select == "covariance+priors"  # resolving again keeps it
     assert candidates(_spec(covariance="full"), 3) == [("full", "empirical"), ("full", "sklearn")]
+    assert candidates(_spec(covariance="diag"), 3) == [("diag", p) for p in ("empirical", "bound", "sklearn")]
     assert candidates(_spec(priors="sklearn"), 3) == [(f, "sklearn") for f in select.FAMILIES]
-    assert [c for c, _ in candidates(_spec(), 300)][::2] == ["diag", "spherical"]  # no D x D above 256
+    assert [c for c, _ in candidates(_spec(), 300)][::3] == ["diag", "spherical"]  # no D x D above 256
     from pipeline.cli import app
     from pipeline.ingest import ingest
     from pipeline.runs.directory import read_result
@@ -102,7 +103,7 @@ def test_every_part_can_be_fixed_by_hand(tmp_path) -> None:
                               "--covariance", "spherical", "-k", "5", "-q"])
     assert res.exit_code == 0, res.output
     r = read_result(tmp_path / "b")
-    assert [c["covariance"] for c in r["selection"]["candidates"]] == ["spherical"] * 2
+    assert [c["covariance"] for c in r["selection"]["candidates"]] == ["spherical"] * 3
     assert "model selection: priors" in res.output and "<- kept" in res.output
     assert r["settings"]["covariance_type"] == "spherical"
 

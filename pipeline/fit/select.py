@@ -91,7 +91,9 @@ def candidates(spec: FitSpec, n_features: int) -> list[tuple[str, str]]:
                 and (f not in ("full", "tied") or n_features <= FULL_MAX_FEATURES)]
     covs = families if "covariance" in parts else [spec.covariance]
     priors = list(PRIORS) if "priors" in parts else [spec.priors]
-    return [(c, p) for c in covs for p in priors]
+    # 'bound' frees nu0 of the diagonal families only: for full and tied it is 'empirical' again
+    return [(c, p) for c in covs for p in priors
+            if not (p == "bound" and c in ("full", "tied") and "empirical" in priors)]
 
 
 def screen_rows(source: Any, seed: Any) -> np.ndarray:
