@@ -106,6 +106,10 @@ def test_every_part_can_be_fixed_by_hand(tmp_path) -> None:
     assert [c["covariance"] for c in r["selection"]["candidates"]] == ["spherical"] * 3
     assert "model selection: priors" in res.output and "<- kept" in res.output
     assert r["settings"]["covariance_type"] == "spherical"
+    from pipeline.runs.report import write_report
+
+    page = write_report([tmp_path / "b"]).read_text()
+    assert "model selection (priors; exact bound per row" in page and "(kept)" in page
 
 
 def test_selection_keeps_the_bits_across_engines_and_resume(tmp_path, monkeypatch) -> None:
