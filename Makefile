@@ -54,6 +54,8 @@ bench: venv
 	$(VPY) bench/bench_real.py --out bench/out  # the real-data study: hours (features cached in bench/out/real)
 	$(VPY) bench/bench_sklearn_converge.py --out bench/out  # VB EM vs scikit-learn's BGM to convergence: ~10 min
 	$(VPY) bench/bench_choosing_k.py wider  # issue 26's planted checks, 21 sets x 5 starts x 2 learners: ~10 min
+	$(VPY) bench/bench_battery.py --out bench/out  # issue 51's real sets: what the defaults and --select auto find
+	$(VPY) bench/bench_select.py --out bench/out  # screening against fitting every candidate in full
 
 # One VB EM iteration against scikit-learn and the GEMM share, interleaved rounds (about 1 minute).
 bench-quick: venv

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.cli_format import fit_table, install_help_formatting, key_values, table_console
+from pipeline.cli_format import fit_table, install_help_formatting, key_values, selection_table, table_console
 
 #: exit codes: bad input (a file, store, config or option to fix) and environment (disk, permissions)
 EXIT_INPUT, EXIT_ENVIRONMENT = 2, 1
@@ -243,6 +243,8 @@ def fit(
     mean_precision_prior: float | None = typer.Option(None, help=spec_help("mean_precision_prior")),
     degrees_of_freedom_prior: float | None = typer.Option(None, help=spec_help("degrees_of_freedom_prior")),
     priors: str | None = typer.Option(None, help=spec_help("priors")),
+    select: str | None = typer.Option(None, help=spec_help("select")),
+    select_fits: int | None = typer.Option(None, help=spec_help("select_fits")),
     no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem, sga* grow it)."),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
@@ -273,7 +275,7 @@ def fit(
                          priors=priors, grow=False if no_grow else None, max_components=max_components,
                          keep=keep, checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                          learner_options=key_values(learner_option), pca=pca, whiten=whiten or None,
-                         pca_solver=pca_solver)
+                         pca_solver=pca_solver, select=select, select_fits=select_fits)
     except VBClusterError as exc:
         fail(exc)
         return
@@ -368,6 +370,8 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
         console.print(f"took over a stale lock of pid {taken.get('pid')} on {taken.get('host')}",
                       soft_wrap=True)
     console.print(fit_table(spec, result))
+    if result.get("selection"):
+        console.print(selection_table(result["selection"]))
     bound = result.get("bound", {})
     ses = [v for v in bound.get("history_se", []) if v is not None]
     if bound.get("history", "exact") != "exact" and result.get("elbo_history"):

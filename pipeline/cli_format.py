@@ -97,6 +97,25 @@ def fit_table(spec: Any, result: dict[str, Any]) -> Table:
     return table
 
 
+def selection_table(selection: dict[str, Any]) -> Table:
+    """Model selection's candidates (result.json's ``selection``): each one's exact bound per row on
+    the screening subsample and, where fitted to all rows, on all rows; the kept model marked."""
+    from rich import box
+    from rich.text import Text
+
+    title = (f"model selection: {selection['parts']} by the exact bound per row "
+             f"({selection['screen_rows']} rows screened in {selection['screen_seconds']:.1f} s)")
+    table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, padding=(0, 1), collapse_padding=True)
+    for header in ("covariance", "priors", "screen bound", "clusters", "full bound", "kept"):
+        table.add_column(header, justify="left" if header in ("covariance", "priors") else "right")
+    for c in selection["candidates"]:
+        full = "-" if c["full_bound"] is None else f"{c['full_bound']:.4f}"
+        table.add_row(c["covariance"], c["priors"], f"{c['screen_bound']:.4f}", str(c["screen_clusters"]),
+                      full, "<- kept" if c["chosen"] else "")
+    return table
+
+
 #: why the command line's default differs from VBMixture's (VBMixture keeps scikit-learn's)
 WHY = {
     "components": "a store of unknown structure needs room for clusters; the DP prior empties the unused",

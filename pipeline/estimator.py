@@ -71,10 +71,11 @@ class VBMixture(DensityMixin, BaseEstimator):
     weight_concentration_prior_type : {'dirichlet_process', 'dirichlet_distribution'}
     weight_concentration_prior, mean_precision_prior, mean_prior, degrees_of_freedom_prior,
     covariance_prior : priors, as in scikit-learn; None takes the data-dependent defaults.
-    prior_defaults : {'sklearn', 'empirical'}, default='sklearn'
+    prior_defaults : {'sklearn', 'empirical', 'bound'}, default='sklearn'
         Unset priors filled as scikit-learn does (``alpha0 = 1/K``, ``nu0 = D``, fixed), or as the pipeline
-        (DP ``alpha0 = 1``, diag/spherical ``nu0`` = 1% of the rows, 2 to 512, at most ``4 D``, a prior
-        variance equal to the data's, ``beta0`` re-estimated from the bound; docs/guide.md "Choosing
+        (DP ``alpha0 = 1``, diag/spherical ``nu0 = 4 D``, at most 512, whatever the number of rows, a
+        prior variance equal to the data's, ``beta0`` re-estimated from the bound; ``'bound'``: ``nu0``
+        re-estimated too; docs/guide.md "Choosing
         K"). Every
         default of the command line at once: ``VBMixture(K, covariance_type='diag',
         **pipeline.fit.spec.estimator_params())``.

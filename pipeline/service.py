@@ -30,7 +30,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,37 +109,69 @@ def fit(spec: FitSpec, source: Any, engine: Any = "local", *, random_state: Any 
     if source.n_rows < 2:  # (a partial_fit batch may be one row: partial.py does not come here)
         raise InputError(f"{source.describe()}: found {source.n_rows} sample(s) (rows) while a minimum of 2 "
                          "is required to fit a mixture")
-    n_init = 1 if warm is not None else int(spec.n_init)
     lock = RunLock(checkpoint_dir).acquire() if checkpoint_dir is not None else None
     try:
         eng = make_engine(engine, spec.persist)
         try:
-            log = print if verbose >= 2 else None
-            best: FitOutcome | None = None
-            projection = warm.projection if warm is not None else None
-            for i, seed in enumerate(restart_seeds(random_state, n_init)):
-                if verbose:
-                    print(f"Initialization {i}")
-                ckpt = f"{checkpoint_dir}/restart-{i}" if checkpoint_dir is not None and n_init > 1 \
-                    else checkpoint_dir
-                out = run_fit(spec, source, eng, random_state=seed, checkpoint_dir=ckpt,
-                              warm=warm.posterior if warm is not None else None,
-                              projection=projection,  # the restarts share one projection pass
-                              previous_bound=warm.bound if warm is not None else None,
-                              resp_init=resp_init, warm_state=warm.state if warm is not None else None,
-                              callback=callback, log=log, log_every=log_every)
-                if verbose:
-                    state = "converged" if out.converged else "did not converge"
-                    print(f"Initialization {state} after {out.n_iter} iterations; ELBO {out.terms.total:.6e}")
-                projection = out.projection
-                if best is None or out.terms.total > best.terms.total:
-                    best = out
+            if spec.select != "none" and warm is None and resp_init is None:
+                return _select_and_fit(spec, source, eng, random_state, checkpoint_dir, callback, verbose,
+                                       log_every)
+            return _restarts(spec, source, eng, random_state, checkpoint_dir, warm, resp_init, callback,
+                             verbose, log_every)
         finally:
             if eng is not engine:
                 eng.close()
     finally:
         if lock is not None:
             lock.release()
+
+
+def _select_and_fit(spec: FitSpec, source: Any, eng: Any, random_state: Any, checkpoint_dir: str | None,
+                    callback: Any, verbose: int, log_every: int) -> FitOutcome:
+    """Model selection (:mod:`pipeline.fit.select`): screen, fit the ``select_fits`` best in full (each
+    in ``model-I`` below ``checkpoint_dir`` when more than one), keep the highest full bound."""
+    from pipeline.fit.driver import report_stage
+    from pipeline.fit.select import chosen_spec, finish, screen
+
+    report_stage(callback, "selecting the model (screening candidates on a subsample)")
+    selection = screen(spec, source, eng, random_state)
+    n = min(int(spec.select_fits), len(selection.candidates))
+    outs: dict[int, FitOutcome] = {}
+    for i in range(n):
+        ckpt = f"{checkpoint_dir}/model-{i}" if checkpoint_dir is not None and n > 1 else checkpoint_dir
+        outs[i] = _restarts(chosen_spec(spec, selection.candidates[i]), source, eng, random_state, ckpt,
+                            None, None, callback, verbose, log_every)
+    rows = float(source.n_rows)
+    selection = finish(selection, {i: float(o.terms.total) / rows for i, o in outs.items()})
+    best = next(i for i, c in enumerate(selection.candidates) if c.chosen)
+    outs[best].selection = selection.to_dict()
+    return outs[best]
+
+
+def _restarts(spec: FitSpec, source: Any, eng: Any, random_state: Any, checkpoint_dir: str | None,
+              warm: Warm | None, resp_init: Any, callback: Any, verbose: int, log_every: int) -> FitOutcome:
+    """``spec.n_init`` restarts (one with ``warm``); the one with the highest ELBO."""
+    n_init = 1 if warm is not None else int(spec.n_init)
+    log = print if verbose >= 2 else None
+    best: FitOutcome | None = None
+    projection = warm.projection if warm is not None else None
+    for i, seed in enumerate(restart_seeds(random_state, n_init)):
+        if verbose:
+            print(f"Initialization {i}")
+        ckpt = f"{checkpoint_dir}/restart-{i}" if checkpoint_dir is not None and n_init > 1 \
+            else checkpoint_dir
+        out = run_fit(spec, source, eng, random_state=seed, checkpoint_dir=ckpt,
+                      warm=warm.posterior if warm is not None else None,
+                      projection=projection,  # the restarts share one projection pass
+                      previous_bound=warm.bound if warm is not None else None,
+                      resp_init=resp_init, warm_state=warm.state if warm is not None else None,
+                      callback=callback, log=log, log_every=log_every)
+        if verbose:
+            state = "converged" if out.converged else "did not converge"
+            print(f"Initialization {state} after {out.n_iter} iterations; ELBO {out.terms.total:.6e}")
+        projection = out.projection
+        if best is None or out.terms.total > best.terms.total:
+            best = out
     assert best is not None
     return best
 
@@ -366,7 +398,14 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
         ckpt = str(run_dir / "checkpoints")
         out = fit(spec, source, eng, random_state=spec.seed, checkpoint_dir=ckpt, warm=warm,
                   callback=callback)
-        model = fitted_model(out, run_settings(spec, ckpt, warm is not None), source)
+        fitted_spec = spec
+        if out.selection is not None:  # the settings of the model kept (a VBMixture of them refits it)
+            from pipeline.fit.select import Selection
+
+            win = Selection.from_dict(out.selection).winner()
+            fitted_spec = replace(spec, covariance=win.covariance, priors=win.priors, select="none")
+            info["selection"] = out.selection
+        model = fitted_model(out, run_settings(fitted_spec, ckpt, warm is not None), source)
         if out.resumed_from:
             info["resumed_from"] = out.resumed_from
         if warm is not None:

@@ -140,3 +140,20 @@ def same_fit_bits(a, b) -> None:
     for name in ("means_", "covariances_", "weights_", "lower_bounds_"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     assert a.n_iter_ == b.n_iter_
+
+
+def planted_small_classes(n_classes: int = 100, d: int = 32, lo: int = 25, hi: int = 400, seed: int = 0,
+                          scale: float = 6.0, copies: int = 1):
+    """Issue 51's shape, small: ``n_classes`` diagonal Gaussian classes of ``lo``-``hi`` rows (sizes
+    log-uniform; per-dimension spreads 0.5-1.5), centres drawn with standard deviation ``scale``, every
+    third class's neighbour placed near it; ``copies`` times as many rows of each class (the same
+    classes, a store ``copies`` times larger). Rows (float32) and labels."""
+    rng = np.random.default_rng(seed)
+    sizes = np.exp(rng.uniform(np.log(lo), np.log(hi), n_classes)).astype(int)
+    centres = rng.normal(0, scale, (n_classes, d))
+    for j in range(0, n_classes - 1, 3):
+        centres[j + 1] = centres[j] + rng.normal(0, 1.4 * scale / np.sqrt(d), d)
+    spreads = np.exp(rng.uniform(np.log(0.5), np.log(1.5), (n_classes, d)))
+    x = np.concatenate([c + s * rng.standard_normal((m * copies, d))
+                        for c, s, m in zip(centres, spreads, sizes, strict=True)])
+    return x.astype(np.float32), np.repeat(np.arange(n_classes), sizes * copies)

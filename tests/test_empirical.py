@@ -91,7 +91,7 @@ def test_vbem_with_empirical_bayes_never_lowers_the_bound(ct: str) -> None:
     assert np.all(np.diff(h) >= -1e-9 * abs(h[-1]))
     assert m.prior_.empirical == ("mean_precision",)  # the covariance prior and nu0 are held
     assert m.mean_precision_prior_ != 1.0  # re-estimated
-    assert m.prior_.degrees_of_freedom == (4.0 if ct == "full" else 6.0)  # 1% of 600 rows
+    assert m.prior_.degrees_of_freedom == (4.0 if ct == "full" else 16.0)  # 4 D whatever the rows
     # the reported bound is the exact ELBO under the final, re-estimated prior: one more iteration from
     # the fitted posterior, recomputed here with the library's pieces, lands where the fit's next one does
     from vbcore.kernels.estep import estep_params, prepare_chunk, responsibilities
@@ -104,8 +104,9 @@ def test_vbem_with_empirical_bayes_never_lowers_the_bound(ct: str) -> None:
     assert bound >= h[-1] - 1e-6 * abs(h[-1])
 
 
-def test_defaults_do_not_grow_with_the_dimension() -> None:
-    """nu0 is 1% of the rows, 2 to 512, whatever D from 128 dimensions up; below, at most 4 D."""
+def test_defaults_do_not_grow_with_the_dimension_or_the_rows() -> None:
+    """nu0 starts at 4 D, at most 512, whatever the number of rows (issue 51: at 1% of the rows it
+    outweighed classes of 25-1,398 rows in a store of 200,000), and is then the bound's."""
     for d, cap in ((4, 16.0), (64, 256.0), (128, EMPIRICAL_DOF), (4096, EMPIRICAL_DOF)):
         p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=50,
                           data_mean=np.zeros(d), data_covariance=np.full(d, 2.0), defaults="empirical")
@@ -114,19 +115,31 @@ def test_defaults_do_not_grow_with_the_dimension() -> None:
         s = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=50,
                           data_mean=np.zeros(d), data_covariance=np.full(d, 2.0))
         assert s.degrees_of_freedom == d and s.weight_concentration == 1 / 50 and s.empirical == ()
-        for n, share in ((100, 2.0), (20_000, 200.0), (10**6, EMPIRICAL_DOF)):  # 1% of the rows, 2 to 512
+        for n in (100, 20_000, 10**6):  # the same start at every number of rows
             p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=50,
                               data_mean=np.zeros(d), data_covariance=np.full(d, 2.0), defaults="empirical",
                               n_rows=n)
-            nu0 = min(share, cap)
-            assert p.degrees_of_freedom == nu0 == empirical_dof(n, d)
-            assert np.allclose(p.covariance / nu0, 2.0)
-    assert empirical_dof(20_000) == 200.0 and empirical_dof(None) == EMPIRICAL_DOF  # no D: no cap
+            assert p.degrees_of_freedom == cap == empirical_dof(d)
+            assert np.allclose(p.covariance / cap, 2.0)
+            assert p.empirical == ("mean_precision",)
+            b = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=50,
+                              data_mean=np.zeros(d), data_covariance=np.full(d, 2.0), defaults="bound",
+                              n_rows=n)
+            assert b.empirical == ("mean_precision", "strength") and b.degrees_of_freedom == cap
+    assert empirical_dof(4096) == EMPIRICAL_DOF == empirical_dof(None)  # no D: the cap
     # settings given by the user are held
     p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=5,
                       data_mean=np.zeros(3), data_covariance=np.ones(3), defaults="empirical",
                       mean_precision=0.5)
     assert p.empirical == ()
+    p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=5,
+                      data_mean=np.zeros(3), data_covariance=np.ones(3), defaults="bound",
+                      mean_precision=0.5)
+    assert p.empirical == ("strength",)
+    p = default_prior(covariance_type="diag", weight_type="dirichlet_process", n_components=5,
+                      data_mean=np.zeros(3), data_covariance=np.ones(3), defaults="bound",
+                      mean_precision=0.5, degrees_of_freedom=7.0)
+    assert p.empirical == () and p.degrees_of_freedom == 7.0
 
 
 def test_state_round_trip_and_bad_values() -> None:

@@ -248,9 +248,9 @@ def test_the_pipeline_defaults_find_planted_classes_from_any_truncation(k) -> No
 @pytest.mark.parametrize("share", [0.25, 3.0])
 def test_the_pipeline_defaults_find_planted_classes_in_few_dimensions(n, d, classes, seed, scale,
                                                                        share) -> None:
-    """In 2 and 4 dimensions the empirical prior's nu0 is capped at 4 D: at 1% of the rows (100, 200)
-    the prior at the data's variance inflated each class until neighbours merged (4 of 6 and 8-12 of
-    20 classes found, NMI 0.75-0.89)."""
+    """In 2 and 4 dimensions a prior at the data's variance as heavy as 1% of the rows (100, 200)
+    inflated each class until neighbours merged (4 of 6 and 8-12 of 20 classes found, NMI 0.75-0.89);
+    the empirical prior's nu0 is 4 D whatever the number of rows (issue 51)."""
     from sklearn.metrics import normalized_mutual_info_score
 
     from pipeline.estimator import VBMixture

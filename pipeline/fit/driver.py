@@ -67,6 +67,8 @@ class FitOutcome:
     truncation: dict[str, Any] = field(default_factory=dict)
     #: the data's moments the prior was built from (:attr:`FitContext.moments`)
     moments: Any = None
+    #: model selection's record (:meth:`pipeline.fit.select.Selection.to_dict`), or None
+    selection: dict[str, Any] | None = None
 
 
 class StopRequest:

@@ -143,9 +143,14 @@ def prior_of_rows(spec: FitSpec, state: PartialState, batch: SuffStats, at: int,
     assert state.moments is not None
     parts = [*state.moments[:at], batch, *state.moments[at + 1:]]
     new = build_prior(spec, tree_reduce(parts), d, None)
-    free = set(new.empirical) | ({"covariance"} if "degrees_of_freedom" in new.empirical else set())
-    return replace(new, n_components=state.prior.n_components,
-                   **{name: getattr(state.prior, name) for name in sorted(free)})
+    free = set(new.empirical) - {"strength"}
+    if "degrees_of_freedom" in new.empirical:
+        free |= {"covariance"}
+    kept = {name: getattr(state.prior, name) for name in sorted(free)}
+    if "strength" in new.empirical and new.covariance is not None:  # the bound's weight, the rows' variance
+        nu0 = float(state.prior.degrees_of_freedom)
+        kept.update(degrees_of_freedom=nu0, covariance=new.covariance * (nu0 / float(new.degrees_of_freedom)))
+    return replace(new, n_components=state.prior.n_components, **kept)
 
 
 def _first_fit(spec: FitSpec, source: Any, engine: Any,

@@ -34,6 +34,8 @@ INIT_METHODS = ("kmeans", "k-means++", "random", "random_from_data", "k-means++-
 PERSIST_MODES = ("auto", "always", "never")
 #: how the projection (pca) is computed: pipeline.fit.projection.projection_pass
 PCA_SOLVERS = ("exact", "randomized")
+#: what model selection may choose (pipeline.fit.select): 'auto' resolves to the parts left unset
+SELECT_PARTS = ("none", "auto", "covariance", "priors", "covariance+priors")
 #: the faces a spec is resolved for: their defaults differ only where the estimator keeps scikit-learn's
 FACES = ("pipeline", "estimator")
 _SAME = object()
@@ -111,18 +113,28 @@ class FitSpec:
     mean_prior: Any = _s(None, "Mean of the means' prior, shape (D,); default: the data mean.", "array",
                          estimator="mean_prior")
     degrees_of_freedom_prior: float | None = _s(None, "Degrees of freedom nu0 of the precisions' prior; "
-                                                "default 1% of the rows (2 to 512, at most 4 D) "
-                                                "for diag and spherical with priors=empirical, else D "
+                                                "default for diag and spherical with priors=empirical: "
+                                                "4 D, at most 512 (bound: re-estimated), else D "
                                                 "(checked against D with the prior).", "prior",
                                                 estimator="degrees_of_freedom_prior")
     covariance_prior: Any = _s(None, "Covariance prior; default: the data covariance (sklearn), nu0 "
                                "times it (empirical; held: a prior variance equal to the data's).", "array",
                                estimator="covariance_prior")
-    priors: str = _s("empirical", "How unset priors are filled: empirical (nu0 = 1% of the rows, 2 to "
-                     "512, at most 4 D, for diag and spherical, alpha0 = 1 for the DP, a prior variance "
-                     "equal to the data's, beta0 re-estimated from the bound between iterations) | sklearn "
-                     "(scikit-learn's: alpha0 = 1/K, nu0 = D, fixed).",
+    priors: str | None = _s(None, "How unset priors are filled (default empirical; see select): "
+                            "empirical (alpha0 = 1 for the DP, a prior variance equal to the data's "
+                            "weighing nu0 = 4 D rows, at most 512, whatever the number of rows, beta0 "
+                            "re-estimated from the bound between iterations) | bound (the same, and nu0 "
+                            "of diag and spherical re-estimated from the bound, at least 1) | sklearn "
+                            "(scikit-learn's: alpha0 = 1/K, nu0 = D, fixed).",
                      "str", estimator="prior_defaults", sklearn="sklearn", choices=PRIOR_DEFAULTS)
+    select: str = _s("none", "Model selection by the exact bound (issue 51): auto screens the covariance "
+                     "families (diag, spherical; full and tied up to 256 dimensions) and the priors "
+                     "(empirical, sklearn) that --covariance / --priors leave unset on a seeded "
+                     "subsample, fits the best in full and records every candidate's bound; none | "
+                     "auto | covariance | priors | covariance+priors.", "str", choices=SELECT_PARTS,
+                     identity="when set")
+    select_fits: int = _s(1, "With select: how many of the best screened candidates are fitted to all "
+                          "rows (the highest full bound is kept).", "int", minimum=1, identity="when set")
     fixed_variance: float | None = _s(None, "sigma^2 of covariance 'fixed'; default: estimated.", "float",
                                       estimator="fixed_variance", minimum=0, above=True)
     chunk_rows: int = _s(CHUNK_ROWS, "Rows per chunk for in-memory arrays (stores keep their chunking).",
@@ -207,6 +219,14 @@ class FitSpec:
             changes["covariance"] = cls.default_covariance or face_default
             if changes["covariance"] not in cls.covariance_types:
                 changes["covariance"] = cls.covariance_types[0]
+        unset = spec.covariance is None or spec.priors is None
+        if spec.select == "auto" or (spec.select != "none" and unset):
+            # what is given by hand is not selected (a resolved spec keeps its parts: both given)
+            asked = ("covariance", "priors") if spec.select == "auto" else spec.select.split("+")
+            free = [name for name in asked if getattr(spec, name) is None]
+            changes["select"] = "+".join(free) if free else "none"
+        if spec.priors is None:
+            changes["priors"] = "sklearn" if face == "estimator" else "empirical"
         changes["weights"] = WEIGHT_ALIASES.get(spec.weights, spec.weights)
         changes["learner_options"] = cls.parse_options(spec.learner_options)
         if spec.whiten and spec.pca is None:
@@ -259,6 +279,8 @@ def defaults(face: str = "pipeline") -> dict[str, Any]:
         if face == "estimator" and f.metadata["sklearn"] is not _SAME:
             value = f.metadata["sklearn"]
         out[f.name] = value
+    if out["priors"] is None:  # unset: the pipeline's 'empirical' (FitSpec.resolved), or selected
+        out["priors"] = "empirical"
     return out
 
 

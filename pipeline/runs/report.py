@@ -49,7 +49,15 @@ from pipeline.runs.directory import (
 )
 from pipeline.runs.report_clusters import CSS as CLUSTERS_CSS
 from pipeline.runs.report_clusters import EXEMPLARS, clusters_html
-from pipeline.runs.report_curves import bound_label, data_passes, elbo_figures, k_cell, model_label, run_prior
+from pipeline.runs.report_curves import (
+    bound_label,
+    data_passes,
+    elbo_figures,
+    k_cell,
+    model_label,
+    run_prior,
+    selection_note,
+)
 from pipeline.runs.typical import typical_rows
 from vbcore.data.metrics import acc, contingency, nmi
 from vbcore.errors import InputError
@@ -353,6 +361,8 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
         from vbcore.errors import truncation_message
 
         notes.append("warning: " + truncation_message(trunc))
+    if (chosen := selection_note(r)) is not None:
+        notes.append(chosen)
     sizes_plot(r, title, tmp / f"run{i}-sizes.png")
     figs.append((f"run{i}-sizes.png", "Cluster sizes (expected rows per component, sorted)"))
     try:

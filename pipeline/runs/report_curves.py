@@ -97,8 +97,8 @@ def model_label(r: dict[str, Any], prior: dict[str, Any]) -> str:
         text += f", sigma^2 = {float(prior['fixed_variance']):.4g}"
     custom = [k for k in ("mean_precision_prior", "mean_prior", "degrees_of_freedom_prior",
                           "covariance_prior") if s.get(k) is not None]
-    if s.get("prior_defaults") == "empirical":
-        text += ", empirical Bayes"
+    if s.get("prior_defaults") in ("empirical", "bound"):
+        text += ", empirical Bayes" + (" (nu0 too)" if s.get("prior_defaults") == "bound" else "")
     return text + (f" (set: {', '.join(custom)})" if custom else "")
 
 
@@ -228,3 +228,18 @@ def _elbo_panel(dirs: list[Path], results: list[dict[str, Any]], names: list[str
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def selection_note(r: dict[str, Any]) -> str | None:
+    """One line of model selection's candidates (result.json's ``selection``): each one's exact bound
+    per row on the screening subsample and, where fitted to all rows, on all rows; the kept one marked."""
+    sel = r.get("selection")
+    if not sel:
+        return None
+    cells = []
+    for c in sel["candidates"]:
+        full = "" if c["full_bound"] is None else f", all rows {c['full_bound']:.4f}"
+        cells.append(f"{c['covariance']}/{c['priors']}: screen {c['screen_bound']:.4f}{full}"
+                     + (" (kept)" if c["chosen"] else ""))
+    return (f"model selection ({sel['parts']}; exact bound per row, {sel['screen_rows']} rows screened in "
+            f"{sel['screen_seconds']:.1f} s): " + "; ".join(cells))

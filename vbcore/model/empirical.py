@@ -11,6 +11,7 @@ Bishop 2006 sec. 10.2 gives the model). Closed forms, with ``E[Lambda_k]`` the p
 * covariance prior (``W0^-1`` of the Wishart families, the Gamma rates ``s0`` of the diagonal ones):
   ``K nu0 (sum_k E[Lambda_k])^-1`` -- per dimension for 'diag' (``s0_d = K nu0 / sum_k E[lambda_kd]``),
   one scale for 'spherical';
+* the strength ``nu0`` of the Gamma priors with their mean ``1 / v`` held (:func:`best_strength`);
 * mean precision: ``beta0 = K D / sum_k [D / beta_k + (m_k - m0)^T E[Lambda_k] (m_k - m0)]``;
 * the strength ``nu0`` of the Gamma priors (diag, spherical), jointly with their rates: with the
   rates at their optimum the bound is concave in the shape ``a0`` (``nu0 / 2`` for diag, ``nu0 D / 2``
@@ -21,7 +22,12 @@ Bishop 2006 sec. 10.2 gives the model). Closed forms, with ``E[Lambda_k]`` the p
 ``m0`` stays where it was set (it is also the rows' shift); the Wishart families' ``nu0`` too (it
 must stay above D - 1). 'fixed' has no covariance prior: only ``beta0`` moves.
 
-**The 'empirical' defaults free ``beta0`` only** (:func:`vbcore.model.priors.default_prior`; issue 26).
+**The 'empirical' defaults free ``beta0`` only; the 'bound' defaults ``beta0`` and the 'strength'**
+(:func:`vbcore.model.priors.default_prior`; issues 26, 51): ``nu0`` of the diagonal families with the
+prior's mean precision ``nu0 / s0`` held (:func:`best_strength`), at least ``STRENGTH_FLOOR``: with
+the floor, the posterior rate of a dimension without spread stays at least ``STRENGTH_FLOOR v / 2``
+and the bound stays bounded (below the floor, ``a0 -> 0`` is the singularity described next, in
+another coordinate).
 With the covariance prior free as well, the bound has no maximum wherever a component has no spread
 in some dimension (ReLU features: a cluster that is exactly 0 there). Scaling ``beta0`` and the
 Gamma rates by ``s`` (q following) moves the bound by ``c ln s`` with
@@ -46,8 +52,11 @@ import numpy as np
 from vbcore.model.posterior import Posterior
 from vbcore.model.priors import Prior
 
+#: the least ``nu0`` the 'strength' update takes: one row's worth of the prior (see :func:`best_strength`)
+STRENGTH_FLOOR = 1.0
+
 #: the hyperparameters empirical Bayes may re-estimate (:attr:`Prior.empirical` names a subset)
-EMPIRICAL = ("mean_precision", "covariance", "degrees_of_freedom")
+EMPIRICAL = ("mean_precision", "covariance", "degrees_of_freedom", "strength")
 
 
 def quad_to_prior_mean(post: Posterior, m0: np.ndarray) -> np.ndarray:
@@ -116,6 +125,33 @@ def best_gamma_prior(post: Posterior) -> tuple[float, np.ndarray]:
     return nu0, np.asarray(nu0 / np.mean(1.0 / cov))
 
 
+def best_strength(post: Posterior, prior: Prior) -> float:
+    """``nu0`` of a diagonal family at the bound's maximum given q(Lambda), with the prior's mean
+    precision ``nu0 / s0`` held (the prior variance stays the data's; only its weight moves).
+
+    With ``a0 = nu0 / 2`` (diag; ``nu0 D / 2`` spherical) and rate ``a0 v`` (``v = s0 / nu0``), the
+    expected log prior of component k, dimension d is ``a0 ln(a0 v) - ln Gamma(a0) + (a0 - 1) E ln
+    lambda - a0 v E lambda``; its sum is concave in ``a0`` (``1/a0 - psi'(a0) < 0``) and stationary where
+    ``ln a0 - psi(a0) = -1 - mean[ln v + E ln lambda - v E lambda]`` (the right side is >= 0 by Jensen:
+    ``E ln lambda <= ln E lambda`` and ``ln x - x <= -1``), solved as :func:`gamma_shape`. Unlike
+    freeing the rate as well, the maximum is finite where a component has no spread (a large
+    ``E lambda`` only lowers ``a0``); it does not grow with the number of rows."""
+    from scipy.special import digamma
+
+    nu, cov, d = post.degrees_of_freedom, post.covariances, post.n_features
+    assert nu is not None and prior.covariance is not None
+    v = np.asarray(prior.covariance, dtype=np.float64) / float(prior.degrees_of_freedom)
+    if post.covariance_type == "diag":
+        shape = 0.5 * nu[:, None]
+        e_log = digamma(shape) - np.log(shape * cov)
+        c = float(np.mean(np.log(v) + e_log - v / cov))
+        return max(STRENGTH_FLOOR, 2.0 * gamma_shape(-1.0 - c))
+    shape = 0.5 * nu * d
+    e_log = digamma(shape) - np.log(shape * cov)
+    c = float(np.mean(np.log(v) + e_log - v / cov))
+    return max(STRENGTH_FLOOR, 2.0 * gamma_shape(-1.0 - c) / d)
+
+
 def best_mean_precision(post: Posterior, m0: np.ndarray) -> float:
     """The ``beta0`` that maximises the bound given q(mu, Lambda)."""
     d = post.n_features
@@ -143,6 +179,13 @@ def empirical_update(prior: Prior, post: Posterior) -> Prior:
         if np.isfinite(nu0) and nu0 > 0 and np.all(np.isfinite(cov)) and np.all(cov > 0):
             changes["degrees_of_freedom"] = float(nu0)
             changes["covariance"] = np.asarray(cov, dtype=np.float64)
+    elif ("strength" in free and post.covariance_type in ("diag", "spherical")
+            and prior.covariance is not None):
+        nu0 = best_strength(post, prior)
+        if np.isfinite(nu0) and nu0 > 0:
+            changes["degrees_of_freedom"] = float(nu0)
+            changes["covariance"] = (np.asarray(prior.covariance, dtype=np.float64)
+                                     * (nu0 / float(prior.degrees_of_freedom)))
     elif "covariance" in free and prior.covariance is not None and post.covariance_type != "fixed":
         cov = best_covariance_prior(post, float(prior.degrees_of_freedom))
         if np.all(np.isfinite(cov)) and (cov.ndim == 2 or np.all(cov > 0)):
@@ -157,7 +200,9 @@ def prior_state(prior: Prior) -> dict[str, np.ndarray]:
         out["prior.mean_precision"] = np.asarray(prior.mean_precision, dtype=np.float64)
     if "covariance" in prior.empirical and prior.covariance is not None:
         out["prior.covariance"] = np.asarray(prior.covariance, dtype=np.float64)
-    if "degrees_of_freedom" in prior.empirical:
+    if "strength" in prior.empirical and prior.covariance is not None:
+        out["prior.covariance"] = np.asarray(prior.covariance, dtype=np.float64)
+    if "degrees_of_freedom" in prior.empirical or "strength" in prior.empirical:
         out["prior.degrees_of_freedom"] = np.asarray(prior.degrees_of_freedom, dtype=np.float64)
     return out
 

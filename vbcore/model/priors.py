@@ -30,15 +30,13 @@ COVARIANCE_TYPES = ("full", "tied", "diag", "spherical", "fixed")
 WISHART_TYPES = ("full", "tied")
 WEIGHT_TYPES = ("dirichlet_distribution", "dirichlet_process")
 #: the ways of filling unset hyper-parameters (:func:`default_prior`)
-PRIOR_DEFAULTS = ("empirical", "sklearn")
-#: ``nu0`` of the diagonal families under the 'empirical' defaults: a prior as strong as
-#: ``EMPIRICAL_DOF_SHARE`` of the rows per component (at least 2), at most ``EMPIRICAL_DOF`` rows, at
-#: the data's variance (chosen from measurements on real and synthetic stores:
-#: docs/decisions.md "Priors that do not depend on the dimension"); :func:`empirical_dof`
+PRIOR_DEFAULTS = ("empirical", "sklearn", "bound")
+#: ``nu0`` of the diagonal families under the 'empirical' defaults: ``EMPIRICAL_DOF_PER_DIM * D`` rows,
+#: at most ``EMPIRICAL_DOF``, at the data's variance, whatever the number of rows (issue 51: before, 1%
+#: of the rows); under the 'bound' defaults the start of ``nu0``, then re-estimated from the bound
+#: (:func:`vbcore.model.empirical.best_strength`); docs/decisions.md "A prior whose weight does not
+#: grow with the rows"; :func:`empirical_dof`
 EMPIRICAL_DOF = 512.0
-EMPIRICAL_DOF_SHARE = 0.01
-#: ... and at most this many rows per dimension: the covariance prior is the data's variance, which in
-#: few dimensions lies many within-class variances above a class's own (docs/decisions.md)
 EMPIRICAL_DOF_PER_DIM = 4.0
 #: the DP concentration under the 'empirical' defaults: one model for every truncation
 EMPIRICAL_ALPHA = 1.0
@@ -117,10 +115,10 @@ def validate_prior(p: Prior) -> None:
     if int(p.n_components) != p.n_components or p.n_components < 1:
         raise ConfigError(f"n_components must be an integer >= 1, got {p.n_components!r}")
     _positive("weight_concentration_prior", p.weight_concentration)
-    bad = sorted(set(p.empirical) - {"mean_precision", "covariance", "degrees_of_freedom"})
+    bad = sorted(set(p.empirical) - {"mean_precision", "covariance", "degrees_of_freedom", "strength"})
     if bad:
         raise ConfigError("empirical hyperparameters must be among mean_precision, covariance, "
-                          f"degrees_of_freedom; got {bad}")
+                          f"degrees_of_freedom, strength; got {bad}")
     _positive("mean_precision_prior", p.mean_precision)
     mean = np.asarray(p.mean)
     if mean.ndim != 1 or not np.all(np.isfinite(mean)):
@@ -176,17 +174,13 @@ def validate_prior(p: Prior) -> None:
         raise ConfigError(f"covariance_prior must be > 0 everywhere; entry {bad} is not")
 
 
-def empirical_dof(n_rows: float | None, n_features: int | None = None) -> float:
-    """``nu0`` of 'diag' and 'spherical' under the 'empirical' defaults for data of ``n_rows`` rows
-    (their total weight) in ``n_features`` dimensions: ``EMPIRICAL_DOF_SHARE * n_rows`` between 2 and
-    ``EMPIRICAL_DOF``, and at most ``EMPIRICAL_DOF_PER_DIM * n_features`` (the largest allowed when
-    ``n_rows`` is unknown)."""
-    cap = EMPIRICAL_DOF
-    if n_features is not None:
-        cap = min(cap, max(2.0, EMPIRICAL_DOF_PER_DIM * float(n_features)))
-    if n_rows is None:
-        return float(cap)
-    return float(min(cap, max(2.0, EMPIRICAL_DOF_SHARE * float(n_rows))))
+def empirical_dof(n_features: int | None = None) -> float:
+    """The starting ``nu0`` of 'diag' and 'spherical' under the 'empirical' defaults in ``n_features``
+    dimensions: ``EMPIRICAL_DOF_PER_DIM * n_features`` (at least 2), at most ``EMPIRICAL_DOF`` (that
+    when ``n_features`` is unknown). It does not depend on the number of rows; the bound moves it."""
+    if n_features is None:
+        return float(EMPIRICAL_DOF)
+    return float(min(EMPIRICAL_DOF, max(2.0, EMPIRICAL_DOF_PER_DIM * float(n_features))))
 
 
 def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d: int,
@@ -198,13 +192,18 @@ def _empirical_defaults(defaults: str, covariance_type: str, weight_type: str, d
     under ``defaults`` (unset values stay None where scikit-learn's default follows)."""
     if defaults not in PRIOR_DEFAULTS:
         raise ConfigError(f"prior defaults must be one of {PRIOR_DEFAULTS}, got {defaults!r}")
-    if defaults != "empirical":
+    if defaults == "sklearn":
         return (), weight_concentration, degrees_of_freedom, 1.0
     # only beta0 is re-estimated: jointly with the covariance prior (and nu0) the bound has no maximum
     # where a component has no spread in some direction (vbcore/model/empirical.py; docs/decisions.md)
     free: tuple[str, ...] = ("mean_precision",) if mean_precision is None else ()
     if degrees_of_freedom is None:
-        degrees_of_freedom = float(d) if covariance_type in WISHART_TYPES else empirical_dof(n_rows, d)
+        if covariance_type in WISHART_TYPES:
+            degrees_of_freedom = float(d)
+        else:
+            degrees_of_freedom = empirical_dof(d)
+            if covariance_type != "fixed" and defaults == "bound":  # nu0 the bound's (issue 51)
+                free = (*free, "strength")
     if weight_concentration is None and weight_type == "dirichlet_process":
         weight_concentration = EMPIRICAL_ALPHA
     scale = float(degrees_of_freedom) if covariance_type != "fixed" else 1.0
@@ -236,12 +235,14 @@ def default_prior(
     ``fixed_variance`` defaults to the mean per-dimension variance of the data.
 
     ``defaults='empirical'`` (the pipeline's): ``alpha0 = 1`` for the DP (the same model for every
-    truncation; ``1/K`` stays for finite Dirichlet weights), ``nu0 =`` :func:`empirical_dof` of
-    ``n_rows`` (the data's rows or total weight; 1% of them, between 2 and 512) for the diagonal
-    families (``D`` for the Wishart ones, which need ``nu0 > D - 1``), the covariance prior
-    ``nu0`` times scikit-learn's (a prior variance equal to the data's), held, and ``beta0``, where
-    unset, re-estimated from the bound between iterations (:attr:`Prior.empirical`,
-    :mod:`vbcore.model.empirical`, which says why the covariance prior is not).
+    truncation; ``1/K`` stays for finite Dirichlet weights), ``nu0 =`` :func:`empirical_dof` (``4 D``,
+    at most 512, whatever ``n_rows``) for the diagonal families (``D`` for the Wishart ones, which
+    need ``nu0 > D - 1``), the covariance prior ``nu0`` times scikit-learn's (a prior variance equal
+    to the data's), held, and ``beta0``, where unset, re-estimated from the bound between iterations
+    (:attr:`Prior.empirical`, :mod:`vbcore.model.empirical`, which says why the covariance prior's
+    scale is not). ``defaults='bound'``: the same, and the diagonal families' ``nu0`` (the prior
+    variance held) re-estimated from the bound too. ``n_rows`` is accepted and not used: the prior's
+    weight does not depend on the number of rows (issue 51).
 
     Parameters
     ----------
