@@ -13,10 +13,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.cli_format import fit_table, install_help_formatting, key_values, selection_table, table_console
-
-#: exit codes: bad input (a file, store, config or option to fix) and environment (disk, permissions)
-EXIT_INPUT, EXIT_ENVIRONMENT = 2, 1
+from pipeline.cli_format import (
+    exit_code,
+    fit_table,
+    install_help_formatting,
+    key_values,
+    one_line,
+    selection_table,
+    show_warning,
+    table_console,
+)
 
 
 class _App(typer.Typer):
@@ -30,42 +36,11 @@ class _App(typer.Typer):
             return super().__call__(*args, args=[a for a in argv if a != "--debug"], **kwargs)
         import warnings
 
-        warnings.showwarning = _show_warning  # one line each, no source line
+        warnings.showwarning = show_warning  # one line each, no source line
         try:
             return super().__call__(*args, args=argv, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the point: one line, whatever it is
-            sys.exit(_one_line(exc))
-
-
-_SHOWN: set[str] = set()
-
-
-def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                  file: Any = None, line: str | None = None) -> None:
-    """A warning as one line, each distinct one once per command."""
-    text = f"warning: {' '.join(str(message).split())}"
-    if text not in _SHOWN:
-        _SHOWN.add(text)
-        print(text, file=sys.stderr)
-
-
-def exit_code(exc: BaseException) -> int:
-    """2 for bad input (vbcluster's errors, unreadable or missing files), 1 for the environment."""
-    from vbcore.errors import VBClusterError
-
-    if isinstance(exc, VBClusterError | FileNotFoundError | IsADirectoryError | NotADirectoryError):
-        return EXIT_INPUT
-    if isinstance(exc, OSError):
-        return EXIT_ENVIRONMENT  # disk full, permission denied, I/O error
-    return EXIT_INPUT if isinstance(exc, ValueError | EOFError | KeyError | TypeError) else EXIT_ENVIRONMENT
-
-
-def _one_line(exc: BaseException) -> int:
-    text = " ".join(str(exc).split()) or "no details"
-    if isinstance(exc, OSError) and exc.filename is None and not any(c in text for c in "/\\"):
-        text += " (the file was not named by the system; run with --debug)"
-    print(f"error: {type(exc).__name__}: {text} (run with --debug for the traceback)", file=sys.stderr)
-    return exit_code(exc)
+            sys.exit(one_line(exc))
 
 
 app = _App(add_completion=False, no_args_is_help=True,

@@ -3,11 +3,47 @@ lines, option names kept whole at 80 columns), the fit summary table, and ``KEY=
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import typer
 from rich.table import Table
 from typer.core import TyperArgument, TyperOption
+
+#: exit codes: bad input (a file, store, config or option to fix) and environment (disk, permissions)
+EXIT_INPUT, EXIT_ENVIRONMENT = 2, 1
+
+_SHOWN: set[str] = set()
+
+
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning as one line, each distinct one once per command."""
+    text = f"warning: {' '.join(str(message).split())}"
+    if text not in _SHOWN:
+        _SHOWN.add(text)
+        print(text, file=sys.stderr)
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for bad input (vbcluster's errors, unreadable or missing files), 1 for the environment."""
+    from vbcore.errors import VBClusterError
+
+    if isinstance(exc, VBClusterError | FileNotFoundError | IsADirectoryError | NotADirectoryError):
+        return EXIT_INPUT
+    if isinstance(exc, OSError):
+        return EXIT_ENVIRONMENT  # disk full, permission denied, I/O error
+    return EXIT_INPUT if isinstance(exc, ValueError | EOFError | KeyError | TypeError) else EXIT_ENVIRONMENT
+
+
+def one_line(exc: BaseException) -> int:
+    """``exc`` as one line on stderr; returns its exit code (:func:`exit_code`)."""
+    text = " ".join(str(exc).split()) or "no details"
+    if isinstance(exc, OSError) and exc.filename is None and not any(c in text for c in "/\\"):
+        text += " (the file was not named by the system; run with --debug)"
+    print(f"error: {type(exc).__name__}: {text} (run with --debug for the traceback)", file=sys.stderr)
+    return exit_code(exc)
+
 
 __all__ = ["install_help_formatting", "fit_table", "defaults_table", "key_values", "table_console"]
 

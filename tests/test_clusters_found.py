@@ -14,7 +14,8 @@ from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.ingest import ingest
 from pipeline.runs.directory import CLUSTERS_FOUND, read_result
-from pipeline.runs.report import COLUMNS, sizes_title, write_report
+from pipeline.runs.report import COLUMNS, write_report
+from pipeline.runs.report_plots import sizes_title
 
 runner = CliRunner()
 

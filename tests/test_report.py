@@ -20,8 +20,9 @@ from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.ingest import ingest
 from pipeline.runs.directory import assign_store, read_result, save_run
-from pipeline.runs.report import EMPTY_COLOUR, USED_COLOUR, sizes_plot, sizes_title, write_report
+from pipeline.runs.report import write_report
 from pipeline.runs.report_curves import bound_kind, comparable_groups, data_passes, minibatch_step
+from pipeline.runs.report_plots import EMPTY_COLOUR, USED_COLOUR, sizes_plot, sizes_title
 from vbcore.errors import InputError
 
 runner = CliRunner()

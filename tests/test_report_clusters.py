@@ -270,8 +270,8 @@ def test_the_reports_plots_of_a_weighted_store_leave_rows_of_weight_zero_out(tmp
 def test_class_axis_shows_the_folder_names_and_six_thumbnails_fit_a_cell(tmp_path):
     """Issue 53, item 15: the contingency's class axis showed 0-9 where the store records folder names;
     a cluster's six thumbnails wrapped as 5 + 1 in a 300 px cell."""
-    from pipeline.runs.report import contingency_plot
     from pipeline.runs.report_clusters import CSS, EXEMPLARS
+    from pipeline.runs.report_plots import contingency_plot
 
     y = np.array([0, 0, 1, 1, 2, 2])
     ticks = contingency_plot(y, np.array([0, 0, 1, 1, 1, 0]), "t", tmp_path / "c.png",
