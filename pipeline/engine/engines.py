@@ -450,7 +450,10 @@ def make_engine(engine: Any, persist: str = "auto") -> LocalEngine | DaskEngine:
     if isinstance(engine, (LocalEngine, DaskEngine)):
         return engine
     if engine is None or engine == "local":
-        return LocalEngine(persist="always" if persist == "auto" else persist)
+        from pipeline.engine.memory import memory_budget
+
+        # 'auto': prepared chunks kept when they take at most half of this machine's memory
+        return LocalEngine(persist=persist, memory_limit=memory_budget())
     if type(engine).__name__ == "Client" and hasattr(engine, "scheduler_info"):
         return DaskEngine(engine, persist=persist)
     if isinstance(engine, str) and "://" in engine:
