@@ -76,7 +76,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
            drop_nonfinite: bool = False,
            overwrite: bool = False, compression_level: int = 1, batch_chunks: int = 1,
            progress: Callable[[int], None] | None = None, allow_duplicate: bool = False,
-           weights: str | None = None, normalize: str | None = None, **options: Any) -> IngestReport:
+           weights: str | None = None, normalize: str | None = None, codec: str | None = None,
+           **options: Any) -> IngestReport:
     """Stream ``source`` into the feature store ``out``.
 
     Parameters
@@ -95,7 +96,9 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
     drop_nonfinite : bool
         Skip rows holding NaN/inf (counted in the report) instead of failing on the first one.
     compression_level : int
-        zstd level of a new store's chunks.
+        zstd level of a new store's chunks (labels, ids, weights; features with ``codec='zstd'``).
+    codec : {'lz4', 'lz4hc', 'zstd'}, optional
+        A new store's features codec (default: lz4, :data:`pipeline.store.integrity.FEATURE_CODEC`).
     batch_chunks : int
         Store chunks per batch written. Zarr compresses the chunks of one batch in parallel threads,
         so 2 uses two cores; memory grows with it (about 3 x batch_chunks chunks).
@@ -149,7 +152,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
         stack.enter_context(zarr.config.set({"array.write_empty_chunks": True}))
         store, written = write_plan(plan, out, str(source), append, chunk_rows, batch_chunks,
                                     "drop" if drop_nonfinite else "raise", compression_level,
-                                    {"source_fingerprint": fp}, normalize)
+                                    {"source_fingerprint": fp}, normalize, codec)
     return _report(store, written, str(source), t0, plan)
 
 

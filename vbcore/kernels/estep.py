@@ -127,6 +127,18 @@ def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bo
                  diagonal=diagonal, pooled=covariance_type == "tied")
 
 
+def prepare_streamed_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bool | None = None,
+                           projection: Any = None) -> Chunk:
+    """:func:`prepare_chunk` for a chunk read in every pass (streamed): no ``[x*x, x]`` cache. The
+    kernels form it per 2,048-row block (:meth:`Chunk.features`), in cache, with the same products
+    and so the same bits; writing a chunk-sized cache that one pass reads once cost more than the
+    squares (docs/benchmarks.md, "Streamed passes")."""
+    return prepare_chunk(x, shift, covariance_type, False, projection)
+
+
+prepare_chunk.streamed = prepare_streamed_chunk  # type: ignore[attr-defined]  # what engines stream
+
+
 def weigh_chunk(chunk: Chunk, w: Any) -> Chunk:
     """``chunk`` with row weights ``w`` (validated; None: unweighted), data dtype and namespace."""
     return chunk if w is None else replace(chunk, w=array_namespace(chunk.x).asarray(w, dtype=chunk.x.dtype))
@@ -267,19 +279,13 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
     if chunk.is_diagonal:
         k = nk.shape[0]
         n = chunk.n_rows
-        if chunk.feats is not None:  # [sum r x^2, sum r x], float64 over float32 blocks
-            g = Sum64(xp, (k, 2 * d))
-            for i in range(0, n, BLOCK_ROWS):
-                j = min(i + BLOCK_ROWS, n)  # in-bounds slice stops (the standard leaves others unspecified)
-                g.add(resp_t_dot(xp, resp[i:j, :], chunk.feats[i:j, :]))
-            return _diag_stats(nk, g.result(), sum_rlogr, chunk)
-        sq, lin = Sum64(xp, (k, d)), Sum64(xp, (k, d))  # no [x*x, x] cache: two products, no (n, 2D) copy
+        # [sum r x^2, sum r x], float64 over float32 blocks; [x*x, x] from the cache, or formed per
+        # block when there is none (streamed chunks, the hard learners): the same products, the same bits
+        g = Sum64(xp, (k, 2 * d))
         for i in range(0, n, BLOCK_ROWS):
-            j = min(i + BLOCK_ROWS, n)
-            rt, xb = xp.matrix_transpose(resp[i:j, :]), chunk.x[i:j, :]
-            sq.add(rt @ (xb * xb))
-            lin.add(rt @ xb)
-        return _diag_stats(nk, np.concatenate((sq.result(), lin.result()), axis=1), sum_rlogr, chunk)
+            j = min(i + BLOCK_ROWS, n)  # in-bounds slice stops (the standard leaves others unspecified)
+            g.add(resp_t_dot(xp, resp[i:j, :], chunk.features(i, j)))
+        return _diag_stats(nk, g.result(), sum_rlogr, chunk)
     if chunk.pooled:
         sums = _PooledSums(xp, nk.shape[0], d)
         n = chunk.n_rows
