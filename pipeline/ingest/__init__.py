@@ -95,10 +95,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
         Where labels / ids come from: a file, key, dataset or column name (``'folders'``: image folders).
     drop_nonfinite : bool
         Skip rows holding NaN/inf (counted in the report) instead of failing on the first one.
-    compression_level : int
-        zstd level of a new store's chunks (labels, ids, weights; features with ``codec='zstd'``).
-    codec : {'lz4', 'lz4hc', 'zstd'}, optional
-        A new store's features codec (default: lz4, :data:`pipeline.store.integrity.FEATURE_CODEC`).
+    compression_level, codec : int, {'lz4', 'lz4hc', 'zstd'} or None
+        zstd level of a new store's chunks; its features' codec (None: lz4; zstd at that level).
     batch_chunks : int
         Store chunks per batch written. Zarr compresses the chunks of one batch in parallel threads,
         so 2 uses two cores; memory grows with it (about 3 x batch_chunks chunks).
