@@ -74,9 +74,9 @@ class IngestReport:
 def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_ROWS,
            labels: str | None = None, ids: str | None = None, append: bool = False,
            drop_nonfinite: bool = False, overwrite: bool = False, compression_level: int = 1,
-           batch_chunks: int = 1, progress: Callable[[int], None] | None = None, allow_duplicate: bool = False,
-           weights: str | None = None, normalize: str | None = None, codec: str | None = None,
-           **options: Any) -> IngestReport:
+           batch_chunks: int = 1, progress: Callable[[int], None] | None = None,
+           allow_duplicate: bool = False, weights: str | None = None, normalize: str | None = None,
+           codec: str | None = None, **options: Any) -> IngestReport:
     """Stream ``source`` into the feature store ``out``.
 
     Parameters
