@@ -66,7 +66,8 @@ def compressors(level: int, codec: str = "zstd") -> list[Any]:
         raise StoreError(f"codec must be one of {FEATURE_CODECS}, got {codec!r}")
     from zarr.codecs import BloscCodec
 
-    return [BloscCodec(cname=codec, clevel=9 if codec == "lz4" else 5, shuffle="noshuffle"), Crc32cCodec()]
+    cname: Any = codec  # one of Blosc's names (checked above)
+    return [BloscCodec(cname=cname, clevel=9 if codec == "lz4" else 5, shuffle="noshuffle"), Crc32cCodec()]
 
 
 def codec_of(arr: zarr.Array) -> str:
