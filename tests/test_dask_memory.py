@@ -3,7 +3,8 @@ small enough that a small store's persisted chunks spill to disk, fit with the i
 bits; and one of them SIGKILLed mid-fit is restarted by its nanny, with the same bits again.
 
 The kill machinery is tests/test_faults_workers.py's (a DaskEngine that counts its passes, a seeded
-kill moment, retries with earlier moments should a fit end before it): see that module.
+kill moment, retries with earlier moments should a fit end before it): see that module. Both tests
+ran 20 times in a loop when written, 20/20 passing (46-116 s a run at load 9-13 on 2 cores).
 """
 
 from __future__ import annotations
