@@ -227,6 +227,8 @@ def fit(
     whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
     pca_solver: str | None = typer.Option(None, "--pca-solver", help=spec_help("pca_solver")),
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
+    persist: str | None = typer.Option(None, "--persist", metavar="MODE",
+                                       help=spec_help("persist")),
     chunk_rows: int | None = typer.Option(None, help=spec_help("chunk_rows")),
     checkpoint_every: int | None = typer.Option(None, help=spec_help("checkpoint_every")),
     checkpoint_seconds: float | None = typer.Option(None, help=spec_help("checkpoint_seconds")),
@@ -246,6 +248,7 @@ def fit(
                          weights=weights, max_iter=max_iter, tol=tol, seed=seed, init=init, n_init=n_init,
                          fixed_variance=fixed_variance, weight_concentration_prior=weight_concentration_prior,
                          mean_precision_prior=mean_precision_prior, reg_covar=reg_covar, cluster=cluster,
+                         persist=persist,
                          degrees_of_freedom_prior=degrees_of_freedom_prior, chunk_rows=chunk_rows,
                          priors=priors, grow=False if no_grow else None, max_components=max_components,
                          keep=keep, checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
@@ -284,6 +287,8 @@ def show_defaults() -> None:
 def resume(
     run_dir: str = typer.Argument(..., help="A run directory of `vbcluster fit`."),
     cluster: str | None = typer.Option(None, help="Run on another cluster config than the fit's."),
+    persist: str | None = typer.Option(None, "--persist", metavar="MODE",
+                                       help="Override the fit's --persist (the bits do not depend on it)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ) -> None:
     """Continue a fit from its newest valid checkpoint (bit for bit where an uninterrupted fit ends)."""
@@ -303,6 +308,8 @@ def resume(
         return
     if cluster is not None:
         spec = replace(spec, cluster=cluster)
+    if persist is not None:
+        spec = replace(spec, persist=persist).resolved("pipeline")
     _run(run_dir, spec, quiet, resume=True)
 
 
@@ -323,7 +330,7 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
         if resume and not Checkpointer(Path(run_dir) / "checkpoints").list():
             start = "its warm start" if warm_record(run_dir) else "the beginning"
             console.print(f"{run_dir}: no checkpoint yet; the fit starts from {start}", soft_wrap=True)
-        engine = _engine(spec.cluster)
+        engine = _engine(spec.cluster, spec.persist)
         try:
             with stop_on_signals(), FitProgress(spec.max_iter, f"{spec.learner} {Path(run_dir).name}",
                                                 quiet=quiet, log_path=Path(run_dir) / "iterations.jsonl",

@@ -42,7 +42,8 @@ def store(tmp_path):
 @pytest.fixture
 def old_store(tmp_path, monkeypatch):
     """A store as an older vbcluster wrote it: zstd only, no checksum codec."""
-    monkeypatch.setattr(integrity, "compressors", lambda level: [zarr.codecs.ZstdCodec(level=level)])
+    monkeypatch.setattr(integrity, "compressors",
+                        lambda level, codec="zstd": [zarr.codecs.ZstdCodec(level=level)])
     path = _make(tmp_path / "old.zarr")
     monkeypatch.undo()
     return path

@@ -110,3 +110,41 @@ def test_fit_through_scheduler_yaml_with_cli_started_workers(digits_store, tmp_p
     for name in ("means_", "covariances_", "lower_bounds_"):
         assert np.array_equal(getattr(local, name), getattr(remote, name)), name
     assert json.loads((run / "result.json").read_text())["elbo_history"] == list(local.lower_bounds_)
+
+
+def test_fit_persist_option_reaches_the_engine_and_keeps_the_bits(digits_store, tmp_path, monkeypatch):
+    """`vbcluster fit --persist never|always` (docs/operations.md): the engine streams or keeps the
+    chunks as told, run.json records it, resume may override it, and the bits do not depend on it."""
+    import pipeline.cli as cli
+    from pipeline.engine.engines import make_engine
+    from pipeline.engine.memory import memory_budget
+
+    made: list[str] = []
+    real = cli._engine
+
+    def spy(cluster, persist="auto"):
+        engine = real(cluster, persist)
+        made.append(engine.persist)
+        return engine
+
+    monkeypatch.setattr(cli, "_engine", spy)
+    runs = {}
+    for mode in ("never", "always"):
+        run = tmp_path / mode
+        res = runner.invoke(app, ["fit", digits_store, "--run-dir", str(run), "-k", "8", "-q",
+                                  "--max-iter", "5", "--persist", mode])
+        assert res.exit_code == 0, res.output
+        assert json.loads((run / "run.json").read_text())["persist"] == mode
+        runs[mode] = load_model(run)
+    assert made == ["never", "always"]
+    np.testing.assert_array_equal(runs["never"].means_, runs["always"].means_)
+    np.testing.assert_array_equal(runs["never"].precisions_, runs["always"].precisions_)
+    res = runner.invoke(app, ["resume", str(tmp_path / "never"), "--persist", "always", "-q"])
+    assert res.exit_code == 0, res.output
+    assert made[-1] == "always"
+    res = runner.invoke(app, ["fit", digits_store, "--run-dir", str(tmp_path / "bad"),
+                              "--persist", "sometimes"])
+    assert res.exit_code == 2 and "persist" in res.output
+    # in process, 'auto' keeps the chunks when they take at most half of the machine's memory
+    eng = make_engine("local", "auto")
+    assert eng.persist == "auto" and eng.memory_limit == memory_budget() > 0

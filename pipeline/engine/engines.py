@@ -149,6 +149,12 @@ def _identity(value: Any) -> Any:
     return value
 
 
+def streamed(prep: Callable[..., Any]) -> Callable[..., Any]:
+    """The variant of ``prep`` for chunks rebuilt in every pass (``prep.streamed``: for VB EM's
+    :func:`vbcore.kernels.estep.prepare_chunk`, no ``[x*x, x]`` cache; the same bits), else ``prep``."""
+    return getattr(prep, "streamed", prep)
+
+
 def prepared_nbytes(source: Any, expansion: float) -> float:
     return float(source.n_rows) * source.n_features * np.dtype(source.dtype).itemsize * expansion
 
@@ -189,12 +195,13 @@ class LocalEngine:
         """Prepared chunks (``prep(rows, *args)``), kept or rebuilt in every pass; ``expansion`` is
         the prepared size over the source's; ``persist`` overrides the engine's mode for this call
         (``'never'``: a pass that reads the data once)."""
-        if self.array_backend != "numpy":
-            prep = functools.partial(on_backend, self.array_backend, prep)
         mode = self.persist if persist is None else persist
         keep = mode == "always" or (
             mode == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self.memory_limit
         )
+        prep = prep if keep else streamed(prep)
+        if self.array_backend != "numpy":
+            prep = functools.partial(on_backend, self.array_backend, prep)
         n = len(source.chunk_slices())
         if not keep:
             return [Lazy(source, i, prep, args) for i in range(n)]
@@ -311,15 +318,15 @@ class DaskEngine:
         if not self.code_checked:
             check_cluster_code(self.client)
             self.code_checked = True
-        if self.array_backend != "numpy":
-            prep = functools.partial(on_backend, self.array_backend, prep)
-        prep = functools.partial(_prep_pinned, prep)  # one BLAS thread, as the kernels
-
-        n = len(source.chunk_slices())
         mode = self.persist if persist is None else persist
         keep = mode == "always" or (
             mode == "auto" and prepared_nbytes(source, expansion) <= 0.5 * self._worker_memory()
         )
+        prep = prep if keep else streamed(prep)
+        if self.array_backend != "numpy":
+            prep = functools.partial(on_backend, self.array_backend, prep)
+        prep = functools.partial(_prep_pinned, prep)  # one BLAS thread, as the kernels
+        n = len(source.chunk_slices())
         c = self.client
         place = self._placement(n)
         ws = [None if isinstance(source, StoreSource) else chunk_weights(source, i) for i in range(n)]
@@ -450,7 +457,10 @@ def make_engine(engine: Any, persist: str = "auto") -> LocalEngine | DaskEngine:
     if isinstance(engine, (LocalEngine, DaskEngine)):
         return engine
     if engine is None or engine == "local":
-        return LocalEngine(persist="always" if persist == "auto" else persist)
+        from pipeline.engine.memory import memory_budget
+
+        # 'auto': prepared chunks kept when they take at most half of this machine's memory
+        return LocalEngine(persist=persist, memory_limit=memory_budget())
     if type(engine).__name__ == "Client" and hasattr(engine, "scheduler_info"):
         return DaskEngine(engine, persist=persist)
     if isinstance(engine, str) and "://" in engine:

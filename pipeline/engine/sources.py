@@ -71,6 +71,20 @@ class StoreSource:
     wcrcs: list[bytes] | None = field(init=False, repr=False)  # weights chunk CRC-32Cs found at open
     label_crcs: list[bytes] | None = field(init=False, repr=False)  # the same for labels (None: none)
     has_labels: bool = field(init=False, repr=False)
+    _open: dict[str, Any] = field(init=False, repr=False, compare=False, default_factory=dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_open": {}}  # open arrays stay in their process
+
+    def _array(self, name: str) -> Any:
+        """The store array ``name``, opened once per process (parsing its metadata cost 0.12 s per
+        GB of 8,192 x 256 chunks when every chunk read opened it; docs/benchmarks.md)."""
+        arr = self._open.get(name)
+        if arr is None:
+            import zarr
+
+            arr = self._open[name] = zarr.open_array(f"{self.path.rstrip('/')}/{name}", mode="r")
+        return arr
 
     def __post_init__(self) -> None:
         from pipeline.store.features import FeatureStore
@@ -100,7 +114,8 @@ class StoreSource:
         from pipeline.store.integrity import read_chunk
 
         crc = self.crcs[i] if self.crcs is not None else None
-        return np.asarray(read_chunk(self.path, "features", i, self.n_rows, crc), dtype=np.float32)
+        return np.asarray(read_chunk(self.path, "features", i, self.n_rows, crc, self._array("features")),
+                          dtype=np.float32)
 
     def load_weights(self, i: int) -> np.ndarray | None:
         """The row weights of chunk ``i`` (verified as :meth:`load`), or None for an unweighted store."""
@@ -109,7 +124,8 @@ class StoreSource:
         if not self.weighted:
             return None
         crc = self.wcrcs[i] if self.wcrcs is not None else None
-        return np.asarray(read_chunk(self.path, "weights", i, self.n_rows, crc), dtype=np.float64)
+        return np.asarray(read_chunk(self.path, "weights", i, self.n_rows, crc, self._array("weights")),
+                          dtype=np.float64)
 
     def labels(self) -> np.ndarray | None:
         """The labels of the rows this source opened, chunk by chunk and verified like :meth:`load`

@@ -78,7 +78,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
            labels: str | None = None, ids: str | None = None, append: bool = False,
            drop_nonfinite: bool = False, overwrite: bool = False, allow_duplicate: bool = False,
            compression_level: int = 1, batch_chunks: int = 1, progress: Callable[[int], None] | None = None,
-           weights: str | None = None, normalize: str | None = None, **options: Any) -> IngestReport:
+           weights: str | None = None, normalize: str | None = None, codec: str | None = None,
+           **options: Any) -> IngestReport:
     """Stream ``source`` into the feature store ``out``.
 
     Parameters
@@ -96,8 +97,8 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
         Where labels / ids come from: a file, key, dataset or column name (``'folders'``: image folders).
     drop_nonfinite : bool
         Skip rows holding NaN/inf (counted in the report) instead of failing on the first one.
-    compression_level : int
-        zstd level of a new store's chunks.
+    compression_level, codec : int, {'lz4', 'lz4hc', 'zstd'} or None
+        zstd level of a new store's chunks; its features' codec (None: lz4; zstd at that level).
     batch_chunks : int
         Store chunks per batch written. Zarr compresses the chunks of one batch in parallel threads,
         so 2 uses two cores; memory grows with it (about 3 x batch_chunks chunks).
@@ -152,7 +153,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
         stack.enter_context(zarr.config.set({"array.write_empty_chunks": True}))
         store, written = write_plan(plan, out, str(source), append, chunk_rows, batch_chunks,
                                     "drop" if drop_nonfinite else "raise", compression_level,
-                                    {"source_fingerprint": fp}, normalize)
+                                    {"source_fingerprint": fp}, normalize, codec)
     return _report(store, written, str(source), t0, plan)
 
 

@@ -25,10 +25,11 @@ SMALL_SOURCE_CHUNK_ROWS = 8192
 
 def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int, batch_chunks: int,
                on_nonfinite: str, compression_level: int, record: dict[str, Any] | None = None,
-               normalize: str = "none") -> tuple[FeatureStore, int]:
+               normalize: str = "none", codec: str | None = None) -> tuple[FeatureStore, int]:
     """Append the plan's rows to the store at ``out``, or build a new store and move it there;
     ``record`` goes into the append record (the source fingerprint); ``normalize``: a new store's
-    row normalisation (an append applies the store's, :func:`store_normalization`)."""
+    row normalisation (an append applies the store's, :func:`store_normalization`); ``codec``: a new
+    store's features codec (None: the default, :data:`pipeline.store.integrity.FEATURE_CODEC`)."""
     if append:
         store = FeatureStore.open(out, "r+")
         size = store.chunk_rows * batch_chunks
@@ -48,7 +49,8 @@ def write_plan(plan: Plan, out: Path, source: str, append: bool, chunk_rows: int
             tmp, plan.n_features, chunk_rows=chunk_rows, labels=plan.labels, ids=plan.ids,
             weights=plan.weights, source=source,
             extractor=plan.extractor, extractor_params=plan.extractor_params,
-            compression_level=compression_level, normalize=normalize)
+            compression_level=compression_level, normalize=normalize,
+            **({} if codec is None else {"codec": codec}))
         written = store.append_batches(_aligned(blocks, size, size), source=source,
                                        on_nonfinite=on_nonfinite, record=record)
         _move_into_place(tmp, out)

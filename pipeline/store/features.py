@@ -137,9 +137,12 @@ class FeatureStore:
         compression_level: int = 1,
         overwrite: bool = False,
         normalize: str = "none",
+        codec: str = integrity.FEATURE_CODEC,
     ) -> FeatureStore:
         """Create an empty store. ``ids`` is None, 'int' or 'str'; ``weights``: a row weight array;
-        ``normalize``: the row normalisation every append applies (:mod:`vbcore.data.normalize`)."""
+        ``normalize``: the row normalisation every append applies (:mod:`vbcore.data.normalize`);
+        ``codec``: the features' compressor (:data:`pipeline.store.integrity.FEATURE_CODECS`; the
+        other arrays use zstd at ``compression_level``, as do ``codec='zstd'`` features)."""
         path = str(path)
         normalize = check_normalization(normalize)
         if int(n_features) < 1:
@@ -152,12 +155,15 @@ class FeatureStore:
             raise StoreError(f"{path} already exists and is not empty; pass --overwrite (overwrite=True) "
                              "to replace it")
         group = zarr.open_group(path, mode="w")
+        if codec not in integrity.FEATURE_CODECS:
+            raise StoreError(f"{path}: codec must be one of {integrity.FEATURE_CODECS}, got {codec!r}")
         comp = integrity.compressors(compression_level)  # zstd + a CRC-32C per chunk
+        fcomp = comp if codec == "zstd" else integrity.compressors(compression_level, codec)
         # write_empty_chunks: skip zarr's scan of every chunk for all-fill values (a third of the
         # write time on ReLU features, measured in bench/bench_ingest.py)
         cfg: Any = {"write_empty_chunks": True}
         group.create_array("features", shape=(0, n_features), chunks=(chunk_rows, n_features),
-                           dtype="float32", compressors=comp, config=cfg)
+                           dtype="float32", compressors=fcomp, config=cfg)
         if labels:
             group.create_array("labels", shape=(0,), chunks=(chunk_rows,), dtype="int64",
                                compressors=comp, config=cfg)

@@ -33,6 +33,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from pipeline.store.chunks import direct_decoder, read_whole_chunk
 from vbcore.errors import StoreError
 
 ARRAYS = ("features", "labels", "ids", "weights")
@@ -47,9 +48,35 @@ class StoreIntegrityWarning(UserWarning):
     """A store can be read but not verified (written without chunk checksums)."""
 
 
-def compressors(level: int) -> list[Any]:
-    """The codec chain of new store arrays: zstd, then a CRC-32C of the compressed bytes."""
-    return [ZstdCodec(level=level), Crc32cCodec()]
+#: codecs of a new store's features (``FeatureStore.create(codec=...)``): decode speed, single thread,
+#: on 8,192 x 256 ReLU chunks (docs/benchmarks.md, "Streamed passes"): zstd-1 1.02 s/GB (ratio
+#: 2.41), Blosc lz4 0.35 s/GB (1.97), Blosc lz4hc 0.22 s/GB (2.31, but 11.5 s/GB to encode)
+FEATURE_CODECS = ("lz4", "lz4hc", "zstd")
+FEATURE_CODEC = "lz4"  # the default since issue 52; older stores keep theirs (Zarr's metadata names it)
+
+
+def compressors(level: int, codec: str = "zstd") -> list[Any]:
+    """The codec chain of new store arrays: a compressor, then a CRC-32C of the compressed bytes.
+    ``codec``: zstd at ``level`` (labels, ids, weights; features before issue 52), or Blosc
+    'lz4' (clevel 9) / 'lz4hc' (clevel 5), unshuffled (ReLU zeros are whole floats: a byte shuffle
+    cost 30% of the ratio), one Blosc block per chunk."""
+    if codec == "zstd":
+        return [ZstdCodec(level=level), Crc32cCodec()]
+    if codec not in FEATURE_CODECS:
+        raise StoreError(f"codec must be one of {FEATURE_CODECS}, got {codec!r}")
+    from zarr.codecs import BloscCodec
+
+    cname: Any = codec  # one of Blosc's names (checked above)
+    return [BloscCodec(cname=cname, clevel=9 if codec == "lz4" else 5, shuffle="noshuffle"), Crc32cCodec()]
+
+
+def codec_of(arr: zarr.Array) -> str:
+    """The compressor name of an array's chain in :data:`FEATURE_CODECS` terms (zstd when unknown)."""
+    for c in arr.compressors:
+        cname = getattr(c, "cname", None)
+        if cname is not None:
+            return str(getattr(cname, "value", cname))
+    return "zstd"
 
 
 def has_checksums(arr: zarr.Array) -> bool:
@@ -231,9 +258,11 @@ def read_rows(path: str, group: zarr.Group, name: str, rows: slice, n_rows: int)
         raise corrupt(path, name, arr, first, n_rows, exc) from None
 
 
-def read_chunk(path: str, name: str, i: int, n_rows: int, expected_crc: bytes | None = None) -> np.ndarray:
-    """Row chunk ``i`` of one store array, verified: present, CRC-32C as recorded at open, decodable."""
-    arr = zarr.open_array(f"{path.rstrip('/')}/{name}", mode="r")
+def read_chunk(path: str, name: str, i: int, n_rows: int, expected_crc: bytes | None = None,
+               arr: zarr.Array | None = None) -> np.ndarray:
+    """Row chunk ``i`` of one store array, verified: present, CRC-32C as recorded at open, decodable
+    (``arr``: the array already open, as :class:`pipeline.engine.sources.StoreSource` keeps it)."""
+    arr = zarr.open_array(f"{path.rstrip('/')}/{name}", mode="r") if arr is None else arr
     c = arr.chunks[0]
     found = _trailer(path, name, chunk_key(arr, i))
     if found is None:
@@ -242,7 +271,12 @@ def read_chunk(path: str, name: str, i: int, n_rows: int, expected_crc: bytes | 
         raise StoreError(f"{_where(path, name, arr, i, n_rows)} changed since the store was opened "
                          "(its checksum differs); the store is being rewritten: refit once it is done")
     try:
+        decoder = None if _is_url(path) else direct_decoder(arr)
+        if decoder is not None:  # the same bytes as Zarr's read, without its event loop and copy
+            return read_whole_chunk(path, name, chunk_key(arr, i), arr, decoder)[:min(c, n_rows - i * c)]
         return np.asarray(arr[i * c:min((i + 1) * c, n_rows)])
+    except FileNotFoundError:
+        raise missing(path, name, arr, i, n_rows) from None
     except Exception as exc:
         raise corrupt(path, name, arr, i, n_rows, exc) from None
 
@@ -418,8 +452,10 @@ def _copy_with_checksums(src: Any, tmp: Path, names: list[str]) -> None:
     for name in names:
         a = src.group[name]
         level = next((c.level for c in a.compressors if isinstance(c, ZstdCodec)), 1)
+        codec = codec_of(a)  # type: ignore[arg-type]
+        comp = compressors(level) if codec == "zstd" else compressors(level, codec)
         new = group.create_array(name, shape=a.shape, chunks=a.chunks, dtype=a.dtype,
-                                 compressors=compressors(level), config={"write_empty_chunks": True})
+                                 compressors=comp, config={"write_empty_chunks": True})
         for s in src.chunk_slices():
             new[s] = read_rows(src.path, src.group, name, s, n)
     group.attrs.update(dict(src.group.attrs))

@@ -94,13 +94,19 @@ class Chunk:
     def is_diagonal(self) -> bool:
         return self.feats is not None if self.diagonal is None else bool(self.diagonal)
 
-    def features(self, start: int, stop: int) -> Array:
-        """``[x*x, x]`` of rows ``start:stop``: the cache when there is one, else formed here."""
+    def features(self, start: int, stop: int, out: Any = None) -> Array:
+        """``[x*x, x]`` of rows ``start:stop``: the cache when there is one, else formed here (into
+        ``out[:stop - start]`` when given: a NumPy block buffer the caller reuses, warm in cache)."""
         if self.feats is not None:
             return self.feats[start:stop, :]
         xp = array_namespace(self.x)
         xb = self.x[start:stop, :]
-        return xp.concat((xb * xb, xb), axis=1)
+        if out is None or xp is not np:
+            return xp.concat((xb * xb, xb), axis=1)
+        f, d = out[: stop - start], xb.shape[1]
+        np.multiply(xb, xb, out=f[:, :d])
+        f[:, d:] = xb
+        return f
 
 
 def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bool | None = None,
@@ -125,6 +131,18 @@ def prepare_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bo
         xs = feats[:, d:]
     return Chunk(x=xs, feats=feats, shift=np.asarray(shift, dtype=np.float64),
                  diagonal=diagonal, pooled=covariance_type == "tied")
+
+
+def prepare_streamed_chunk(x: Array, shift: np.ndarray, covariance_type: str, squares: bool | None = None,
+                           projection: Any = None) -> Chunk:
+    """:func:`prepare_chunk` for a chunk read in every pass (streamed): no ``[x*x, x]`` cache. The
+    kernels form it per 2,048-row block (:meth:`Chunk.features`), in cache, with the same products
+    and so the same bits; writing a chunk-sized cache that one pass reads once cost more than the
+    squares (docs/benchmarks.md, "Streamed passes")."""
+    return prepare_chunk(x, shift, covariance_type, False, projection)
+
+
+prepare_chunk.streamed = prepare_streamed_chunk  # type: ignore[attr-defined]  # what engines stream
 
 
 def weigh_chunk(chunk: Chunk, w: Any) -> Chunk:
@@ -267,19 +285,13 @@ def chunk_statistics(chunk: Chunk, resp: Array, rlogr: Array | None = None) -> S
     if chunk.is_diagonal:
         k = nk.shape[0]
         n = chunk.n_rows
-        if chunk.feats is not None:  # [sum r x^2, sum r x], float64 over float32 blocks
-            g = Sum64(xp, (k, 2 * d))
-            for i in range(0, n, BLOCK_ROWS):
-                j = min(i + BLOCK_ROWS, n)  # in-bounds slice stops (the standard leaves others unspecified)
-                g.add(resp_t_dot(xp, resp[i:j, :], chunk.feats[i:j, :]))
-            return _diag_stats(nk, g.result(), sum_rlogr, chunk)
-        sq, lin = Sum64(xp, (k, d)), Sum64(xp, (k, d))  # no [x*x, x] cache: two products, no (n, 2D) copy
+        # [sum r x^2, sum r x], float64 over float32 blocks; [x*x, x] from the cache, or formed per
+        # block when there is none (streamed chunks, the hard learners): the same products, the same bits
+        g = Sum64(xp, (k, 2 * d))
         for i in range(0, n, BLOCK_ROWS):
-            j = min(i + BLOCK_ROWS, n)
-            rt, xb = xp.matrix_transpose(resp[i:j, :]), chunk.x[i:j, :]
-            sq.add(rt @ (xb * xb))
-            lin.add(rt @ xb)
-        return _diag_stats(nk, np.concatenate((sq.result(), lin.result()), axis=1), sum_rlogr, chunk)
+            j = min(i + BLOCK_ROWS, n)  # in-bounds slice stops (the standard leaves others unspecified)
+            g.add(resp_t_dot(xp, resp[i:j, :], chunk.features(i, j)))
+        return _diag_stats(nk, g.result(), sum_rlogr, chunk)
     if chunk.pooled:
         sums = _PooledSums(xp, nk.shape[0], d)
         n = chunk.n_rows
@@ -386,8 +398,11 @@ def vbem_kernel(chunk: Chunk, params: EStepParams, hook: Any = None, *, host: bo
     k, d = params.const.shape[0], chunk.x.shape[1]
     g, nk, rows = Sum64(xp, (k, 2 * d)), Sum64(xp, (k,)), _RowSums()
     n = chunk.n_rows
+    # a streamed chunk's [x*x, x] is formed block by block into one buffer (0.1 CPU s/GB less than a
+    # fresh block each time); a persisted chunk's is its cache
+    buf = np.empty((min(BLOCK_ROWS, n), 2 * d), dtype=dt) if chunk.feats is None and xp is np else None
     for i in range(0, n, BLOCK_ROWS):
-        f = chunk.features(i, min(i + BLOCK_ROWS, n))
+        f = chunk.features(i, min(i + BLOCK_ROWS, n), buf)
         resp, log_norm, rlogr = normalise(lr := log_rho_block(f, w, const))
         if hook is not None:
             hook(i, lr, resp, rlogr)
