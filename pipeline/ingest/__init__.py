@@ -110,8 +110,7 @@ def ingest(source: str, out: str | os.PathLike[str], *, chunk_rows: int = CHUNK_
         A new store's row normalisation (:mod:`vbcore.data.normalize`; default ``'none'``), recorded in its
         ``normalize`` attribute; an append applies the store's and refuses a different one.
     allow_duplicate : bool
-        Append a source that the store already holds (same source fingerprint,
-        :mod:`pipeline.ingest.fingerprint`); refused by default.
+        Append a source the store holds (same fingerprint, :mod:`pipeline.ingest.fingerprint`).
     **options
         Source options (``key``, ``dataset``, ``ignore_columns``, ``delimiter``, ``extractor``,
         ``skip_unreadable``, ``batch_images``, ``downsample``, ``rows``, ``dim``, ``classes``,
