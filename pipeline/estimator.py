@@ -48,6 +48,16 @@ class VBMixture(DensityMixin, BaseEstimator):
     The settings are those of :class:`pipeline.fit.spec.FitSpec` under scikit-learn's names; they are
     resolved and validated there before any data is read.
 
+    Where it differs from scikit-learn's ``BayesianGaussianMixture`` (docs/decisions.md, items 1-4):
+    ``tol`` is per row (the change of the bound over the rows' count; scikit-learn compares the
+    total, so ``tol=t / n_samples`` stops where it does); the covariance prior's variances are floored
+    at 1e-6 times the mean variance (a constant feature would make it singular); the diag E-step's
+    expectation is exact; and ``score`` / ``score_samples`` are the posterior predictive density (a
+    mixture of Student-t, a density of the rows), where scikit-learn's add the E-step's expectation
+    terms to plug-in Gaussians (no density: it does not integrate to 1 and falls steeply on held-out
+    rows in features without spread), so cross-validation scores of the two do not compare
+    (tests/test_score_meaning.py).
+
     Parameters
     ----------
     n_components : int, default=1
