@@ -76,3 +76,14 @@ def test_the_cli_shows_the_initialisation_and_an_eta(tmp_path):
     assert lines.index(f"{start} ...") < next(i for i, x in enumerate(lines) if "5/5" in x)
     res = runner.invoke(app, [*args, "--run-dir", str(tmp_path / "b"), "-q"])
     assert res.exit_code == 0 and "initialising" not in res.output and "reading the rows" not in res.output
+
+
+def test_a_log_gets_every_figure_uncut():
+    """Issue 53, item 12: in a log (no terminal, 40 columns) the bar's frame was cut to
+    'vbem digits-vbem ━ 6… ELBO … 0… finished'; the plain last line keeps every figure."""
+    out = io.StringIO()
+    with FitProgress(10, "vbem digits-vbem", console=Console(file=out, width=40)) as bar:
+        bar({"iteration": 1, "elbo": -51234.5, "n_effective": 13, "seconds": 0.5})
+        bar({"iteration": 2, "elbo": -50000.25, "n_effective": 12, "seconds": 0.25})
+    assert ("vbem digits-vbem: 2/10 iterations, ELBO -50000.2, clusters found 12, 0.375 s/iter, finished"
+            in out.getvalue())

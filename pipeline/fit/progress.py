@@ -110,6 +110,19 @@ class FitProgress:
             if exc_type is None and self._task is not None:
                 self._progress.update(self._task, status="finished")  # no ETA left standing
             self._progress.stop()
+            if not self._progress.console.is_terminal and self._task is not None:
+                # a log (a pipe, Prefect's): the bar's last frame is cut to the console's width
+                # ('ELBO …'); one plain line that wraps keeps every figure
+                self._progress.console.print(self.summary(exc_type is None), soft_wrap=True, markup=False)
+
+    def summary(self, finished: bool = True) -> str:
+        """The bar's figures as one line: ``'LABEL: I/MAX iterations, ELBO E, clusters found C,
+        R s/iter, finished'`` (``stopped`` where the fit raised)."""
+        assert self._progress is not None
+        f = self._progress.tasks[0]
+        return (f"{self.label}: {int(f.completed)}/{self.max_iter} iterations, ELBO {f.fields['elbo']}, "
+                f"clusters found {f.fields['alive']}, {f.fields['rate']} s/iter, "
+                f"{'finished' if finished else 'stopped'}")
 
 
 def eta(left: int, recent: list[float]) -> str:
