@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.cli_format import (
+    RowsBar,
     exit_code,
     fit_table,
     install_help_formatting,
@@ -149,18 +150,25 @@ def ingest(
     for k, v in (("rows", rows), ("dim", dim), ("classes", classes), ("seed", seed)):
         if v is not None:
             opts[k] = v
-    from rich.progress import Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        Progress,
+        SpinnerColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     try:
         check_input_file(source)  # an empty (0-byte) source file is named, not "Aborted."
         with Progress(SpinnerColumn(), TextColumn("ingest {task.description}", style="bold", markup=False),
                       TextColumn("{task.completed:,} rows"), TaskProgressColumn(show_speed=True),
-                      TimeElapsedColumn(), console=console,
+                      TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                       disable=quiet) as bar:
             t = bar.add_task(source, total=None)
             report = run_ingest(source, out, chunk_rows=chunk_rows, labels=labels, ids=ids, append=append,
                                 overwrite=overwrite, drop_nonfinite=drop_nonfinite,
-                                allow_duplicate=allow_duplicate, progress=lambda n: bar.advance(t, n),
+                                allow_duplicate=allow_duplicate, progress=RowsBar(bar, t),
                                 weights=weights, normalize=normalize, **opts)
     except (VBClusterError, OSError) as exc:
         fail(exc)

@@ -367,6 +367,9 @@ def _run_shards(work: Path, shards: list[list[int]], images: ImageSet, st: _Sett
         if progress is not None:
             left = set(todo)
             progress(sum(len(s) for i, s in enumerate(shards) if i not in left))
+    total = getattr(progress, "total", None)  # a bar that takes its end (an ETA instead of a spinner)
+    if callable(total):
+        total(sum(len(s) for s in shards))
     t0, count = time.perf_counter(), [0]
 
     def done(i: int, res: dict[str, Any]) -> None:
