@@ -137,7 +137,8 @@ def test_a_store_is_copied_with_a_new_normalisation_chunking_and_level(tmp_path)
     ingest(str(tmp_path / "x.npy"), tmp_path / "fm.zarr", labels=str(tmp_path / "y.npy"),
            weights=str(tmp_path / "w.npy"), chunk_rows=64)
     res = runner.invoke(app, ["ingest", str(tmp_path / "fm.zarr"), "--out", str(tmp_path / "x.zarr"),
-                              "--normalize", "power-l2", "--chunk-rows", "100", "-o", "compression_level=3"])
+                              "--normalize", "power-l2", "--chunk-rows", "100", "-o", "codec=zstd",
+                              "-o", "compression_level=3"])
     assert res.exit_code == 0 and "wrote 300 rows x 6 features" in " ".join(res.output.split()), res.output
     src, got = FeatureStore.open(tmp_path / "fm.zarr"), FeatureStore.open(tmp_path / "x.zarr")
     assert (got.normalize, got.chunk_rows, got.n_rows) == ("power-l2", 100, 300)
