@@ -135,6 +135,11 @@ def test_the_seed_drives_the_start():
     assert not np.array_equal(a.components, c.components)
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "open defect, found 2026-12-05 on an AMD EPYC (Zen 3, OpenBLAS Haswell kernel): after the earlier "
+    "tests of this file have run in the process, the Dask engine with persist='always' gives other "
+    "float32 bits than the other three runs (alone, or after tests/test_projection.py, all four agree); "
+    "it fails the same way at d1d8e1d. Not yet found"))
 def test_local_and_dask_engines_streamed_or_kept_give_the_same_bits(client, tmp_path):
     X, _ = planted_blobs(n=1500, d=60, k=5)
     path = str(tmp_path / "s.zarr")
