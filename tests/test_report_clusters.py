@@ -292,3 +292,14 @@ def test_class_axis_shows_the_folder_names_and_six_thumbnails_fit_a_cell(tmp_pat
     figure = int(re.search(r"\.ex figure\{margin:0;width:(\d+)px\}", CSS)[1])
     gap = int(re.search(r"\.ex\{display:flex;flex-wrap:wrap;gap:(\d+)px\}", CSS)[1])
     assert cell >= EXEMPLARS * figure + (EXEMPLARS - 1) * gap  # six on one line
+
+
+def test_a_synthetic_store_whose_classes_is_a_count_reports_label_codes(tmp_path):
+    """``make demo`` failed: a synthetic store records ``classes`` as the number of classes, not
+    their names; the report then shows the label codes."""
+    store = str(tmp_path / "s.zarr")
+    ingest("synthetic", store, rows=300, dim=4, classes=3, seed=0)
+    model = VBMixture(n_components=3, covariance_type="diag", max_iter=5, random_state=0).fit(store)
+    save_run(tmp_path / "run", model, store)
+    page = write_report([tmp_path / "run"]).read_text()
+    assert "class (label)" in page or "contingency" in page

@@ -294,6 +294,7 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
     labels, weights = src.labels(), src.all_weights()
     if labels is not None:
         names = FeatureStore.open(r["store"]).attrs.get("extractor_params", {}).get("classes")
+        names = names if isinstance(names, list) else None  # (a synthetic store's is its class count)
         contingency_plot(labels, pred, title, tmp / f"run{i}-contingency.png", weights, names)
         figs.append((f"run{i}-contingency.png", "Contingency against the store's labels"))
     else:
