@@ -307,12 +307,19 @@ class MemoStats:
         parts = self.ctx.engine.fetch_states(self.states)
         self.states = restart_lineage(self.ctx, self.states, parts)
         out = {_PREFIX + "have": self.have, _PREFIX + "moved": self.moved, _PREFIX + "visited": self.visited,
-               _PREFIX + "fresh": self.fresh, _PREFIX + "keys": np.asarray(self.keys, dtype=str)}
+               _PREFIX + "fresh": self.fresh, _PREFIX + "keys": np.asarray(self.keys, dtype=str),
+               _PREFIX + "weight": self.weight, _PREFIX + "last": self._last()}
         out.update(self.rounds.state(_ROUND))
         out.update(stack_stats([None if p is None else p.stats for p in parts], _PREFIX))
         for name in ("log_norm", "log_norm_m2"):
             out[_PREFIX + name] = np.asarray([0.0 if p is None else float(getattr(p, name)) for p in parts])
         return out
+
+    def _last(self) -> np.ndarray:
+        """What the last run or round measured, which :meth:`converged` reads after an iteration that
+        visits nothing (a refused birth proposal made without a pass): a checkpoint keeps it, so a
+        fit resumed there converges where the uninterrupted one does."""
+        return np.asarray([self.last_weight, self.stands_for, float(self.absorbed), float(self.last_full)])
 
     def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Resume: the kept results and bookkeeping of :meth:`state` (the same bits)."""
@@ -325,6 +332,10 @@ class MemoStats:
         self.weight = _weights(parts)
         self.k = next((p.stats.n_components for p in parts if p is not None), -1)
         self.rounds.load(arrays, _ROUND, list(range(self.have.size)))
+        if _PREFIX + "last" in arrays:  # (checkpoints of vbcluster before issue 53 keep neither)
+            self.weight = np.asarray(arrays[_PREFIX + "weight"], dtype=np.float64).copy()
+            last_weight, self.stands_for, absorbed, full = (float(v) for v in arrays[_PREFIX + "last"])
+            self.last_weight, self.absorbed, self.last_full = last_weight, bool(absorbed), bool(full)
 
     def adopt(self, arrays: Mapping[str, np.ndarray], n_components: int) -> int:
         """Warm start: take the kept results of a previous fit (its :meth:`state`) for every chunk
