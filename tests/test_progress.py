@@ -87,3 +87,42 @@ def test_a_log_gets_every_figure_uncut():
         bar({"iteration": 2, "elbo": -50000.25, "n_effective": 12, "seconds": 0.25})
     assert ("vbem digits-vbem: 2/10 iterations, ELBO -50000.2, clusters found 12, 0.375 s/iter, finished"
             in out.getvalue())
+
+
+def test_the_projection_pass_shows_its_passes_not_an_empty_bar_of_iterations(tmp_path, monkeypatch):
+    """Issue 53, item 12: while `fit --pca` projected the rows, the bar showed `0/200` iterations
+    beside its stage; now each stage shows its own progress (the randomized solver's passes over the
+    chunks: 'projection pass 2/3', a bar of passes) or none, and the bar of iterations appears when
+    they start. Every frame is rendered as a terminal would show it, at each stage."""
+    from pipeline.fit import progress
+
+    frames = []
+
+    class Recording(progress.FitProgress):
+        def stage(self, text, step=None):
+            super().stage(text, *([] if step is None else [step]))
+            shot = Console(file=io.StringIO(), width=160, color_system="standard")  # (bars need colour)
+            shot.print(self._progress.get_renderable())
+            task = self._progress.tasks[0]
+            frames.append((text, shot.file.getvalue(), (task.completed, task.total)))
+
+    monkeypatch.setattr(progress, "FitProgress", Recording)
+    store = str(tmp_path / "d.zarr")
+    assert runner.invoke(app, ["ingest", "digits", "--out", store, "-q"]).exit_code == 0
+    res = runner.invoke(app, ["fit", store, "--run-dir", str(tmp_path / "a"), "-k", "5", "--max-iter", "7",
+                              "--tol", "0", "--pca", "8", "--pca-solver", "randomized"])
+    assert res.exit_code == 0, res.output
+    stages = [text for text, _, _ in frames]
+    passes = [f"projection pass {i}/3 (randomized, P = 8): 1,797 rows x 64" for i in (1, 2, 3)]
+    assert stages[:4] == [*passes, "reading the rows (chunks, moments, prior)"], stages
+    for i, (text, frame, bar) in enumerate(frames[:3]):
+        assert f"{text} ..." in frame and "/7" not in frame and "ELBO" not in frame, frame
+        assert "━" in frame and bar == (i, 3)  # the bar of the passes: i of 3 done
+    assert "━" not in frames[3][1] and "/7" not in frames[3][1]  # a stage without passes: no bar
+    assert stages[-1] == "iterating" and "0/7" in frames[-1][1]  # the iterations' bar, from here on
+    assert "7/7" in res.output and "projection pass 3/3 (randomized, P = 8): 1,797 rows x 64: " in res.output
+    exact = runner.invoke(app, ["fit", store, "--run-dir", str(tmp_path / "b"), "-k", "5", "--max-iter", "3",
+                                "--pca", "8"])
+    assert exact.exit_code == 0, exact.output
+    assert "projection pass (exact, P = 8): mean and scatter of 1,797 rows x 64 ..." in exact.output
+    assert "projection: eigendecomposition of the 64 x 64 scatter ..." in exact.output

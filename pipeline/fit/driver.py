@@ -142,13 +142,14 @@ class CountingEngine:
 ITERATING = "iterating"  # the last stage: the iterations, reported through the callback itself
 
 
-def report_stage(callback: Any, text: str) -> None:
-    """Tell a progress display what the fit does before its first iteration (reading, initialising:
-    20 s at K = 200), through the callback's ``stage(text)`` method when it has one (FitProgress);
+def report_stage(callback: Any, text: str, step: tuple[int, int] | None = None) -> None:
+    """Tell a progress display what the fit does before its first iteration (the projection's passes,
+    reading, initialising: 20 s at K = 200), through the callback's ``stage(text)`` method when it
+    has one (FitProgress; ``stage(text, step)`` for pass ``step = (i, n)`` of a stage of several);
     ``text`` is :data:`ITERATING` when the iterations start. Plain callbacks see iterations only."""
     stage = getattr(callback, "stage", None)
     if stage is not None:
-        stage(text)
+        stage(text) if step is None else stage(text, step)
 
 
 def n_effective(post: Posterior, prior: Prior) -> int:
@@ -256,8 +257,8 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
                          "the warm start" if loaded is None else str(loaded.path))
     if loaded is None and warm is None:  # (a resumed or warm start keeps the components it has)
         check_components(int(spec.components), source.n_rows, source.describe())
-    report_stage(callback, "reading the rows (chunks, moments, prior)")
-    ctx = setup(spec, source, CountingEngine(engine), random_state, projection)
+    ctx = setup(spec, source, CountingEngine(engine), random_state, projection,
+                stage=lambda text, step: report_stage(callback, text, step))
     ctx.engine.passes = 0  # the setup's passes are not the learner's
     try:
         learner = make_learner(spec.learner, ctx, spec.learner_options)

@@ -6,11 +6,14 @@ receives ``info`` with the keys ``iteration``, ``elbo``, ``n_effective``, ``seco
 ``bound`` ('exact' or 'minibatch estimate') after every iteration, and ``elbo_se`` (the estimate's
 standard error, nats) when the bound is a minibatch estimate.
 
-Before the first iteration the fit reports its stages through :meth:`FitProgress.stage` (reading the
-rows, initialising: about 20 s at K = 200), each printed when it starts and when it ends with its
-seconds, and shown in the bar. During the iterations the bar shows an **ETA**: ``<= H:MM:SS left``,
-the iterations left to ``max_iter`` times the mean seconds of the last :data:`ETA_WINDOW`
-iterations; an upper bound, since a fit stops earlier when it converges. ``quiet`` shows none of it.
+Before the first iteration the fit reports its stages through :meth:`FitProgress.stage` (the
+projection's passes over the chunks, reading the rows, initialising: about 20 s at K = 200), each
+printed when it starts and when it ends with its seconds, and shown in the bar instead of the
+iterations: a stage of several passes (``projection pass 2/3 ...``) shows a bar of its passes, the
+others none; the bar of iterations appears when they start. During the iterations the bar shows an
+**ETA**: ``<= H:MM:SS left``, the iterations left to ``max_iter`` times the mean seconds of the last
+:data:`ETA_WINDOW` iterations; an upper bound, since a fit stops earlier when it converges.
+``quiet`` shows none of it.
 """
 
 from __future__ import annotations
@@ -23,9 +26,34 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
 
 ETA_WINDOW = 10  # iterations the ETA's seconds per iteration are averaged over
+#: the bar's task fields ``shows`` (what the bar shows: the fit's STAGES, before its iterations, or its
+#: ITERATIONS) and ``passes`` (a stage's passes; 0: the stage does not count them)
+STAGES, ITERATIONS = "stages", "iterations"
+
+
+class _Only(ProgressColumn):
+    """``column`` while the bar shows its iterations; nothing (or, for the bar itself, the passes of a
+    stage that counts them) while it shows a stage."""
+
+    def __init__(self, column: ProgressColumn, in_stage: bool = False) -> None:
+        super().__init__()
+        self.column, self.in_stage = column, in_stage
+
+    def render(self, task: Task) -> Any:
+        shown = task.fields.get("shows") == ITERATIONS or (self.in_stage and task.fields.get("passes"))
+        return self.column.render(task) if shown else Text("")
 
 
 class FitProgress:
@@ -60,20 +88,29 @@ class FitProgress:
         if not self.quiet:
             self._progress = Progress(
                 TextColumn("{task.description}", style="bold", markup=False),  # a run directory's name
-                BarColumn(), MofNCompleteColumn(),
-                TextColumn("ELBO {task.fields[elbo]}"), TextColumn("clusters found {task.fields[alive]}"),
-                TextColumn("{task.fields[rate]} s/iter"), TimeElapsedColumn(),
-                TextColumn("{task.fields[status]}"),
+                _Only(BarColumn(), in_stage=True), _Only(MofNCompleteColumn()),
+                *(_Only(TextColumn(text)) for text in ("ELBO {task.fields[elbo]}",
+                                                       "clusters found {task.fields[alive]}",
+                                                       "{task.fields[rate]} s/iter")),
+                TimeElapsedColumn(), TextColumn("{task.fields[status]}", markup=False),
                 console=self._console, transient=False,
             )
             self._progress.start()
-            self._task = self._progress.add_task(self.label, total=self.max_iter, elbo="-", alive="-",
-                                                 rate="-", status="starting")
+            # no bar of iterations before they start (a stage shows its own passes, or nothing)
+            self._task = self._progress.add_task(self.label, total=None, elbo="-", alive="-", rate="-",
+                                                 status="starting", shows=STAGES, passes=0)
         return self
 
-    def stage(self, text: str) -> None:
+    def _show_iterations(self) -> None:
+        assert self._progress is not None
+        task = self._progress.tasks[0]
+        if task.fields.get("shows") != ITERATIONS:
+            self._progress.update(self._task, total=self.max_iter, completed=0, shows=ITERATIONS)
+
+    def stage(self, text: str, step: tuple[int, int] | None = None) -> None:
         """The fit's stage before its iterations (``'iterating'`` when they start): the last stage's
-        seconds are printed, the new one is printed and shown in the bar."""
+        seconds are printed, the new one is printed and shown in the bar. ``step`` ``(i, n)``: the
+        stage is pass ``i`` of ``n`` (the projection's), and the bar shows the ``i - 1`` passes done."""
         from pipeline.fit.driver import ITERATING
 
         now = time.perf_counter()
@@ -83,7 +120,12 @@ class FitProgress:
                 self._progress.console.print(f"{last}: {now - started:.1f} s", soft_wrap=True, markup=False)
             if text != ITERATING:
                 self._progress.console.print(f"{text} ...", soft_wrap=True, markup=False)
-            self._progress.update(self._task, status=f"{text} ..." if text != ITERATING else "")
+                total, done = (0, 0) if step is None else (int(step[1]), int(step[0]) - 1)
+                self._progress.update(self._task, total=total or None, completed=done, status=f"{text} ...",
+                                      passes=total)
+            else:
+                self._show_iterations()
+                self._progress.update(self._task, status="")
         self._stage = None if text == ITERATING else (text, now)
 
     def __call__(self, info: dict[str, Any]) -> None:
@@ -94,6 +136,7 @@ class FitProgress:
             with open(self.log_path, "a") as f:
                 f.write(json.dumps(dict(time=time.time(), label=self.label, **record)) + "\n")
         if self._progress is not None:
+            self._show_iterations()  # (a callback reporting no stages: at the first iteration)
             secs = [float(r.get("seconds", math.nan)) for r in self.history if "event" not in r]
             timed = [v for v in secs if math.isfinite(v)]  # (a fit resumed at its end times none)
             rate = f"{sum(timed) / len(timed):.3f}" if timed else "-"
@@ -120,7 +163,8 @@ class FitProgress:
         R s/iter, finished'`` (``stopped`` where the fit raised)."""
         assert self._progress is not None
         f = self._progress.tasks[0]
-        return (f"{self.label}: {int(f.completed)}/{self.max_iter} iterations, ELBO {f.fields['elbo']}, "
+        done = int(f.completed) if f.fields.get("shows") == ITERATIONS else 0  # (stopped in a stage)
+        return (f"{self.label}: {done}/{self.max_iter} iterations, ELBO {f.fields['elbo']}, "
                 f"clusters found {f.fields['alive']}, {f.fields['rate']} s/iter, "
                 f"{'finished' if finished else 'stopped'}")
 

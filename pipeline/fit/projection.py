@@ -13,6 +13,7 @@ initialisation, ``predict``, ``assign``, warm starts and scheduled refreshes see
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,10 @@ from pipeline.engine.sources import ArraySource
 from pipeline.fit.spec import PCA_SOLVERS
 from vbcore.errors import ConfigError
 from vbcore.kernels.projection import Projection, RowMoments, Rows, check_pca, fit_projection, moments_kernel
-from vbcore.kernels.sketch import SketchPart, centred_rows, randomized_projection, sketch_kernel
+from vbcore.kernels.sketch import PASSES, SketchPart, centred_rows, randomized_projection, sketch_kernel
+
+#: a progress display's stage hook: ``stage(text, step)``, ``step`` ``(i, n)`` for pass i of n or None
+Stage = Callable[[str, "tuple[int, int] | None"], None]
 
 #: the ``SeedSequence`` spawn key of the randomized solver's starting basis (under the fit's seed)
 PROJECTION_SEED_KEY = (0, 5)
@@ -49,18 +53,24 @@ def data_moments(engine: Any, source: Any) -> RowMoments:
 
 
 def projection_pass(engine: Any, source: Any, n_components: int, whiten: bool, solver: str = "exact",
-                    seed: int | None = None) -> Projection:
+                    seed: int | None = None, stage: Stage | None = None) -> Projection:
     """The projection of ``source`` onto its ``n_components`` leading principal components:
     ``solver`` 'exact' (the D x D scatter, one streamed pass) or 'randomized' (subspace iteration,
-    :mod:`vbcore.kernels.sketch`, its start drawn from ``seed``)."""
+    :mod:`vbcore.kernels.sketch`, its start drawn from ``seed``). ``stage(text, step)`` is told each
+    pass over the chunks before it starts (``step``: ``(i, n)`` of several) and the driver's
+    eigendecomposition (a progress display's :meth:`~pipeline.fit.progress.FitProgress.stage`)."""
     check_pca(int(n_components), source.n_features, source.n_rows)
     single = np.dtype(source.dtype) == np.float32
     eps = float(np.finfo(np.float32 if single else np.float64).eps)
+    say = stage or _silent
+    shape = f"{source.n_rows:,} rows x {source.n_features}"
     if solver == "randomized":
-        return _randomized(engine, source, int(n_components), bool(whiten), seed, single, eps)
+        return _randomized(engine, source, int(n_components), bool(whiten), seed, single, eps, say, shape)
     if solver != "exact":
         raise ConfigError(f"pca_solver must be one of {', '.join(PCA_SOLVERS)}, got {solver!r}")
+    say(f"projection pass (exact, P = {int(n_components)}): mean and scatter of {shape}", None)
     moments = data_moments(engine, source)
+    say(f"projection: eigendecomposition of the {source.n_features} x {source.n_features} scatter", None)
     # one BLAS thread, as the chunk kernels: eigenvectors whose bits do not depend on the driver's
     # cores (and on a busy 2-core machine LAPACK's eigh at D = 4096 took 7 CPU s on one thread,
     # 20 on two)
@@ -68,8 +78,12 @@ def projection_pass(engine: Any, source: Any, n_components: int, whiten: bool, s
         return fit_projection(moments, int(n_components), bool(whiten), eps=eps)
 
 
+def _silent(text: str, step: tuple[int, int] | None) -> None:
+    """No progress display."""
+
+
 def _randomized(engine: Any, source: Any, n_components: int, whiten: bool, seed: int | None,
-                single: bool, eps: float) -> Projection:
+                single: bool, eps: float, say: Stage, shape: str) -> Projection:
     """:func:`vbcore.kernels.sketch.randomized_projection` with its passes on ``engine``: the chunks
     kept in (worker) memory for all of them when the engine's ``persist`` allows (so the store is
     read once), else streamed in each; released afterwards."""
@@ -78,8 +92,12 @@ def _randomized(engine: Any, source: Any, n_components: int, whiten: bool, seed:
     try:
         where = None if isinstance(source, ArraySource) else source.describe()
         starts = [s.start for s in source.chunk_slices()]
+        done = [0]
 
         def apply(basis: np.ndarray, first: bool) -> SketchPart:
+            done[0] += 1
+            say(f"projection pass {done[0]}/{PASSES} (randomized, P = {n_components}): {shape}",
+                (done[0], PASSES))
             return engine.map_reduce(sketch_kernel, handles, basis, where if first else None,
                                      per_chunk=starts)
 

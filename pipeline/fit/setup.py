@@ -28,7 +28,7 @@ from pipeline.engine.sources import (
     is_store_path,
 )
 from pipeline.fit.learners import FitContext, learner_class
-from pipeline.fit.projection import ProjectedSource, projection_pass
+from pipeline.fit.projection import ProjectedSource, Stage, projection_pass
 from pipeline.fit.spec import FitSpec
 from vbcore.data.validation import check_array_2d, check_weights
 from vbcore.errors import ConfigError, InputError
@@ -72,20 +72,25 @@ def seed_entropy(random_state: Any) -> int | None:
 
 
 def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
-          projection: Projection | None = None, shift: np.ndarray | None = None) -> FitContext:
+          projection: Projection | None = None, shift: np.ndarray | None = None,
+          stage: Stage | None = None) -> FitContext:
     """Project (``spec.pca``), prepare the chunks, reduce the moments, build the prior: the context
     of the learner.
 
     ``spec`` is resolved (:meth:`FitSpec.resolved`); ``random_state`` is the seed or RandomState
     of the k-means and sampling draws; ``projection`` is a warm start's or a checkpoint's (else
     one is computed when ``spec.pca`` is set); ``shift`` the rows' offset (default: the first row;
-    batches of ``partial_fit`` share the first batch's). The caller releases ``ctx.handles`` on the engine."""
+    batches of ``partial_fit`` share the first batch's); ``stage(text, step)`` is told the projection's
+    passes and the reading of the rows (a progress display's). The caller releases ``ctx.handles`` on
+    the engine."""
     cls = learner_class(spec.learner)
     ct = spec.covariance
     assert ct is not None, "resolve the spec first"
     if spec.pca is not None and projection is None:
         projection = projection_pass(engine, raw, int(spec.pca), bool(spec.whiten), spec.pca_solver,
-                                     seed_entropy(random_state))
+                                     seed_entropy(random_state), stage)
+    if stage is not None:
+        stage("reading the rows (chunks, moments, prior)", None)
     source = raw if projection is None else ProjectedSource(raw, projection)
     shift = np.asarray(source.load(0)[0] if shift is None else shift, dtype=np.float64)
     squares = ct not in ("full", "tied") and cls.cache_squares
