@@ -135,12 +135,10 @@ def test_the_seed_drives_the_start():
     assert not np.array_equal(a.components, c.components)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open defect, found 2026-12-05 on an AMD EPYC (Zen 3, OpenBLAS Haswell kernel): after the earlier "
-    "tests of this file have run in the process, the Dask engine with persist='always' gives other "
-    "float32 bits than the other three runs (alone, or after tests/test_projection.py, all four agree); "
-    "it fails the same way at d1d8e1d. Not yet found"))
 def test_local_and_dask_engines_streamed_or_kept_give_the_same_bits(client, tmp_path):
+    """(Before: an xfail -- after the earlier tests of this file, Dask with persist='always' gave other
+    float32 bits: a chunk kept on one worker reached a task on the other unaligned, and NumPy's
+    matmul computed it without BLAS; tests/test_aligned.py.)"""
     X, _ = planted_blobs(n=1500, d=60, k=5)
     path = str(tmp_path / "s.zarr")
     FeatureStore.create(path, 60, chunk_rows=400).append((X + 1e4).astype(np.float32))

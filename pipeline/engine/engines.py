@@ -25,7 +25,8 @@ pinned for the worker's life (:func:`pin_one_blas_thread`) -- and the engines pa
 instead: the in-process engine with a pool of ``threads`` threads (NumPy releases the GIL in its
 GEMMs), a Dask cluster with its workers x threads. Chunk results are reduced over the fixed tree in
 chunk order, so a pass depends only on the data, the state and the chunking -- not on the BLAS
-threads, the pool's threads, nor how many workers there are.
+threads, the pool's threads, nor how many workers there are; nor on the byte offset at which an
+array arrived from another process (:mod:`pipeline.engine.aligned`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from pipeline.engine.aligned import aligned
 from pipeline.engine.backends import ARRAY_BACKENDS, check_backend, first_chunk_alone, on_backend
 from pipeline.engine.blas import default_threads, one_blas_thread, pin_one_blas_thread
 from pipeline.engine.dask_sizes import register_sizes
@@ -112,20 +114,20 @@ def _materialise(handle: Any) -> Any:
     if isinstance(handle, tuple) and handle and handle[0] == "prep-rows":
         # ("prep-rows", rows, prep, args): the rows are a task's result; Dask resolved the future
         _, rows, prep, args, *w = handle
-        return prep_weighted(prep, rows, w[0] if w else None, *args)
+        return prep_weighted(prep, aligned(rows), w[0] if w else None, *aligned(args))
     return handle
 
 
 def _apply(kernel: Callable[..., Any], handle: Any, *args: Any) -> Any:
-    chunk = _materialise(handle)
+    chunk = aligned(_materialise(handle))  # (a chunk or parameters from another worker: any offset)
     with one_blas_thread():
-        return kernel(chunk, *args)
+        return kernel(chunk, *aligned(args))
 
 
 def _apply_item(kernel: Callable[..., Any], handle: Any, item: Any, *args: Any) -> Any:
-    chunk = _materialise(handle)
+    chunk = aligned(_materialise(handle))
     with one_blas_thread():
-        return kernel(chunk, item, *args)
+        return kernel(chunk, aligned(item), *aligned(args))
 
 
 def _apply_pinned(kernel: Callable[..., Any], handle: Any, *args: Any) -> Any:
@@ -142,7 +144,7 @@ def _apply_item_pinned(kernel: Callable[..., Any], handle: Any, item: Any, *args
 def _prep_pinned(prep: Callable[..., Any], rows: Any, *args: Any) -> Any:
     """``prep`` on a Dask worker with BLAS pinned to one thread (a projection's GEMM)."""
     pin_one_blas_thread()
-    return prep(rows, *args)
+    return prep(aligned(rows), *aligned(args))
 
 
 def _identity(value: Any) -> Any:
@@ -386,7 +388,7 @@ class DaskEngine:
 
     def map(self, kernel: Callable[..., Any], handles: Sequence[Any], *args: Any,
             per_chunk: Sequence[Any] | None = None) -> list[Any]:
-        return self.client.gather(self._submit(kernel, handles, args, per_chunk))
+        return [aligned(r) for r in self.client.gather(self._submit(kernel, handles, args, per_chunk))]
 
     def map_reduce(self, kernel: Callable[..., R], handles: Sequence[Any], *args: Any,
                    per_chunk: Sequence[Any] | None = None) -> R:
@@ -394,7 +396,7 @@ class DaskEngine:
         root = tree_reduce(parts, lambda a, b: self.client.submit(_merge, a, b, pure=False))
         if self.array_backend != "numpy":  # to the host on the worker: the driver may have no device
             root = self.client.submit(on_host, root, pure=False)
-        return root.result()
+        return aligned(root.result())  # (the driver's products too: see pipeline.engine.aligned)
 
     def map_keep(self, kernel: Callable[..., tuple[Any, R]], handles: Sequence[Any], states: Sequence[Any],
                  *args: Any, combine: Callable[[list[R]], R] | None = None) -> tuple[list[Any], R]:
@@ -410,20 +412,21 @@ class DaskEngine:
         new_states = self.client.map(operator.getitem, pairs, [0] * n, pure=False)
         results = self.client.map(operator.getitem, pairs, [1] * n, pure=False)
         if combine is not None:
-            return new_states, combine(self.client.gather(results))
+            return new_states, combine([aligned(r) for r in self.client.gather(results)])
         root = tree_reduce(results, lambda a, b: self.client.submit(_merge, a, b, pure=False))
-        return new_states, root.result()
+        return new_states, aligned(root.result())
 
     def reduce_states(self, states: Sequence[Any]) -> Any:
         """As :meth:`LocalEngine.reduce_states`; the merges run on the workers holding the states."""
-        return tree_reduce(list(states), lambda a, b: self.client.submit(_merge, a, b, pure=False)).result()
+        return aligned(tree_reduce(list(states), lambda a, b: self.client.submit(_merge, a, b,
+                                                                                 pure=False)).result())
 
     def fetch_states(self, states: Sequence[Any], convert: Callable[[Any], Any] | None = None) -> list[Any]:
         """Gather per-chunk states to the driver (for a checkpoint); ``convert`` (for example device
         to host) runs on the workers first."""
         if convert is not None:
             states = self.client.map(convert, list(states), pure=False)
-        return list(self.client.gather(list(states)))
+        return [aligned(s) for s in self.client.gather(list(states))]
 
     def place_states(self, states: Sequence[Any], handles: Sequence[Any]) -> list[Any]:
         """Send gathered per-chunk states, each to the worker holding its chunk when it is persisted
