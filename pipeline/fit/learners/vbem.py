@@ -22,7 +22,6 @@ from pipeline.fit.learners.growth import (
     default_limit,
     n_used,
     pairs_after_pruning,
-    propose,
     propose_outliers,
     propose_splits,
 )
@@ -63,8 +62,9 @@ class VBEM(TruncatedLearner):
     #: component, up to doubling K, and keeps each split only where the exact bound prefers it: a
     #: merge-back pass after the proposal's iterations) or ``gated`` (the splits of the components that
     #: look like two groups, kept or refused together); ``grow_tol``: a fit grows once its bound
-    #: changes by less than this per row, before it converges (0: only at convergence). With ``priors='empirical'`` the free hyperparameters are
-    #: re-estimated after every M-step (:mod:`vbcore.model.empirical`).
+    #: changes by less than this per row, before it converges (0: only at convergence). With
+    #: ``priors='empirical'`` the free hyperparameters are re-estimated after every M-step
+    #: (:mod:`vbcore.model.empirical`).
     #: ``moves='auto'``: merge and delete moves where the truncation grows (``grow``, the pipeline's
     #: default, so K also shrinks on the bound), none otherwise (scikit-learn's trajectory).
     options = {"prune_below": 1e-6, "reorder": False, "grow_iters": 5, "grow_splits": "all", "grow_tol": 1e-2,
@@ -194,8 +194,10 @@ class VBEM(TruncatedLearner):
         growth, ctx = self.growth, self.ctx
         growth.pending = False
         old_post, old_prior, last = self.post, ctx.prior, growth.last
+        assert last is not None
         kept = None if self.memo is None else self.memo.snapshot()
-        for k_new, proposal, pairs in self._proposals(growth.next_truncation(), old_post, old_prior, iteration):
+        proposals = self._proposals(growth.next_truncation(), old_post, old_prior, iteration)
+        for k_new, proposal, pairs in proposals:
             if proposal is not None:
                 accepted = self._try(proposal, k_new, old_prior, last, iteration, kept, pairs)
                 if accepted is not None:
