@@ -16,9 +16,10 @@ installs it):
 
 Each set is ingested into ``OUT/battery/NAME.zarr`` with its labels and fitted with ``vbcluster fit``'s
 settings (:func:`pipeline.service.fit_run`): ``default`` (nothing set) and ``select`` (``--select
-auto``); beside them scikit-learn's ``BayesianGaussianMixture`` (diag, K = 50, its defaults otherwise)
-and k-means told the true K (``n_init=10``). Writes ``OUT/battery/README.md`` (the table),
-``results.csv`` and ``fits.jsonl``; prints the load average beside the times (2 shared cores).
+auto``), and on request (``--modes``) ``bound`` and ``empirical`` (``--priors``); beside them
+scikit-learn's ``BayesianGaussianMixture`` (diag, K = 50, its defaults otherwise) and k-means told
+the true K (``n_init=10``). Writes ``OUT/battery/README.md`` (the table), ``results.csv`` and
+``fits.jsonl``; prints the load average beside the times (2 shared cores).
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MLBENCH = Path("/usr/lib/R/site-library/mlbench/data")
 SETS = ("digits", "vehicle", "vowel", "satellite", "fashion-mnist")
-MODES = {"default": {}, "select": {"select": "auto"}}
+#: the fits of each set: the defaults, ``--select auto``, and the prior rules side by side (issue 51,
+#: deliver 3: ``--priors bound`` and ``--priors empirical`` whichever the default is)
+MODES = {"default": {}, "select": {"select": "auto"}, "bound": {"priors": "bound"},
+         "empirical": {"priors": "empirical"}}
 
 
 class Skip(Exception):
@@ -151,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--only", nargs="*", default=list(SETS))
-    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--modes", nargs="*", default=["default", "select"], choices=list(MODES))
     ap.add_argument("--no-sklearn", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.out)

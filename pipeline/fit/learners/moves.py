@@ -276,6 +276,23 @@ class Moves:
         self.pending, self.force, self.delete_limit = bool(pending), bool(force), limit
 
 
+def merge_back(ctx: Any, post: Posterior, pairs: np.ndarray, pass_: Any = None) -> tuple[SuffStats, int]:
+    """One E-step pass under ``post`` that merges back the splits ``pairs`` (parent, child; a < b)
+    whose merge raises the exact ELBO (VB EM's births, :mod:`pipeline.fit.learners.growth`): each
+    split of a round is kept only where the bound prefers it. The pass's statistics with those merges
+    applied (:func:`vbcore.moves.exact.select_merges`, greedy on the exact change of the set), and
+    how many were merged back. ``pass_(params)``: the pass (as :meth:`Moves.run`'s; VB EM's memoized
+    statistics keep each chunk's)."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    params = MoveParams(estep_params(post, ctx.shift), pairs, None, _EMPTY)
+    res = ctx.engine.map_reduce(move_kernel, ctx.handles, params) if pass_ is None else pass_(params)
+    acc, _ = select_merges(res.stats, pairs, res.h, ctx.prior, ctx.reg_covar)
+    if not acc.shape[0]:
+        return res.stats, 0
+    merged = apply_merges(res.stats, acc, res.h[_rows(pairs, acc)], removes_components(ctx.prior))
+    return merged, int(acc.shape[0])
+
+
 def _relabelling(k: int, accepted: np.ndarray, deleted: np.ndarray | None, keep: np.ndarray | None,
                  remove: bool) -> tuple[np.ndarray, np.ndarray]:
     """(kept, moved) of a round in the old indexing (:meth:`pipeline.fit.learners.truncated.TruncatedEStep.

@@ -17,9 +17,16 @@ from typing import Any
 import numpy as np
 
 from pipeline.fit.learners import register
-from pipeline.fit.learners.growth import Growth, default_limit, n_used, propose, propose_outliers
+from pipeline.fit.learners.growth import (
+    Growth,
+    default_limit,
+    n_used,
+    pairs_after_pruning,
+    propose_outliers,
+    propose_splits,
+)
 from pipeline.fit.learners.memo import MemoStats, check_memo_option
-from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, check_move_options
+from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, check_move_options, merge_back
 from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import KernelResult, estep_params, vbem_pass_kernel
@@ -28,6 +35,9 @@ from vbcore.model.empirical import empirical_update, prior_from_state, prior_sta
 from vbcore.model.mstep import m_step
 from vbcore.model.posterior import Posterior
 from vbcore.model.stats import SuffStats
+
+#: values of VB EM's learner option ``grow_splits``
+GROW_SPLITS = ("all", "gated")
 
 
 def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
@@ -48,12 +58,17 @@ class VBEM(TruncatedLearner):
     #: off by default, so the trajectory stays scikit-learn's). ``candidates`` > 0: the truncated
     #: E-step; ``moves``: merge/delete moves.
     #: ``grow_iters``: iterations a birth proposal may take to beat the converged bound
-    #: (:mod:`pipeline.fit.learners.growth`). With ``priors='empirical'`` the free hyperparameters are
-    #: re-estimated after every M-step (:mod:`vbcore.model.empirical`).
+    #: (:mod:`pipeline.fit.learners.growth`); ``grow_splits``: ``all`` (a round proposes to split every
+    #: component, up to doubling K, and keeps each split only where the exact bound prefers it: a
+    #: merge-back pass after the proposal's iterations) or ``gated`` (the splits of the components that
+    #: look like two groups, kept or refused together); ``grow_tol``: a fit grows once its bound
+    #: changes by less than this per row, before it converges (0: only at convergence). With
+    #: ``priors='empirical'`` the free hyperparameters are re-estimated after every M-step
+    #: (:mod:`vbcore.model.empirical`).
     #: ``moves='auto'``: merge and delete moves where the truncation grows (``grow``, the pipeline's
     #: default, so K also shrinks on the bound), none otherwise (scikit-learn's trajectory).
-    options = {"prune_below": 1e-6, "reorder": False, "grow_iters": 5, **TRUNCATED_OPTIONS, **MOVE_OPTIONS,
-               "moves": "auto", "memo": 0.0, "memo_stop": "gain"}
+    options = {"prune_below": 1e-6, "reorder": False, "grow_iters": 5, "grow_splits": "all", "grow_tol": 1e-2,
+               **TRUNCATED_OPTIONS, **MOVE_OPTIONS, "moves": "auto", "memo": 0.0, "memo_stop": "gain"}
     empirical_bayes = True
 
     @classmethod
@@ -67,6 +82,12 @@ class VBEM(TruncatedLearner):
         if int(opts["grow_iters"]) < 1:
             raise ConfigError(f"learner option 'grow_iters' of {cls.name!r} must be >= 1, "
                               f"got {opts['grow_iters']!r}")
+        if opts["grow_splits"] not in GROW_SPLITS:
+            raise ConfigError(f"learner option 'grow_splits' of {cls.name!r} must be one of {GROW_SPLITS}, "
+                              f"got {opts['grow_splits']!r}")
+        if not float(opts["grow_tol"]) >= 0.0:
+            raise ConfigError(f"learner option 'grow_tol' of {cls.name!r} must be a number >= 0, "
+                              f"got {opts['grow_tol']!r}")
 
     @classmethod
     def check_spec(cls, spec: Any) -> None:
@@ -95,6 +116,7 @@ class VBEM(TruncatedLearner):
         limit = ctx.max_components if ctx.max_components is not None else default_limit(start, ctx.n_rows)
         enabled = ctx.grow and ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
         self.growth = Growth(enabled, start, limit, int(self.opts["grow_iters"]))
+        self.growth.grow_tol = float(self.opts["grow_tol"])
         self.iteration = 0  # the last step's (the memoized convergence test's lap ends there)
         self.round = False  # the last step was a move round (a full pass)
 
@@ -157,39 +179,57 @@ class VBEM(TruncatedLearner):
         return terms, keep
 
     def grow(self, iteration: int) -> tuple[Posterior, ElboTerms]:
-        """Birth proposals, each accepted at the first of ``grow_iters`` exact iterations whose bound
-        beats the converged one (:mod:`pipeline.fit.learners.growth`): the splits towards the doubled
-        or filled truncation; when a doubling (every component split) is refused, the splits of the
+        """Birth proposals, each accepted when, within ``grow_iters`` exact iterations (and, for
+        ``grow_splits='all'``, the merge-back pass that keeps each split only where the bound prefers
+        it), its bound beats the last one (:mod:`pipeline.fit.learners.growth`): the splits of every
+        component up to doubling K (``all``) or those towards the doubled or filled truncation
+        (``gated``); when a doubling (every component split) is refused, the splits of the
         components that look like two groups alone (a saturated fit may hold single classes, whose
         splits cost more than the merged ones' gain); then, when they are refused or there are
         none, the births from groups of the worst-explained rows
         (:func:`pipeline.fit.learners.growth.propose_outliers`). All refused, the fit keeps its
-        posterior and bound (the history repeats its last value and the fit ends)."""
+        posterior and bound (the history repeats its last value; the growth ends, or after an early
+        round only the early rounds end)."""
         assert self.post is not None and self.growth.last is not None
         growth, ctx = self.growth, self.ctx
         growth.pending = False
         old_post, old_prior, last = self.post, ctx.prior, growth.last
+        assert last is not None
         kept = None if self.memo is None else self.memo.snapshot()
-        for k_new, proposal in self._proposals(growth.next_truncation(), old_post, old_prior, iteration):
+        proposals = self._proposals(growth.next_truncation(), old_post, old_prior, iteration)
+        for k_new, proposal, pairs in proposals:
             if proposal is not None:
-                accepted = self._try(proposal, k_new, old_prior, last, iteration, kept)
+                accepted = self._try(proposal, k_new, old_prior, last, iteration, kept, pairs)
                 if accepted is not None:
                     return self.post, accepted
-        ctx.prior, self.post, growth.last, growth.refused = old_prior, old_post, last, True
+        ctx.prior, self.post, growth.last = old_prior, old_post, last
+        growth.refuse()
         return old_post, last
 
     def _proposals(self, k: int, post: Posterior, prior: Any,
-                   iteration: int) -> Iterator[tuple[int, Posterior | None]]:
+                   iteration: int) -> Iterator[tuple[int, Posterior | None, np.ndarray | None]]:
         """The birth proposals of :meth:`grow` in the order they are tried, made lazily (each costs a
-        sample or a pass): ``(truncation, proposal or None)``."""
+        sample or a pass): ``(truncation, proposal or None, its splits to judge one by one or None)``.
+        ``grow_splits='all'`` (with the exact E-step: the merge-back pass is a move pass of all rows)
+        splits every component, up to doubling K, where the truncation
+        doubles or the round is early, and judges every split proposal split by split; a fill at
+        convergence splits only the components that look like two groups (a converged answer spends
+        no round on single Gaussians)."""
         ctx, growth = self.ctx, self.growth
-        first = propose(ctx, post, prior, k, iteration, gated=not growth.double)
-        yield k, first
+        judged = self.opts["grow_splits"] == "all" and self.truncated is None
+        first: Posterior | None = None
+        if judged and (growth.double or growth.early):
+            k_all = min(growth.limit, max(k, 2 * post.n_components))
+            if k_all > post.n_components:
+                yield (k_all, *propose_splits(ctx, post, prior, k_all, iteration))
+        if not (judged and growth.double):
+            first, pairs = propose_splits(ctx, post, prior, k, iteration, gated=not growth.double)
+            yield k, first, pairs if judged else None
         if growth.double:  # a refused doubling: the components that look like two groups alone
-            gated = propose(ctx, post, prior, k, iteration, gated=True)
-            if first is None or gated is None or gated.n_components != first.n_components:
-                yield k, gated  # (as large as the doubling, it is the same splits: not tried again)
-        yield propose_outliers(ctx, post, prior, growth.limit, self._fresh()) or (k, None)
+            gated, pairs = propose_splits(ctx, post, prior, k, iteration, gated=True)
+            if judged or first is None or gated is None or gated.n_components != first.n_components:
+                yield k, gated, pairs if judged else None  # (the doubling's own splits: not tried again)
+        yield (*(propose_outliers(ctx, post, prior, growth.limit, self._fresh()) or (k, None)), None)
 
     def _fresh(self) -> np.ndarray | None:
         """The chunks the worst-rows check reads: all (None), or with memoized statistics the chunks
@@ -198,24 +238,48 @@ class VBEM(TruncatedLearner):
         return None if self.memo is None else np.flatnonzero(self.memo.fresh)
 
     def _try(self, proposal: Posterior, k: int, old_prior: Any, last: ElboTerms, iteration: int,
-             kept: Any) -> ElboTerms | None:
-        """Up to ``grow_iters`` exact iterations from ``proposal`` (truncation ``k``): the bound of
-        the first that beats ``last`` by ``min_gain`` (the proposal accepted), or None, with the
-        posterior, prior and memoized statistics as before it."""
+             kept: Any, pairs: np.ndarray | None = None) -> ElboTerms | None:
+        """Up to ``grow_iters`` exact iterations from ``proposal`` (truncation ``k``), until one beats
+        ``last`` by ``min_gain``; with ``pairs`` (its splits, parent and child) then one merge-back
+        pass (:func:`pipeline.fit.learners.moves.merge_back`: every split the bound does not prefer
+        is undone; none left, the proposal is refused, even where the fit's own iterations raised
+        the bound). The bound of the result when it beats ``last`` (the proposal accepted), or None,
+        with the posterior, prior and memoized statistics as before it."""
         growth, ctx, old_post = self.growth, self.ctx, self.post
         ctx.prior = replace(old_prior, n_components=k)
         self.post = proposal
         for _ in range(growth.iters):
             stats = self.full_pass(iteration)
             terms, keep = self.update(stats)
-            if keep is not None and self.memo is not None:
-                self.memo.relabel(kept_components(self.post, keep))
+            if keep is not None:
+                if self.memo is not None:
+                    self.memo.relabel(kept_components(self.post, keep))
+                if pairs is not None:
+                    pairs = pairs_after_pruning(pairs, kept_components(self.post, keep), keep.size)
             if terms.total > last.total + growth.min_gain:
-                growth.truncation, growth.grown = k, growth.grown + 1
-                if self.truncated is not None:  # new candidate sets for the new components
-                    self.truncated.start(self.post)
-                self.moves.restart(iteration, stats, keep, self.post, ctx.prior, ctx.reg_covar)
-                return terms
+                break
+        split = True  # (with pairs: a split survives the merge-back; else the proposal is refused)
+        if pairs is not None:
+            assert self.post is not None
+            memo = self.memo
+            stats, merged = merge_back(ctx, self.post, pairs, None if memo is None else
+                                       lambda params: memo.run_moves(params, iteration))
+            if memo is not None and merged:
+                memo.invalidate()  # the merged q(Z) is no chunk's kept one
+            terms, keep = self.update(stats)
+            if keep is not None and memo is not None:
+                memo.relabel(kept_components(self.post, keep))
+            split = pairs.shape[0] > merged
+        if split and terms.total > last.total + growth.min_gain:
+            if pairs is not None:  # the truncation is what the bound kept: saturated, it doubles next
+                assert self.post is not None
+                k = self.post.n_components
+                ctx.prior = replace(ctx.prior, n_components=k)
+            growth.accepted(k)
+            if self.truncated is not None:  # new candidate sets for the new components
+                self.truncated.start(self.post)
+            self.moves.restart(iteration, stats, keep, self.post, ctx.prior, ctx.reg_covar)
+            return terms
         ctx.prior, self.post = old_prior, old_post
         if kept is not None and self.memo is not None:  # q(Z) and q(theta) as before the proposal
             self.memo.restore(kept)
@@ -234,10 +298,19 @@ class VBEM(TruncatedLearner):
             base = self.memo.converged(history, tol, self.ctx.n_weight, self.iteration)
         else:  # (a move round is a full pass, whatever it did to the kept statistics)
             base = super().converged(history, tol)
+        growth = self.growth
+        if growth.early_refused:  # (the history repeats the bound of a fit that had not converged)
+            growth.early_refused = False
+            return False
         done = self.moves.converged(base)
         assert self.post is not None
-        self.growth.min_gain = tol * self.ctx.n_weight
-        return done and not self.growth.wants(n_used(self.post), self.post.n_components)
+        growth.min_gain = tol * self.ctx.n_weight
+        used, k = n_used(self.post), self.post.n_components
+        if not done:
+            growth.wants_early(history, self.ctx.n_weight, used, k)
+            return False
+        growth.early = False
+        return not growth.wants(used, k)
 
     def truncation_info(self, used: int) -> dict[str, Any]:
         return self.growth.info(used)
