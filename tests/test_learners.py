@@ -53,8 +53,8 @@ def test_bad_options_are_clear_errors(options, message):
 
 def test_vbem_rejects_options_before_fitting():
     model = VBMixture(3, learner_options={"eta": 1})
-    with pytest.raises(ConfigError, match="learner 'vbem' has no option 'eta'; its options: block_rows, "
-                                          "candidates, delete_max, .*, prune_below, random_clusters, "
+    with pytest.raises(ConfigError, match="learner 'vbem' has no option 'eta'; its options: accelerate, "
+                                          "block_rows, candidates, delete_max, .*, prune_below, random_clusters, "
                                           "reorder, search"):
         model.fit(X)
     assert not hasattr(model, "posterior_")

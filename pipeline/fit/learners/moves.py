@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.fit.learners.soft_judge import soft_merges
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
 from vbcore.kernels.sga_stats import DPPoint, take_stats
@@ -63,9 +64,12 @@ MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 
 HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", **{k: MOVE_OPTIONS[k] for k in (
     "move_every", "move_pairs", "move_neighbours")}}
 #: learner option ``judge`` of the DP point learners: the exact bound their merges and births are judged
-#: on -- ``diag`` (the default): the pipeline's default model's, of their hard assignments
-#: (:func:`partition_prior`); ``own``: the learner's own (the fixed isotropic covariance)
-JUDGES = ("diag", "own")
+#: on -- ``diag`` (the default): the pipeline's default model's (:func:`partition_prior`), births on their
+#: hard assignments, and a merge the hard assignments accept only when the same model's bound at soft
+#: responsibilities accepts it too (:func:`soft_merges`, issue 51); ``diag-hard``: merges on the hard
+#: assignments alone (the default before issue 51); ``own``: the learner's own (the fixed isotropic
+#: covariance)
+JUDGES = ("diag", "diag-hard", "own")
 #: empirical-Bayes steps on ``beta0`` for a judging prior at most (:meth:`Judge.tune`)
 TUNE_STEPS = 50
 #: the move options of the DP point learners (MM, SGA, SGA+M, SGA+F) and SVI
@@ -337,10 +341,14 @@ class HardMoves:
     def due(self, iteration: int) -> bool:
         return bool(self.kinds) and (self.force or iteration % int(self.opts["move_every"]) == 0)
 
-    def select(self, stats: SuffStats, means: np.ndarray, prior: Any) -> np.ndarray:
-        """Disjoint pairs of clusters to merge, from the hard statistics of all rows."""
+    def select(self, stats: SuffStats, means: np.ndarray, prior: Any, soft: Any = None) -> np.ndarray:
+        """Disjoint pairs of clusters to merge, from the hard statistics of all rows; with ``soft``
+        (``soft(pairs, prior) -> (accepted, gain)``, :func:`soft_merges`), only when the hard
+        statistics accept one, the pairs are chosen again on the soft bound."""
         pairs = nearest_pairs(means, int(self.opts["move_neighbours"]))
         acc, gain = select_hard_merges(stats, pairs, prior, int(self.opts["move_pairs"]))
+        if acc.shape[0] and soft is not None:
+            acc, gain = soft(pairs, prior)
         self.pending, self.force = bool(acc.shape[0]), False
         self.last_round = {"merges": int(acc.shape[0]), "gain": gain}
         return acc
@@ -392,6 +400,7 @@ class Judge:
 
     def __init__(self, opts: Mapping[str, Any]) -> None:
         self.own = opts.get("judge", "own") == "own"
+        self.soft = opts.get("judge", "own") == "diag"  # merges verified at soft responsibilities
         self._base: Prior | None = None
 
     def tune(self, ctx: Any, stats: SuffStats) -> Prior:
@@ -450,7 +459,11 @@ class HardMovesMixin:
         if not self.moves.due(iteration):
             return stats
         me: Any = self
-        acc = self.moves.select(stats, me.point.means, self.judging.tune(me.ctx, stats))
+        soft = None
+        if self.judging.soft:
+            def soft(pairs: np.ndarray, prior: Prior) -> tuple[np.ndarray, float]:
+                return soft_merges(me.ctx, stats, pairs, prior, int(self.moves.opts["move_pairs"]))
+        acc = self.moves.select(stats, me.point.means, self.judging.tune(me.ctx, stats), soft)
         if acc.shape[0] == 0:
             return stats
         means, sticks, counts, keep = merge_points(me.point.means, me.point.sticks, stats.nk, acc)

@@ -27,6 +27,7 @@ from pipeline.fit.learners.growth import (
 )
 from pipeline.fit.learners.memo import MemoStats, check_memo_option
 from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, check_move_options, merge_back
+from pipeline.fit.learners.overrelax import OverRelax
 from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import KernelResult, estep_params, vbem_pass_kernel
@@ -68,7 +69,8 @@ class VBEM(TruncatedLearner):
     #: ``moves='auto'``: merge and delete moves where the truncation grows (``grow``, the pipeline's
     #: default, so K also shrinks on the bound), none otherwise (scikit-learn's trajectory).
     options = {"prune_below": 1e-6, "reorder": False, "grow_iters": 5, "grow_splits": "all", "grow_tol": 1e-2,
-               **TRUNCATED_OPTIONS, **MOVE_OPTIONS, "moves": "auto", "memo": 0.0, "memo_stop": "gain"}
+               **TRUNCATED_OPTIONS, **MOVE_OPTIONS, "moves": "auto", "memo": 0.0, "memo_stop": "gain",
+               "accelerate": False}
     empirical_bayes = True
 
     @classmethod
@@ -119,6 +121,7 @@ class VBEM(TruncatedLearner):
         self.growth.grow_tol = float(self.opts["grow_tol"])
         self.iteration = 0  # the last step's (the memoized convergence test's lap ends there)
         self.round = False  # the last step was a move round (a full pass)
+        self.relax = OverRelax(bool(self.opts["accelerate"]))  # over-relaxed passes (issue 51)
 
     def start_warm(self, post: Posterior) -> None:
         """Begin from ``post``, a finished fit's, with a truncation it does not saturate
@@ -130,8 +133,11 @@ class VBEM(TruncatedLearner):
         assert self.post is not None, "start() first"
         self.iteration, self.round = iteration, False
         if self.growth.pending:
+            self.relax.reset()
             return self.grow(iteration)
         trunc = self.truncated
+        if trunc is not None or self.memo is not None:
+            self.relax.reset()
         if trunc is not None and self.moves.due(iteration):
             k = self.post.n_components
             stats = self.moves.choose_truncated(self.ctx, trunc.run(self.post, iteration,
@@ -147,12 +153,16 @@ class VBEM(TruncatedLearner):
                 memo.invalidate()  # the accepted moves' q(Z) is no chunk's kept one
             # (a round on kept shares visits some chunks: the memoized convergence test follows it)
             self.round = memo is None or memo.last_full
+            if self.moves.last_round["merges"] or self.moves.last_round["deleted"]:
+                self.relax.reset()
+            elif memo is None:  # a round that moved nothing is a plain pass
+                self.relax.push(stats, None)
         elif self.memo is not None:
             stats = self.memo.run(estep_params(self.post, self.ctx.shift), iteration).stats
             if self.memo.absorbed:  # new rows beside adopted statistics: the round comes now
                 self.moves.round_next()
         else:
-            stats = vbem_pass(self.ctx, self.post).stats
+            stats = self.plain_pass()
         if self.ctx.weight_type == "dirichlet_process" and self.opts["reorder"]:
             order = np.argsort(-stats.nk, kind="stable")
             stats = stats.take(order)
@@ -160,8 +170,28 @@ class VBEM(TruncatedLearner):
         terms, keep = self.update(stats)
         if keep is not None:
             self.relabel_components(kept_components(self.post, keep))
+        if (keep is not None and not keep.all()) or self.opts["reorder"]:
+            self.relax.reset()
         self.moves.observe(iteration, stats, keep, self.post, self.ctx.prior, self.ctx.reg_covar)
         return self.post, terms
+
+    def plain_pass(self) -> SuffStats:
+        """A pass from the current q(theta), or first from the over-relaxed one (``accelerate``,
+        :mod:`pipeline.fit.learners.overrelax`), kept when its bound beats the last reported one."""
+        ctx, relax = self.ctx, self.relax
+        trial = relax.proposal(ctx.prior, ctx.reg_covar)
+        kept = None
+        if trial is not None and self.growth.last is not None:
+            stats = vbem_pass(ctx, trial).stats
+            kept = elbo_terms(stats, m_step(stats, ctx.prior, ctx.reg_covar), ctx.prior).total \
+                > self.growth.last.total
+            if kept:
+                relax.push(stats, True)
+                return stats
+        assert self.post is not None
+        stats = vbem_pass(ctx, self.post).stats
+        relax.push(stats, False if kept is False else None)
+        return stats
 
     def update(self, stats: SuffStats) -> tuple[ElboTerms, np.ndarray | None]:
         """M-step, empirical Bayes (the prior's free hyperparameters), the exact bound, pruning:
@@ -327,6 +357,7 @@ class VBEM(TruncatedLearner):
             out.update(self.memo.state())
         out.update(self.growth.state())
         out.update(prior_state(self.ctx.prior))
+        out.update(self.relax.state())
         return out
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
@@ -336,6 +367,7 @@ class VBEM(TruncatedLearner):
         self.ctx.prior = replace(prior_from_state(self.ctx.prior, state), n_components=self.growth.truncation)
         if self.memo is not None:
             self.memo.load_state(state)
+        self.relax.load_state(state, self.ctx.shift)
 
     def keep_state(self) -> dict[str, np.ndarray]:
         return {} if self.memo is None else self.memo.state()
