@@ -38,6 +38,10 @@ from vbcore.model.elbo import ElboTerms, elbo_terms, minibatch_standard_error
 from vbcore.model.posterior import Posterior
 
 ELBO_MODES = ("minibatch", "full")
+#: consecutive rows per slice of a minibatch (option ``minibatch_slice``,
+#: :func:`pipeline.fit.learners.dpm.draw_slices`): a power of two, so slices stay inside the store's
+#: chunks (8,192 rows by default); 1 draws single rows, as before issue 52
+MINIBATCH_SLICE = 256
 
 
 def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
@@ -45,6 +49,9 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
     if opts["minibatch"] < 1:
         raise ConfigError(f"learner option 'minibatch' of {name!r} must be an integer >= 1 "
                           f"(rows per iteration), got {opts['minibatch']!r}")
+    if opts["minibatch_slice"] < 1:
+        raise ConfigError(f"learner option 'minibatch_slice' of {name!r} must be an integer >= 1 "
+                          f"(consecutive rows per slice of a minibatch), got {opts['minibatch_slice']!r}")
     if opts["elbo"] not in ELBO_MODES:
         raise ConfigError(f"learner option 'elbo' of {name!r} must be one of {ELBO_MODES}, "
                           f"got {opts['elbo']!r}")
@@ -52,7 +59,8 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
 
 class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
     method = "sga"
-    options = {"eta": 0.1, "minibatch": 4000, "prune_threshold": None, "elbo": "minibatch",
+    options = {"eta": 0.1, "minibatch": 4000, "minibatch_slice": MINIBATCH_SLICE, "prune_threshold": None,
+               "elbo": "minibatch",
                **POINT_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS,  # merges: pipeline.fit.learners.moves
                **POINT_GROW_OPTIONS}  # births: pipeline.fit.learners.point_growth
 
@@ -93,7 +101,8 @@ class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
         self._iteration = iteration
         if self.moves.due(iteration):  # merges are judged on all rows: one more full pass
             self.apply_moves(iteration, self.hard_pass(self.point))
-        handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
+        handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]),
+                                   int(self.opts["minibatch_slice"]))
         estimate = self.opts["elbo"] == "minibatch"
         spread = None
         if estimate and self.search is None:
