@@ -40,8 +40,10 @@ from vbcore.model.posterior import Posterior
 ELBO_MODES = ("minibatch", "full")
 #: consecutive rows per slice of a minibatch (option ``minibatch_slice``,
 #: :func:`pipeline.fit.learners.dpm.draw_slices`): a power of two, so slices stay inside the store's
-#: chunks (8,192 rows by default); 1 draws single rows, as before issue 52
-MINIBATCH_SLICE = 256
+#: chunks (8,192 rows by default); 1 draws single rows, as before issue 52. 32 (125 slices of a
+#: 4,000-row minibatch) and not 256: on a store sorted by class, slices of 256 rows took sga-f's NMI
+#: from 0.444 to 0.322 (32: 0.439; docs/benchmarks.md, issue 52)
+MINIBATCH_SLICE = 32
 
 
 def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
