@@ -144,6 +144,67 @@ def test_minibatches_are_drawn_per_iteration_and_split_by_chunk():
 
 
 
+def test_minibatches_are_aligned_slices_and_every_row_equally_likely():
+    """Issue 52: a minibatch is ceil(size / slice) distinct aligned slices of consecutive rows (the
+    last slot shorter), the same for the same iteration; slice 1 is the uniform row draw, draw for
+    draw; over many draws every row, the short tail's included, is drawn equally often."""
+    from pipeline.fit.learners.dpm import draw_rows, draw_slices
+
+    rng = lambda t: np.random.default_rng(np.random.SeedSequence(5, spawn_key=(t,)))  # noqa: E731
+    a = draw_slices(rng(3), 1000, 100, 16)
+    assert np.array_equal(a, draw_slices(rng(3), 1000, 100, 16))
+    assert not np.array_equal(a, draw_slices(rng(4), 1000, 100, 16))
+    assert np.all(np.diff(a) > 0) and a.size in (112, 104)  # 7 slots; the last one holds 8 rows
+    starts = a[np.r_[0, np.flatnonzero(np.diff(a) > 1) + 1]]
+    assert np.all(starts % 16 == 0)
+    assert np.array_equal(draw_slices(rng(3), 1000, 100, 1), draw_rows(rng(3), 1000, 100))
+    assert np.array_equal(draw_slices(rng(3), 50, 100, 16), np.arange(50))
+    seen = np.zeros(1000)
+    for t in range(3000):
+        seen[draw_slices(rng(t), 1000, 100, 16)] += 1
+    per_slot = np.add.reduceat(seen, np.arange(0, 1000, 16)) / np.r_[np.full(62, 16), 8]
+    want = 3000 * 7 / 63  # every slot with probability 7 / 63
+    assert np.all(np.abs(per_slot - want) < 5 * np.sqrt(want))  # binomial spread, seeds fixed
+    assert np.all(seen.reshape(-1)[:992].reshape(62, 16).std(1) == 0)  # a slot's rows go together
+
+
+@pytest.mark.parametrize("learner", ["sga-f", "svi"])
+def test_minibatch_bound_is_of_exactly_the_rows_drawn(monkeypatch, blobs, learner):
+    """The minibatch estimate sums exactly the rows the draw claims (their count and their sum,
+    through the per-chunk positions of chunks of 300 rows), scaled by N over that count."""
+    import pipeline.fit.learners.dpm as dpm
+    import pipeline.fit.learners.sga as sga
+    import pipeline.fit.learners.svi as svi
+
+    X, _ = blobs
+    mod = sga if learner == "sga-f" else svi
+    drawn, seen = [], []
+    real_minibatch, real_terms = mod.minibatch, mod.elbo_terms
+
+    def spy_minibatch(ctx, iteration, size, slice_rows=1):
+        drawn.append(dpm.draw_slices(ctx.rng(iteration), ctx.n_rows, size, slice_rows))
+        return real_minibatch(ctx, iteration, size, slice_rows)
+
+    def spy_terms(stats, *args):
+        seen.append(stats)
+        return real_terms(stats, *args)
+
+    monkeypatch.setattr(mod, "minibatch", spy_minibatch)
+    monkeypatch.setattr(mod, "elbo_terms", spy_terms)
+    x = X.astype(np.float64)
+    m = _fit(learner, x, max_iter=3, chunk_rows=300, grow=False,
+             learner_options={"minibatch": 150, "minibatch_slice": 64, "moves": "none"})
+    shift = m.prior_.mean
+    assert len(drawn) == 3 and len(seen) >= 3
+    for rows, stats in zip(drawn, seen[:3], strict=True):
+        assert rows.size == 192 and np.unique(rows // 64).size == 3
+        scale = len(X) / rows.size
+        assert stats.nk.sum() == pytest.approx(len(X), rel=1e-12)
+        total = (stats.nk[:, None] * stats.mean).sum(0) / scale + rows.size * (stats.shift - shift)
+        assert np.allclose(total, (x[rows] - shift).sum(0), rtol=1e-9, atol=1e-6)
+
+
+
 @pytest.mark.parametrize("learner", ["sga-f", "svi", "mm"])
 def test_local_engine_and_local_cluster_are_bitwise_identical(tmp_path, blobs, client, learner):
     X, _ = blobs

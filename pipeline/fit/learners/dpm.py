@@ -1,10 +1,12 @@
 """Shared machinery of the DP-mixture point learners (MM, SGA, SGA+M, SGA+F) and SVI (Lim & Jiang 2024).
 
-* **Minibatches**: iteration t draws ``minibatch`` distinct rows uniformly from all N rows with
-  ``ctx.rng(t)`` (so a resumed run draws the same rows), groups them by chunk, and sends each chunk
-  only its own row positions (``per_chunk``): the rows are gathered and processed next to the data,
-  on the workers; only the sums of the clusters those rows fall in come back, combined once on the
-  driver in chunk order (:meth:`vbcore.kernels.sga_stats.HardStats.combine`).
+* **Minibatches**: iteration t draws ``ceil(minibatch / minibatch_slice)`` distinct slices of
+  ``minibatch_slice`` consecutive rows (aligned slots, drawn uniformly: every row equally likely) with
+  ``ctx.rng(t)`` (so a resumed run draws the same rows; a chunk is read for a slice, not for the row
+  or two a uniform row draw puts in nearly every chunk of a large store), groups them by chunk, and
+  sends each chunk only its own row positions (``per_chunk``): the rows are gathered and processed
+  next to the data, on the workers; only the sums of the clusters those rows fall in come back,
+  combined once on the driver in chunk order (:meth:`vbcore.kernels.sga_stats.HardStats.combine`).
 * **Initialisation** (Algorithm 1, step 3.iii): k-means++ seeds on a sample of rows gathered through
   the engine (drawn with ``ctx.rng(0, 1)``), then, on that sample (the algorithm's input is a
   minibatch): MAP assignments to the seeds, and the MM update of means and sticks from the sample's
@@ -80,9 +82,25 @@ def draw_rows(rng: np.random.Generator, n_rows: int, size: int) -> np.ndarray:
     return np.sort(rng.choice(n_rows, size=size, replace=False)).astype(np.int64)
 
 
-def minibatch(ctx: FitContext, iteration: int, size: int) -> tuple[list[Any], list[np.ndarray], int]:
-    """The handles, per-chunk positions and row count of iteration ``iteration``'s minibatch."""
-    rows = draw_rows(ctx.rng(iteration), ctx.n_rows, size)
+def draw_slices(rng: np.random.Generator, n_rows: int, size: int, slice_rows: int) -> np.ndarray:
+    """A minibatch of contiguous slices, sorted: the rows are cut into slots of ``slice_rows``
+    consecutive rows (the last one may be shorter) and ``ceil(size / slice_rows)`` distinct slots
+    are drawn uniformly (:func:`draw_rows` of the slots), so every row is in the minibatch with the
+    same probability and a chunk is read for a slice, not for a row or two. All rows when ``size >=
+    n_rows``; ``slice_rows = 1`` is :func:`draw_rows`, draw for draw."""
+    if size >= n_rows:
+        return np.arange(n_rows, dtype=np.int64)
+    s = max(1, int(slice_rows))
+    slots = draw_rows(rng, -(-n_rows // s), -(-size // s))
+    rows = (slots[:, None] * s + np.arange(s, dtype=np.int64)[None, :]).ravel()
+    return rows[rows < n_rows]
+
+
+def minibatch(ctx: FitContext, iteration: int, size: int,
+              slice_rows: int = 1) -> tuple[list[Any], list[np.ndarray], int]:
+    """The handles, per-chunk positions and row count of iteration ``iteration``'s minibatch
+    (:func:`draw_slices`: slices of ``slice_rows`` consecutive rows)."""
+    rows = draw_slices(ctx.rng(iteration), ctx.n_rows, size, slice_rows)
     ids, parts = split_by_chunk(rows, chunk_bounds(ctx))
     return [ctx.handles[i] for i in ids], parts, int(rows.size)
 

@@ -21,7 +21,7 @@ from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext
 from pipeline.fit.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
 from pipeline.fit.learners.moves import MOVE_OPTIONS, POINT_MOVE_OPTIONS, Judge, Moves, check_move_options
-from pipeline.fit.learners.sga import check_minibatch_options
+from pipeline.fit.learners.sga import MINIBATCH_SLICE, check_minibatch_options
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params, vbem_pass_kernel
 from vbcore.kernels.sga_stats import scale_stats
@@ -39,7 +39,8 @@ class SVI(DPPointLearner):
     #: merges (``moves``, as the hard learners'): a round is one full VB E-step pass that also gathers
     #: the entropy changes of merging each cluster with its nearest neighbours; merges are kept when
     #: the exact ELBO of all rows rises (:class:`pipeline.fit.learners.moves.Moves`)
-    options = {"minibatch": 4000, "tau": 1.0, "kappa": 0.7, "prune_threshold": None, "elbo": "minibatch",
+    options = {"minibatch": 4000, "minibatch_slice": MINIBATCH_SLICE, "tau": 1.0, "kappa": 0.7,
+               "prune_threshold": None, "elbo": "minibatch",
                **POINT_MOVE_OPTIONS}
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
@@ -129,7 +130,8 @@ class SVI(DPPointLearner):
         if self.moves.due(iteration):
             self.merge_round()
         n = self.ctx.n_weight
-        handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]))
+        handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]),
+                                   int(self.opts["minibatch_slice"]))
         params = estep_params(self.vb, self.ctx.shift)
         res = self.ctx.engine.map_reduce(minibatch_vbem_kernel, handles, params, per_chunk=rows)
         rho = step_size(iteration, float(self.opts["tau"]), float(self.opts["kappa"]))
