@@ -186,7 +186,21 @@ def make_spec(store: str | None, warm_from: str | Path | None = None, **settings
     if warm_from is not None:
         settings = inherited_settings(read_spec(warm_from), settings)
     values = {k: v for k, v in settings.items() if v is not None}
+    if store is not None and warm_from is None and "components" not in values:
+        values["components"] = default_components(store)
     return absolute_paths(FitSpec.from_dict({"store": store, **values}).resolved("pipeline"))
+
+
+def default_components(store: str) -> int:
+    """The starting K of a fit that gives none: :class:`FitSpec`'s default, or one component per row
+    for a store of fewer rows (a 30-row store fits with K = 30 instead of refusing the default 50). A
+    store that cannot be opened keeps the default: :func:`check_fit` reports what is wrong with it."""
+    default = int(FitSpec().components)
+    try:
+        n_rows = StoreSource(store).n_rows
+    except (InputError, ConfigError, OSError):
+        return default
+    return max(1, min(default, n_rows))
 
 
 def inherited_settings(previous: FitSpec, settings: dict[str, Any]) -> dict[str, Any]:

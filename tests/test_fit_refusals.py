@@ -4,6 +4,7 @@ store, at /, or through a link to a system folder (item 8)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -49,6 +50,18 @@ def test_more_components_than_rows_is_refused_by_the_estimator():
                                           r"data hold 30 rows"):
         VBMixture(n_components=31, random_state=0).fit(X)
     VBMixture(n_components=30, max_iter=2, random_state=0).fit(X)  # one per row is allowed
+
+
+def test_a_store_of_fewer_rows_than_the_default_k_fits_with_one_component_per_row(tmp_path):
+    """Without -k, a 30-row store starts at K = 30 instead of refusing the default 50 (an explicit
+    -k above the rows is still refused, above)."""
+    np.save(tmp_path / "x.npy", np.random.default_rng(2).normal(size=(30, 3)))
+    ingest(str(tmp_path / "x.npy"), tmp_path / "t.zarr", chunk_rows=10)
+    res = runner.invoke(app, ["fit", str(tmp_path / "t.zarr"), "--run-dir", str(tmp_path / "r"),
+                              "--max-iter", "3", "-q"])
+    assert res.exit_code == 0, res.output
+    spec = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert spec["components"] == 30, spec
 
 
 # ---- item 8: a run directory inside the store, at /, or through a link to a system folder --------
