@@ -303,3 +303,25 @@ def test_a_synthetic_store_whose_classes_is_a_count_reports_label_codes(tmp_path
     save_run(tmp_path / "run", model, store)
     page = write_report([tmp_path / "run"]).read_text()
     assert "class (label)" in page or "contingency" in page
+
+
+def test_ingest_refuses_an_image_linked_from_outside_the_folder(tmp_path):
+    """Issue 53, item 7: ingest (an extraction from a folder) does not follow a link out of the folder;
+    it names the link and its target in one line and writes nothing. A link inside the folder is read."""
+    src = tmp_path / "imgs"
+    _colour_folder(src)
+    first = sorted((src / "blue").glob("*.png"))[0]
+    n_images = len(list(src.rglob("*.png")))
+    os.symlink(first, src / "blue" / "inner-link.png")  # inside: read like any image
+    ingest(str(src), str(tmp_path / "ok.zarr"), labels="folders", extractor="color-hog", size=16, chunk_rows=8)
+    assert FeatureStore.open(tmp_path / "ok.zarr").n_rows == n_images + 1
+    outside = tmp_path / "outside.png"
+    shutil.copy(first, outside)
+    os.symlink(outside, src / "red" / "outer-link.png")
+    res = CliRunner().invoke(app, ["ingest", str(src), "--out", str(tmp_path / "s.zarr"), "--labels", "folders",
+                                   "-o", "extractor=color-hog", "-o", "size=16", "-q"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert re.search(r"outer-link\.png: a symbolic link out of the image folder \(to .*outside\.png\); "
+                     r"vbcluster reads only files inside the folder", lines[0]), lines[0]
+    assert not (tmp_path / "s.zarr").exists()

@@ -45,6 +45,7 @@ from pipeline.extract.idx_images import is_idx_loc
 from pipeline.extract.idx_images import shown as idx_shown
 from pipeline.extract.image_sources import (
     ImageSet,
+    check_inside,
     is_image_source,
     label_codes,
     list_images,
@@ -247,6 +248,7 @@ def ingest_images(source: str, out: str | os.PathLike[str], *, chunk_rows: int =
     if ids is not None:
         raise ConfigError("an image source's ids are the images' relative paths; leave ids unset")
     images = list_images(source, labels)
+    check_inside(images, source)
     probe = st.recipe
     if st.cluster is not None and isinstance(probe, list) and probe[1].get("device") == "cuda":
         probe = [probe[0], {**probe[1], "device": "auto"}]  # the driver may have no GPU; the workers must

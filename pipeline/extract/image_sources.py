@@ -123,6 +123,22 @@ def _is_image(name: str) -> bool:
         part.startswith(".") for part in Path(name).parts)
 
 
+def check_inside(images: ImageSet, root: str | Path) -> None:
+    """Refuse (for an extraction) an image of a folder source that is a symbolic link, or lies below
+    one, to a place outside the folder ``root``: the folder is what was asked for, and a link swapped in
+    after an ingest (same size and time) would embed a file from elsewhere. Links that stay inside the
+    folder are read. (The report lists such images without reading them.)"""
+    if images.kind != "folder":
+        return
+    real = Path(root).resolve()
+    for loc in images.locs:
+        target = Path(loc).resolve()
+        if real not in target.parents:
+            raise InputError(f"{printable(loc)}: a symbolic link out of the image folder (to "
+                             f"{printable(str(target))}); vbcluster reads only files inside the folder "
+                             "it is given: copy the image in, or give the folder the link points into")
+
+
 def _folder(root: Path, labels: str | None) -> ImageSet:
     if labels not in (None, "folders"):
         raise ConfigError(f"an image folder takes labels='folders' (one class per sub-folder) or none, "
