@@ -10,6 +10,8 @@ import typer
 from rich.table import Table
 from typer.core import TyperArgument, TyperOption
 
+from vbcore.errors import FacedWarning
+
 #: exit codes: bad input (a file, store, config or option to fix) and environment (disk, permissions)
 EXIT_INPUT, EXIT_ENVIRONMENT = 2, 1
 
@@ -19,6 +21,8 @@ _SHOWN: set[str] = set()
 def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: Any = None, line: str | None = None) -> None:
     """A warning as one line, each distinct one once per command."""
+    if isinstance(message, FacedWarning):
+        message = message.worded("cli")
     text = f"warning: {' '.join(str(message).split())}"
     if text not in _SHOWN:
         _SHOWN.add(text)

@@ -423,10 +423,14 @@ def test_a_reg_covar_that_swamps_the_data_warns():
     from pipeline.fit.spec import estimator_params
 
     kw = dict(estimator_params(), n_components=6, covariance_type="diag", random_state=0)  # the CLI's model
-    with pytest.warns(UserWarning, match=r"reg_covar \(--reg-covar\) 1e-06 is 7\.\d+ times the data's mean "
-                                         r"variance per dimension .*rescale \(standardise\) the features"):
+    with pytest.warns(UserWarning, match=r"^reg_covar 1e-06 is 7\.\d+ times the data's mean variance per "
+                                         r"dimension .*rescale \(standardise\) the features or lower "
+                                         r"reg_covar$") as caught:
         swamped = VBMixture(**kw).fit(x * 1e-4)
     assert swamped.n_effective_ == 1
+    assert "--reg-covar" not in str(caught[0].message)  # the estimator's words only
+    cli = caught[0].message.worded("cli")  # the command line's (pipeline/cli_format.show_warning)
+    assert cli.startswith("--reg-covar 1e-06 is 7.") and cli.endswith("or lower --reg-covar"), cli
     import warnings
 
     with warnings.catch_warnings():
@@ -436,3 +440,16 @@ def test_a_reg_covar_that_swamps_the_data_warns():
         warnings.simplefilter("ignore", ConvergenceWarning)
         assert VBMixture(**kw).fit(x).n_effective_ == 3
         assert VBMixture(reg_covar=1e-14, **kw).fit(x * 1e-4).n_effective_ == 3
+
+
+def test_the_command_line_prints_a_faced_warning_in_its_own_words(capsys):
+    """pipeline/cli_format.show_warning (the CLI's warnings.showwarning) prints a FacedWarning with the
+    flags, one line; the same warning's str() names the estimator's parameter."""
+    from pipeline.cli_format import show_warning
+    from vbcore.errors import FacedWarning
+
+    w = FacedWarning("{reg_covar} 0.5 is 3 times the data's mean variance; lower {reg_covar}")
+    assert str(w) == "reg_covar 0.5 is 3 times the data's mean variance; lower reg_covar"
+    show_warning(w, FacedWarning, "f.py", 1)
+    assert capsys.readouterr().err == ("warning: --reg-covar 0.5 is 3 times the data's mean variance; "
+                                       "lower --reg-covar\n")

@@ -65,11 +65,24 @@ class TruncationWarning(UserWarning):
 #: report of a run directory) and the estimator's parameters ('python', ``VBMixture``)
 FACE_WORDS: dict[str, dict[str, str]] = {
     "cli": {"limit": "--max-components {}", "raise": "--max-components or -k", "max_iter": "--max-iter",
-            "grow_off": "--no-grow", "pca": "--pca", "full": "--covariance full"},
+            "grow_off": "--no-grow", "pca": "--pca", "full": "--covariance full", "reg_covar": "--reg-covar"},
     "python": {"limit": "max_components = {}", "raise": "max_components or n_components",
                "max_iter": "max_iter", "grow_off": "grow=False", "pca": "pca",
-               "full": "covariance_type='full'"},
+               "full": "covariance_type='full'", "reg_covar": "reg_covar"},
 }
+
+
+class FacedWarning(UserWarning):
+    """A warning that names settings, kept as a template of :data:`FACE_WORDS` keys: ``str()`` is in
+    the estimator's words (what a Python caller sees), :meth:`worded` in another face's (the command
+    line prints ``worded('cli')``)."""
+
+    def __init__(self, template: str) -> None:
+        super().__init__(template.format(**FACE_WORDS["python"]))
+        self.template = template
+
+    def worded(self, face: str) -> str:
+        return self.template.format(**FACE_WORDS[face])
 #: the hints a truncation entry may name (``info['hint']``), in the face's words
 TRUNCATION_HINTS = {
     "projected_diag": "on principal components ({pca}) diag covariances tile each class with several "

@@ -31,7 +31,7 @@ from pipeline.fit.learners import FitContext, learner_class
 from pipeline.fit.projection import ProjectedSource, Stage, projection_pass
 from pipeline.fit.spec import FitSpec
 from vbcore.data.validation import check_array_2d, check_weights
-from vbcore.errors import ConfigError, InputError
+from vbcore.errors import ConfigError, FacedWarning, InputError
 from vbcore.kernels.estep import prepare_chunk
 from vbcore.kernels.init import (
     check_kernel,
@@ -195,10 +195,10 @@ def check_reg_covar(reg_covar: float, covariance_type: str, moments: SuffStats) 
     s = np.asarray(moments.scatter[0])
     var = float(np.mean(np.diagonal(s) if s.ndim == 2 else s)) / max(moments.total_weight - 1, 1)
     if var > 0 and reg_covar >= REG_COVAR_SHARE * var:  # (rows all alike have no spread to swamp)
-        warnings.warn(f"reg_covar (--reg-covar) {reg_covar:g} is {reg_covar / var:.3g} times the data's mean "
-                      f"variance per dimension ({var:.3g}): it widens every cluster past the data's own "
-                      "spread, so clusters merge; rescale (standardise) the features or lower reg_covar",
-                      UserWarning, stacklevel=2)
+        warnings.warn(FacedWarning(
+            f"{{reg_covar}} {reg_covar:g} is {reg_covar / var:.3g} times the data's mean variance per "
+            f"dimension ({var:.3g}): it widens every cluster past the data's own spread, so clusters "
+            "merge; rescale (standardise) the features or lower {reg_covar}"), stacklevel=2)
 
 
 def build_prior(spec: FitSpec, moments: SuffStats, d: int, fixed_variance: float | None) -> Prior:
