@@ -52,6 +52,7 @@ bench: venv
 	$(VPY) bench/bench_moves_cost.py
 	$(VPY) bench/bench_refresh.py --workdir bench/out  # 500,000 x 128: memoized refresh, partial_fit, coreset
 	$(VPY) bench/bench_scale.py --rows 1000000,4000000 --workdir bench/out  # VB EM at 1M and 4M x 256, persisted and streamed: ~15 min
+	$(VPY) bench/bench_dask_scale.py --store bench/out/scale-1000000-256-lz4.zarr  # memory-limited Dask workers: bits against in-process, a worker killed
 	$(VPY) bench/bench_minibatch_scale.py --store bench/out/scale-1000000-256-lz4.zarr  # sga-f, svi vs VB EM to convergence at 1M x 256
 	$(VPY) bench/bench_real.py --out bench/out  # the real-data study: hours (features cached in bench/out/real)
 	$(VPY) bench/bench_sklearn_converge.py --out bench/out  # VB EM vs scikit-learn's BGM to convergence: ~10 min
