@@ -46,7 +46,7 @@ from pipeline.fit.setup import check_components, check_prior_settings, open_sour
 from pipeline.fit.spec import FitSpec
 from pipeline.runs.directory import check_run_dir, read_result, save_run, verify_posterior
 from pipeline.runs.warm_start import WARM_DIR, Warm, discard_warm, load_warm, save_warm, source_model
-from vbcore.errors import ConfigError, InputError
+from vbcore.errors import ConfigError, InputError, VBClusterError
 from vbcore.kernels.projection import check_pca
 
 RUN_SPEC = "run.json"
@@ -198,7 +198,7 @@ def default_components(store: str) -> int:
     default = int(FitSpec().components)
     try:
         n_rows = StoreSource(store).n_rows
-    except (InputError, ConfigError, OSError):
+    except (VBClusterError, OSError):
         return default
     return max(1, min(default, n_rows))
 
