@@ -162,7 +162,7 @@ def diag_pass(chunk: Chunk, rows: np.ndarray, prev: np.ndarray, bests: np.ndarra
     ws = (np.take(w, sidx, axis=0, mode="clip") if xp is np else
           xp.reshape(xp.take(w, xp.asarray(sidx.ravel()), axis=0), (nb, s, fs.shape[1])))
     t = _lap("gathers (rows, weights)", t)
-    lg = to_host(xp.matmul(f3, xp.permute_dims(ws, (0, 2, 1))))  # the data's dtype
+    lg = to_host(xp.matmul(f3, xp.matrix_transpose(ws)))  # the data's dtype
     t = _lap("logits GEMM", t)
     const = np.where(valid, params.estep.const[sidx], -np.inf)  # the padding: -inf, never kept
     logits = np.add(lg, const[:, None, :], dtype=np.float64).reshape(nb * size, s)[:m]
@@ -209,9 +209,9 @@ def _moments(f3: Any, rg: np.ndarray, top: np.ndarray, sidx: np.ndarray, shape: 
     t = time.perf_counter()
     nb, s = shape
     m = top.shape[0]
-    dt = f3.dtype
+    dt = to_host(xp.zeros(0, dtype=f3.dtype)).dtype  # the GEMM's dtype, as NumPy's
     keep = rg >= np.finfo(dt).tiny
-    dense = np.zeros((nb * size, s), dtype=to_host(xp.zeros(0, dtype=dt)).dtype)  # the GEMM's dtype
+    dense = np.zeros((nb * size, s), dtype=dt)
     rr = np.broadcast_to(np.arange(m)[:, None], top.shape)
     dense[rr[keep], top[keep]] = rg[keep]
     d3 = dense.reshape(nb, size, s)
@@ -221,7 +221,7 @@ def _moments(f3: Any, rg: np.ndarray, top: np.ndarray, sidx: np.ndarray, shape: 
     cols = np.argsort(~act, axis=1, kind="stable")[:, :a]
     rc = np.take_along_axis(d3, cols[:, None, :], axis=2)
     t = _lap("statistics: dense R", t)
-    part = to_host(xp.matmul(xp.permute_dims(f3, (0, 2, 1)), xp.asarray(rc)))  # (nb, 2D, a): 1.5-2x faster
+    part = to_host(xp.matmul(xp.matrix_transpose(f3), xp.asarray(rc)))  # (nb, 2D, a): 1.5-2x faster
     t = _lap("statistics GEMM", t)
     clusters = np.take_along_axis(sidx, cols, axis=1)
     g = np.zeros((k, part.shape[1]))
