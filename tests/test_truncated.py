@@ -325,7 +325,7 @@ def store(tmp_path_factory, blobs):
     return str(path)
 
 
-@pytest.mark.parametrize("ct", ["full", "tied"])
+@pytest.mark.parametrize("ct", ["full", "tied", "diag"])  # diag: the batched blocks (truncated_blocks.py)
 def test_local_and_dask_engines_are_bitwise_identical(client, store, ct):
     kw = dict(n_components=10, covariance_type=ct, max_iter=3, tol=0.0, random_state=0,
               learner_options={"candidates": 3, "neighbours": 4, "prune_below": 0.5, "block_rows": 8})

@@ -12,10 +12,12 @@ per row: raw float64 sums (:class:`DiagSums`, diagonal families) or a :class:`~v
 Mean-field VB on the same model with a smaller family for q(Z): the exact ELBO is a true lower
 bound, and since ``S_n`` contains the previous ``K_n`` (worth ``ln sum_{k in K_n} rho_nk``), it
 never decreases. GEMM shape: rows sorted by the rank of their best cluster (:func:`cluster_order`)
-form blocks of >= ``min_rows`` rows; a block is one GEMM against the union of its rows' search
-spaces and one GEMM for its statistics. No N x K array, no per-row gather of means; float32 data:
-float32 GEMMs, float64 sums. Each pass also returns, per (best cluster c, searched s), the sum of
-``ln rho_ns - max_j ln rho_nj`` and the count, from which :func:`update_neighbours` makes ``G_c``.
+form blocks; each block is one GEMM against the union of its rows' search spaces and one for its
+statistics: for the diagonal families blocks of ``min_rows`` rows, all of a chunk's in two batched
+GEMMs (:mod:`vbcore.kernels.truncated_blocks`), else groups joined to >= ``min_rows`` rows, one
+block at a time. No N x K array; float32 data: float32 GEMMs, float64 sums. Each pass also returns,
+per (best cluster c, searched s), the sum of ``ln rho_ns - max_j ln rho_nj`` and its count, from
+which :func:`update_neighbours` makes ``G_c``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from vbcore.kernels.neighbours import (  # noqa: F401  (re-exported: the driver 
     relabel_neighbours,
     update_neighbours,
 )
+from vbcore.kernels.truncated_blocks import diag_pass, top_columns  # noqa: F401  (top_columns re-exported)
 from vbcore.model.stats import SuffStats, diag_stats
 
 #: spawn-key tag of the random search clusters (kept apart from the other draws of a fit)
@@ -199,14 +202,12 @@ def truncated_params(estep: EStepParams, neighbours: np.ndarray, candidates: int
                        cluster_order(nb))
 
 
-# ---- the kernel ------------------------------------------------------------------------------------
 def _features(chunk: Chunk, rows: np.ndarray) -> object:
     """``[x*x, x]`` of the given rows (diagonal families), in the chunk's namespace and dtype."""
     xp = array_namespace(chunk.x)
-    r = xp.asarray(rows)
     if chunk.feats is not None:
-        return xp.take(chunk.feats, r, axis=0)
-    xb = xp.take(chunk.x, r, axis=0)
+        return xp.take(chunk.feats, xp.asarray(rows), axis=0)
+    xb = xp.take(chunk.x, xp.asarray(rows), axis=0)
     return xp.concat((xb * xb, xb), axis=1)
 
 
@@ -249,17 +250,6 @@ def search_set(prev: np.ndarray, bests: np.ndarray, neighbours: np.ndarray, cand
     while out.size < candidates:
         out = np.unique(np.concatenate((out, rng.integers(0, k, size=candidates))))
     return out
-
-
-def top_columns(logits: np.ndarray, c: int) -> np.ndarray:
-    """Column indices of each row's ``c`` largest values, largest first (ties: lower column)."""
-    if c < logits.shape[1]:
-        part = np.argpartition(-logits, c - 1, axis=1)[:, :c]
-        part = np.sort(part, axis=1)  # the same columns in column order, so ties resolve by column
-    else:
-        part = np.broadcast_to(np.arange(logits.shape[1]), logits.shape)
-    vals = np.take_along_axis(logits, part, axis=1)
-    return np.take_along_axis(part, np.argsort(-vals, axis=1, kind="stable"), axis=1)
 
 
 def row_blocks(skey: np.ndarray, k: int, min_rows: int) -> list[tuple[int, int, np.ndarray]]:
@@ -313,7 +303,7 @@ def _previous(chunk: Chunk, state: CandidateState, params: TruncParams, w: objec
             rows = np.arange(i, min(i + BLOCK_ROWS, chunk.n_rows))
             feats = chunk.features(i, int(rows[-1]) + 1) if params.wt is not None else None
             logits = _group_logits(chunk, rows, params.pivots, params, w, feats)
-            out[rows] = params.pivots[np.argsort(-logits, axis=1, kind="stable")[:, : params.candidates]]
+            out[rows] = params.pivots[top_columns(logits, params.candidates)]  # argsort's order, cheaper
         return out, chunk.n_rows * params.pivots.size
     prev = state.idx
     if params.remap is not None:
@@ -351,7 +341,8 @@ def truncated_kernel(chunk: Chunk, state: CandidateState,
     out = _Out(np.empty((n, c), dtype=np.int32), np.empty((n, c)), np.empty(n), np.empty(n))
     rng = np.random.default_rng(np.random.SeedSequence(
         params.seed, spawn_key=(RANDOM_TAG, params.iteration, state.start)))
-    done = _run_blocks(chunk, row_blocks(key[order], k, params.min_rows), order, prev, params, w, rng, out)
+    done = (_diag_blocks(chunk, key, order, prev, params, w, rng, out) if diag else
+            _run_blocks(chunk, row_blocks(key[order], k, params.min_rows), order, prev, params, w, rng, out))
     g = done.g
     evaluations += done.evaluations
     idx, resp, log_norm, rlogr = out.idx, out.resp, out.log_norm, out.rlogr
@@ -390,6 +381,28 @@ class _Part:
     sums: list[np.ndarray]
     counts: list[np.ndarray]
     evaluations: int
+
+
+def _diag_blocks(chunk: Chunk, key: np.ndarray, order: np.ndarray, prev: np.ndarray, params: TruncParams,
+                 w: object, rng: np.random.Generator, out: _Out) -> _Part:
+    """Diagonal families: rows with a best cluster in batched GEMMs (:func:`diag_pass`), the others
+    (all their candidates pruned) in one block that searches every cluster."""
+    k = params.n_components
+    nv = int(np.count_nonzero(key < k))
+    rows = order[:nv]
+    if nv:
+        bp = diag_pass(chunk, rows, prev[rows], prev[rows, 0], params, w, rng)
+        out.idx[rows], out.resp[rows] = bp.idx, bp.resp
+        out.log_norm[rows], out.rlogr[rows] = bp.log_norm, bp.rlogr
+        part = _Part(bp.g, [bp.keys], [bp.sums], [bp.counts], bp.evaluations)
+    else:
+        part = _Part(np.zeros((k, 2 * chunk.x.shape[1])), [], [], [], 0)
+    if nv < order.size:
+        rest = _run_blocks(chunk, row_blocks(key[order[nv:]], k, params.min_rows), order[nv:], prev, params,
+                           w, rng, out)
+        part.g += rest.g  # type: ignore[operator]
+        part.evaluations += rest.evaluations
+    return part
 
 
 def _run_blocks(chunk: Chunk, blocks: list[tuple[int, int, np.ndarray]], order: np.ndarray, prev: np.ndarray,

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine.blas import one_blas_thread
 from pipeline.fit.learners.base import FitContext, Learner, restart_lineage
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
@@ -106,10 +107,11 @@ def _host(state: CandidateState) -> CandidateState:
 def one_thread_kernel(chunk: Any, state: CandidateState, params: Any) -> tuple[CandidateState, TruncResult]:
     """:func:`vbcore.kernels.truncated.truncated_kernel` with one BLAS thread. Its GEMMs are small (a block of
     rows against its search set): a multi-threaded BLAS spent 10-50x longer starting and syncing
-    its threads than computing them (measured on a loaded 2-core machine)."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1, user_api="blas"):
+    its threads than computing them (measured on a loaded 2-core machine). The shared, reference-counted
+    limit of :func:`pipeline.engine.blas.one_blas_thread` (the engines' own): a ``threadpool_limits`` per
+    call scanned the loaded libraries each time (~4 ms a chunk) and restored the default under the
+    other threads' GEMMs."""
+    with one_blas_thread():
         return truncated_kernel(chunk, state, params)
 
 
@@ -260,9 +262,7 @@ def check_map_search_options(name: str, opts: Mapping[str, Any]) -> None:
 
 def one_thread_map_kernel(chunk: Any, state: CandidateState, params: Any) -> tuple[CandidateState, Any]:
     """:func:`vbcore.kernels.truncated_map.map_search_kernel` with one BLAS thread (small GEMMs)."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1, user_api="blas"):
+    with one_blas_thread():
         return map_search_kernel(chunk, state, params)
 
 
