@@ -277,6 +277,22 @@ class MemoStats:
         self.k = -1
         self.rounds.clear()
 
+    def replay(self, apply: Any) -> None:
+        """A move round accepted moves: each chunk's kept statistics become ``apply(stats, h, alt,
+        alt_h)`` of its regular statistics and its share of the round (:meth:`pipeline.fit.learners.moves.
+        Moves.replay`), the statistics of the accepted q(Z) on its rows, so no pass revisits every
+        chunk. Where a chunk lacks either, every chunk is visited next (:meth:`invalidate`)."""
+        shares = self.rounds.parts
+        if not self.have.all() or any(p is None for p in shares):
+            self.invalidate()
+            return
+        parts = self.ctx.engine.fetch_states(self.states)
+        new = [KernelResult(apply(p.stats, s.h, s.alt, s.alt_h), p.log_norm, p.log_norm_m2)
+               for p, s in zip(parts, shares, strict=True)]
+        self.states = list(self.ctx.engine.place_states(new, self.ctx.handles))
+        self.k = new[0].stats.n_components if new else -1
+        self.rounds.clear()
+
     def snapshot(self) -> tuple[Any, ...]:
         """The kept states and bookkeeping, for :meth:`restore` (references: nothing is copied off
         the engine)."""

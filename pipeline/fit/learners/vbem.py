@@ -150,7 +150,7 @@ class VBEM(TruncatedLearner):
             stats = self.moves.run(self.ctx, self.post, None if memo is None else
                                    lambda params: memo.run_moves(params, iteration))
             if memo is not None and (self.moves.last_round["merges"] or self.moves.last_round["deleted"]):
-                memo.invalidate()  # the accepted moves' q(Z) is no chunk's kept one
+                memo.replay(self.moves.replay)  # each chunk keeps the accepted moves' q(Z) on its rows
             # (a round on kept shares visits some chunks: the memoized convergence test follows it)
             self.round = memo is None or memo.last_full
             if self.moves.last_round["merges"] or self.moves.last_round["deleted"]:
