@@ -389,17 +389,22 @@ class VBEM(TruncatedLearner):
             self.fresh = np.asarray(state[FRESH], dtype=bool).copy()
 
     def keep_state(self) -> dict[str, np.ndarray]:
-        if self.memo is None:  # the chunk keys of a store: a warm start knows its new chunks
-            return self._chunk_keys()
+        if self.memo is None:  # a store's chunk keys (a warm start knows its new chunks), candidate sets
+            keys = self._chunk_keys()
+            return {**keys, **self.truncated.state()} if keys and self.truncated is not None else keys
         return self.memo.state()
 
     def adopt(self, state: Mapping[str, np.ndarray]) -> int:
         """Warm start: adopt the previous fit's memoized statistics (the chunks adopted); without
-        them, note the chunks whose keys the previous fit did not have (its new rows)."""
+        them, note the chunks whose keys the previous fit did not have (its new rows) and, with the
+        truncated E-step, take its candidate sets of the unchanged chunks (no exact first pass there)."""
         if self.memo is None:
             if CHUNK_KEYS in state and getattr(self.ctx.source, "crcs", None) is not None:
-                old = set(np.asarray(state[CHUNK_KEYS]).tolist())
-                self.fresh = np.asarray([k not in old for k in chunk_keys(self.ctx.source)], dtype=bool)
+                old, keys = np.asarray(state[CHUNK_KEYS]).tolist(), chunk_keys(self.ctx.source)
+                self.fresh = np.asarray([k not in set(old) for k in keys], dtype=bool)
+                if self.truncated is not None:  # the same rows at the same place: their candidate sets
+                    same = [i < len(old) and k == old[i] for i, k in enumerate(keys)]
+                    self.truncated.adopt(state, np.asarray(same, dtype=bool))
             return 0
         if self.post is None:
             return 0
