@@ -188,3 +188,49 @@ def test_a_refresh_round_on_the_first_fits_shares_resumes_and_runs_on_dask_with_
     assert resumed.resumed_from_.endswith("ckpt-00000001")
     same_fit_bits(resumed, reference)
     same_fit_bits(_refresh(first, GROWN, client, **kw), reference)
+
+
+@pytest.mark.parametrize("cov", ["diag", "full"])
+def test_a_round_that_accepts_moves_keeps_each_chunks_statistics_of_the_accepted_q_z(monkeypatch, cov):
+    """A round that accepts merges or a deletion applies its choice to each chunk's regular statistics
+    and share (:meth:`pipeline.fit.learners.moves.Moves.replay`): the chunks' kept statistics then sum
+    to the round's chosen ones (to rounding), so the next iteration visits a regular share, not every
+    chunk; the bound stays monotone and the fit ends where memo=1 (full passes) ends."""
+    from pipeline.fit.learners.moves import Moves
+
+    seen = {"replays": 0, "after": []}
+    choose, replay, run = Moves.choose, MemoStats.replay, MemoStats.run
+    chosen = {}
+
+    def spied_choose(self, *args, **kw):
+        chosen["stats"] = choose(self, *args, **kw)
+        return chosen["stats"]
+
+    def checked_replay(self, apply):
+        replay(self, apply)
+        total = self.total().stats
+        for name in ("nk", "mean", "scatter"):
+            np.testing.assert_allclose(getattr(total, name), getattr(chosen["stats"], name), rtol=1e-9,
+                                       atol=1e-9 * float(np.abs(getattr(total, name)).max()))
+        assert total.sum_rlogr == pytest.approx(chosen["stats"].sum_rlogr, rel=1e-12)
+        seen["replays"] += 1
+        seen["next"] = True
+
+    def spied_run(self, params, iteration, visit=None):
+        if seen.pop("next", False):
+            seen["after"].append(int(self.choose(iteration).size if visit is None else len(visit)))
+        return run(self, params, iteration, visit=visit)
+
+    monkeypatch.setattr(Moves, "choose", spied_choose)
+    monkeypatch.setattr(MemoStats, "replay", checked_replay)
+    monkeypatch.setattr(MemoStats, "run", spied_run)
+    opts = dict(KW, n_components=14, covariance_type=cov, grow=True, prior_defaults="empirical", tol=1e-4,
+                max_iter=300)
+    fit = _fit(X, **opts, learner_options={"memo": 0.25, "move_every": 2})
+    assert seen["replays"] >= 1 and min(seen["after"]) < 16  # 16 chunks: no full pass after the round
+    lb = np.asarray(fit.lower_bounds_)
+    assert np.all(np.diff(lb) >= -1e-9 * np.abs(lb[1:]))
+    monkeypatch.undo()
+    full = _fit(X, **opts, learner_options={"memo": 1.0, "move_every": 2})
+    assert fit.n_effective_ == full.n_effective_
+    assert fit.lower_bound_ == pytest.approx(full.lower_bound_, rel=1e-4)

@@ -25,8 +25,10 @@ passes visit every chunk through :meth:`MemoStats.run` (a refused proposal resto
 statistics of before: :meth:`MemoStats.restore`), a move round keeps each chunk's regular statistics
 and its share of the round (:meth:`MemoStats.run_moves`; a later round they serve visits only the
 chunks without one and a regular share: :mod:`pipeline.fit.learners.memo_round`), and a round that
-accepts a move, whose chosen statistics are no chunk's kept ones, invalidates them
-(:meth:`MemoStats.invalidate`): the next iteration visits every chunk.
+accepts a move applies its choice to each chunk's regular statistics and share of the round
+(:meth:`MemoStats.replay`: merges and deletions act on each component's sums, so the chunks' results
+are the statistics of the accepted q(Z) on their rows; before issue 52 they were invalidated and the
+next iteration visited every chunk, as a birth's merge-back that merges still does).
 ``memo=1`` is plain VB EM's trajectory bit for bit, births and moves included. The learner's
 convergence test combines the lap test with the moves' and growth's.
 
@@ -201,8 +203,8 @@ class MemoStats:
         proposal, it visits the chunks without one and those a regular iteration would visit, and
         takes the others' kept shares; otherwise every chunk. The result: the regular statistics
         reduced as :meth:`total`, the extras over the same fixed tree (a full pass gives a
-        ``map_reduce``'s bits). If the round accepts a move, the learner invalidates the kept
-        statistics; if not, they are the round's q(Z)."""
+        ``map_reduce``'s bits). If the round accepts a move, the learner replays its choice on the
+        kept statistics (:meth:`replay`); if not, they are the round's q(Z)."""
         ctx, n = self.ctx, self.have.size
         k = int(params.estep.const.shape[0])
         served, maps = self.rounds.lookup(params, k)
@@ -275,6 +277,22 @@ class MemoStats:
         self.have[:] = False
         self.moved[:] = np.inf
         self.k = -1
+        self.rounds.clear()
+
+    def replay(self, apply: Any) -> None:
+        """A move round accepted moves: each chunk's kept statistics become ``apply(stats, h, alt,
+        alt_h)`` of its regular statistics and its share of the round (:meth:`pipeline.fit.learners.moves.
+        Moves.replay`), the statistics of the accepted q(Z) on its rows, so no pass revisits every
+        chunk. Where a chunk lacks either, every chunk is visited next (:meth:`invalidate`)."""
+        shares = self.rounds.parts
+        if not self.have.all() or any(p is None for p in shares):
+            self.invalidate()
+            return
+        parts = self.ctx.engine.fetch_states(self.states)
+        new = [KernelResult(apply(p.stats, s.h, s.alt, s.alt_h), p.log_norm, p.log_norm_m2)
+               for p, s in zip(parts, shares, strict=True)]
+        self.states = list(self.ctx.engine.place_states(new, self.ctx.handles))
+        self.k = new[0].stats.n_components if new else -1
         self.rounds.clear()
 
     def snapshot(self) -> tuple[Any, ...]:

@@ -133,6 +133,8 @@ class Moves:
         self.accepted = _EMPTY
         #: (kept, moved) of the last round, old indices (see :func:`_relabelling`)
         self.relabelling: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), _EMPTY)
+        #: the last round's choice (0 regular, 1 merges, 2 delete and merges; pairs, rows, keep, K, remove)
+        self.choice: tuple[Any, ...] = (0, _EMPTY, np.zeros(0, np.int64), None, 0, True)
 
     @property
     def active(self) -> bool:
@@ -253,7 +255,10 @@ class Moves:
         best = max(range(len(options)), key=lambda i: (options[i][0], -i))
         value, chosen, accepted, deleted = options[best]
         if best and not total_elbo(chosen, prior, reg) > base:  # re-verified on the chosen statistics
-            value, chosen, accepted, deleted = options[0]
+            value, chosen, accepted, deleted, best = (*options[0], 0)
+        #: how to apply the choice to one chunk's share of the round (:meth:`replay`)
+        self.choice = (best if best < 2 else 2, accepted,
+                       _rows(self.pairs if best == 1 else alt_pairs, accepted), keep, k, remove)
         if keep is not None:
             self.delete_limit = int(self.opts["delete_max"]) if deleted else max(1, self.delete_limit // 2)
         self.pending = bool(accepted.shape[0] or deleted)
@@ -263,6 +268,17 @@ class Moves:
         self.relabelling = _relabelling(k, accepted, self.deletes if deleted else None, keep, remove)
         self.last_round = {"merges": int(accepted.shape[0]), "deleted": deleted, "gain": value - base}
         return chosen
+
+    def replay(self, stats: SuffStats, h: np.ndarray, alt: SuffStats | None, alt_h: np.ndarray) -> SuffStats:
+        """The last round's choice (:meth:`choose`) applied to a part of its pass: one chunk's regular
+        statistics and extras; the parts' results sum to the chosen statistics (VB EM's memo keeps them)."""
+        kind, accepted, rows, keep, k, remove = self.choice
+        if kind == 0:
+            return stats
+        if kind == 1:
+            return apply_merges(stats, accepted, h[rows], remove)
+        assert alt is not None and keep is not None
+        return apply_merges(alt if remove else expand_stats(alt, keep, k), accepted, alt_h[rows], remove)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:

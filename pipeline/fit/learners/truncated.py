@@ -215,6 +215,21 @@ class TruncatedEStep:
             per_chunk = [CandidateState(s) for s in starts]
         self.states = self.ctx.engine.place_states(per_chunk, self.ctx.handles)
 
+    def adopt(self, state: Mapping[str, np.ndarray], take: np.ndarray) -> None:
+        """Warm start: the candidate sets of a previous fit's :meth:`state` for the chunks ``take``
+        (their rows unchanged), with its pending relabelling (its sets are in the indexing of its last
+        pass, the warm posterior in its final one); the other chunks search from the pivots."""
+        if _PREFIX + "idx" not in state or not np.any(take):
+            return
+        idx, resp = state[_PREFIX + "idx"], state[_PREFIX + "resp"]
+        parts = [CandidateState(s.start, np.asarray(idx[s], dtype=np.int32), np.asarray(resp[s], dtype=np.float32))
+                 if ok and s.stop <= idx.shape[0] else CandidateState(s.start)
+                 for s, ok in zip(self.ctx.source.chunk_slices(), take, strict=True)]
+        self.close()
+        self.states = self.ctx.engine.place_states(parts, self.ctx.handles)
+        remap = np.asarray(state[_PREFIX + "remap"], dtype=np.int32)
+        self.remap = remap if remap.size else None
+
     def close(self) -> None:
         if self.states:
             self.ctx.engine.release([s for s in self.states if hasattr(s, "release")])

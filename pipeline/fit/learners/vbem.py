@@ -25,7 +25,7 @@ from pipeline.fit.learners.growth import (
     propose_outliers,
     propose_splits,
 )
-from pipeline.fit.learners.memo import MemoStats, check_memo_option
+from pipeline.fit.learners.memo import MemoStats, check_memo_option, chunk_keys
 from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, check_move_options, merge_back
 from pipeline.fit.learners.overrelax import OverRelax
 from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
@@ -39,6 +39,9 @@ from vbcore.model.stats import SuffStats
 
 #: values of VB EM's learner option ``grow_splits``
 GROW_SPLITS = ("all", "gated")
+#: learner state without memoized statistics: the store's chunk keys (what a warm start compares
+#: with its own, :meth:`VBEM.adopt`) and a warm start's chunks the previous fit did not have
+CHUNK_KEYS, FRESH = "chunks.keys", "chunks.fresh"
 
 
 def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
@@ -122,6 +125,8 @@ class VBEM(TruncatedLearner):
         self.iteration = 0  # the last step's (the memoized convergence test's lap ends there)
         self.round = False  # the last step was a move round (a full pass)
         self.relax = OverRelax(bool(self.opts["accelerate"]))  # over-relaxed passes (issue 51)
+        #: without memoized statistics, a warm start's chunks absent from the previous fit (None: all)
+        self.fresh: np.ndarray | None = None
 
     def start_warm(self, post: Posterior) -> None:
         """Begin from ``post``, a finished fit's, with a truncation it does not saturate
@@ -150,7 +155,7 @@ class VBEM(TruncatedLearner):
             stats = self.moves.run(self.ctx, self.post, None if memo is None else
                                    lambda params: memo.run_moves(params, iteration))
             if memo is not None and (self.moves.last_round["merges"] or self.moves.last_round["deleted"]):
-                memo.invalidate()  # the accepted moves' q(Z) is no chunk's kept one
+                memo.replay(self.moves.replay)  # each chunk keeps the accepted moves' q(Z) on its rows
             # (a round on kept shares visits some chunks: the memoized convergence test follows it)
             self.round = memo is None or memo.last_full
             if self.moves.last_round["merges"] or self.moves.last_round["deleted"]:
@@ -262,10 +267,13 @@ class VBEM(TruncatedLearner):
         yield (*(propose_outliers(ctx, post, prior, growth.limit, self._fresh()) or (k, None)), None)
 
     def _fresh(self) -> np.ndarray | None:
-        """The chunks the worst-rows check reads: all (None), or with memoized statistics the chunks
-        this fit started without (a refresh's new rows: the old ones were checked by the fit it
-        refreshes, and a pass over them would cost the refresh a full pass)."""
-        return None if self.memo is None else np.flatnonzero(self.memo.fresh)
+        """The chunks the worst-rows check reads: all (None), or in a warm start that knows the
+        previous fit's chunks (memoized statistics, or its chunk keys: :meth:`adopt`) the chunks it
+        started without (a refresh's new rows: the old ones were checked by the fit it refreshes, and
+        a pass over them would cost the refresh a full pass)."""
+        if self.memo is not None:
+            return np.flatnonzero(self.memo.fresh)
+        return None if self.fresh is None else np.flatnonzero(self.fresh)
 
     def _try(self, proposal: Posterior, k: int, old_prior: Any, last: ElboTerms, iteration: int,
              kept: Any, pairs: np.ndarray | None = None) -> ElboTerms | None:
@@ -358,7 +366,16 @@ class VBEM(TruncatedLearner):
         out.update(self.growth.state())
         out.update(prior_state(self.ctx.prior))
         out.update(self.relax.state())
+        out.update(self._chunk_keys())
+        if self.memo is None and self.fresh is not None:
+            out[FRESH] = self.fresh
         return out
+
+    def _chunk_keys(self) -> dict[str, np.ndarray]:
+        """Without memoized statistics, a store's chunk keys (its CRC-32Cs: nothing is read)."""
+        if self.memo is not None or getattr(self.ctx.source, "crcs", None) is None:
+            return {}
+        return {CHUNK_KEYS: np.asarray(chunk_keys(self.ctx.source), dtype=str)}
 
     def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
         super().load_state(post, state)
@@ -368,12 +385,28 @@ class VBEM(TruncatedLearner):
         if self.memo is not None:
             self.memo.load_state(state)
         self.relax.load_state(state, self.ctx.shift)
+        if self.memo is None and FRESH in state:
+            self.fresh = np.asarray(state[FRESH], dtype=bool).copy()
 
     def keep_state(self) -> dict[str, np.ndarray]:
-        return {} if self.memo is None else self.memo.state()
+        if self.memo is None:  # a store's chunk keys (a warm start knows its new chunks), candidate sets
+            keys = self._chunk_keys()
+            return {**keys, **self.truncated.state()} if keys and self.truncated is not None else keys
+        return self.memo.state()
 
     def adopt(self, state: Mapping[str, np.ndarray]) -> int:
-        if self.memo is None or self.post is None:
+        """Warm start: adopt the previous fit's memoized statistics (the chunks adopted); without
+        them, note the chunks whose keys the previous fit did not have (its new rows) and, with the
+        truncated E-step, take its candidate sets of the unchanged chunks (no exact first pass there)."""
+        if self.memo is None:
+            if CHUNK_KEYS in state and getattr(self.ctx.source, "crcs", None) is not None:
+                old, keys = np.asarray(state[CHUNK_KEYS]).tolist(), chunk_keys(self.ctx.source)
+                self.fresh = np.asarray([k not in set(old) for k in keys], dtype=bool)
+                if self.truncated is not None:  # the same rows at the same place: their candidate sets
+                    same = [i < len(old) and k == old[i] for i, k in enumerate(keys)]
+                    self.truncated.adopt(state, np.asarray(same, dtype=bool))
+            return 0
+        if self.post is None:
             return 0
         return self.memo.adopt(state, self.post.n_components)
 
