@@ -116,13 +116,10 @@ def check_move_options(learner: str, opts: Mapping[str, Any]) -> frozenset[str]:
 
 
 def move_interval(opts: Mapping[str, Any], n_rows: int) -> int:
-    """Iterations between two merge rounds of a DP point learner or SVI: ``move_every`` where set (>= 1);
-    by default (0) ``MOVE_OPTIONS['move_every']`` (4) iterations or one epoch of minibatches
-    (``ceil(N / minibatch)`` iterations), whichever is longer. A round is a full pass (three where the
-    soft judge checks an accepted merge, :func:`soft_merges`); every 4 minibatches of 4,000 rows it
-    was what a step cost at 1M rows and more (docs/benchmarks.md, issue 52): one an epoch keeps the
-    rounds' rows read at most a small multiple of the minibatches'. Stores of at most 4 minibatches
-    (and MM, whose iteration is a pass) keep a round every 4 iterations."""
+    """Iterations between two merge rounds of a DP point learner or SVI: ``move_every`` where set (>= 1),
+    by default (0) 4 iterations or an epoch of minibatches (``ceil(N / minibatch)``), whichever is
+    longer. A round is a full pass (three where :func:`soft_merges` checks); every 4 minibatches it was
+    what a step cost at 1M rows and more (docs/benchmarks.md, issue 52). MM (a pass an iteration) keeps 4."""
     every = int(opts["move_every"])
     if every > 0:
         return every
