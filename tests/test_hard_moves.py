@@ -219,15 +219,17 @@ def test_point_learners_judge_merges_on_the_diagonal_model(learner: str) -> None
     (the diagonal model's exact ELBO of the partition) merges the pieces back into the 3 classes. For
     ``sga-f`` the soft check of ``judge=diag`` (:func:`pipeline.fit.learners.moves.soft_merges`) refuses
     the merge of the last tail piece (about 200 rows of a class) until its isotropic pieces have moved:
-    4 clusters at 200 iterations, 3 at about 380."""
+    4 clusters at 200 iterations, 3 at about 380. Since issue 52 the minibatch learners' threshold
+    rule leaves the pieces to the merges (no relative threshold prunes them): ``sga-f`` reaches 3
+    at about 540 iterations, ``sga`` (5 until then) at about 740."""
     from pipeline.estimator import VBMixture
     from pipeline.fit.spec import estimator_params
     from vbcore.data.metrics import nmi
 
     x, z = _elongated_classes()
     params = estimator_params("pipeline")
-    if learner == "sga-f":  # the soft judge (issue 51) keeps the last tail piece until iteration ~380
-        params["max_iter"] = 400
+    if learner in ("sga", "sga-f"):  # the soft judge (issue 51) keeps the last tail piece until ~540 / ~740
+        params["max_iter"] = 1000
     fits = {j: VBMixture(20, learner=learner, learner_options={"judge": j}, **params).fit(x)
             for j in ("diag", "own")}
     assert fits["diag"].n_effective_ == 3 and nmi(z, fits["diag"].predict(x)) > 0.999
@@ -344,7 +346,9 @@ def test_the_soft_judge_merges_a_split_class_and_its_gain_is_the_exact_bound_cha
 def test_sga_f_keeps_planted_classes_the_hard_judge_merged(tmp_path) -> None:
     """Issue 51's case: 120 planted classes of the synthetic store in 64 dimensions (40,000 rows),
     ``sga-f`` from K = 400 with merges: the hard judge ended at 91 (89 in the issue), VB EM's diag fit
-    finds 118; judged at soft responsibilities 102-138 (measured 109)."""
+    finds 118; judged at soft responsibilities 102-138 (measured 109). Since issue 52 (no relative
+    threshold pruning beside the merges, a round an epoch of 10 minibatches) the hard judge ends at
+    105 and the soft at 113: the soft judge still keeps more."""
     from pipeline.engine.sources import StoreSource
     from pipeline.estimator import VBMixture
     from pipeline.ingest import ingest
@@ -355,4 +359,4 @@ def test_sga_f_keeps_planted_classes_the_hard_judge_merged(tmp_path) -> None:
     found = {j: VBMixture(400, learner="sga-f", covariance_type="fixed", max_iter=60, random_state=0,
                           learner_options={"moves": "merge", "judge": j}).fit(x).n_effective_
              for j in ("diag", "diag-hard")}
-    assert 102 <= found["diag"] <= 138 and found["diag-hard"] < 100
+    assert 102 <= found["diag"] <= 138 and found["diag-hard"] < found["diag"]

@@ -60,9 +60,9 @@ MOVE_KINDS = ("merge", "delete")
 MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
                                 "delete_share": 0.1, "delete_max": 32}
 #: the move options of the DP point learners and SVI (merges only; 'auto': on unless the candidate MAP
-#: search is, issue 26)
-HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", **{k: MOVE_OPTIONS[k] for k in (
-    "move_every", "move_pairs", "move_neighbours")}}
+#: search is, issue 26; ``move_every`` 0: :func:`move_interval`'s rows-seen schedule, issue 52)
+HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", "move_every": 0, **{k: MOVE_OPTIONS[k] for k in (
+    "move_pairs", "move_neighbours")}}
 #: learner option ``judge`` of the DP point learners: the exact bound their merges and births are judged
 #: on -- ``diag`` (the default): the pipeline's default model's (:func:`partition_prior`), births on their
 #: hard assignments, and a merge the hard assignments accept only when the same model's bound at soft
@@ -98,6 +98,8 @@ def check_move_options(learner: str, opts: Mapping[str, Any]) -> frozenset[str]:
     if "judge" in opts and opts["judge"] not in JUDGES:
         raise ConfigError(f"learner option 'judge' of {learner!r} must be one of {JUDGES}, "
                           f"got {opts['judge']!r}")
+    if "judge" in opts and opts.get("move_every", 1) == 0:  # the point learners' default: move_interval
+        opts = {**opts, "move_every": 1}
     for key in ("move_every", "move_pairs", "move_neighbours", "delete_max"):
         if key in opts and opts[key] < 1:
             raise ConfigError(f"learner option {key!r} of {learner!r} must be an integer >= 1, "
@@ -111,6 +113,19 @@ def check_move_options(learner: str, opts: Mapping[str, Any]) -> frozenset[str]:
         raise ConfigError(f"learner option 'delete_share' of {learner!r} must be in (0, 1], "
                           f"got {opts['delete_share']!r}")
     return kinds
+
+
+def move_interval(opts: Mapping[str, Any], n_rows: int) -> int:
+    """Iterations between two merge rounds of a DP point learner or SVI: ``move_every`` where set (>= 1),
+    by default (0) 4 iterations or an epoch of minibatches (``ceil(N / minibatch)``), whichever is
+    longer. A round is a full pass (three where :func:`soft_merges` checks); every 4 minibatches it was
+    what a step cost at 1M rows and more (docs/benchmarks.md, issue 52). MM (a pass an iteration) keeps 4."""
+    every = int(opts["move_every"])
+    if every > 0:
+        return every
+    size = opts.get("minibatch")
+    epoch = 1 if size is None else -(-int(n_rows) // max(1, int(size)))
+    return max(int(MOVE_OPTIONS["move_every"]), epoch)
 
 
 class Moves:
@@ -448,7 +463,8 @@ class HardMovesMixin:
 
     def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)  # type: ignore[call-arg]
-        self.moves = HardMoves(self.name, self.opts)  # type: ignore[attr-defined]
+        opts, name = self.opts, self.name  # type: ignore[attr-defined]
+        self.moves = HardMoves(name, {**opts, "move_every": move_interval(opts, ctx.n_rows)})
         self.judging = Judge(self.opts)  # type: ignore[attr-defined]
 
     def judged_bound(self, point: DPPoint, stats: SuffStats) -> float:

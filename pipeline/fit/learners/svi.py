@@ -20,7 +20,14 @@ import numpy as np
 from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext
 from pipeline.fit.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
-from pipeline.fit.learners.moves import MOVE_OPTIONS, POINT_MOVE_OPTIONS, Judge, Moves, check_move_options
+from pipeline.fit.learners.moves import (
+    MOVE_OPTIONS,
+    POINT_MOVE_OPTIONS,
+    Judge,
+    Moves,
+    check_move_options,
+    move_interval,
+)
 from pipeline.fit.learners.sga import MINIBATCH_SLICE, check_minibatch_options
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params, vbem_pass_kernel
@@ -47,7 +54,8 @@ class SVI(DPPointLearner):
         super().__init__(ctx, options)
         self.vb: Posterior | None = None
         self.se: float | None = None
-        self.moves = Moves(self.name, {**MOVE_OPTIONS, **self.opts})
+        self.moves = Moves(self.name, {**MOVE_OPTIONS, **self.opts,
+                                       "move_every": move_interval(self.opts, ctx.n_rows)})
         self.judging = Judge(self.opts)
 
     @classmethod
