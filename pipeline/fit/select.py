@@ -43,6 +43,16 @@ SCREEN_ROWS = 10_000
 SCREEN_MAX_ITER = 100
 #: the seed's spawn key of the subsample (other draws of the fit use other keys)
 SCREEN_KEY = 51
+#: projected candidates screened beside the families when ``--covariance`` and ``--pca`` are left unset,
+#: as (covariance, P, whiten): the guide's best Fashion-MNIST configuration. Each is scored by the
+#: bound of the original rows (:mod:`vbcore.model.projected`: the whitening's log-Jacobian and an
+#: isotropic Gaussian on the D - P dropped dimensions), so it compares with the unprojected ones;
+#: screened only where P < D.
+PROJECTED = (("full", 64, True),)
+#: the resolution at which candidates are scored, relative to each feature's standard deviation on the
+#: screened rows (``eps_d = RESOLUTION * std_d``; :mod:`vbcore.model.projected`, Theis et al. 2016):
+#: 0 scores the plain bound
+RESOLUTION = 0.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,9 @@ class Candidate:
     screen_seconds: float
     full_bound: float | None = None
     chosen: bool = False
+    #: the projection of a projected candidate (--pca P, --whiten), None for the rows themselves
+    pca: int | None = None
+    whiten: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,16 +79,19 @@ class Selection:
     screen_rows: int
     screen_seconds: float
     parts: str
+    #: the resolution the bounds are at (:data:`RESOLUTION`; 0: the plain bound)
+    resolution: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"parts": self.parts, "screen_rows": self.screen_rows,
-                "screen_seconds": self.screen_seconds,
+                "screen_seconds": self.screen_seconds, "resolution": self.resolution,
                 "candidates": [asdict(c) for c in self.candidates]}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Selection:
         return cls(tuple(Candidate(**c) for c in values["candidates"]), int(values["screen_rows"]),
-                   float(values["screen_seconds"]), str(values["parts"]))
+                   float(values["screen_seconds"]), str(values["parts"]),
+                   float(values.get("resolution", 0.0)))
 
     def winner(self) -> Candidate:
         return next(c for c in self.candidates if c.chosen)
@@ -116,24 +132,82 @@ def screen_rows(source: Any, seed: Any) -> np.ndarray:
     return np.concatenate([source.load(i) for i in sorted(picked)])
 
 
+def projected(spec: FitSpec, n_features: int) -> list[tuple[str, str, int, bool]]:
+    """(covariance, priors, P, whiten) of the projected candidates (:data:`PROJECTED`) to screen: only
+    when the covariance is selected and no ``--pca`` is given, and only where ``P < D``."""
+    from pipeline.fit.learners import learner_class
+
+    parts = set(spec.select.split("+")) if spec.select != "none" else set()
+    if "covariance" not in parts or spec.pca is not None:
+        return []
+    allowed = learner_class(spec.learner).covariance_types
+    priors = list(PRIORS) if "priors" in parts else [spec.priors]
+    return [(c, p, int(n), bool(w)) for c, n, w in PROJECTED for p in priors
+            if c in allowed and n < n_features
+            and not (p == "bound" and c in ("full", "tied") and "empirical" in priors)]
+
+
+def resolution_of(chunks: Any, relative: float) -> np.ndarray | None:
+    """``eps_d = relative * std_d`` of the rows of ``chunks`` (float64 sums; None when ``relative`` is 0)."""
+    if not relative:
+        return None
+    n, s1, s2 = 0, 0.0, 0.0
+    for x in chunks:
+        x = np.asarray(x, dtype=np.float64)
+        n, s1, s2 = n + x.shape[0], s1 + x.sum(0), s2 + np.einsum("nd,nd->d", x, x)
+    mean = s1 / n
+    return float(relative) * np.sqrt(np.maximum(s2 / n - mean * mean, 0.0))
+
+
+def original_bound(out: Any, chunks: Any, eps: np.ndarray | None) -> float:
+    """The bound of the original rows (all of ``chunks``, those the fit saw) at resolution ``eps``:
+    the fit's exact ELBO, plus for a projected fit the whitening's log-Jacobian and the dropped
+    dimensions' isotropic Gaussian, less the dequantization penalty (:mod:`vbcore.model.projected`)."""
+    from vbcore.model.projected import (
+        Complement,
+        complement,
+        log_jacobian,
+        noise_covariance,
+        resolution_penalty,
+        soft_counts,
+    )
+
+    total = float(out.terms.total)
+    proj = out.projection
+    nk = soft_counts(out.post, float(out.prior.weight_concentration))
+    if proj is not None:
+        parts = [complement(x, proj.mean, proj.components, eps) for x in chunks]
+        comp = Complement(sum(c.n_rows for c in parts), parts[0].dims,
+                          sum(c.residual_sum for c in parts), parts[0].noise)
+        total += comp.n_rows * log_jacobian(proj.variances, proj.whiten) + comp.log_likelihood()
+    if eps is not None:
+        total -= resolution_penalty(out.post, nk, noise_covariance(eps, None if proj is None
+                                                                   else proj.matrix()))
+    return total
+
+
 def screen(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> Selection:
-    """Fit every candidate to the same subsample; their exact bounds per row, best first chosen."""
+    """Fit every candidate to the same subsample; their bounds per row of the original rows, best first."""
     from pipeline.fit.driver import n_effective, run_fit
 
     t0 = time.perf_counter()
     rows = screen_rows(source, spec.seed if random_state is None else random_state)
     sub = open_source(rows, int(spec.chunk_rows))
+    eps = resolution_of([rows], RESOLUTION)
+    todo = [(c, p, None, False) for c, p in candidates(spec, source.n_features)]
     found: list[Candidate] = []
-    for cov, priors in candidates(spec, source.n_features):
+    for cov, priors, pca, whiten in todo + projected(spec, source.n_features):
         t = time.perf_counter()
+        more = {} if pca is None else {"pca": pca, "whiten": whiten}
         cand = replace(spec, covariance=cov, priors=priors, select="none",
-                       max_iter=SCREEN_MAX_ITER).resolved()
+                       max_iter=SCREEN_MAX_ITER, **more).resolved()
         out = run_fit(cand, sub, engine, random_state=random_state)
-        found.append(Candidate(cov, priors, float(out.terms.total) / rows.shape[0],
-                               n_effective(out.post, out.prior), time.perf_counter() - t))
+        found.append(Candidate(cov, priors, original_bound(out, [rows], eps) / rows.shape[0],
+                               n_effective(out.post, out.prior), time.perf_counter() - t,
+                               pca=pca, whiten=whiten))
     ranked = sorted(range(len(found)), key=lambda i: -found[i].screen_bound)  # stable: FAMILIES order
     ordered = tuple(found[i] for i in ranked)
-    return Selection(ordered, int(rows.shape[0]), time.perf_counter() - t0, spec.select)
+    return Selection(ordered, int(rows.shape[0]), time.perf_counter() - t0, spec.select, RESOLUTION)
 
 
 def finish(selection: Selection, full_bounds: dict[int, float]) -> Selection:
@@ -146,5 +220,25 @@ def finish(selection: Selection, full_bounds: dict[int, float]) -> Selection:
 
 
 def chosen_spec(spec: FitSpec, cand: Candidate) -> FitSpec:
-    """``spec`` with a candidate's covariance and priors, nothing left to select."""
-    return replace(spec, covariance=cand.covariance, priors=cand.priors, select="none").resolved()
+    """``spec`` with a candidate's covariance, priors and projection, nothing left to select."""
+    more = {} if cand.pca is None else {"pca": cand.pca, "whiten": cand.whiten}
+    return replace(spec, covariance=cand.covariance, priors=cand.priors, select="none", **more).resolved()
+
+
+def full_bounds(outs: dict[int, Any], source: Any, selection: Selection) -> dict[int, float]:
+    """The bound per row of the original rows (at the selection's resolution) of each full fit."""
+    def chunks() -> Any:
+        return (source.load(i) for i in range(len(source.chunk_slices())))
+
+    plain = selection.resolution == 0.0 and all(o.projection is None for o in outs.values())
+    eps = resolution_of(chunks(), selection.resolution)
+    rows = float(source.n_rows)
+    return {i: (float(o.terms.total) if plain else original_bound(o, chunks(), eps)) / rows
+            for i, o in outs.items()}
+
+
+def label(c: dict[str, Any]) -> str:
+    """A candidate's model as the summary and report show it: its family, and its projection."""
+    if c.get("pca") is None:
+        return str(c["covariance"])
+    return f"{c['covariance']} on pca {c['pca']}" + (" whitened" if c.get("whiten") else "")
