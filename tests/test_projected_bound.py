@@ -52,8 +52,8 @@ def test_projected_density_is_the_original_rows_density(whiten) -> None:
     a = proj.components * (np.sqrt(proj.variances)[None, :] if whiten else 1.0)
     cov_x = a @ s @ a.T + s2 * perp @ perp.T
     brute = scipy.stats.multivariate_normal(proj.mean + a @ mu, cov_x).logpdf(x).sum()
-    ours = (scipy.stats.multivariate_normal(mu, s).logpdf(y).sum() + len(x) * log_jacobian(proj.variances, whiten)
-            + comp.log_likelihood())
+    ours = (scipy.stats.multivariate_normal(mu, s).logpdf(y).sum()
+            + len(x) * log_jacobian(proj.variances, whiten) + comp.log_likelihood())
     assert ours == pytest.approx(brute, rel=1e-10)
     # the complement at its type-II maximum: the direct density of z, maximised over s^2
     z = (x - proj.mean) @ perp
