@@ -134,3 +134,27 @@ def test_projected_candidates_are_screened_on_the_original_rows(monkeypatch) -> 
         assert c.screen_bound == pytest.approx(original_bound(out, [x], None) / len(x), rel=1e-12)
     assert not select.projected(FitSpec(select="auto", covariance="diag").resolved(), 4)
     assert not select.projected(FitSpec(select="auto", pca=2).resolved(), 4)
+
+
+def test_resolution_is_pooled_or_per_feature_and_scored(monkeypatch) -> None:
+    """eps = r sqrt(mean variance) for every feature (pooled: a constant feature gets the others'), or
+    r std_d; a screen at a resolution scores each candidate by original_bound at that eps."""
+    x = _rows(d=3) * np.array([1.0, 2.0, 0.0])  # a constant feature
+    var = x.var(0)
+    assert np.allclose(select.resolution_of([x[:25], x[25:]], 0.1, True), 0.1 * np.sqrt(var.mean()))
+    assert np.allclose(select.resolution_of([x], 0.1, False), 0.1 * np.sqrt(var))
+    assert select.resolution_of([x], 0.0) is None
+    monkeypatch.setattr(select, "RESOLUTION", 0.2)
+    monkeypatch.setattr(select, "SCREEN_MAX_ITER", 5)
+    x, _ = planted_small_classes(n_classes=3, d=3, lo=30, hi=40, seed=7)
+    spec = FitSpec(components=3, max_iter=5, seed=0, chunk_rows=100, select="auto",
+                   covariance="diag").resolved()
+    sel = screen(spec, open_source(x, 100), LocalEngine(), 0)
+    assert sel.resolution == 0.2 and sel.to_dict()["resolution"] == 0.2
+    eps = select.resolution_of([x], 0.2)
+    for c in sel.candidates:
+        out = run_fit(replace(select.chosen_spec(spec, c), max_iter=5), open_source(x, 100), LocalEngine(),
+                      random_state=0)
+        plain = original_bound(out, [x], None)
+        assert c.screen_bound == pytest.approx(original_bound(out, [x], eps) / len(x), rel=1e-12)
+        assert c.screen_bound * len(x) < plain  # the dequantization costs

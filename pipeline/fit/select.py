@@ -53,6 +53,8 @@ PROJECTED = (("full", 64, True),)
 #: screened rows (``eps_d = RESOLUTION * std_d``; :mod:`vbcore.model.projected`, Theis et al. 2016):
 #: 0 scores the plain bound
 RESOLUTION = 0.0
+#: the resolution is pooled over the features (one ``eps`` for all) rather than each feature's own
+POOLED = True
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,9 @@ def candidates(spec: FitSpec, n_features: int) -> list[tuple[str, str]]:
             if not (p == "bound" and c in ("full", "tied") and "empirical" in priors)]
 
 
-def screen_rows(source: Any, seed: Any) -> np.ndarray:
-    """Whole chunks drawn from ``seed`` until ``SCREEN_ROWS`` rows (all rows of a smaller store), in
-    chunk order."""
+def screen_chunks(source: Any, seed: Any) -> list[int]:
+    """The chunks of the screening subsample: drawn from ``seed`` until ``SCREEN_ROWS`` rows (all chunks
+    of a smaller store), in chunk order."""
     slices = source.chunk_slices()
     if source.n_rows <= SCREEN_ROWS:
         order: Any = range(len(slices))
@@ -129,7 +131,12 @@ def screen_rows(source: Any, seed: Any) -> np.ndarray:
         total += slices[int(i)].stop - slices[int(i)].start
         if total >= SCREEN_ROWS:
             break
-    return np.concatenate([source.load(i) for i in sorted(picked)])
+    return sorted(picked)
+
+
+def screen_rows(source: Any, seed: Any) -> np.ndarray:
+    """The rows of :func:`screen_chunks`."""
+    return np.concatenate([source.load(i) for i in screen_chunks(source, seed)])
 
 
 def projected(spec: FitSpec, n_features: int) -> list[tuple[str, str, int, bool]]:
@@ -147,8 +154,11 @@ def projected(spec: FitSpec, n_features: int) -> list[tuple[str, str, int, bool]
             and not (p == "bound" and c in ("full", "tied") and "empirical" in priors)]
 
 
-def resolution_of(chunks: Any, relative: float) -> np.ndarray | None:
-    """``eps_d = relative * std_d`` of the rows of ``chunks`` (float64 sums; None when ``relative`` is 0)."""
+def resolution_of(chunks: Any, relative: float, pooled: bool | None = None) -> np.ndarray | None:
+    """The resolution ``eps`` (per feature) of the rows of ``chunks`` at ``relative`` (None when 0):
+    ``relative`` times the root of the features' mean variance, the same for every feature
+    (``pooled``, default :data:`POOLED`; a constant feature gets the resolution of the others), or
+    times each feature's own standard deviation. Float64 sums."""
     if not relative:
         return None
     n, s1, s2 = 0, 0.0, 0.0
@@ -156,7 +166,10 @@ def resolution_of(chunks: Any, relative: float) -> np.ndarray | None:
         x = np.asarray(x, dtype=np.float64)
         n, s1, s2 = n + x.shape[0], s1 + x.sum(0), s2 + np.einsum("nd,nd->d", x, x)
     mean = s1 / n
-    return float(relative) * np.sqrt(np.maximum(s2 / n - mean * mean, 0.0))
+    var = np.maximum(s2 / n - mean * mean, 0.0)
+    if POOLED if pooled is None else pooled:
+        var = np.full_like(var, var.mean())
+    return float(relative) * np.sqrt(var)
 
 
 def original_bound(out: Any, chunks: Any, eps: np.ndarray | None) -> float:
