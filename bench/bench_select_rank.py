@@ -17,9 +17,8 @@ import argparse
 import json
 import os
 import sys
-import time
 import warnings
-from dataclasses import replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,6 @@ def candidates_of(name: str, x: np.ndarray, y: np.ndarray, resolutions: list[flo
 
     import pipeline.fit.select as select
     from pipeline.engine.engines import LocalEngine
-    from pipeline.fit.driver import n_effective, run_fit
     from pipeline.fit.setup import open_source
     from pipeline.fit.spec import FitSpec
 
@@ -45,25 +43,19 @@ def candidates_of(name: str, x: np.ndarray, y: np.ndarray, resolutions: list[flo
     slices = src.chunk_slices()
     labels = np.concatenate([y[slices[i].start:slices[i].stop] for i in chunks])
     sub = open_source(rows, int(spec.chunk_rows))
-    todo = [(c, p, None, False) for c, p in select.candidates(spec, x.shape[1])]
     found = []
-    for cov, priors, pca, whiten in todo + select.projected(spec, x.shape[1]):
-        t = time.perf_counter()
-        more = {} if pca is None else {"pca": pca, "whiten": whiten}
-        cand = replace(spec, covariance=cov, priors=priors, select="none", max_iter=select.SCREEN_MAX_ITER,
-                       **more).resolved()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = run_fit(cand, sub, LocalEngine(), random_state=0)
-        seconds = time.perf_counter() - t
-        pred = _predict(out, rows)
-        bounds = {f"{kind}{r:g}": select.original_bound(out, [rows], select.resolution_of(
-            [rows], r, kind == "pooled ")) / len(rows) for r in resolutions for kind in ("pooled ", "")}
-        found.append({"set": name, "model": select.label({"covariance": cov, "pca": pca, "whiten": whiten}),
-                      "priors": priors, "clusters": n_effective(out.post, out.prior),
-                      "nmi": float(nmi(labels, pred)), "bounds": bounds, "seconds": seconds,
-                      "iterations": out.n_iter, "rows": int(len(rows)), "load": os.getloadavg()[0]})
-        print(json.dumps(found[-1]), flush=True)
+    for r in resolutions:
+        eps = select.resolution_of([rows], r)
+        for cand in select.screened(spec, x.shape[1], eps):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                c, out = select.screen_one(spec, cand, sub, rows, eps, LocalEngine(), 0)
+            found.append({"set": name, "resolution": r, "model": select.label(asdict(c)),
+                          "priors": c.priors, "clusters": c.screen_clusters,
+                          "nmi": float(nmi(labels, _predict(out, rows))), "bound": c.screen_bound,
+                          "seconds": c.screen_seconds, "iterations": out.n_iter, "rows": int(len(rows)),
+                          "reg_covar": c.reg_covar, "load": os.getloadavg()[0]})
+            print(json.dumps(found[-1]), flush=True)
     return found
 
 
@@ -98,11 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(folder / "results.jsonl", "a") as f:
             for c in found:
                 f.write(json.dumps(c) + "\n")
-        best = max(found, key=lambda c: c["nmi"])
-        for r in [f"{kind}{r:g}" for r in args.resolutions for kind in ("pooled ", "")]:
-            top = max(found, key=lambda c: c["bounds"][r])
-            rho = _spearman([c["bounds"][r] for c in found], [c["nmi"] for c in found])
-            lines.append(f"| {name} | {r} | {top['model']}, {top['priors']} ({top['clusters']}, "
+        best = max(found, key=lambda c: c["nmi"])  # (over every resolution's fits)
+        for r in args.resolutions:
+            these = [c for c in found if c["resolution"] == r]
+            top = max(these, key=lambda c: c["bound"])
+            rho = _spearman([c["bound"] for c in these], [c["nmi"] for c in these])
+            lines.append(f"| {name} | {r:g} | {top['model']}, {top['priors']} ({top['clusters']}, "
                          f"{top['nmi']:.3f}) | {best['model']}, {best['priors']} ({best['clusters']}, "
                          f"{best['nmi']:.3f}) | {rho:+.2f} |")
             print(lines[-1], flush=True)

@@ -399,11 +399,9 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
                   callback=callback)
         fitted_spec = spec
         if out.selection is not None:  # the settings of the model kept (a VBMixture of them refits it)
-            from pipeline.fit.select import Selection
+            from pipeline.fit.select import Selection, choice
 
-            win = Selection.from_dict(out.selection).winner()
-            more = {} if win.pca is None else {"pca": win.pca, "whiten": win.whiten}
-            fitted_spec = replace(spec, covariance=win.covariance, priors=win.priors, select="none", **more)
+            fitted_spec = replace(spec, **choice(Selection.from_dict(out.selection).winner()))
             info["selection"] = out.selection
         model = fitted_model(out, run_settings(fitted_spec, ckpt, warm is not None), source)
         if out.resumed_from:

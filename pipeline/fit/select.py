@@ -71,6 +71,8 @@ class Candidate:
     #: the projection of a projected candidate (--pca P, --whiten), None for the rows themselves
     pca: int | None = None
     whiten: bool = False
+    #: the reg_covar it was fitted with where the resolution set it (``eps^2 / 12``), else None (the fit's)
+    reg_covar: float | None = None
 
 
 @dataclass(frozen=True)
@@ -201,26 +203,39 @@ def original_bound(out: Any, chunks: Any, eps: np.ndarray | None) -> float:
 
 def screen(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> Selection:
     """Fit every candidate to the same subsample; their bounds per row of the original rows, best first."""
-    from pipeline.fit.driver import n_effective, run_fit
-
     t0 = time.perf_counter()
     rows = screen_rows(source, spec.seed if random_state is None else random_state)
     sub = open_source(rows, int(spec.chunk_rows))
     eps = resolution_of([rows], RESOLUTION)
-    todo = [(c, p, None, False) for c, p in candidates(spec, source.n_features)]
-    found: list[Candidate] = []
-    for cov, priors, pca, whiten in todo + projected(spec, source.n_features):
-        t = time.perf_counter()
-        more = {} if pca is None else {"pca": pca, "whiten": whiten}
-        cand = replace(spec, covariance=cov, priors=priors, select="none",
-                       max_iter=SCREEN_MAX_ITER, **more).resolved()
-        out = run_fit(cand, sub, engine, random_state=random_state)
-        found.append(Candidate(cov, priors, original_bound(out, [rows], eps) / rows.shape[0],
-                               n_effective(out.post, out.prior), time.perf_counter() - t,
-                               pca=pca, whiten=whiten))
+    found = [screen_one(spec, c, sub, rows, eps, engine, random_state)[0]
+             for c in screened(spec, source.n_features, eps)]
     ranked = sorted(range(len(found)), key=lambda i: -found[i].screen_bound)  # stable: FAMILIES order
     ordered = tuple(found[i] for i in ranked)
     return Selection(ordered, int(rows.shape[0]), time.perf_counter() - t0, spec.select, RESOLUTION)
+
+
+def screened(spec: FitSpec, n_features: int, eps: np.ndarray | None) -> list[Candidate]:
+    """The candidates to screen (bounds not yet known). Fitted at the resolution ``eps``: its variance
+    ``eps^2 / 12`` added to each component's is the M-step of the dequantized rows (the smallest eps
+    where they differ; a projected candidate keeps the fit's reg_covar, its noise is not isotropic)."""
+    reg = None if eps is None else max(float(spec.reg_covar), float(np.min(eps)) ** 2 / 12.0)
+    plain = [Candidate(c, p, 0.0, 0, 0.0, reg_covar=reg) for c, p in candidates(spec, n_features)]
+    return plain + [Candidate(c, p, 0.0, 0, 0.0, pca=n, whiten=w)
+                    for c, p, n, w in projected(spec, n_features)]
+
+
+def screen_one(spec: FitSpec, cand: Candidate, sub: Any, rows: np.ndarray, eps: np.ndarray | None,
+               engine: Any, random_state: Any) -> tuple[Candidate, Any]:
+    """One candidate fitted to the subsample ``sub`` (whose rows are ``rows``): with its bound per row
+    of the original rows at ``eps``, clusters and seconds; and the fit's outcome."""
+    from pipeline.fit.driver import n_effective, run_fit
+
+    t = time.perf_counter()
+    out = run_fit(replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER), sub, engine,
+                  random_state=random_state)
+    return replace(cand, screen_bound=original_bound(out, [rows], eps) / rows.shape[0],
+                   screen_clusters=n_effective(out.post, out.prior),
+                   screen_seconds=time.perf_counter() - t), out
 
 
 def finish(selection: Selection, full_bounds: dict[int, float]) -> Selection:
@@ -233,9 +248,16 @@ def finish(selection: Selection, full_bounds: dict[int, float]) -> Selection:
 
 
 def chosen_spec(spec: FitSpec, cand: Candidate) -> FitSpec:
-    """``spec`` with a candidate's covariance, priors and projection, nothing left to select."""
-    more = {} if cand.pca is None else {"pca": cand.pca, "whiten": cand.whiten}
-    return replace(spec, covariance=cand.covariance, priors=cand.priors, select="none", **more).resolved()
+    """``spec`` with a candidate's covariance, priors, projection and reg_covar, nothing left to select."""
+    return replace(spec, **choice(cand)).resolved()
+
+
+def choice(cand: Candidate) -> dict[str, Any]:
+    """The settings a candidate fixes (a VBMixture or ``vbcluster fit`` with them fits its model)."""
+    more: dict[str, Any] = {} if cand.pca is None else {"pca": cand.pca, "whiten": cand.whiten}
+    if cand.reg_covar is not None:
+        more["reg_covar"] = cand.reg_covar
+    return {"covariance": cand.covariance, "priors": cand.priors, "select": "none", **more}
 
 
 def full_bounds(outs: dict[int, Any], source: Any, selection: Selection) -> dict[int, float]:
