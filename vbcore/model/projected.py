@@ -19,7 +19,7 @@ costs the projected fit ``(D - P) / 2 ln(N (D - P))``-order nats in all (not per
 conjugate prior on ``s^2``, nothing at the sizes screened. ``|z_n|^2 = |(x_n - m) - V V^T (x_n - m)|^2``
 is summed in float64 from the residual itself (not ``|x - m|^2 - |y|^2``, which cancels).
 
-**Resolution** (uniform dequantization, Theis, van den Oord & Bethge 2016). A density on continuous
+**Resolution** (uniform dequantization, Theis et al. 2016). A density on continuous
 rows can put unbounded mass on data with no spread along a dimension (CNN features: ~69% exact
 zeros): a component's precision there grows without end and so does its bound. The bound of the data
 *at resolution* ``eps`` (per feature) is that of ``x + u``, ``u`` uniform on the cell
