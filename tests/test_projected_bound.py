@@ -128,10 +128,11 @@ def test_projected_candidates_are_screened_on_the_original_rows(monkeypatch) -> 
     assert sorted((c.covariance, c.priors, c.pca, c.whiten) for c in proj) == [
         ("full", "empirical", 2, True), ("full", "sklearn", 2, True)]
     assert select.label({"covariance": "full", "pca": 2, "whiten": True}) == "full on pca 2 whitened"
+    eps = select.resolution_of([x], select.RESOLUTION)
     for c in proj:
         out = run_fit(replace(select.chosen_spec(spec, c), max_iter=10), open_source(x, 100), LocalEngine(),
                       random_state=0)
-        assert c.screen_bound == pytest.approx(original_bound(out, [x], None) / len(x), rel=1e-12)
+        assert c.screen_bound == pytest.approx(original_bound(out, [x], eps) / len(x), rel=1e-12)
     assert not select.projected(FitSpec(select="auto", covariance="diag").resolved(), 4)
     assert not select.projected(FitSpec(select="auto", pca=2).resolved(), 4)
 
@@ -158,3 +159,22 @@ def test_resolution_is_pooled_or_per_feature_and_scored(monkeypatch) -> None:
         plain = original_bound(out, [x], None)
         assert c.screen_bound == pytest.approx(original_bound(out, [x], eps) / len(x), rel=1e-12)
         assert c.screen_bound * len(x) < plain  # the dequantization costs
+
+
+def test_projected_candidates_show_in_the_summary_and_report() -> None:
+    from rich.console import Console
+
+    from pipeline.cli_format import selection_table
+    from pipeline.runs.report_curves import selection_note
+
+    cand = {"covariance": "full", "priors": "sklearn", "screen_bound": -1.5, "screen_clusters": 3,
+            "screen_seconds": 0.1, "full_bound": -1.25, "chosen": True, "pca": 64, "whiten": True,
+            "reg_covar": None}
+    sel = {"parts": "covariance+priors", "screen_rows": 100, "screen_seconds": 1.0, "resolution": 0.03,
+           "candidates": [cand, {**cand, "pca": None, "chosen": False, "full_bound": None}]}
+    console = Console(width=200, record=True)
+    console.print(selection_table(sel))
+    text = console.export_text()
+    assert "full on pca 64 whitened" in text and "resolution 0.03" in text and "<- kept" in text
+    note = selection_note({"selection": sel})
+    assert "full on pca 64 whitened/sklearn: screen -1.5000, all rows -1.2500 (kept)" in note

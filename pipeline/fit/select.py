@@ -49,10 +49,11 @@ SCREEN_KEY = 51
 #: isotropic Gaussian on the D - P dropped dimensions), so it compares with the unprojected ones;
 #: screened only where P < D.
 PROJECTED = (("full", 64, True),)
-#: the resolution at which candidates are scored, relative to each feature's standard deviation on the
-#: screened rows (``eps_d = RESOLUTION * std_d``; :mod:`vbcore.model.projected`, Theis et al. 2016):
-#: 0 scores the plain bound
-RESOLUTION = 0.0
+#: the resolution at which candidates are fitted and scored (:mod:`vbcore.model.projected`, Theis et al.
+#: 2016), relative to the screened rows' spread: ``eps = RESOLUTION * sqrt(mean_d var_d)`` for every
+#: feature (:func:`resolution_of`); 0 fits and scores the plain bound. 0.03 was the best of 0.03, 0.1
+#: and 0.3 on the battery (docs/decisions.md): chosen on those sets, not derived
+RESOLUTION = 0.03
 #: the resolution is pooled over the features (one ``eps`` for all) rather than each feature's own
 POOLED = True
 
