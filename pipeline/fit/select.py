@@ -7,10 +7,16 @@ defaults, 'bound' and scikit-learn's), restricted to the parts of the model the 
 to the same rows -- a subsample of whole chunks drawn from the fit's seed, at most ``SCREEN_ROWS``
 rows -- with every other setting of the fit, and scored by its exact ELBO per row
 (:func:`vbcore.model.elbo.elbo_terms`, which keeps every constant, so the bounds of different families
-and priors are bounds on the evidence of the same rows and compare). With ``--pca`` every candidate
-projects the subsample with the same projection pass (same rows, same space): the comparison is within
-that projected space. The ``select_fits`` best are then fitted to all rows, and the one with the
-highest full bound is kept.
+and priors are bounds on the evidence of the same rows and compare), made a bound of the original rows
+at a stated resolution (:mod:`vbcore.model.projected`): the candidates are fitted and scored as the
+rows dequantized at ``eps = RESOLUTION`` times the rows' spread (uniform noise of variance ``eps^2 /
+12``: ``reg_covar``, and the bound's penalty), so a precision along a dimension without spread no
+longer gains without end. With ``--pca`` given every candidate projects the subsample with the same
+projection pass (same rows, same space); with ``--pca`` and ``--covariance`` unset the projected
+candidates (``PROJECTED``) are screened beside the others, their bounds made bounds of the original
+rows by the whitening's log-Jacobian and an isotropic Gaussian on the dropped dimensions. The
+``select_fits`` best are then fitted to all rows, and the one with the highest full bound (of the
+original rows, at the resolution) is kept.
 
 Deterministic: the subsample and every candidate fit derive from the fit's seed, so a resumed run
 screens the same candidates to the same bounds and resumes the same winner's checkpoints.
