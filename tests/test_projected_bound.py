@@ -178,3 +178,59 @@ def test_projected_candidates_show_in_the_summary_and_report() -> None:
     assert "full on pca 64 whitened" in text and "resolution 0.03" in text and "<- kept" in text
     note = selection_note({"selection": sel})
     assert "full on pca 64 whitened/sklearn: screen -1.5000, all rows -1.2500 (kept)" in note
+
+
+def test_a_projected_winner_keeps_the_bits_across_engines_and_resume(tmp_path, monkeypatch) -> None:
+    """Only projected candidates (the unprojected ones left out): the kept model is a projected fit,
+    recorded with its projection, and a resumed run on another thread count ends with the same bits."""
+    from threadpoolctl import threadpool_limits
+
+    from pipeline.service import fit
+
+    monkeypatch.setattr(select, "PROJECTED", (("full", 2, True),))
+    monkeypatch.setattr(select, "SCREEN_MAX_ITER", 8)
+    monkeypatch.setattr(select, "candidates", lambda spec, d: [])
+    x, _ = planted_small_classes(n_classes=5, d=4, lo=40, hi=90, seed=8)
+    spec = replace(FitSpec(components=4, tol=0.0, max_iter=6, seed=0, chunk_rows=100, select="auto",
+                           select_fits=2).resolved(), checkpoint_every=2)
+    with threadpool_limits(limits=1, user_api="blas"):
+        ref = fit(spec, open_source(x, 100), LocalEngine(threads=1), random_state=0)
+        fit(replace(spec, max_iter=2), open_source(x, 100), LocalEngine(threads=1), random_state=0,
+            checkpoint_dir=str(tmp_path / "ck"))
+    resumed = fit(spec, open_source(x, 100), LocalEngine(threads=2), random_state=0,
+                  checkpoint_dir=str(tmp_path / "ck"))
+    assert resumed.resumed_from is not None
+    kept = [c for c in ref.selection["candidates"] if c["chosen"]]
+    assert len(kept) == 1 and kept[0]["pca"] == 2 and kept[0]["whiten"] is True
+    assert ref.projection is not None and ref.projection.n_components == 2
+    eps = select.resolution_of([x], select.RESOLUTION)
+    assert kept[0]["full_bound"] == pytest.approx(original_bound(ref, [x], eps) / len(x), rel=1e-12)
+    assert kept[0]["full_bound"] == max(c["full_bound"] for c in ref.selection["candidates"])
+    assert resumed.terms.total == ref.terms.total and resumed.history == ref.history
+    assert np.array_equal(resumed.post.means, ref.post.means)
+
+
+def test_a_projected_winner_is_recorded_in_the_run(tmp_path, monkeypatch) -> None:
+    """result.json's settings are the projected model's (a VBMixture of them refits it), the summary
+    and the report name it."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.ingest import ingest
+    from pipeline.runs.directory import read_result
+    from pipeline.runs.report import write_report
+
+    monkeypatch.setattr(select, "PROJECTED", (("full", 2, True),))
+    monkeypatch.setattr(select, "SCREEN_MAX_ITER", 8)
+    monkeypatch.setattr(select, "candidates", lambda spec, d: [])
+    x, _ = planted_small_classes(n_classes=4, d=4, lo=40, hi=60, seed=9)
+    np.save(tmp_path / "x.npy", x)
+    ingest(str(tmp_path / "x.npy"), str(tmp_path / "s.zarr"))
+    res = CliRunner().invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / "r"),
+                                   "--select", "auto", "-k", "4", "--max-iter", "10"])
+    assert res.exit_code == 0, res.output
+    r = read_result(tmp_path / "r")
+    assert r["settings"]["pca"] == 2 and r["settings"]["whiten"] is True
+    assert r["settings"]["covariance_type"] == "full"
+    assert "full on pca 2 whitened" in res.output and "<- kept" in res.output
+    assert "full on pca 2 whitened/" in write_report([tmp_path / "r"]).read_text()
