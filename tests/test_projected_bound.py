@@ -17,6 +17,7 @@ from pipeline.fit.select import original_bound, screen
 from pipeline.fit.setup import open_source
 from pipeline.fit.spec import FitSpec
 from tests._reference import planted_small_classes, stats_of
+from vbcore.errors import ConfigError
 from vbcore.kernels.projection import fit_projection, row_moments
 from vbcore.model.elbo import elbo_terms
 from vbcore.model.mstep import m_step
@@ -234,3 +235,21 @@ def test_a_projected_winner_is_recorded_in_the_run(tmp_path, monkeypatch) -> Non
     assert r["settings"]["covariance_type"] == "full"
     assert "full on pca 2 whitened" in res.output and "<- kept" in res.output
     assert "full on pca 2 whitened/" in write_report([tmp_path / "r"]).read_text()
+
+
+def test_a_model_the_rows_refuse_is_not_screened(monkeypatch) -> None:
+    """Rows spanning fewer dimensions than P: whitening refuses the projection (and full and tied their
+    singular covariance prior), and the screen goes on without them; all refused: the error."""
+    monkeypatch.setattr(select, "PROJECTED", (("full", 3, True),))
+    monkeypatch.setattr(select, "SCREEN_MAX_ITER", 5)
+    x, _ = planted_small_classes(n_classes=3, d=2, lo=30, hi=40, seed=10)
+    x = np.concatenate([x, x[:, :1] + x[:, 1:], 2 * x[:, :1]], axis=1)  # 4 features, rank 2
+    spec = FitSpec(components=3, max_iter=5, seed=0, chunk_rows=100, select="auto",
+                   priors="sklearn").resolved()
+    sel = screen(spec, open_source(x, 100), LocalEngine(), 0)
+    assert [c.covariance for c in sel.candidates if c.pca is None] and all(
+        c.pca is None and c.covariance in ("diag", "spherical") for c in sel.candidates)
+    monkeypatch.setattr(select, "candidates", lambda spec, d: [("full", "sklearn")])
+    monkeypatch.setattr(select, "PROJECTED", ())
+    with pytest.raises(ConfigError, match="singular"):
+        screen(spec, open_source(x, 100), LocalEngine(), 0)

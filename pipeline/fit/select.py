@@ -32,6 +32,7 @@ import numpy as np
 
 from pipeline.fit.setup import open_source
 from pipeline.fit.spec import FitSpec
+from vbcore.errors import ConfigError
 
 #: the covariance families screened, in the order ties are broken
 FAMILIES = ("diag", "full", "tied", "spherical")
@@ -214,8 +215,15 @@ def screen(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> Select
     rows = screen_rows(source, spec.seed if random_state is None else random_state)
     sub = open_source(rows, int(spec.chunk_rows))
     eps = resolution_of([rows], RESOLUTION)
-    found = [screen_one(spec, c, sub, rows, eps, engine, random_state)[0]
-             for c in screened(spec, source.n_features, eps)]
+    found: list[Candidate] = []
+    refused: ConfigError | None = None
+    for cand in screened(spec, source.n_features, eps):
+        try:
+            found.append(screen_one(spec, cand, sub, rows, eps, engine, random_state)[0])
+        except ConfigError as exc:  # a model the rows refuse (a singular covariance prior, whitening a
+            refused = exc           # direction without spread): not a candidate; all refused: raised
+    if not found and refused is not None:
+        raise refused
     ranked = sorted(range(len(found)), key=lambda i: -found[i].screen_bound)  # stable: FAMILIES order
     ordered = tuple(found[i] for i in ranked)
     return Selection(ordered, int(rows.shape[0]), time.perf_counter() - t0, spec.select, RESOLUTION)
