@@ -114,12 +114,19 @@ def fit_default(name: str, store: str, folder: Path, mode: str, n_rows: int) -> 
         r = fit_run(run, make_spec(store, **MODES[mode]), restart=True)
     row = {"set": name, "fit": mode, "clusters": r["n_effective"], "nmi": r["metrics"]["nmi"],
            "seconds": time.perf_counter() - t0, "load": load_average(),
-           "model": f"{r['settings']['covariance_type']}, {r['settings']['prior_defaults']}",
+           "model": _model(r["settings"]),
            "bound_per_row": r["elbo"] / n_rows,
            "iterations": r["n_iter"], "converged": r["converged"]}
     if r.get("selection"):
         row["selection"] = r["selection"]
     return row
+
+
+def _model(settings: dict[str, Any]) -> str:
+    """The model a run fitted: family (on its projection), priors."""
+    pca = settings.get("pca")
+    on = "" if pca is None else f" on pca {pca}" + (" whitened" if settings.get("whiten") else "")
+    return f"{settings['covariance_type']}{on}, {settings['prior_defaults']}"
 
 
 def fit_sklearn(name: str, x: np.ndarray, y: np.ndarray) -> list[dict[str, Any]]:

@@ -143,15 +143,19 @@ def selection_table(selection: dict[str, Any]) -> Table:
     from rich import box
     from rich.text import Text
 
-    title = (f"model selection: {selection['parts']} by the exact bound per row "
+    res = selection.get("resolution") or 0.0
+    at = f" at resolution {res:g} (times the features' rms deviation)" if res else ""
+    title = (f"model selection: {selection['parts']} by the exact bound per row of the rows{at} "
              f"({selection['screen_rows']} rows screened in {selection['screen_seconds']:.1f} s)")
     table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False, padding=(0, 1), collapse_padding=True)
     for header in ("covariance", "priors", "screen bound", "clusters", "full bound", "kept"):
         table.add_column(header, justify="left" if header in ("covariance", "priors") else "right")
+    from pipeline.fit.select import label
+
     for c in selection["candidates"]:
         full = "-" if c["full_bound"] is None else f"{c['full_bound']:.4f}"
-        table.add_row(c["covariance"], c["priors"], f"{c['screen_bound']:.4f}", str(c["screen_clusters"]),
+        table.add_row(label(c), c["priors"], f"{c['screen_bound']:.4f}", str(c["screen_clusters"]),
                       full, "<- kept" if c["chosen"] else "")
     return table
 

@@ -131,7 +131,7 @@ def _select_and_fit(spec: FitSpec, source: Any, eng: Any, random_state: Any, che
     """Model selection (:mod:`pipeline.fit.select`): screen, fit the ``select_fits`` best in full (each
     in ``model-I`` below ``checkpoint_dir`` when more than one), keep the highest full bound."""
     from pipeline.fit.driver import report_stage
-    from pipeline.fit.select import chosen_spec, finish, screen
+    from pipeline.fit.select import chosen_spec, finish, full_bounds, screen
 
     report_stage(callback, "selecting the model (screening candidates on a subsample)")
     selection = screen(spec, source, eng, random_state)
@@ -141,8 +141,7 @@ def _select_and_fit(spec: FitSpec, source: Any, eng: Any, random_state: Any, che
         ckpt = f"{checkpoint_dir}/model-{i}" if checkpoint_dir is not None and n > 1 else checkpoint_dir
         outs[i] = _restarts(chosen_spec(spec, selection.candidates[i]), source, eng, random_state, ckpt,
                             None, None, callback, verbose, log_every)
-    rows = float(source.n_rows)
-    selection = finish(selection, {i: float(o.terms.total) / rows for i, o in outs.items()})
+    selection = finish(selection, full_bounds(outs, source, selection))
     best = next(i for i, c in enumerate(selection.candidates) if c.chosen)
     outs[best].selection = selection.to_dict()
     return outs[best]
@@ -414,10 +413,9 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
                   callback=callback)
         fitted_spec = spec
         if out.selection is not None:  # the settings of the model kept (a VBMixture of them refits it)
-            from pipeline.fit.select import Selection
+            from pipeline.fit.select import Selection, choice
 
-            win = Selection.from_dict(out.selection).winner()
-            fitted_spec = replace(spec, covariance=win.covariance, priors=win.priors, select="none")
+            fitted_spec = replace(spec, **choice(Selection.from_dict(out.selection).winner()))
             info["selection"] = out.selection
         model = fitted_model(out, run_settings(fitted_spec, ckpt, warm is not None), source)
         if out.resumed_from:

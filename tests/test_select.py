@@ -44,10 +44,12 @@ def _evidence(x: np.ndarray, ct: str, priors: str, beta0: float, nu0: float) -> 
     return log_evidence_normal_gamma_shared(x, p.mean, beta0, nu0 * d / 2, d * float(p.covariance) / 2)
 
 
-def test_screen_bounds_are_the_exact_evidence() -> None:
+def test_screen_bounds_are_the_exact_evidence(monkeypatch) -> None:
     """One component, finite weights: the bound is the evidence, in closed form for every family
     (diag: a product of one-dimensional Normal-Gamma evidences; spherical: the shared Gamma's; full and
-    tied: the Normal-Wishart's), under each way of filling the priors."""
+    tied: the Normal-Wishart's), under each way of filling the priors (the plain bound: resolution 0;
+    the bound at a resolution: tests/test_projected_bound.py)."""
+    monkeypatch.setattr(select, "RESOLUTION", 0.0)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(80, 3)) @ np.array([[1.0, 0.3, 0], [0, 0.7, 0.2], [0, 0, 1.5]]) + 2.0
     spec = _spec(components=1, weights="dirichlet", grow=False, reg_covar=0.0, max_iter=3, tol=0.0,
@@ -71,7 +73,10 @@ def test_the_kept_model_has_the_highest_full_bound(tmp_path) -> None:
     assert len(fitted) == 3 and fitted == sel["candidates"][:3]  # the three best screened
     kept = [c for c in sel["candidates"] if c["chosen"]]
     assert len(kept) == 1 and kept[0]["full_bound"] == max(c["full_bound"] for c in fitted)
-    assert out.terms.total / len(x) == kept[0]["full_bound"]
+    # the kept fit's bound of the rows at the selection's resolution (fitted with its reg_covar)
+    eps = select.resolution_of([x], select.RESOLUTION)
+    assert select.original_bound(out, [x], eps) / len(x) == pytest.approx(kept[0]["full_bound"], rel=1e-12)
+    assert kept[0]["reg_covar"] == pytest.approx(float(eps[0]) ** 2 / 12)
     assert out.post.covariance_type == ("tied" if kept[0]["covariance"] == "tied" else kept[0]["covariance"])
 
 

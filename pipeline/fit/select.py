@@ -7,10 +7,16 @@ defaults, 'bound' and scikit-learn's), restricted to the parts of the model the 
 to the same rows -- a subsample of whole chunks drawn from the fit's seed, at most ``SCREEN_ROWS``
 rows -- with every other setting of the fit, and scored by its exact ELBO per row
 (:func:`vbcore.model.elbo.elbo_terms`, which keeps every constant, so the bounds of different families
-and priors are bounds on the evidence of the same rows and compare). With ``--pca`` every candidate
-projects the subsample with the same projection pass (same rows, same space): the comparison is within
-that projected space. The ``select_fits`` best are then fitted to all rows, and the one with the
-highest full bound is kept.
+and priors are bounds on the evidence of the same rows and compare), made a bound of the original rows
+at a stated resolution (:mod:`vbcore.model.projected`): the candidates are fitted and scored as the
+rows dequantized at ``eps = RESOLUTION`` times the rows' spread (uniform noise of variance ``eps^2 /
+12``: ``reg_covar``, and the bound's penalty), so a precision along a dimension without spread no
+longer gains without end. With ``--pca`` given every candidate projects the subsample with the same
+projection pass (same rows, same space); with ``--pca`` and ``--covariance`` unset the projected
+candidates (``PROJECTED``) are screened beside the others, their bounds made bounds of the original
+rows by the whitening's log-Jacobian and an isotropic Gaussian on the dropped dimensions. The
+``select_fits`` best are then fitted to all rows, and the one with the highest full bound (of the
+original rows, at the resolution) is kept.
 
 Deterministic: the subsample and every candidate fit derive from the fit's seed, so a resumed run
 screens the same candidates to the same bounds and resumes the same winner's checkpoints.
@@ -26,6 +32,7 @@ import numpy as np
 
 from pipeline.fit.setup import open_source
 from pipeline.fit.spec import FitSpec
+from vbcore.errors import ConfigError
 
 #: the covariance families screened, in the order ties are broken
 FAMILIES = ("diag", "full", "tied", "spherical")
@@ -43,6 +50,19 @@ SCREEN_ROWS = 10_000
 SCREEN_MAX_ITER = 100
 #: the seed's spawn key of the subsample (other draws of the fit use other keys)
 SCREEN_KEY = 51
+#: projected candidates screened beside the families when ``--covariance`` and ``--pca`` are left unset,
+#: as (covariance, P, whiten): the guide's best Fashion-MNIST configuration. Each is scored by the
+#: bound of the original rows (:mod:`vbcore.model.projected`: the whitening's log-Jacobian and an
+#: isotropic Gaussian on the D - P dropped dimensions), so it compares with the unprojected ones;
+#: screened only where P < D.
+PROJECTED = (("full", 64, True),)
+#: the resolution at which candidates are fitted and scored (:mod:`vbcore.model.projected`, Theis et al.
+#: 2016), relative to the screened rows' spread: ``eps = RESOLUTION * sqrt(mean_d var_d)`` for every
+#: feature (:func:`resolution_of`); 0 fits and scores the plain bound. 0.03 was the best of 0.03, 0.1
+#: and 0.3 on the battery (docs/decisions.md): chosen on those sets, not derived
+RESOLUTION = 0.03
+#: the resolution is pooled over the features (one ``eps`` for all) rather than each feature's own
+POOLED = True
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,11 @@ class Candidate:
     screen_seconds: float
     full_bound: float | None = None
     chosen: bool = False
+    #: the projection of a projected candidate (--pca P, --whiten), None for the rows themselves
+    pca: int | None = None
+    whiten: bool = False
+    #: the reg_covar it was fitted with where the resolution set it (``eps^2 / 12``), else None (the fit's)
+    reg_covar: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,16 +91,19 @@ class Selection:
     screen_rows: int
     screen_seconds: float
     parts: str
+    #: the resolution the bounds are at (:data:`RESOLUTION`; 0: the plain bound)
+    resolution: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"parts": self.parts, "screen_rows": self.screen_rows,
-                "screen_seconds": self.screen_seconds,
+                "screen_seconds": self.screen_seconds, "resolution": self.resolution,
                 "candidates": [asdict(c) for c in self.candidates]}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Selection:
         return cls(tuple(Candidate(**c) for c in values["candidates"]), int(values["screen_rows"]),
-                   float(values["screen_seconds"]), str(values["parts"]))
+                   float(values["screen_seconds"]), str(values["parts"]),
+                   float(values.get("resolution", 0.0)))
 
     def winner(self) -> Candidate:
         return next(c for c in self.candidates if c.chosen)
@@ -96,9 +124,9 @@ def candidates(spec: FitSpec, n_features: int) -> list[tuple[str, str]]:
             if not (p == "bound" and c in ("full", "tied") and "empirical" in priors)]
 
 
-def screen_rows(source: Any, seed: Any) -> np.ndarray:
-    """Whole chunks drawn from ``seed`` until ``SCREEN_ROWS`` rows (all rows of a smaller store), in
-    chunk order."""
+def screen_chunks(source: Any, seed: Any) -> list[int]:
+    """The chunks of the screening subsample: drawn from ``seed`` until ``SCREEN_ROWS`` rows (all chunks
+    of a smaller store), in chunk order."""
     slices = source.chunk_slices()
     if source.n_rows <= SCREEN_ROWS:
         order: Any = range(len(slices))
@@ -113,27 +141,116 @@ def screen_rows(source: Any, seed: Any) -> np.ndarray:
         total += slices[int(i)].stop - slices[int(i)].start
         if total >= SCREEN_ROWS:
             break
-    return np.concatenate([source.load(i) for i in sorted(picked)])
+    return sorted(picked)
+
+
+def screen_rows(source: Any, seed: Any) -> np.ndarray:
+    """The rows of :func:`screen_chunks`."""
+    return np.concatenate([source.load(i) for i in screen_chunks(source, seed)])
+
+
+def projected(spec: FitSpec, n_features: int) -> list[tuple[str, str, int, bool]]:
+    """(covariance, priors, P, whiten) of the projected candidates (:data:`PROJECTED`) to screen: only
+    when the covariance is selected and no ``--pca`` is given, and only where ``P < D``."""
+    from pipeline.fit.learners import learner_class
+
+    parts = set(spec.select.split("+")) if spec.select != "none" else set()
+    if "covariance" not in parts or spec.pca is not None:
+        return []
+    allowed = learner_class(spec.learner).covariance_types
+    priors = list(PRIORS) if "priors" in parts else [spec.priors]
+    return [(c, p, int(n), bool(w)) for c, n, w in PROJECTED for p in priors
+            if c in allowed and n < n_features
+            and not (p == "bound" and c in ("full", "tied") and "empirical" in priors)]
+
+
+def resolution_of(chunks: Any, relative: float, pooled: bool | None = None) -> np.ndarray | None:
+    """The resolution ``eps`` (per feature) of the rows of ``chunks`` at ``relative`` (None when 0):
+    ``relative`` times the root of the features' mean variance, the same for every feature
+    (``pooled``, default :data:`POOLED`; a constant feature gets the resolution of the others), or
+    times each feature's own standard deviation. Float64 sums."""
+    if not relative:
+        return None
+    n, s1, s2 = 0, 0.0, 0.0
+    for x in chunks:
+        x = np.asarray(x, dtype=np.float64)
+        n, s1, s2 = n + x.shape[0], s1 + x.sum(0), s2 + np.einsum("nd,nd->d", x, x)
+    mean = s1 / n
+    var = np.maximum(s2 / n - mean * mean, 0.0)
+    if POOLED if pooled is None else pooled:
+        var = np.full_like(var, var.mean())
+    return float(relative) * np.sqrt(var)
+
+
+def original_bound(out: Any, chunks: Any, eps: np.ndarray | None) -> float:
+    """The bound of the original rows (all of ``chunks``, those the fit saw) at resolution ``eps``:
+    the fit's exact ELBO, plus for a projected fit the whitening's log-Jacobian and the dropped
+    dimensions' isotropic Gaussian, less the dequantization penalty (:mod:`vbcore.model.projected`)."""
+    from vbcore.model.projected import (
+        Complement,
+        complement,
+        log_jacobian,
+        noise_covariance,
+        resolution_penalty,
+        soft_counts,
+    )
+
+    total = float(out.terms.total)
+    proj = out.projection
+    nk = soft_counts(out.post, float(out.prior.weight_concentration))
+    if proj is not None:
+        parts = [complement(x, proj.mean, proj.components, eps) for x in chunks]
+        comp = Complement(sum(c.n_rows for c in parts), parts[0].dims,
+                          sum(c.residual_sum for c in parts), parts[0].noise)
+        total += comp.n_rows * log_jacobian(proj.variances, proj.whiten) + comp.log_likelihood()
+    if eps is not None:
+        total -= resolution_penalty(out.post, nk, noise_covariance(eps, None if proj is None
+                                                                   else proj.matrix()))
+    return total
 
 
 def screen(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> Selection:
-    """Fit every candidate to the same subsample; their exact bounds per row, best first chosen."""
-    from pipeline.fit.driver import n_effective, run_fit
-
+    """Fit every candidate to the same subsample; their bounds per row of the original rows, best first."""
     t0 = time.perf_counter()
     rows = screen_rows(source, spec.seed if random_state is None else random_state)
     sub = open_source(rows, int(spec.chunk_rows))
+    eps = resolution_of([rows], RESOLUTION)
     found: list[Candidate] = []
-    for cov, priors in candidates(spec, source.n_features):
-        t = time.perf_counter()
-        cand = replace(spec, covariance=cov, priors=priors, select="none",
-                       max_iter=SCREEN_MAX_ITER).resolved()
-        out = run_fit(cand, sub, engine, random_state=random_state)
-        found.append(Candidate(cov, priors, float(out.terms.total) / rows.shape[0],
-                               n_effective(out.post, out.prior), time.perf_counter() - t))
+    refused: ConfigError | None = None
+    for cand in screened(spec, source.n_features, eps):
+        try:
+            found.append(screen_one(spec, cand, sub, rows, eps, engine, random_state)[0])
+        except ConfigError as exc:  # a model the rows refuse (a singular covariance prior, whitening a
+            refused = exc           # direction without spread): not a candidate; all refused: raised
+    if not found and refused is not None:
+        raise refused
     ranked = sorted(range(len(found)), key=lambda i: -found[i].screen_bound)  # stable: FAMILIES order
     ordered = tuple(found[i] for i in ranked)
-    return Selection(ordered, int(rows.shape[0]), time.perf_counter() - t0, spec.select)
+    return Selection(ordered, int(rows.shape[0]), time.perf_counter() - t0, spec.select, RESOLUTION)
+
+
+def screened(spec: FitSpec, n_features: int, eps: np.ndarray | None) -> list[Candidate]:
+    """The candidates to screen (bounds not yet known). Fitted at the resolution ``eps``: its variance
+    ``eps^2 / 12`` added to each component's is the M-step of the dequantized rows (the smallest eps
+    where they differ; a projected candidate keeps the fit's reg_covar, its noise is not isotropic)."""
+    reg = None if eps is None else max(float(spec.reg_covar), float(np.min(eps)) ** 2 / 12.0)
+    plain = [Candidate(c, p, 0.0, 0, 0.0, reg_covar=reg) for c, p in candidates(spec, n_features)]
+    return plain + [Candidate(c, p, 0.0, 0, 0.0, pca=n, whiten=w)
+                    for c, p, n, w in projected(spec, n_features)]
+
+
+def screen_one(spec: FitSpec, cand: Candidate, sub: Any, rows: np.ndarray, eps: np.ndarray | None,
+               engine: Any, random_state: Any) -> tuple[Candidate, Any]:
+    """One candidate fitted to the subsample ``sub`` (whose rows are ``rows``): with its bound per row
+    of the original rows at ``eps``, clusters and seconds; and the fit's outcome."""
+    from pipeline.fit.driver import n_effective, run_fit
+
+    t = time.perf_counter()
+    out = run_fit(replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER), sub, engine,
+                  random_state=random_state)
+    return replace(cand, screen_bound=original_bound(out, [rows], eps) / rows.shape[0],
+                   screen_clusters=n_effective(out.post, out.prior),
+                   screen_seconds=time.perf_counter() - t), out
 
 
 def finish(selection: Selection, full_bounds: dict[int, float]) -> Selection:
@@ -146,5 +263,32 @@ def finish(selection: Selection, full_bounds: dict[int, float]) -> Selection:
 
 
 def chosen_spec(spec: FitSpec, cand: Candidate) -> FitSpec:
-    """``spec`` with a candidate's covariance and priors, nothing left to select."""
-    return replace(spec, covariance=cand.covariance, priors=cand.priors, select="none").resolved()
+    """``spec`` with a candidate's covariance, priors, projection and reg_covar, nothing left to select."""
+    return replace(spec, **choice(cand)).resolved()
+
+
+def choice(cand: Candidate) -> dict[str, Any]:
+    """The settings a candidate fixes (a VBMixture or ``vbcluster fit`` with them fits its model)."""
+    more: dict[str, Any] = {} if cand.pca is None else {"pca": cand.pca, "whiten": cand.whiten}
+    if cand.reg_covar is not None:
+        more["reg_covar"] = cand.reg_covar
+    return {"covariance": cand.covariance, "priors": cand.priors, "select": "none", **more}
+
+
+def full_bounds(outs: dict[int, Any], source: Any, selection: Selection) -> dict[int, float]:
+    """The bound per row of the original rows (at the selection's resolution) of each full fit."""
+    def chunks() -> Any:
+        return (source.load(i) for i in range(len(source.chunk_slices())))
+
+    plain = selection.resolution == 0.0 and all(o.projection is None for o in outs.values())
+    eps = resolution_of(chunks(), selection.resolution)
+    rows = float(source.n_rows)
+    return {i: (float(o.terms.total) if plain else original_bound(o, chunks(), eps)) / rows
+            for i, o in outs.items()}
+
+
+def label(c: dict[str, Any]) -> str:
+    """A candidate's model as the summary and report show it: its family, and its projection."""
+    if c.get("pca") is None:
+        return str(c["covariance"])
+    return f"{c['covariance']} on pca {c['pca']}" + (" whitened" if c.get("whiten") else "")

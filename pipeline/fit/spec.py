@@ -128,9 +128,11 @@ class FitSpec:
                             "(scikit-learn's: alpha0 = 1/K, nu0 = D, fixed).",
                      "str", estimator="prior_defaults", sklearn="sklearn", choices=PRIOR_DEFAULTS)
     select: str = _s("none", "Model selection by the exact bound (issue 51): auto screens the covariance "
-                     "families (diag, spherical; full and tied up to 256 dimensions) and the priors "
-                     "(empirical, sklearn) that --covariance / --priors leave unset on a seeded "
-                     "subsample, fits the best in full and records every candidate's bound; none | "
+                     "families (diag, spherical; full and tied up to 256 dimensions; without --pca also "
+                     "full on 64 whitened principal components, scored on the original rows) and the "
+                     "priors (empirical, bound, sklearn) that --covariance / --priors leave unset on a "
+                     "seeded subsample, at a resolution of 0.03 times the rows' spread, fits the best "
+                     "in full and records every candidate's bound; none | "
                      "auto | covariance | priors | covariance+priors.", "str", choices=SELECT_PARTS,
                      identity="when set")
     select_fits: int = _s(1, "With select: how many of the best screened candidates are fitted to all "

@@ -236,10 +236,12 @@ def selection_note(r: dict[str, Any]) -> str | None:
     sel = r.get("selection")
     if not sel:
         return None
+    from pipeline.fit.select import label
+
     cells = []
     for c in sel["candidates"]:
         full = "" if c["full_bound"] is None else f", all rows {c['full_bound']:.4f}"
-        cells.append(f"{c['covariance']}/{c['priors']}: screen {c['screen_bound']:.4f}{full}"
+        cells.append(f"{label(c)}/{c['priors']}: screen {c['screen_bound']:.4f}{full}"
                      + (" (kept)" if c["chosen"] else ""))
     return (f"model selection ({sel['parts']}; exact bound per row, {sel['screen_rows']} rows screened in "
             f"{sel['screen_seconds']:.1f} s): " + "; ".join(cells))
