@@ -28,7 +28,7 @@ from pipeline.fit.setup import open_source
 from pipeline.fit.spec import FitSpec
 
 #: the covariance families screened, in the order ties are broken
-FAMILIES = ("diag", "full", "tied", "spherical")
+FAMILIES = ("diag", "full", "tied", "spherical", "lowrank")
 #: the ways of filling unset priors screened (vbcore.model.priors.default_prior): the pipeline's fixed
 #: weight, the weight the bound chooses, scikit-learn's
 PRIORS = ("empirical", "bound", "sklearn")
@@ -87,13 +87,20 @@ def candidates(spec: FitSpec, n_features: int) -> list[tuple[str, str]]:
 
     parts = set(spec.select.split("+")) if spec.select != "none" else set()
     allowed = learner_class(spec.learner).covariance_types
-    families = [f for f in FAMILIES if f in allowed
+    families = [f for f in FAMILIES if (f in allowed or (f == "lowrank" and lowrank_fits(spec)))
                 and (f not in ("full", "tied") or n_features <= FULL_MAX_FEATURES)]
     covs = families if "covariance" in parts else [spec.covariance]
     priors = list(PRIORS) if "priors" in parts else [spec.priors]
-    # 'bound' frees nu0 of the diagonal families only: for full and tied it is 'empirical' again
+    # 'bound' frees nu0 of the diagonal families only: for full and tied it is 'empirical' again;
+    # lowrank chooses its own hyperparameters by the bound: one candidate
     return [(c, p) for c in covs for p in priors
-            if not (p == "bound" and c in ("full", "tied") and "empirical" in priors)]
+            if not (p == "bound" and c in ("full", "tied") and "empirical" in priors)
+            and not (c == "lowrank" and p != priors[0])]
+
+
+def lowrank_fits(spec: FitSpec) -> bool:
+    """Whether the lowrank family (pipeline.fit.lowrank) can fit ``spec``: VB EM, no projection."""
+    return spec.learner == "vbem" and spec.pca is None and int(spec.n_init) == 1
 
 
 def screen_rows(source: Any, seed: Any) -> np.ndarray:
@@ -128,9 +135,15 @@ def screen(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> Select
         t = time.perf_counter()
         cand = replace(spec, covariance=cov, priors=priors, select="none",
                        max_iter=SCREEN_MAX_ITER).resolved()
-        out = run_fit(cand, sub, engine, random_state=random_state)
-        found.append(Candidate(cov, priors, float(out.terms.total) / rows.shape[0],
-                               n_effective(out.post, out.prior), time.perf_counter() - t))
+        if cov == "lowrank":  # its own VB EM (pipeline.fit.lowrank)
+            from pipeline.fit.lowrank import run_lowrank
+
+            low = run_lowrank(cand, sub, engine, random_state=random_state)
+            total, clusters = float(low.terms.total), low.n_effective
+        else:
+            out = run_fit(cand, sub, engine, random_state=random_state)
+            total, clusters = float(out.terms.total), n_effective(out.post, out.prior)
+        found.append(Candidate(cov, priors, total / rows.shape[0], clusters, time.perf_counter() - t))
     ranked = sorted(range(len(found)), key=lambda i: -found[i].screen_bound)  # stable: FAMILIES order
     ordered = tuple(found[i] for i in ranked)
     return Selection(ordered, int(rows.shape[0]), time.perf_counter() - t0, spec.select)
