@@ -43,7 +43,8 @@ SETS = ("digits", "vehicle", "vowel", "satellite", "fashion-mnist")
 #: the fits of each set: the defaults, ``--select auto``, and the prior rules side by side (issue 51,
 #: deliver 3: ``--priors bound`` and ``--priors empirical`` whichever the default is)
 MODES = {"default": {}, "select": {"select": "auto"}, "bound": {"priors": "bound"},
-         "empirical": {"priors": "empirical"}}
+         "empirical": {"priors": "empirical"}, "full": {"covariance": "full"},
+         "lowrank2": {"covariance": "lowrank", "rank": 2}, "lowrank8": {"covariance": "lowrank", "rank": 8}}
 
 
 class Skip(Exception):

@@ -34,7 +34,8 @@ def save_lowrank_run(run_dir: str | Path, spec: FitSpec, out: LowRankOutcome, so
     src = source if isinstance(source, StoreSource) else StoreSource(str(spec.store))
     result: dict[str, Any] = {
         "learner": spec.learner,
-        "settings": {k: jsonable(v) for k, v in spec.to_dict().items()},
+        "settings": {k: jsonable(v) for k, v in {**spec.estimator_params(), "rank": spec.rank}.items()
+                     if k != "engine"},
         "covariance": "lowrank",
         "rank": int(spec.rank),
         "store": str(Path(str(spec.store)).resolve()) if "://" not in str(spec.store) else spec.store,
