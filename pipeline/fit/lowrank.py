@@ -59,7 +59,9 @@ class LowRankOutcome:
     @property
     def counts(self) -> np.ndarray:
         wc = self.post.weight_concentration
-        return wc[0] - 1.0 if self.post.weight_type == "dirichlet_process" else wc - self.prior.weight_concentration
+        if self.post.weight_type == "dirichlet_process":
+            return wc[0] - 1.0
+        return wc - self.prior.weight_concentration
 
 
 def stats_kernel(chunk: Chunk, post: mfa.MfaPosterior, operand: np.ndarray) -> mfa.MfaStats:
@@ -80,13 +82,15 @@ def build_prior(spec: FitSpec, mean: np.ndarray, variance: np.ndarray) -> mfa.Mf
     k = int(spec.components)
     alpha0 = spec.weight_concentration_prior
     if alpha0 is None:
-        alpha0 = EMPIRICAL_ALPHA if spec.weights == "dirichlet_process" and spec.priors != "sklearn" else 1.0 / k
+        pipeline_dp = spec.weights == "dirichlet_process" and spec.priors != "sklearn"
+        alpha0 = EMPIRICAL_ALPHA if pipeline_dp else 1.0 / k
     mean_var = float(np.mean(variance)) if variance.size else 1.0
     floor = 1e-6 * mean_var if mean_var > 0 else 1e-6
     return mfa.MfaPrior(str(spec.weights), float(alpha0), np.asarray(mean, dtype=np.float64), floor)
 
 
-def _start(spec: FitSpec, source: Any, shift: np.ndarray, prior: mfa.MfaPrior, seed: int | None) -> mfa.MfaPosterior:
+def _start(spec: FitSpec, source: Any, shift: np.ndarray, prior: mfa.MfaPrior,
+           seed: int | None) -> mfa.MfaPosterior:
     """k-means on the seeded subsample of whole chunks, then each cluster's mean and principal directions."""
     from sklearn.cluster import KMeans
 
@@ -94,7 +98,8 @@ def _start(spec: FitSpec, source: Any, shift: np.ndarray, prior: mfa.MfaPrior, s
 
     rows = screen_rows(source, seed).astype(np.float64) - shift
     k = min(int(spec.components), len(rows))
-    rng = np.random.default_rng(np.random.SeedSequence(0 if seed is None else int(seed), spawn_key=(INIT_KEY,)))
+    entropy = 0 if seed is None else int(seed)
+    rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(INIT_KEY,)))
     labels = KMeans(n_clusters=k, n_init=1, random_state=int(rng.integers(2**31 - 1))).fit(rows).labels_
     post = mfa.initial_posterior(rows, labels, k, int(spec.rank), prior, seed=int(rng.integers(2**31 - 1)))
     if k < int(spec.components):  # fewer sample rows than components: the others start empty

@@ -71,8 +71,9 @@ class FitSpec:
                                     "max(4 K, 1024), at most the number of rows.", "int",
                                     estimator="max_components", minimum=1)
     covariance: str | None = _s(None, "full | diag | spherical | fixed | tied | lowrank; default: the "
-                                "learner's (fixed for mm, sga*, svi; diag, or scikit-learn's full in VBMixture). "
-                                "lowrank: a mixture of factor analysers of rank --rank (vbem, `vbcluster fit`).",
+                                "learner's (fixed for mm, sga*, svi; diag, or scikit-learn's full in "
+                                "VBMixture). lowrank: a mixture of factor analysers of rank --rank (vbem, "
+                                "`vbcluster fit`).",
                                 "str", estimator="covariance_type", choices=(*COVARIANCE_TYPES, "lowrank"))
     rank: int = _s(4, "With --covariance lowrank: the factors per component (loadings D x rank beside "
                    "the shared diagonal noise).", "int", minimum=0, identity="when set", flag="--rank")

@@ -1,5 +1,6 @@
-"""The low-rank-plus-diagonal family: a variational Bayesian mixture of factor analysers (Ghahramani &
-Beal 2000), with an exact bound that compares with the Gaussian families' (:mod:`vbcore.model.elbo`).
+"""The low-rank-plus-diagonal family: a variational Bayesian mixture of factor analysers
+(Ghahramani & Beal 2000), with an exact bound that compares with the Gaussian families'
+(:mod:`vbcore.model.elbo`).
 
 The model (rows ``y_n`` of D dimensions, shifted like every chunk of a fit), component ``k`` of rank q::
 
@@ -169,8 +170,8 @@ def estep(y: np.ndarray, post: MfaPosterior, weights: np.ndarray | None = None,
 
     ``ln rho_nk = E ln pi_k + max_{q(x|k)} (E[ln p(y_n, x | k, L)] + H[q(x | k)])``, which in closed form
     is ``-D/2 ln 2pi - 1/2 sum ln Psi - 1/2 y^T Psi^-1 y + b_kq - 1/2 G_kqq + 1/2 h^T P_k^-1 h
-    - 1/2 ln |P_k|`` with ``b_k = E[L_k]^T Psi^-1 y`` and ``h = b_k[:q] - G_k[:q, q]`` (Ghahramani & Beal
-    2000, eqs. 9-11, with the mean as the loadings' extra column). ``operand`` is
+    - 1/2 ln |P_k|`` with ``b_k = E[L_k]^T Psi^-1 y`` and ``h = b_k[:q] - G_k[:q, q]``
+    (Ghahramani & Beal 2000 sec. 3, with the mean as the loadings' extra column). ``operand`` is
     :func:`stacked_operand` (float32 by default: the GEMM in float32, everything after in float64).
     """
     k, d, q1 = post.loadings.shape
@@ -203,7 +204,8 @@ def estep(y: np.ndarray, post: MfaPosterior, weights: np.ndarray | None = None,
 
 def _update_loadings(stats: MfaStats, post: MfaPosterior, prior: MfaPrior) -> MfaPosterior:
     """Optimal q(L) given q(x, z): ``A_k = Omega_k + sum r E[x~ x~^T]``,
-    ``E[L_k] = (M0 Omega_k + sum r y E[x~]^T) A_k^-1`` (Ghahramani & Beal 2000, eqs. 13-14)."""
+    ``E[L_k] = (M0 Omega_k + sum r y E[x~]^T) A_k^-1`` (Ghahramani & Beal 2000 sec. 3, with the
+    prior scaled by ``Psi``)."""
     omega = post.omega()
     a = stats.xx + np.einsum("ki,ij->kij", omega, np.eye(omega.shape[1]))
     rhs = stats.yx.copy()
