@@ -245,3 +245,32 @@ def test_recovers_planted_low_rank_classes():
             post = mfa.m_step(stats, post, prior)
         best = max(best, (mfa.elbo(stats, post, prior).total, nmi(labels, resp.argmax(1))))
     assert best[1] > 0.99
+
+
+def test_merge_proposal_of_a_split_class_raises_the_bound():
+    """One planted class split in two along its widest direction: the merged proposal, after one
+    iteration, bounds the rows higher than one more iteration of the split posterior, and has one
+    component fewer; candidates rank the split pair first."""
+    y, labels = _planted(n_per=200, k=2, d=10, q=2, seed=4, noise=0.2)
+    first = y[labels == 0]
+    side = (first - first.mean(0)) @ np.linalg.svd(first - first.mean(0), full_matrices=False)[2][0] > 0
+    start = labels * 2
+    start[np.flatnonzero(labels == 0)[side]] = 1  # components 0 and 1: halves of class 0
+    prior = _prior(y, "dirichlet_process")
+    post = mfa.initial_posterior(y, start, 3, 2, prior, seed=0)
+    for _ in range(30):
+        stats, _, _ = mfa.estep(y, post)
+        post = mfa.m_step(stats, post, prior)
+    stats, _, _ = mfa.estep(y, post)
+    assert mfa.merge_candidates(stats, 3)[0] == (0, 1)
+
+    def one_iteration(p):
+        s, resp, _ = mfa.estep(y, p)
+        new = mfa.m_step(s, p, prior)
+        return mfa.elbo(s, new, prior).total, resp
+
+    kept, _ = one_iteration(post)
+    proposal = mfa.merge_proposal(stats, post, prior, 0, 1)
+    merged, resp = one_iteration(proposal)
+    assert proposal.n_components == 2 and merged > kept
+    assert nmi(labels, resp.argmax(1)) > 0.99

@@ -32,6 +32,10 @@ from vbcore.model.priors import EMPIRICAL_ALPHA
 LOWRANK = "lowrank"
 #: the spawn key of the k-means start's draws
 INIT_KEY = 52
+#: merges proposed per round (each one engine pass), and when a round starts: the bound changing by
+#: less than this many times ``tol`` per row
+MERGE_TRIES = 8
+MERGE_TOL_FACTOR = 100.0
 
 
 @dataclass
@@ -108,15 +112,50 @@ def _start(spec: FitSpec, source: Any, shift: np.ndarray, prior: mfa.MfaPrior,
     return post
 
 
+def _iteration(engine: Any, handles: list[Any], post: mfa.MfaPosterior,
+               prior: mfa.MfaPrior) -> tuple[mfa.MfaPosterior, mfa.MfaStats, ElboTerms]:
+    """One VB EM iteration: the E-step pass, the M-step, the exact bound of the pair."""
+    stats = engine.map_reduce(stats_kernel, handles, post, mfa.stacked_operand(post))
+    new = mfa.m_step(stats, post, prior)
+    return new, stats, mfa.elbo(stats, new, prior)
+
+
+def _merge_round(engine: Any, handles: list[Any], post: mfa.MfaPosterior, stats: mfa.MfaStats,
+                 terms: ElboTerms, prior: mfa.MfaPrior, tries: int) -> tuple[mfa.MfaPosterior, mfa.MfaStats,
+                                                                             list[ElboTerms]]:
+    """Up to ``tries`` merges of components that share rows (most shared first), each judged by
+    the exact bound after one iteration from the merged posterior and kept only where it is higher than
+    ``terms``'s: the kept steps' bounds (the history goes on rising)."""
+    rejected: set[tuple[int, int]] = set()
+    kept: list[ElboTerms] = []
+    for _ in range(tries):
+        pairs = [p for p in mfa.merge_candidates(stats, tries + len(rejected)) if p not in rejected]
+        if not pairs or post.n_components < 2:
+            break
+        k, gone = pairs[0]
+        proposal = mfa.merge_proposal(stats, post, prior, k, gone)
+        new, new_stats, new_terms = _iteration(engine, handles, proposal, prior)
+        if new_terms.total > terms.total:
+            post, stats, terms = new, new_stats, new_terms
+            kept.append(terms)
+            rejected = {(a - (a > gone), b - (b > gone)) for a, b in rejected if not {a, b} & {k, gone}}
+        else:
+            rejected.add((k, gone))
+    return post, stats, kept
+
+
 def run_lowrank(spec: FitSpec, source: Any, engine: Any, *, random_state: Any = None,
                 callback: Callable[[dict[str, Any]], None] | None = None,
                 log: Callable[[str], None] | None = None) -> LowRankOutcome:
     """VB EM of the low-rank family on ``source`` with the resolved ``spec`` (``spec.components``
-    components of rank ``spec.rank``) until the bound changes by less than ``spec.tol`` per row or
-    ``spec.max_iter`` iterations."""
+    components of rank ``spec.rank``) until the bound changes by less than ``spec.tol`` per row and a
+    merge round keeps nothing, or ``spec.max_iter`` iterations (a kept merge counts as one). Merge
+    rounds (off with ``-o moves=none``) start whenever the bound changes by less than
+    ``MERGE_TOL_FACTOR * tol`` per row."""
     t0 = time.perf_counter()
     seed = spec.seed if random_state is None else random_state
     seed = None if seed is None else int(seed)
+    moves = str(dict(spec.learner_options).get("moves", "auto")) != "none"
     shift = np.asarray(source.load(0)[0], dtype=np.float64)
     handles = engine.prepare(source, prepare_chunk, shift, "diag", False, None, expansion=1.0)
     try:
@@ -125,28 +164,34 @@ def run_lowrank(spec: FitSpec, source: Any, engine: Any, *, random_state: Any = 
         prior = build_prior(spec, moments.mean[0], moments.scatter[0] / max(n, 1e-300))
         post = _start(spec, source, shift, prior, seed)
         history: list[float] = []
-        converged = False
-        terms = None
-        it = 0
-        while it < int(spec.max_iter) and not converged:
-            it += 1
+        converged, merging, terms = False, moves, None
+        while len(history) < int(spec.max_iter) and not converged:
             t_it = time.perf_counter()
-            stats = engine.map_reduce(stats_kernel, handles, post, mfa.stacked_operand(post))
-            post = mfa.m_step(stats, post, prior)
-            terms = mfa.elbo(stats, post, prior)
-            history.append(terms.total)
-            converged = len(history) > 1 and abs(history[-1] - history[-2]) < float(spec.tol) * n
-            if log is not None:
-                log(f"  Iteration {it}\t ELBO {terms.total:.6e} (per row {terms.total / n:.6f})")
-            if callback is not None:
-                callback({"iteration": it, "elbo": terms.total, "n_effective": int(np.sum(stats.nk >= 1.0)),
-                          "n_components": post.n_components, "seconds": time.perf_counter() - t_it,
-                          "learner": "vbem", "bound": "exact"})
+            post, stats, terms = _iteration(engine, handles, post, prior)
+            steps = [terms]
+            change = abs(terms.total - history[-1]) if history else np.inf
+            if merging and change < MERGE_TOL_FACTOR * float(spec.tol) * n:
+                tries = min(MERGE_TRIES, int(spec.max_iter) - len(history) - 1)
+                post, stats, kept = _merge_round(engine, handles, post, stats, terms, prior, tries)
+                steps += kept
+                merging = bool(kept)
+                change = np.inf if kept else change
+            for step in steps:  # (a merge round keeps at most the iterations left)
+                terms = step
+                history.append(step.total)
+                if log is not None:
+                    log(f"  Iteration {len(history)}\t ELBO {step.total:.6e} (per row {step.total / n:.6f}), "
+                        f"components {post.n_components}")
+                if callback is not None:
+                    callback({"iteration": len(history), "elbo": step.total,
+                              "n_effective": int(np.sum(stats.nk >= 1.0)), "n_components": post.n_components,
+                              "seconds": time.perf_counter() - t_it, "learner": "vbem", "bound": "exact"})
+            converged = change < float(spec.tol) * n and not merging
         if terms is None:  # max_iter == 0: the start's bound needs one E-step
             terms = mfa.elbo(engine.map_reduce(stats_kernel, handles, post, mfa.stacked_operand(post)),
                              post, prior)
         labels = np.concatenate(engine.map(labels_kernel, handles, post, mfa.stacked_operand(post)))
     finally:
         engine.release(handles)
-    return LowRankOutcome(post, prior, terms, history, converged, it, time.perf_counter() - t0, labels,
-                          int(source.n_rows), options={"rank": int(spec.rank)})
+    return LowRankOutcome(post, prior, terms, history, converged, len(history), time.perf_counter() - t0,
+                          labels, int(source.n_rows), options={"rank": int(spec.rank), "moves": moves})

@@ -127,6 +127,7 @@ class MfaStats:
     yy : (D,) ``sum_n w_n y_n^2``
     sum_rlogr : ``sum_n w_n sum_k r_nk ln r_nk``
     entropy_x : ``sum_n w_n sum_k r_nk H[q(x_n | k)]``
+    overlap : (K, K) ``sum_n w_n r_nk r_nl`` (which components share rows: merge candidates), or None
     """
 
     nk: np.ndarray
@@ -135,10 +136,12 @@ class MfaStats:
     yy: np.ndarray
     sum_rlogr: float
     entropy_x: float
+    overlap: np.ndarray | None = None
 
     def merge(self, other: MfaStats) -> MfaStats:
+        both = None if self.overlap is None or other.overlap is None else self.overlap + other.overlap
         return MfaStats(self.nk + other.nk, self.xx + other.xx, self.yx + other.yx, self.yy + other.yy,
-                        self.sum_rlogr + other.sum_rlogr, self.entropy_x + other.entropy_x)
+                        self.sum_rlogr + other.sum_rlogr, self.entropy_x + other.entropy_x, both)
 
     @property
     def total(self) -> float:
@@ -192,13 +195,13 @@ def estep(y: np.ndarray, post: MfaPosterior, weights: np.ndarray | None = None,
     w = np.ones(y.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
     nk = wr.sum(0)
     ex = np.concatenate((mx, np.ones(mx.shape[:2] + (1,))), axis=2)  # E[x~_n | k]
-    xx = np.einsum("nk,nki,nkj->kij", wr, ex, ex)
+    xx = np.matmul((wr[:, :, None] * ex).transpose(1, 2, 0), ex.transpose(1, 0, 2))
     xx[:, :q, :q] += nk[:, None, None] * p_inv
     yx = (y64.T @ (wr[:, :, None] * ex).reshape(-1, k * q1)).reshape(d, k, q1).transpose(1, 0, 2)
     safe = np.where(resp > 0, resp, 1.0)
     ent_k = 0.5 * q * (1.0 + LOG_2PI) - 0.5 * log_det_p  # H[q(x | k)]
     stats = MfaStats(nk, xx, np.ascontiguousarray(yx), w @ (y64 * y64),
-                     float(np.sum(wr * np.log(safe))), float(nk @ ent_k))
+                     float(np.sum(wr * np.log(safe))), float(nk @ ent_k), wr.T @ resp)
     return stats, resp, log_norm
 
 
@@ -334,3 +337,45 @@ def initial_posterior(y: np.ndarray, labels: np.ndarray, n_components: int, rank
     prec = np.einsum("k,ij->kij", nk + 1.0, np.eye(rank + 1))
     return MfaPosterior(weight_posterior(nk, prior), prior.weight_type, load,
                         prec, noise, np.ones((n_components, rank)), 1.0)
+
+
+def merge_candidates(stats: MfaStats, limit: int) -> list[tuple[int, int]]:
+    """Pairs (k, l), k < l, of components that share rows, most shared first
+    (``overlap_kl / sqrt(overlap_kk overlap_ll)``, ties in index order), at most ``limit``."""
+    assert stats.overlap is not None
+    c = stats.overlap
+    diag = np.sqrt(np.maximum(np.diagonal(c), 1e-300))
+    score = c / diag[:, None] / diag[None, :]
+    iu = np.triu_indices(c.shape[0], 1)
+    order = np.argsort(-score[iu], kind="stable")[:limit]
+    return [(int(iu[0][i]), int(iu[1][i])) for i in order if score[iu[0][i], iu[1][i]] > 0.0]
+
+
+def merge_proposal(stats: MfaStats, post: MfaPosterior, prior: MfaPrior, k: int, l: int) -> MfaPosterior:
+    """A posterior of K - 1 components with component ``l`` folded into ``k`` (a proposal: its bound
+    is judged after an iteration). The merged component matches the two's mixture in mean and in the
+    covariance beyond the noise, ``p Lambda_k Lambda_k^T + p' Lambda_l Lambda_l^T + p p' (mu_k - mu_l)
+    (mu_k - mu_l)^T`` (``p = N_k / (N_k + N_l)``), at rank q: its leading directions in the noise's
+    metric, from a thin SVD of ``Psi^-1/2`` times the D x (2q + 1) factor of that sum."""
+    keep = np.array([j for j in range(post.n_components) if j != l])
+    q = post.rank
+    nk, nl = stats.nk[k], stats.nk[l]
+    p = nk / max(nk + nl, 1e-300)
+    lk, ll = post.loadings[k], post.loadings[l]
+    mu = p * lk[:, -1] + (1.0 - p) * ll[:, -1]
+    factor = np.concatenate((np.sqrt(p) * lk[:, :q], np.sqrt(1.0 - p) * ll[:, :q],
+                             np.sqrt(p * (1.0 - p)) * (lk[:, -1:] - ll[:, -1:])), axis=1)
+    root = np.sqrt(post.noise)[:, None]
+    u, sv, _ = np.linalg.svd(factor / root, full_matrices=False)
+    load = post.loadings.copy()
+    load[k, :, :q] = root * (u[:, :q] * sv[:q])
+    load[k, :, -1] = mu
+    nks = stats.nk.copy()
+    nks[k] += nl
+    prec = post.precision.copy()
+    prec[k] = np.eye(q + 1) * (nks[k] + 1.0)
+    ard = post.ard.copy()
+    ard[k] = np.minimum(post.ard[k], post.ard[l])
+    nks = nks[keep]
+    return replace(post, weight_concentration=weight_posterior(nks, prior), loadings=load[keep],
+                   precision=prec[keep], ard=ard[keep])
