@@ -152,10 +152,11 @@ def _restarts(spec: FitSpec, source: Any, eng: Any, random_state: Any, checkpoin
               warm: Warm | None, resp_init: Any, callback: Any, verbose: int, log_every: int) -> FitOutcome:
     """``spec.n_init`` restarts (one with ``warm``); the one with the highest ELBO."""
     log = print if verbose >= 2 else None
-    if spec.covariance == "lowrank":  # its own VB EM (pipeline.fit.lowrank: one start, no checkpoints yet)
+    if spec.covariance == "lowrank":  # its own VB EM (pipeline.fit.lowrank: one start)
         from pipeline.fit.lowrank import run_lowrank
 
-        return run_lowrank(spec, source, eng, random_state=random_state, callback=callback, log=log)  # type: ignore[return-value]
+        return run_lowrank(spec, source, eng, random_state=random_state,  # type: ignore[return-value]
+                           checkpoint_dir=checkpoint_dir, callback=callback, log=log)
     n_init = 1 if warm is not None else int(spec.n_init)
     best: FitOutcome | None = None
     projection = warm.projection if warm is not None else None

@@ -76,6 +76,26 @@ def test_merges_find_the_planted_classes(store, moves):
         assert out.post.n_components == 8 and nmi(truth, out.labels) < 0.9
 
 
+def test_resume_from_a_checkpoint_keeps_the_bits(store, tmp_path):
+    """A fit stopped after 5 iterations (checkpoint every 2) and resumed ends as the uninterrupted
+    one, merges included, on another thread count; a checkpoint of other settings is refused."""
+    spec = make_spec(store, covariance="lowrank", rank=2, components=8, seed=0, tol=1e-6, max_iter=40,
+                     checkpoint_every=2)
+    ref = run_lowrank(spec, StoreSource(store), LocalEngine(threads=1))
+    ck = str(tmp_path / "ck")
+    from dataclasses import replace
+
+    part = run_lowrank(replace(spec, max_iter=5), StoreSource(store), LocalEngine(threads=1),
+                       checkpoint_dir=ck)
+    assert len(part.history) == 5 and part.resumed_from is None
+    resumed = run_lowrank(spec, StoreSource(store), LocalEngine(threads=2), checkpoint_dir=ck)
+    assert resumed.resumed_from is not None
+    assert resumed.history == ref.history and np.array_equal(resumed.post.loadings, ref.post.loadings)
+    assert np.array_equal(resumed.labels, ref.labels)
+    with pytest.raises(ConfigError, match="settings differ"):
+        run_lowrank(replace(spec, rank=3), StoreSource(store), LocalEngine(), checkpoint_dir=ck)
+
+
 def test_same_bits_on_repeat(store):
     a, b = _fit(store, LocalEngine()), _fit(store, LocalEngine())
     assert a.history == b.history and np.array_equal(a.post.noise, b.post.noise)
