@@ -169,7 +169,7 @@ def test_rank_zero_one_component_is_the_exact_evidence():
     post = mfa.initial_posterior(y, np.zeros(len(y), dtype=int), 1, 0, prior)
     post = mfa.MfaPosterior(post.weight_concentration, post.weight_type, post.loadings, post.precision,
                             np.array([0.5, 1.0, 2.0, 1.5, 0.7]), post.ard, 0.3)
-    stats, _, _ = mfa.estep(y, post)
+    stats, _, _ = mfa.estep(y, post, operand=mfa.stacked_operand(post, np.float64))
     post = mfa.m_step(stats, post, prior, ard=False, free_mean_precision=False, noise=False)
     n = y.shape[0]
     exact = sum(st.multivariate_normal(np.full(n, prior.mean[j]),

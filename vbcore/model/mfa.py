@@ -175,15 +175,18 @@ def estep(y: np.ndarray, post: MfaPosterior, weights: np.ndarray | None = None,
     is ``-D/2 ln 2pi - 1/2 sum ln Psi - 1/2 y^T Psi^-1 y + b_kq - 1/2 G_kqq + 1/2 h^T P_k^-1 h
     - 1/2 ln |P_k|`` with ``b_k = E[L_k]^T Psi^-1 y`` and ``h = b_k[:q] - G_k[:q, q]``
     (Ghahramani & Beal 2000 sec. 3, with the mean as the loadings' extra column). ``operand`` is
-    :func:`stacked_operand` (float32 by default: the GEMM in float32, everything after in float64).
+    :func:`stacked_operand` (float32 by default: the chunk's GEMMs ``Y W``, ``Y^T R~`` and the squares'
+    sums in its dtype, everything after in float64; the driver sums the chunks in float64).
     """
     k, d, q1 = post.loadings.shape
     q = q1 - 1
     g, p_inv, log_det_p = _factor_posterior(post)
     w_op = stacked_operand(post) if operand is None else operand
-    b = np.asarray(y.astype(w_op.dtype, copy=False) @ w_op, dtype=np.float64).reshape(-1, k, q1)
-    y64 = np.asarray(y, dtype=np.float64)
-    y_psi_y = (y64 * y64) @ (1.0 / post.noise)
+    dt = w_op.dtype
+    y_op = y.astype(dt, copy=False)
+    b = np.asarray(y_op @ w_op, dtype=np.float64).reshape(-1, k, q1)
+    sq = y_op * y_op
+    y_psi_y = np.asarray(sq @ (1.0 / post.noise).astype(dt), dtype=np.float64)
     h = b[:, :, :q] - g[None, :, :q, q]
     mx = np.einsum("nkj,kij->nki", h, p_inv)  # E[x_n | k]
     const = -0.5 * d * LOG_2PI - 0.5 * np.log(post.noise).sum() - 0.5 * g[:, q, q] - 0.5 * log_det_p
@@ -197,10 +200,11 @@ def estep(y: np.ndarray, post: MfaPosterior, weights: np.ndarray | None = None,
     ex = np.concatenate((mx, np.ones(mx.shape[:2] + (1,))), axis=2)  # E[x~_n | k]
     xx = np.matmul((wr[:, :, None] * ex).transpose(1, 2, 0), ex.transpose(1, 0, 2))
     xx[:, :q, :q] += nk[:, None, None] * p_inv
-    yx = (y64.T @ (wr[:, :, None] * ex).reshape(-1, k * q1)).reshape(d, k, q1).transpose(1, 0, 2)
+    yx = np.asarray(y_op.T @ (wr[:, :, None] * ex).reshape(-1, k * q1).astype(dt), dtype=np.float64)
+    yx = yx.reshape(d, k, q1).transpose(1, 0, 2)
     safe = np.where(resp > 0, resp, 1.0)
     ent_k = 0.5 * q * (1.0 + LOG_2PI) - 0.5 * log_det_p  # H[q(x | k)]
-    stats = MfaStats(nk, xx, np.ascontiguousarray(yx), w @ (y64 * y64),
+    stats = MfaStats(nk, xx, np.ascontiguousarray(yx), np.asarray(w.astype(dt) @ sq, dtype=np.float64),
                      float(np.sum(wr * np.log(safe))), float(nk @ ent_k), wr.T @ resp)
     return stats, resp, log_norm
 
