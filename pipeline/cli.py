@@ -372,7 +372,8 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
     if (result.get("truncation") or {}).get("limit_hit"):
         warning = truncation_message(result["truncation"])
         console.print(Text.assemble(("warning:", "bold yellow"), f" {warning}"), soft_wrap=True)
-    console.print(f"wrote {run_dir}/result.json and {run_dir}/posterior.npz")
+    model = "lowrank.npz" if result.get("covariance") == "lowrank" else "posterior.npz"
+    console.print(f"wrote {run_dir}/result.json and {run_dir}/{model}")
 
 
 @app.command()
