@@ -99,6 +99,29 @@ def test_resume_from_a_checkpoint_keeps_the_bits(store, tmp_path):
         run_lowrank(replace(spec, rank=3), StoreSource(store), LocalEngine(), checkpoint_dir=ck)
 
 
+def test_stop_request_checkpoints_and_resumes(store, tmp_path):
+    """A stop request (what SIGINT/SIGTERM set: pipeline.fit.driver.STOP) after iteration 3 writes a
+    checkpoint and raises FitInterrupted; the resumed fit ends with the uninterrupted one's bits."""
+    from pipeline.fit.driver import STOP
+    from vbcore.errors import FitInterrupted
+
+    spec = make_spec(store, covariance="lowrank", rank=2, components=8, seed=0, max_iter=12, tol=0.0)
+    ref = run_lowrank(spec, StoreSource(store), LocalEngine())
+    ck = str(tmp_path / "ck")
+
+    def stop_at_three(info):
+        if info["iteration"] == 3:
+            STOP.signum = 15
+
+    try:
+        with pytest.raises(FitInterrupted, match="interrupted after iteration 3; checkpoint"):
+            run_lowrank(spec, StoreSource(store), LocalEngine(), checkpoint_dir=ck, callback=stop_at_three)
+    finally:
+        STOP.signum = None
+    resumed = run_lowrank(spec, StoreSource(store), LocalEngine(), checkpoint_dir=ck)
+    assert resumed.resumed_from is not None and resumed.history == ref.history
+
+
 def test_same_bits_on_repeat(store):
     a, b = _fit(store, LocalEngine()), _fit(store, LocalEngine())
     assert a.history == b.history and np.array_equal(a.post.noise, b.post.noise)
