@@ -16,7 +16,8 @@ installs it):
 
 Each set is ingested into ``OUT/battery/NAME.zarr`` with its labels and fitted with ``vbcluster fit``'s
 settings (:func:`pipeline.service.fit_run`): ``default`` (nothing set) and ``select`` (``--select
-auto``), and on request (``--modes``) ``bound`` and ``empirical`` (``--priors``); beside them
+auto``), and on request (``--modes``) ``bound`` and ``empirical`` (``--priors``), ``full``
+(``--covariance full``), ``lowrank2`` and ``lowrank8`` (``--covariance lowrank --rank 2 / 8``); beside them
 scikit-learn's ``BayesianGaussianMixture`` (diag, K = 50, its defaults otherwise) and k-means told
 the true K (``n_init=10``). Writes ``OUT/battery/README.md`` (the table), ``results.csv`` and
 ``fits.jsonl``; prints the load average beside the times (2 shared cores).
