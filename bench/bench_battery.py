@@ -16,7 +16,8 @@ installs it):
 
 Each set is ingested into ``OUT/battery/NAME.zarr`` with its labels and fitted with ``vbcluster fit``'s
 settings (:func:`pipeline.service.fit_run`): ``default`` (nothing set) and ``select`` (``--select
-auto``), and on request (``--modes``) ``bound`` and ``empirical`` (``--priors``); beside them
+auto``), and on request (``--modes``) ``bound`` and ``empirical`` (``--priors``), ``full``
+(``--covariance full``), ``lowrank2`` and ``lowrank8`` (``--covariance lowrank --rank 2 / 8``); beside them
 scikit-learn's ``BayesianGaussianMixture`` (diag, K = 50, its defaults otherwise) and k-means told
 the true K (``n_init=10``). Writes ``OUT/battery/README.md`` (the table), ``results.csv`` and
 ``fits.jsonl``; prints the load average beside the times (2 shared cores).
@@ -43,7 +44,8 @@ SETS = ("digits", "vehicle", "vowel", "satellite", "fashion-mnist")
 #: the fits of each set: the defaults, ``--select auto``, and the prior rules side by side (issue 51,
 #: deliver 3: ``--priors bound`` and ``--priors empirical`` whichever the default is)
 MODES = {"default": {}, "select": {"select": "auto"}, "bound": {"priors": "bound"},
-         "empirical": {"priors": "empirical"}}
+         "empirical": {"priors": "empirical"}, "full": {"covariance": "full"},
+         "lowrank2": {"covariance": "lowrank", "rank": 2}, "lowrank8": {"covariance": "lowrank", "rank": 8}}
 
 
 class Skip(Exception):

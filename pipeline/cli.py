@@ -213,6 +213,7 @@ def fit(
                                              "learners` lists them)."),
     components: int | None = typer.Option(None, "--components", "-k", help=spec_help("components")),
     covariance: str | None = typer.Option(None, help=spec_help("covariance")),
+    rank: int | None = typer.Option(None, "--rank", help=spec_help("rank")),
     weights: str | None = typer.Option(None, help="dp (truncated Dirichlet process) | dirichlet (finite) "
                                        "(default: dp)."),
     max_iter: int | None = typer.Option(None, help=spec_help("max_iter")),
@@ -261,7 +262,7 @@ def fit(
                          priors=priors, grow=False if no_grow else None, max_components=max_components,
                          keep=keep, checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                          learner_options=key_values(learner_option), pca=pca, whiten=whiten or None,
-                         pca_solver=pca_solver, select=select, select_fits=select_fits)
+                         pca_solver=pca_solver, select=select, select_fits=select_fits, rank=rank)
     except VBClusterError as exc:
         fail(exc)
         return
@@ -371,7 +372,8 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
     if (result.get("truncation") or {}).get("limit_hit"):
         warning = truncation_message(result["truncation"])
         console.print(Text.assemble(("warning:", "bold yellow"), f" {warning}"), soft_wrap=True)
-    console.print(f"wrote {run_dir}/result.json and {run_dir}/posterior.npz")
+    model = "lowrank.npz" if result.get("covariance") == "lowrank" else "posterior.npz"
+    console.print(f"wrote {run_dir}/result.json and {run_dir}/{model}")
 
 
 @app.command()

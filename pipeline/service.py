@@ -150,8 +150,13 @@ def _select_and_fit(spec: FitSpec, source: Any, eng: Any, random_state: Any, che
 def _restarts(spec: FitSpec, source: Any, eng: Any, random_state: Any, checkpoint_dir: str | None,
               warm: Warm | None, resp_init: Any, callback: Any, verbose: int, log_every: int) -> FitOutcome:
     """``spec.n_init`` restarts (one with ``warm``); the one with the highest ELBO."""
-    n_init = 1 if warm is not None else int(spec.n_init)
     log = print if verbose >= 2 else None
+    if spec.covariance == "lowrank":  # its own VB EM (pipeline.fit.lowrank: one start)
+        from pipeline.fit.lowrank import run_lowrank
+
+        return run_lowrank(spec, source, eng, random_state=random_state,  # type: ignore[return-value]
+                           checkpoint_dir=checkpoint_dir, callback=callback, log=log)
+    n_init = 1 if warm is not None else int(spec.n_init)
     best: FitOutcome | None = None
     projection = warm.projection if warm is not None else None
     for i, seed in enumerate(restart_seeds(random_state, n_init)):
@@ -353,7 +358,8 @@ def check_fit(run_dir: str | Path, spec: FitSpec, warm_from: str | Path | None =
         check_pca(int(spec.pca), source.n_features, source.n_rows)
     if warm_from is None:
         check_components(int(spec.components), source.n_rows, source.describe())
-    check_prior_settings(spec, source.n_features if spec.pca is None else int(spec.pca))
+    if spec.covariance != "lowrank":  # (its prior has no settings to check: pipeline.fit.lowrank)
+        check_prior_settings(spec, source.n_features if spec.pca is None else int(spec.pca))
     if warm_from is not None:
         problem = warm_start_problem(warm_from, spec)
         if problem:
@@ -411,6 +417,11 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
         ckpt = str(run_dir / "checkpoints")
         out = fit(spec, source, eng, random_state=spec.seed, checkpoint_dir=ckpt, warm=warm,
                   callback=callback)
+        if not isinstance(out, FitOutcome):  # the low-rank family's own run files
+            from pipeline.runs.lowrank_run import save_lowrank_run
+
+            kept = spec if out.selection is None else replace(spec, covariance="lowrank", select="none")
+            return save_lowrank_run(run_dir, kept, out, source, info, time.perf_counter() - t0)
         fitted_spec = spec
         if out.selection is not None:  # the settings of the model kept (a VBMixture of them refits it)
             from pipeline.fit.select import Selection, choice

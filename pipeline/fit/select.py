@@ -118,6 +118,9 @@ def candidates(spec: FitSpec, n_features: int) -> list[tuple[str, str]]:
     families = [f for f in FAMILIES if f in allowed
                 and (f not in ("full", "tied") or n_features <= FULL_MAX_FEATURES)]
     covs = families if "covariance" in parts else [spec.covariance]
+    if "lowrank" in covs and parts:  # its bound at the screen's resolution is not written yet
+        raise ConfigError("--select auto does not screen --covariance lowrank yet (its bound at the "
+                          "screen's resolution is not written): fit it without --select")
     priors = list(PRIORS) if "priors" in parts else [spec.priors]
     # 'bound' frees nu0 of the diagonal families only: for full and tied it is 'empirical' again
     return [(c, p) for c in covs for p in priors

@@ -70,9 +70,13 @@ class FitSpec:
     max_components: int | None = _s(None, "Upper limit of the truncation when it grows; default: "
                                     "max(4 K, 1024), at most the number of rows.", "int",
                                     estimator="max_components", minimum=1)
-    covariance: str | None = _s(None, "full | diag | spherical | fixed | tied; default: the learner's "
-                                "(fixed for mm, sga*, svi; diag, or scikit-learn's full in VBMixture).",
-                                "str", estimator="covariance_type", choices=COVARIANCE_TYPES)
+    covariance: str | None = _s(None, "full | diag | spherical | fixed | tied | lowrank; default: the "
+                                "learner's (fixed for mm, sga*, svi; diag, or scikit-learn's full in "
+                                "VBMixture). lowrank: a mixture of factor analysers of rank --rank (vbem, "
+                                "`vbcluster fit`).",
+                                "str", estimator="covariance_type", choices=(*COVARIANCE_TYPES, "lowrank"))
+    rank: int = _s(4, "With --covariance lowrank: the factors per component (loadings D x rank beside "
+                   "the shared diagonal noise).", "int", minimum=0, identity="when set", flag="--rank")
     weights: str = _s("dirichlet_process", "dp (truncated Dirichlet process) | dirichlet (finite).",
                       "str", estimator="weight_concentration_prior_type", choices=WEIGHT_TYPES)
     max_iter: int = _s(200, "Maximum iterations.", "int", estimator="max_iter", sklearn=100, minimum=0,
@@ -238,7 +242,10 @@ class FitSpec:
             raise ConfigError(f"{_where('pca_solver', face)} needs {_where('pca', face)}: it computes the "
                               "principal components")
         spec = replace(spec, **changes)
-        cls.check_spec(spec)
+        if spec.covariance == "lowrank":
+            _check_lowrank(spec, face)
+        else:
+            cls.check_spec(spec)
         return spec
 
     def _checked_values(self, face: str) -> FitSpec:
@@ -257,6 +264,22 @@ class FitSpec:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown learner {spec.learner!r}{hint} (known: {', '.join(LEARNERS)})")
         return spec
+
+
+def _check_lowrank(spec: FitSpec, face: str) -> None:
+    """What the low-rank family (:mod:`pipeline.fit.lowrank`) fits today: VB EM, `vbcluster fit`, no
+    projection and no warm start (ConfigError naming the setting)."""
+    if face == "estimator":
+        raise ConfigError("covariance_type='lowrank' is fitted by `vbcluster fit --covariance lowrank` only "
+                          "(VBMixture does not offer it yet)")
+    if spec.learner != "vbem":
+        raise ConfigError(f"learner {spec.learner!r} fits covariance 'full', 'diag', ...: the lowrank family "
+                          "is fitted by vbem (--learner vbem)")
+    if spec.pca is not None:
+        raise ConfigError("--covariance lowrank models the rows themselves: drop --pca (its loadings are "
+                          "the projection)")
+    if spec.n_init != 1:
+        raise ConfigError("--covariance lowrank fits one start: drop --n-init")
 
 
 def _meta(name: str) -> Mapping[str, Any]:

@@ -220,6 +220,9 @@ def verify_posterior(run_dir: str | Path) -> Path:
     records (a posterior replaced by another run's, or damaged, is refused naming the file)."""
     run_dir = Path(run_dir)
     path = run_dir / POSTERIOR
+    if not path.is_file() and (run_dir / "lowrank.npz").is_file():
+        raise InputError(f"{run_dir}: a --covariance lowrank run (lowrank.npz): `assign` and `report` do not "
+                         "read this family yet; its result.json has the clusters, bound and metrics")
     if not path.is_file():
         raise InputError(f"{run_dir}: no {POSTERIOR} (not a finished vbcluster run directory)")
     if not (run_dir / RESULT).is_file():

@@ -79,6 +79,8 @@ READABLE_PX = 9  # the smallest text on screen: an image is never drawn narrower
 
 def _check_run(run_dir: Path) -> dict[str, Any]:
     missing = [n for n in (RESULT, POSTERIOR) if not (run_dir / n).is_file()]
+    if missing == [POSTERIOR]:
+        verify_posterior(run_dir)  # (names a lowrank run)
     if missing:
         raise InputError(f"{run_dir}: no {' or '.join(missing)}: not a finished vbcluster run directory "
                          "(run `vbcluster fit` or `vbcluster resume` first)")
