@@ -1,28 +1,15 @@
 """Merge and delete moves inside VB EM and the hard-assignment learners (Hughes & Sudderth 2013).
 
-Learner options (added to VB EM's, MM's and the SGA learners'):
-
-* ``moves``: ``none`` (default), ``merge``, ``delete`` or ``merge,delete``;
-* ``move_every``: a move round every this many iterations (iterations ``move_every``,
-  ``2 move_every``, ...), and one more whenever the ELBO has converged and no round has been tried
-  since the last accepted move: a fit converges only when a move round found nothing;
-* ``move_pairs``, ``move_neighbours``: at most this many merge pairs per round, proposed among each
-  component's nearest neighbours (:func:`vbcore.moves.exact.propose_pairs`);
-* ``delete_share``, ``delete_max``: the delete proposal takes at most ``delete_max`` components holding
-  less than ``delete_share`` of the mean count (halved after a rejection, reset after an acceptance).
-
-VB EM: pairs and the delete set are proposed at the end of the iteration before a round, from its
-statistics and for the posterior the next pass uses; the round's E-step pass (:func:`vbcore.moves.estep_pass.
-move_kernel`, one engine pass, statistics next to the data, small results to the driver) returns the
-regular statistics, the pairs' entropy changes and the delete proposal's statistics. The driver keeps
-whichever of (regular, regular + merges, delete + merges) has the highest exact ELBO, recomputed
-from the chosen statistics; the M-step follows as usual, so the reported ELBO history stays monotone.
-No random draw is involved: the moves are a function of the pass results, the same on every engine.
-
-With the truncated E-step (``candidates`` > 0) the round is the iteration's truncated pass itself, with
-the move quantities gathered by its hook (:meth:`Moves.truncated_request`, :mod:`vbcore.moves.truncated`);
-after the choice the learner relabels the candidate state with :attr:`Moves.relabelling`. 'tied' is
-covered too (:func:`vbcore.moves.exact.merge_gain_bound`: one M-step per pair).
+Learner options: ``moves`` (``none``, ``merge``, ``delete``, ``merge,delete``), ``move_every`` (a
+round every this many iterations, and one more whenever the ELBO has converged since the last accepted
+move: a fit converges only when a round found nothing), ``move_pairs`` / ``move_neighbours`` (merge
+pairs per round, among each component's nearest neighbours), ``delete_share`` / ``delete_max`` (the
+delete proposal). VB EM: a round's E-step pass (:func:`vbcore.moves.estep_pass.move_kernel`) returns the
+regular statistics, the pairs' entropy changes and the delete proposal's statistics; the driver keeps
+whichever of (regular, + merges, delete + merges) has the highest exact ELBO, so the history stays
+monotone, with no random draw. With the truncated E-step the round is the truncated pass itself
+(:meth:`Moves.truncated_request`); 'tied' is covered by :func:`vbcore.moves.exact.merge_gain_bound`.
+docs/algorithms.md has the details.
 """
 
 from __future__ import annotations
@@ -312,12 +299,9 @@ class Moves:
 
 
 def merge_back(ctx: Any, post: Posterior, pairs: np.ndarray, pass_: Any = None) -> tuple[SuffStats, int]:
-    """One E-step pass under ``post`` that merges back the splits ``pairs`` (parent, child; a < b)
-    whose merge raises the exact ELBO (VB EM's births, :mod:`pipeline.fit.learners.growth`): each
-    split of a round is kept only where the bound prefers it. The pass's statistics with those merges
-    applied (:func:`vbcore.moves.exact.select_merges`, greedy on the exact change of the set), and
-    how many were merged back. ``pass_(params)``: the pass (as :meth:`Moves.run`'s; VB EM's memoized
-    statistics keep each chunk's)."""
+    """One E-step pass under ``post`` merging back the splits ``pairs`` (parent, child) whose merge
+    raises the exact ELBO (VB EM's births): the pass's statistics with those merges applied
+    (:func:`vbcore.moves.exact.select_merges`) and how many; ``pass_(params)`` as :meth:`Moves.run`'s."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     params = MoveParams(estep_params(post, ctx.shift), pairs, None, _EMPTY)
     res = ctx.engine.map_reduce(move_kernel, ctx.handles, params) if pass_ is None else pass_(params)
