@@ -418,9 +418,11 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
         out = fit(spec, source, eng, random_state=spec.seed, checkpoint_dir=ckpt, warm=warm,
                   callback=callback)
         if not isinstance(out, FitOutcome):  # the low-rank family's own run files
+            from pipeline.fit.select import Selection, choice
             from pipeline.runs.lowrank_run import save_lowrank_run
 
-            kept = spec if out.selection is None else replace(spec, covariance="lowrank", select="none")
+            kept = spec if out.selection is None else \
+                replace(spec, **choice(Selection.from_dict(out.selection).winner()))
             return save_lowrank_run(run_dir, kept, out, source, info, time.perf_counter() - t0)
         fitted_spec = spec
         if out.selection is not None:  # the settings of the model kept (a VBMixture of them refits it)

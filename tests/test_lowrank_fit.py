@@ -1,5 +1,5 @@
 """The lowrank family end to end: `vbcluster fit --covariance lowrank`, the same bits on the in-process
-and the Dask engine, a candidate of --select auto, refused where it does not fit yet."""
+and the Dask engine, refused where it does not fit yet (in model selection: tests/test_lowrank_select.py)."""
 
 import json
 
@@ -125,18 +125,6 @@ def test_stop_request_checkpoints_and_resumes(store, tmp_path):
 def test_same_bits_on_repeat(store):
     a, b = _fit(store, LocalEngine()), _fit(store, LocalEngine())
     assert a.history == b.history and np.array_equal(a.post.noise, b.post.noise)
-
-
-def test_select_does_not_screen_lowrank_yet(store, tmp_path):
-    """--select auto scores candidates at a resolution whose lowrank penalty is not written yet: the
-    family is not among its candidates, and asked for with --select it is refused in one line."""
-    from pipeline.service import fit_run
-
-    spec = make_spec(store, select="auto", components=3, rank=2, seed=0, max_iter=5)
-    result = fit_run(tmp_path / "s", spec)
-    assert "lowrank" not in [c["covariance"] for c in result["selection"]["candidates"]]
-    with pytest.raises(ConfigError, match="does not screen --covariance lowrank yet"):
-        fit_run(tmp_path / "t", make_spec(store, select="auto", covariance="lowrank", seed=0))
 
 
 @pytest.mark.parametrize(("settings", "match"), [

@@ -1,6 +1,8 @@
 """The low-rank-plus-diagonal family (vbcore.model.mfa): its bound against independent float64 formulas
 and Monte Carlo, the exact evidence at rank 0, a bound that never decreases, planted low-rank classes."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scipy import stats as st
@@ -81,13 +83,14 @@ def _kl_weights(post, prior):
     return kl
 
 
-def _per_term_bound(y, resp, post, prior, x_post=None):
-    """The bound of q(z) = ``resp``, q(x | z) that of ``x_post`` (default ``post``) and q(L) of ``post``,
-    term by term: E[ln p(y | x, z, L)] per (n, k, d), E[ln p(x)] and H[q(x)] from scipy,
-    KL(q(L) || p(L)) per row of L from the Gaussian KL, E[ln p(z | pi)] - E[ln q(z)], KL(q(pi) || p(pi))."""
+def _per_term_bound(y, resp, post, prior, x_post=None, y_q=None):
+    """The bound of q(z) = ``resp``, q(x | z) that of ``x_post`` (default ``post``) given the rows ``y_q``
+    (default ``y``) and q(L) of ``post``, term by term: E[ln p(y | x, z, L)] per (n, k, d), E[ln p(x)]
+    and H[q(x)] from scipy, KL(q(L) || p(L)) per row of L from the Gaussian KL, E[ln p(z | pi)] -
+    E[ln q(z)], KL(q(pi) || p(pi))."""
     k, d, q1 = post.loadings.shape
     q = q1 - 1
-    mx, sx = _q_x(post if x_post is None else x_post, y)
+    mx, sx = _q_x(post if x_post is None else x_post, y if y_q is None else y_q)
     a_inv = np.linalg.inv(post.precision)
     e_log_pi = _log_weights(post)
     total = 0.0
@@ -274,3 +277,60 @@ def test_merge_proposal_of_a_split_class_raises_the_bound():
     merged, resp = one_iteration(proposal)
     assert proposal.n_components == 2 and merged > kept
     assert nmi(labels, resp.argmax(1)) > 0.99
+
+
+def _cell(eps):
+    """Two-point Gauss-Legendre nodes and weights of the uniform cell [-eps/2, eps/2]^D: exact for the
+    expectation of any polynomial of degree 3 in each coordinate of u (the bound is quadratic in it)."""
+    g = np.array([-1.0, 1.0]) / np.sqrt(3.0)
+    grid = np.array(np.meshgrid(*[g] * len(eps), indexing="ij")).reshape(len(eps), -1).T
+    return grid * (eps / 2.0)[None, :], np.full(len(grid), 1.0 / len(grid))
+
+
+@pytest.mark.parametrize("q", [0, 2])
+def test_dequantized_bound_is_the_bound_averaged_over_the_cell(q):
+    """With q(z, x) held (those of the rows ``y``), the bound of the rows ``y + u``, ``u`` uniform on the
+    cell of widths ``eps`` (term by term, exact quadrature), is the bound of ``dequantized(stats, eps^2 /
+    12)``: the plain bound less ``N/2 sum_d eps_d^2 / 12 / Psi_d``; re-optimising q(z, x) for each ``y + u``
+    only raises it (so it is a lower bound on the dequantized rows' evidence)."""
+    y, labels = _planted(n_per=8, k=2, d=3, q=2, seed=6)
+    prior, post = _fitted(y, labels, 2, q)
+    stats, resp, _ = mfa.estep(y, post, operand=mfa.stacked_operand(post, np.float64))
+    eps = np.array([0.5, 0.2, 0.9])
+    nodes, w = _cell(eps)
+    held = sum(wi * _per_term_bound(y + u, resp, post, prior, y_q=y) for u, wi in zip(nodes, w, strict=True))
+    deq = mfa.elbo(mfa.dequantized(stats, eps ** 2 / 12.0), post, prior).total
+    assert deq == pytest.approx(held, rel=TOL64)
+    penalty = mfa.resolution_penalty(post.noise, len(y), eps ** 2 / 12.0)
+    assert penalty == pytest.approx(len(y) * (eps ** 2 / 24.0 / post.noise).sum(), rel=1e-12)
+    assert mfa.elbo(stats, post, prior).total - deq == pytest.approx(penalty, rel=1e-9)
+    refit = sum(wi * mfa.elbo(mfa.estep(y + u, post, operand=mfa.stacked_operand(post, np.float64))[0],
+                              post, prior).total for u, wi in zip(nodes, w, strict=True))
+    assert refit >= deq
+
+
+def test_dequantized_m_step_adds_the_variance_and_the_bound_never_decreases():
+    """The M-step of the dequantized statistics: ``Psi`` of the plain one plus the variance, q(L) and the
+    hyperparameters the same, and ``Psi`` the bound's maximiser (moving it lowers the bound); VB EM on
+    them never decreases their bound."""
+    y, labels = _planted(n_per=60, k=3, d=6, q=2, seed=7)
+    prior, post = _fitted(y, labels, 3, 2)
+    stats, _, _ = mfa.estep(y, post, operand=mfa.stacked_operand(post, np.float64))
+    v = 0.05
+    plain, deq = mfa.m_step(stats, post, prior), mfa.m_step(mfa.dequantized(stats, v), post, prior)
+    np.testing.assert_allclose(deq.noise, plain.noise + v, rtol=1e-12)
+    np.testing.assert_array_equal(deq.loadings, plain.loadings)
+    np.testing.assert_array_equal(deq.ard, plain.ard)
+    best = mfa.elbo(mfa.dequantized(stats, v), deq, prior).total
+    for f in (0.98, 1.02):
+        for j in (0, 5):
+            moved = deq.noise.copy()
+            moved[j] *= f
+            assert mfa.elbo(mfa.dequantized(stats, v), replace(deq, noise=moved), prior).total < best
+    history = []
+    post = mfa.initial_posterior(y, np.random.default_rng(0).integers(0, 5, len(y)), 5, 2, prior, seed=0)
+    for _ in range(40):
+        stats = mfa.dequantized(mfa.estep(y, post, operand=mfa.stacked_operand(post, np.float64))[0], v)
+        post = mfa.m_step(stats, post, prior)
+        history.append(mfa.elbo(stats, post, prior).total)
+    assert np.all(np.diff(history) >= -1e-9 * np.abs(history[1:])) and history[-1] > history[0]

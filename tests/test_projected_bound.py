@@ -191,6 +191,7 @@ def test_a_projected_winner_keeps_the_bits_across_engines_and_resume(tmp_path, m
     monkeypatch.setattr(select, "PROJECTED", (("full", 2, True),))
     monkeypatch.setattr(select, "SCREEN_MAX_ITER", 8)
     monkeypatch.setattr(select, "candidates", lambda spec, d: [])
+    monkeypatch.setattr(select, "LOWRANK_RANKS", ())
     x, _ = planted_small_classes(n_classes=5, d=4, lo=40, hi=90, seed=8)
     spec = replace(FitSpec(components=4, tol=0.0, max_iter=6, seed=0, chunk_rows=100, select="auto",
                            select_fits=2).resolved(), checkpoint_every=2)
@@ -224,6 +225,7 @@ def test_a_projected_winner_is_recorded_in_the_run(tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(select, "PROJECTED", (("full", 2, True),))
     monkeypatch.setattr(select, "SCREEN_MAX_ITER", 8)
     monkeypatch.setattr(select, "candidates", lambda spec, d: [])
+    monkeypatch.setattr(select, "LOWRANK_RANKS", ())
     x, _ = planted_small_classes(n_classes=4, d=4, lo=40, hi=60, seed=9)
     np.save(tmp_path / "x.npy", x)
     ingest(str(tmp_path / "x.npy"), str(tmp_path / "s.zarr"))
@@ -248,8 +250,9 @@ def test_a_model_the_rows_refuse_is_not_screened(monkeypatch) -> None:
                    priors="sklearn").resolved()
     sel = screen(spec, open_source(x, 100), LocalEngine(), 0)
     assert [c.covariance for c in sel.candidates if c.pca is None] and all(
-        c.pca is None and c.covariance in ("diag", "spherical") for c in sel.candidates)
+        c.pca is None and c.covariance in ("diag", "spherical", "lowrank") for c in sel.candidates)
     monkeypatch.setattr(select, "candidates", lambda spec, d: [("full", "sklearn")])
     monkeypatch.setattr(select, "PROJECTED", ())
+    monkeypatch.setattr(select, "LOWRANK_RANKS", ())
     with pytest.raises(ConfigError, match="singular"):
         screen(spec, open_source(x, 100), LocalEngine(), 0)

@@ -7,6 +7,12 @@ tree, then the M-step and the exact bound on the driver. The start: k-means with
 seeded subsample of whole chunks that model selection screens on
 (:func:`pipeline.fit.select.screen_rows`), each cluster's mean and leading principal directions.
 
+``reg_covar`` is the variance of a dequantization noise (:func:`vbcore.model.mfa.dequantized`): the
+M-step adds it to ``Psi`` (as the Gaussian families' M-step adds it to their covariances) and the bound,
+its history and the one in result.json, is that of the rows dequantized at it (exact, and never
+decreasing under VB EM; the plain bound is higher by ``N/2 sum_d reg_covar / Psi_d``). Model selection
+fits the family with ``reg_covar = eps^2 / 12`` (:mod:`pipeline.fit.select`).
+
 Merge rounds judged by the exact bound, checkpoints and resume (the driver's checkpoint format and
 identity checks). What it does not do yet (docs/algorithms.md): growth, ``--pca``, warm starts,
 ``assign`` and ``report`` on its run directory; ``VBMixture`` does not offer it. result.json holds
@@ -115,17 +121,25 @@ def _start(spec: FitSpec, source: Any, shift: np.ndarray, prior: mfa.MfaPrior,
     return post
 
 
-def _iteration(engine: Any, handles: list[Any], post: mfa.MfaPosterior,
-               prior: mfa.MfaPrior) -> tuple[mfa.MfaPosterior, mfa.MfaStats, ElboTerms]:
-    """One VB EM iteration: the E-step pass, the M-step, the exact bound of the pair."""
+def _pass(engine: Any, handles: list[Any], post: mfa.MfaPosterior, variance: float) -> mfa.MfaStats:
+    """The E-step statistics of every chunk, of the rows dequantized at ``variance``
+    (:func:`vbcore.model.mfa.dequantized`: the fit's ``reg_covar``)."""
     stats = engine.map_reduce(stats_kernel, handles, post, mfa.stacked_operand(post))
+    return mfa.dequantized(stats, variance)
+
+
+def _iteration(engine: Any, handles: list[Any], post: mfa.MfaPosterior, prior: mfa.MfaPrior,
+               variance: float) -> tuple[mfa.MfaPosterior, mfa.MfaStats, ElboTerms]:
+    """One VB EM iteration: the E-step pass, the M-step, the exact bound of the pair (of the rows
+    dequantized at ``variance``)."""
+    stats = _pass(engine, handles, post, variance)
     new = mfa.m_step(stats, post, prior)
     return new, stats, mfa.elbo(stats, new, prior)
 
 
 def _merge_round(engine: Any, handles: list[Any], post: mfa.MfaPosterior, stats: mfa.MfaStats,
-                 terms: ElboTerms, prior: mfa.MfaPrior, tries: int) -> tuple[mfa.MfaPosterior, mfa.MfaStats,
-                                                                             list[ElboTerms]]:
+                 terms: ElboTerms, prior: mfa.MfaPrior, tries: int,
+                 variance: float) -> tuple[mfa.MfaPosterior, mfa.MfaStats, list[ElboTerms]]:
     """Up to ``tries`` merges of components that share rows (most shared first), each judged by
     the exact bound after one iteration from the merged posterior and kept only where it is higher than
     ``terms``'s: the kept steps' bounds (the history goes on rising)."""
@@ -137,7 +151,7 @@ def _merge_round(engine: Any, handles: list[Any], post: mfa.MfaPosterior, stats:
             break
         k, gone = pairs[0]
         proposal = mfa.merge_proposal(stats, post, prior, k, gone)
-        new, new_stats, new_terms = _iteration(engine, handles, proposal, prior)
+        new, new_stats, new_terms = _iteration(engine, handles, proposal, prior, variance)
         if new_terms.total > terms.total:
             post, stats, terms = new, new_stats, new_terms
             kept.append(terms)
@@ -226,6 +240,7 @@ def run_lowrank(spec: FitSpec, source: Any, engine: Any, *, random_state: Any = 
     seed = spec.seed if random_state is None else random_state
     seed = None if seed is None else int(seed)
     moves = str(dict(spec.learner_options).get("moves", "auto")) != "none"
+    variance = float(spec.reg_covar)
     ckpt = None if checkpoint_dir is None else Checkpointer(checkpoint_dir, int(spec.keep))
     identity = run_identity(spec, source) if ckpt is not None else {}
     shift = np.asarray(source.load(0)[0], dtype=np.float64)
@@ -238,12 +253,13 @@ def run_lowrank(spec: FitSpec, source: Any, engine: Any, *, random_state: Any = 
         while len(loop.history) < int(spec.max_iter) and not loop.converged:
             t_it = time.perf_counter()
             last = loop.history[-1] if loop.history else None
-            loop.post, stats, terms = _iteration(engine, handles, loop.post, prior)
+            loop.post, stats, terms = _iteration(engine, handles, loop.post, prior, variance)
             steps = [terms]
             change = abs(terms.total - last) if last is not None else np.inf
             if loop.merging and change < MERGE_TOL_FACTOR * float(spec.tol) * n:
                 tries = min(MERGE_TRIES, int(spec.max_iter) - len(loop.history) - 1)
-                loop.post, stats, kept = _merge_round(engine, handles, loop.post, stats, terms, prior, tries)
+                loop.post, stats, kept = _merge_round(engine, handles, loop.post, stats, terms, prior,
+                                                      tries, variance)
                 steps += kept
                 loop.merging = bool(kept)
                 change = np.inf if kept else change
@@ -256,11 +272,10 @@ def run_lowrank(spec: FitSpec, source: Any, engine: Any, *, random_state: Any = 
                 if STOP.signum is not None:
                     raise FitInterrupted(STOP.signum, len(loop.history), str(saved))
         if loop.terms is None:  # max_iter == 0: the start's bound needs one E-step
-            loop.terms = mfa.elbo(engine.map_reduce(stats_kernel, handles, loop.post,
-                                                    mfa.stacked_operand(loop.post)), loop.post, prior)
+            loop.terms = mfa.elbo(_pass(engine, handles, loop.post, variance), loop.post, prior)
         labels = np.concatenate(engine.map(labels_kernel, handles, loop.post, mfa.stacked_operand(loop.post)))
     finally:
         engine.release(handles)
     return LowRankOutcome(loop.post, prior, loop.terms, loop.history, loop.converged, len(loop.history),
                           time.perf_counter() - t0, labels, int(source.n_rows), resumed_from=resumed,
-                          options={"rank": int(spec.rank), "moves": moves})
+                          options={"rank": int(spec.rank), "moves": moves, "reg_covar": variance})

@@ -63,6 +63,12 @@ PROJECTED = (("full", 64, True),)
 RESOLUTION = 0.03
 #: the resolution is pooled over the features (one ``eps`` for all) rather than each feature's own
 POOLED = True
+#: the low-rank family's name (``--covariance lowrank``, :mod:`pipeline.fit.lowrank`)
+LOWRANK = "lowrank"
+#: the ranks of the low-rank candidates (:func:`lowrank_ranks`; those below D): 2, a few directions per
+#: class at a cost near diag's, and 8, the rank whose bound was the best of 2, 4 and 8 on digits, Vowel
+#: and Vehicle (bench/bench_battery.py, K = 50): a value measured on the battery, not derived
+LOWRANK_RANKS = (2, 8)
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,8 @@ class Candidate:
     whiten: bool = False
     #: the reg_covar it was fitted with where the resolution set it (``eps^2 / 12``), else None (the fit's)
     reg_covar: float | None = None
+    #: the rank Q of a low-rank candidate (``--covariance lowrank --rank Q``), None for the others
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -118,9 +126,7 @@ def candidates(spec: FitSpec, n_features: int) -> list[tuple[str, str]]:
     families = [f for f in FAMILIES if f in allowed
                 and (f not in ("full", "tied") or n_features <= FULL_MAX_FEATURES)]
     covs = families if "covariance" in parts else [spec.covariance]
-    if "lowrank" in covs and parts:  # its bound at the screen's resolution is not written yet
-        raise ConfigError("--select auto does not screen --covariance lowrank yet (its bound at the "
-                          "screen's resolution is not written): fit it without --select")
+    covs = [c for c in covs if c != LOWRANK]  # (its candidates: lowrank_ranks)
     priors = list(PRIORS) if "priors" in parts else [spec.priors]
     # 'bound' frees nu0 of the diagonal families only: for full and tied it is 'empirical' again
     return [(c, p) for c in covs for p in priors
@@ -188,7 +194,9 @@ def resolution_of(chunks: Any, relative: float, pooled: bool | None = None) -> n
 def original_bound(out: Any, chunks: Any, eps: np.ndarray | None) -> float:
     """The bound of the original rows (all of ``chunks``, those the fit saw) at resolution ``eps``:
     the fit's exact ELBO, plus for a projected fit the whitening's log-Jacobian and the dropped
-    dimensions' isotropic Gaussian, less the dequantization penalty (:mod:`vbcore.model.projected`)."""
+    dimensions' isotropic Gaussian, less the dequantization penalty (:mod:`vbcore.model.projected`);
+    a low-rank fit's: :func:`lowrank_bound`."""
+    from pipeline.fit.lowrank import LowRankOutcome
     from vbcore.model.projected import (
         Complement,
         complement,
@@ -198,6 +206,8 @@ def original_bound(out: Any, chunks: Any, eps: np.ndarray | None) -> float:
         soft_counts,
     )
 
+    if isinstance(out, LowRankOutcome):
+        return lowrank_bound(out, eps)
     total = float(out.terms.total)
     proj = out.projection
     nk = soft_counts(out.post, float(out.prior.weight_concentration))
@@ -238,6 +248,8 @@ def screened(spec: FitSpec, n_features: int, eps: np.ndarray | None) -> list[Can
     where they differ; a projected candidate keeps the fit's reg_covar, its noise is not isotropic)."""
     reg = None if eps is None else max(float(spec.reg_covar), float(np.min(eps)) ** 2 / 12.0)
     plain = [Candidate(c, p, 0.0, 0, 0.0, reg_covar=reg) for c, p in candidates(spec, n_features)]
+    plain += [Candidate(LOWRANK, str(spec.priors), 0.0, 0, 0.0, reg_covar=reg, rank=q)
+              for q in lowrank_ranks(spec, n_features)]
     return plain + [Candidate(c, p, 0.0, 0, 0.0, pca=n, whiten=w)
                     for c, p, n, w in projected(spec, n_features)]
 
@@ -247,12 +259,15 @@ def screen_one(spec: FitSpec, cand: Candidate, sub: Any, rows: np.ndarray, eps: 
     """One candidate fitted to the subsample ``sub`` (whose rows are ``rows``): with its bound per row
     of the original rows at ``eps``, clusters and seconds; and the fit's outcome."""
     from pipeline.fit.driver import n_effective, run_fit
+    from pipeline.fit.lowrank import run_lowrank
 
     t = time.perf_counter()
-    out = run_fit(replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER), sub, engine,
-                  random_state=random_state)
+    runner: Any = run_lowrank if cand.covariance == LOWRANK else run_fit
+    out = runner(replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER), sub, engine,
+                 random_state=random_state)
+    clusters = out.n_effective if cand.covariance == LOWRANK else n_effective(out.post, out.prior)
     return replace(cand, screen_bound=original_bound(out, [rows], eps) / rows.shape[0],
-                   screen_clusters=n_effective(out.post, out.prior),
+                   screen_clusters=clusters,
                    screen_seconds=time.perf_counter() - t), out
 
 
@@ -275,6 +290,8 @@ def choice(cand: Candidate) -> dict[str, Any]:
     more: dict[str, Any] = {} if cand.pca is None else {"pca": cand.pca, "whiten": cand.whiten}
     if cand.reg_covar is not None:
         more["reg_covar"] = cand.reg_covar
+    if cand.rank is not None:
+        more["rank"] = cand.rank
     return {"covariance": cand.covariance, "priors": cand.priors, "select": "none", **more}
 
 
@@ -283,15 +300,42 @@ def full_bounds(outs: dict[int, Any], source: Any, selection: Selection) -> dict
     def chunks() -> Any:
         return (source.load(i) for i in range(len(source.chunk_slices())))
 
-    plain = selection.resolution == 0.0 and all(o.projection is None for o in outs.values())
-    eps = resolution_of(chunks(), selection.resolution)
+    eps = resolution_of(chunks(), selection.resolution)  # (reads nothing at resolution 0)
     rows = float(source.n_rows)
-    return {i: (float(o.terms.total) if plain else original_bound(o, chunks(), eps)) / rows
-            for i, o in outs.items()}
+    return {i: original_bound(o, chunks(), eps) / rows for i, o in outs.items()}
 
 
 def label(c: dict[str, Any]) -> str:
-    """A candidate's model as the summary and report show it: its family, and its projection."""
+    """A candidate's model as the summary and report show it: its family (and rank), and its projection."""
+    if c.get("rank") is not None:
+        return f"{c['covariance']} Q={c['rank']}"
     if c.get("pca") is None:
         return str(c["covariance"])
     return f"{c['covariance']} on pca {c['pca']}" + (" whitened" if c.get("whiten") else "")
+
+
+def lowrank_ranks(spec: FitSpec, n_features: int) -> list[int]:
+    """The ranks of the low-rank candidates to screen (one candidate each: the family's hyperparameters
+    are chosen by the bound, so it has no ``priors`` variants): ``--rank`` when ``--covariance lowrank``
+    is given, else :data:`LOWRANK_RANKS` below ``n_features`` (at rank D a component would be a full
+    covariance plus the noise) when the covariance is selected and the family fits this spec (vbem, one
+    start, no ``--pca``: :func:`pipeline.fit.spec.FitSpec.resolved`)."""
+    parts = set(spec.select.split("+")) if spec.select != "none" else set()
+    if spec.covariance == LOWRANK:
+        return [int(spec.rank)] if parts else []
+    if "covariance" not in parts or spec.learner != "vbem" or spec.pca is not None or int(spec.n_init) != 1:
+        return []
+    return [q for q in LOWRANK_RANKS if q < n_features]
+
+
+def lowrank_bound(out: Any, eps: np.ndarray | None) -> float:
+    """The bound of a low-rank fit's rows at resolution ``eps`` (None: the plain bound): its bound, of the
+    rows dequantized at its ``reg_covar``, moved to the noise ``eps^2 / 12`` per feature
+    (:func:`vbcore.model.mfa.resolution_penalty`, exact: ``Psi`` is the fit's)."""
+    from vbcore.model.mfa import resolution_penalty
+
+    n = float(np.sum(out.counts))
+    noise = out.post.noise
+    var = 0.0 if eps is None else np.asarray(eps, dtype=np.float64) ** 2 / 12.0
+    return (float(out.terms.total) + resolution_penalty(noise, n, float(out.options.get("reg_covar", 0.0)))
+            - resolution_penalty(noise, n, var))
