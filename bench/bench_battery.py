@@ -16,7 +16,9 @@ installs it):
 
 Each set is ingested into ``OUT/battery/NAME.zarr`` with its labels and fitted with ``vbcluster fit``'s
 settings (:func:`pipeline.service.fit_run`): ``default`` (nothing set) and ``select`` (``--select
-auto``), and on request (``--modes``) ``bound`` and ``empirical`` (``--priors``), ``full``
+auto``, the low-rank family among its candidates), and on request ``select-gauss`` (``--select auto``
+with the low-rank candidates left out: the screen before they joined it), ``bound`` and ``empirical``
+(``--priors``), ``full``
 (``--covariance full``), ``lowrank2`` and ``lowrank8`` (``--covariance lowrank --rank 2 / 8``); beside them
 scikit-learn's ``BayesianGaussianMixture`` (diag, K = 50, its defaults otherwise) and k-means told
 the true K (``n_init=10``). Writes ``OUT/battery/README.md`` (the table), ``results.csv`` and
@@ -45,7 +47,10 @@ SETS = ("digits", "vehicle", "vowel", "satellite", "fashion-mnist")
 #: deliver 3: ``--priors bound`` and ``--priors empirical`` whichever the default is)
 MODES = {"default": {}, "select": {"select": "auto"}, "bound": {"priors": "bound"},
          "empirical": {"priors": "empirical"}, "full": {"covariance": "full"},
-         "lowrank2": {"covariance": "lowrank", "rank": 2}, "lowrank8": {"covariance": "lowrank", "rank": 8}}
+         "lowrank2": {"covariance": "lowrank", "rank": 2}, "lowrank8": {"covariance": "lowrank", "rank": 8},
+         "select-gauss": {"select": "auto"}}
+#: the modes whose screen leaves the low-rank candidates out (pipeline.fit.select.LOWRANK_RANKS emptied)
+NO_LOWRANK = ("select-gauss",)
 
 
 class Skip(Exception):
@@ -107,13 +112,19 @@ def load_average() -> float:
 
 def fit_default(name: str, store: str, folder: Path, mode: str, n_rows: int) -> dict[str, Any]:
     """``vbcluster fit STORE --run-dir R`` with the mode's settings; its result's numbers."""
+    import pipeline.fit.select as select
     from pipeline.service import fit_run, make_spec
 
     run = folder / "runs" / f"{name}-{mode}"
+    ranks = select.LOWRANK_RANKS
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        r = fit_run(run, make_spec(store, **MODES[mode]), restart=True)
+    try:
+        select.LOWRANK_RANKS = () if mode in NO_LOWRANK else ranks
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = fit_run(run, make_spec(store, **MODES[mode]), restart=True)
+    finally:
+        select.LOWRANK_RANKS = ranks
     row = {"set": name, "fit": mode, "clusters": r["n_effective"], "nmi": r["metrics"]["nmi"],
            "seconds": time.perf_counter() - t0, "load": load_average(),
            "model": _model(r["settings"]),
@@ -121,11 +132,16 @@ def fit_default(name: str, store: str, folder: Path, mode: str, n_rows: int) -> 
            "iterations": r["n_iter"], "converged": r["converged"]}
     if r.get("selection"):
         row["selection"] = r["selection"]
+        kept = next(c for c in r["selection"]["candidates"] if c["chosen"])
+        row["selected_bound"] = kept["full_bound"]  # per row, at the selection's resolution
+        row["screen_seconds"] = r["selection"]["screen_seconds"]
     return row
 
 
 def _model(settings: dict[str, Any]) -> str:
-    """The model a run fitted: family (on its projection), priors."""
+    """The model a run fitted: family (its rank, on its projection), priors."""
+    if settings["covariance_type"] == "lowrank":
+        return f"lowrank Q={settings['rank']}, {settings['prior_defaults']}"
     pca = settings.get("pca")
     on = "" if pca is None else f" on pca {pca}" + (" whitened" if settings.get("whiten") else "")
     return f"{settings['covariance_type']}{on}, {settings['prior_defaults']}"

@@ -48,7 +48,8 @@ def test_the_ranks_screened() -> None:
     assert lowrank_ranks(_spec(), 8) == [2] and lowrank_ranks(_spec(), 2) == []
     assert lowrank_ranks(_spec(covariance="lowrank", rank=3), 12) == [3]
     assert lowrank_ranks(_spec(covariance="lowrank", rank=3, select="none"), 12) == []
-    for other in ({"covariance": "diag"}, {"pca": 4}, {"learner": "sga"}, {"n_init": 2}, {"select": "priors"}):
+    for other in ({"covariance": "diag"}, {"pca": 4}, {"learner": "sga"}, {"n_init": 2},
+                  {"select": "priors"}):
         assert lowrank_ranks(_spec(**other), 12) == [], other
     assert select.candidates(_spec(covariance="lowrank"), 12) == []  # (no Gaussian family given lowrank)
     assert select.label({"covariance": "lowrank", "rank": 8, "pca": None}) == "lowrank Q=8"
@@ -56,8 +57,9 @@ def test_the_ranks_screened() -> None:
 
 def test_a_lowrank_candidate_is_scored_at_the_resolution(monkeypatch) -> None:
     """Each low-rank candidate is the fit of ``--covariance lowrank --rank Q`` with reg_covar eps^2/12 (the
-    dequantized rows' M-step), scored by its own bound (of the rows at that resolution); a fit at another
-    reg_covar is moved to the resolution by the exact penalty."""
+    dequantized rows' M-step), scored by the bound at the resolution (its plain bound less the penalty
+    with q(x | z) free: vbcore.model.mfa.resolution_penalty; exact against quadrature in test_mfa.py); a
+    fit at another reg_covar is moved to the resolution the same way."""
     monkeypatch.setattr(select, "SCREEN_MAX_ITER", 12)
     monkeypatch.setattr(select, "candidates", lambda spec, d: [])
     monkeypatch.setattr(select, "PROJECTED", ())
@@ -70,13 +72,15 @@ def test_a_lowrank_candidate_is_scored_at_the_resolution(monkeypatch) -> None:
         out = run_lowrank(replace(select.chosen_spec(_spec(), c), max_iter=12), open_source(x, 100),
                           LocalEngine(), random_state=0)
         assert out.post.rank == c.rank and out.options["reg_covar"] == c.reg_covar
-        assert c.screen_bound == pytest.approx(out.terms.total / len(x), rel=1e-12)
+        assert c.screen_bound == pytest.approx(lowrank_bound(out, eps) / len(x), rel=1e-12)
+        assert c.screen_bound * len(x) >= out.terms.total  # (q(x | z) free: the marginal precisions' penalty)
         assert c.screen_clusters == out.n_effective
     out = run_lowrank(replace(_spec(covariance="lowrank", rank=2, select="none"), max_iter=12),
                       open_source(x, 100), LocalEngine(), random_state=0)
     n, psi = float(out.counts.sum()), out.post.noise
     assert n == pytest.approx(len(x), rel=1e-9)
-    moved = out.terms.total + mfa.resolution_penalty(psi, n, 1e-6) - mfa.resolution_penalty(psi, n, eps ** 2 / 12)
+    moved = (out.terms.total + mfa.held_penalty(psi, n, 1e-6)
+             - mfa.resolution_penalty(out.post, out.counts, eps ** 2 / 12))
     assert lowrank_bound(out, eps) == pytest.approx(moved, rel=1e-12)
     assert lowrank_bound(out, None) > out.terms.total > lowrank_bound(out, eps)
 

@@ -291,8 +291,10 @@ def _cell(eps):
 def test_dequantized_bound_is_the_bound_averaged_over_the_cell(q):
     """With q(z, x) held (those of the rows ``y``), the bound of the rows ``y + u``, ``u`` uniform on the
     cell of widths ``eps`` (term by term, exact quadrature), is the bound of ``dequantized(stats, eps^2 /
-    12)``: the plain bound less ``N/2 sum_d eps_d^2 / 12 / Psi_d``; re-optimising q(z, x) for each ``y + u``
-    only raises it (so it is a lower bound on the dequantized rows' evidence)."""
+    12)``: the plain bound less ``N/2 sum_d eps_d^2 / 12 / Psi_d``. With q(x | z) the optimum for each
+    ``y + u`` (q(z) held) it is the plain bound less ``resolution_penalty``, a smaller penalty (equal at
+    rank 0); re-optimising q(z) too only raises it (each is a lower bound on the dequantized rows'
+    evidence)."""
     y, labels = _planted(n_per=8, k=2, d=3, q=2, seed=6)
     prior, post = _fitted(y, labels, 2, q)
     stats, resp, _ = mfa.estep(y, post, operand=mfa.stacked_operand(post, np.float64))
@@ -301,9 +303,14 @@ def test_dequantized_bound_is_the_bound_averaged_over_the_cell(q):
     held = sum(wi * _per_term_bound(y + u, resp, post, prior, y_q=y) for u, wi in zip(nodes, w, strict=True))
     deq = mfa.elbo(mfa.dequantized(stats, eps ** 2 / 12.0), post, prior).total
     assert deq == pytest.approx(held, rel=TOL64)
-    penalty = mfa.resolution_penalty(post.noise, len(y), eps ** 2 / 12.0)
+    penalty = mfa.held_penalty(post.noise, len(y), eps ** 2 / 12.0)
     assert penalty == pytest.approx(len(y) * (eps ** 2 / 24.0 / post.noise).sum(), rel=1e-12)
     assert mfa.elbo(stats, post, prior).total - deq == pytest.approx(penalty, rel=1e-9)
+    # q(x | z) the optimum for each y + u (q(z) held): the marginal precisions' penalty, and no more
+    free = sum(wi * _per_term_bound(y + u, resp, post, prior) for u, wi in zip(nodes, w, strict=True))
+    marginal = mfa.resolution_penalty(post, resp.sum(0), eps ** 2 / 12.0)
+    assert free == pytest.approx(_per_term_bound(y, resp, post, prior) - marginal, rel=TOL64)
+    assert marginal <= penalty and (q == 0) == (marginal == pytest.approx(penalty, rel=1e-12))
     refit = sum(wi * mfa.elbo(mfa.estep(y + u, post, operand=mfa.stacked_operand(post, np.float64))[0],
                               post, prior).total for u, wi in zip(nodes, w, strict=True))
     assert refit >= deq

@@ -329,13 +329,15 @@ def lowrank_ranks(spec: FitSpec, n_features: int) -> list[int]:
 
 
 def lowrank_bound(out: Any, eps: np.ndarray | None) -> float:
-    """The bound of a low-rank fit's rows at resolution ``eps`` (None: the plain bound): its bound, of the
-    rows dequantized at its ``reg_covar``, moved to the noise ``eps^2 / 12`` per feature
-    (:func:`vbcore.model.mfa.resolution_penalty`, exact: ``Psi`` is the fit's)."""
-    from vbcore.model.mfa import resolution_penalty
+    """The bound of a low-rank fit's rows at resolution ``eps`` (None: the plain bound): its bound (of the
+    rows dequantized at its ``reg_covar`` with q(z, x) held, :func:`vbcore.model.mfa.held_penalty`) made
+    the plain one, less the penalty at ``eps^2 / 12`` per feature with q(z) held and q(x | z) the optimum
+    for each dequantized row (:func:`vbcore.model.mfa.resolution_penalty`: the components' marginal
+    precisions, as the Gaussian families pay theirs). Exact for the fitted ``Psi`` and q(L); a lower
+    bound on the dequantized rows' evidence."""
+    from vbcore.model.mfa import held_penalty, resolution_penalty
 
-    n = float(np.sum(out.counts))
-    noise = out.post.noise
-    var = 0.0 if eps is None else np.asarray(eps, dtype=np.float64) ** 2 / 12.0
-    return (float(out.terms.total) + resolution_penalty(noise, n, float(out.options.get("reg_covar", 0.0)))
-            - resolution_penalty(noise, n, var))
+    nk = np.asarray(out.counts, dtype=np.float64)
+    plain = float(out.terms.total) + held_penalty(out.post.noise, float(nk.sum()),
+                                                  float(out.options.get("reg_covar", 0.0)))
+    return plain if eps is None else plain - resolution_penalty(out.post, nk, np.asarray(eps) ** 2 / 12.0)

@@ -132,8 +132,9 @@ class FitSpec:
                             "(scikit-learn's: alpha0 = 1/K, nu0 = D, fixed).",
                      "str", estimator="prior_defaults", sklearn="sklearn", choices=PRIOR_DEFAULTS)
     select: str = _s("none", "Model selection by the exact bound (issue 51): auto screens the covariance "
-                     "families (diag, spherical; full and tied up to 256 dimensions; without --pca also "
-                     "full on 64 whitened principal components, scored on the original rows) and the "
+                     "families (diag, spherical; full and tied up to 256 dimensions; lowrank of rank 2 and 8 "
+                     "below D; without --pca also full on 64 whitened principal components, scored on "
+                     "the original rows) and the "
                      "priors (empirical, bound, sklearn) that --covariance / --priors leave unset on a "
                      "seeded subsample, at a resolution of 0.03 times the rows' spread, fits the best "
                      "in full and records every candidate's bound; none | "

@@ -214,8 +214,8 @@ def dequantized(stats: MfaStats, variance: float | np.ndarray) -> MfaStats:
     cell of width ``eps``: ``eps^2 / 12``), in expectation over ``u`` with q(z, x) held: ``yy + N
     variance``. The rows enter the bound only through ``N(y | L x~, Psi)``; its terms linear in ``u``
     vanish (``E[u] = 0``, so ``yx`` is unchanged), and ``E[u^T Psi^-1 u]`` adds ``variance / Psi`` per row
-    and feature. So :func:`elbo` of these statistics is the bound of the dequantized rows,
-    ``E_u ELBO(y + u) = ELBO(y) - N/2 sum_d variance_d / Psi_d`` (:func:`resolution_penalty`), and
+    and feature. So :func:`elbo` of these statistics is the bound of the dequantized rows with q(z, x)
+    held, ``E_u ELBO(y + u) = ELBO(y) - N/2 sum_d variance_d / Psi_d`` (:func:`held_penalty`), and
     :func:`m_step` of them its maximiser (``Psi`` gets ``+ variance``, as ``reg_covar`` adds to the
     Gaussian families' covariances; q(L) and the hyperparameters are unchanged); the E-step is the
     same (the penalty does not depend on q(z, x)), so VB EM on them never decreases this bound."""
@@ -225,11 +225,26 @@ def dequantized(stats: MfaStats, variance: float | np.ndarray) -> MfaStats:
     return replace(stats, yy=stats.yy + stats.total * var)
 
 
-def resolution_penalty(noise: np.ndarray, n_rows: float, variance: float | np.ndarray) -> float:
+def held_penalty(noise: np.ndarray, n_rows: float, variance: float | np.ndarray) -> float:
     """``N/2 sum_d variance_d / Psi_d``: what the bound of ``n_rows`` rows dequantized at ``variance``
-    (per feature) loses against the plain bound (:func:`dequantized`)."""
+    (per feature) loses against the plain bound with q(z, x) held (:func:`dequantized`)."""
     var = np.broadcast_to(np.asarray(variance, dtype=np.float64), np.shape(noise))
     return 0.5 * float(n_rows) * float(np.sum(var / np.asarray(noise, dtype=np.float64)))
+
+
+def resolution_penalty(post: MfaPosterior, nk: np.ndarray, variance: float | np.ndarray) -> float:
+    """``1/2 sum_k N_k Tr(H_k C)``, ``C = diag(variance)``: what the bound of rows dequantized at
+    ``variance`` loses against the plain bound with q(z) held and q(x | z) the optimum for each
+    dequantized row. ``ln rho_nk`` (:func:`estep`) is quadratic in the row with Hessian ``-H_k``,
+    ``H_k = Psi^-1 - Psi^-1 M_k P_k^-1 M_k^T Psi^-1`` (``M_k`` the factor columns of ``E[L_k]``): the
+    component's marginal precision (Woodbury), as the Gaussian families pay ``E[Lambda_k]``
+    (:func:`vbcore.model.projected.resolution_penalty`). At most :func:`held_penalty` (q(x | z) held), by
+    ``1/2 sum_k N_k Tr(Psi^-1 M_k P_k^-1 M_k^T Psi^-1 C)``."""
+    var = np.broadcast_to(np.asarray(variance, dtype=np.float64), post.noise.shape)
+    _, p_inv, _ = _factor_posterior(post)
+    w = post.loadings[:, :, :post.rank] / post.noise[None, :, None]  # Psi^-1 M_k
+    gain = np.einsum("kdi,kij,kdj,d->k", w, p_inv, w, var)
+    return 0.5 * float(np.asarray(nk, dtype=np.float64) @ (float(np.sum(var / post.noise)) - gain))
 
 
 def _update_loadings(stats: MfaStats, post: MfaPosterior, prior: MfaPrior) -> MfaPosterior:
