@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only:
         x, _ = rows_of(name, Path(args.out))
         spec = FitSpec(select="auto", chunk_rows=100, seed=0).resolved()
-        n_cand = len(select.candidates(spec, x.shape[1]))
+        n_cand = len(select.screened(spec, x.shape[1], None))  # (every candidate, low-rank and projected)
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         sel = out.selection
         assert sel is not None
         cands = sel["candidates"]
-        screen_win = f"{cands[0]['covariance']}, {cands[0]['priors']}"
-        full = max(cands, key=lambda c: c["full_bound"])
-        full_win = f"{full['covariance']}, {full['priors']}"
+        screen_win = f"{select.label(cands[0])}, {cands[0]['priors']}"
+        full = max((c for c in cands if c["full_bound"] is not None), key=lambda c: c["full_bound"])
+        full_win = f"{select.label(full)}, {full['priors']}"
         rec = {"set": name, "rows": int(len(x)), "screen_rows": sel["screen_rows"],
                "screen_seconds": sel["screen_seconds"], "total_seconds": total, "candidates": cands,
                "agree": screen_win == full_win, "load": os.getloadavg()[0]}

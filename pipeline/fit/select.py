@@ -14,7 +14,11 @@ rows dequantized at ``eps = RESOLUTION`` times the rows' spread (uniform noise o
 longer gains without end. With ``--pca`` given every candidate projects the subsample with the same
 projection pass (same rows, same space); with ``--pca`` and ``--covariance`` unset the projected
 candidates (``PROJECTED``) are screened beside the others, their bounds made bounds of the original
-rows by the whitening's log-Jacobian and an isotropic Gaussian on the dropped dimensions. The
+rows by the whitening's log-Jacobian and an isotropic Gaussian on the dropped dimensions. With the
+covariance selected (vbem, no ``--pca``) the low-rank family is screened too, one candidate per rank of
+``LOWRANK_RANKS`` below D (:func:`lowrank_ranks`), fitted with its noise at the resolution and scored by
+:func:`lowrank_bound` (:func:`vbcore.model.mfa.resolution_penalty`); a low-rank winner is fitted by
+:func:`pipeline.fit.lowrank.run_lowrank`. The
 ``select_fits`` best are then fitted to all rows, and the one with the highest full bound (of the
 original rows, at the resolution) is kept.
 
