@@ -205,6 +205,34 @@ def test_minibatch_bound_is_of_exactly_the_rows_drawn(monkeypatch, blobs, learne
 
 
 
+@pytest.mark.parametrize("learner", ["sga-f", "svi"])
+def test_default_slices_only_stores_of_many_minibatches(monkeypatch, blobs, learner):
+    """``minibatch_slice`` 0 (the default) draws slices of 32 rows where the store holds at least 250
+    minibatches' rows and single rows below (a small store may be sorted by class: slices would
+    miss its small classes); an explicit value is used as given."""
+    import pipeline.fit.learners.dpm as dpm
+
+    assert (dpm.auto_slice(1_000_000, 4000), dpm.auto_slice(999_999, 4000)) == (32, 1)
+    assert dpm.auto_slice(10**9, 16) == 1  # a minibatch smaller than a slice: single rows
+    X, _ = blobs  # 1,600 rows
+    used, real = [], dpm.draw_slices
+
+    def spy(rng, n_rows, size, slice_rows):
+        used.append(slice_rows)
+        return real(rng, n_rows, size, slice_rows)
+
+    monkeypatch.setattr(dpm, "draw_slices", spy)
+    for opts, want in (({"minibatch": 64}, 1), ({"minibatch": 32}, 1), ({"minibatch": 33}, 1),
+                       ({"minibatch": 32, "minibatch_slice": 4}, 4)):
+        used.clear()
+        _fit(learner, X, max_iter=3, grow=False, learner_options=dict(opts, moves="none"))
+        assert used and set(used) == {want}, (opts, used)
+    monkeypatch.setattr(dpm, "AUTO_SLICE_MINIBATCHES", 50)  # 1,600 rows = 50 minibatches of 32
+    used.clear()
+    _fit(learner, X, max_iter=3, grow=False, learner_options={"minibatch": 32, "moves": "none"})
+    assert used and set(used) == {32}
+
+
 @pytest.mark.parametrize("learner", ["sga-f", "svi", "mm"])
 def test_local_engine_and_local_cluster_are_bitwise_identical(tmp_path, blobs, client, learner):
     X, _ = blobs
@@ -257,6 +285,8 @@ def test_bad_options_and_settings_are_clear_errors(blobs):
         _fit("sga-f", X, learner_options={"eta": 0.5})
     with pytest.raises(ConfigError, match=r"'minibatch' of 'sga' must be an integer >= 1"):
         _fit("sga", X, learner_options={"minibatch": 0})
+    with pytest.raises(ConfigError, match=r"'minibatch_slice' of 'svi' must be an integer >= 0 .*got -1$"):
+        _fit("svi", X, learner_options={"minibatch_slice": -1})
     with pytest.raises(ConfigError, match=r"learner 'sga-m' has no option 'momentum'"):
         _fit("sga-m", X, learner_options={"momentum": 0.9})
     with pytest.raises(ConfigError, match=r"'alpha' of 'sga-m' must be in \[0, 1\], got 1.5"):

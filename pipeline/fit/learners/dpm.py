@@ -55,6 +55,10 @@ ROW_WORTH = 1.0
 #: sample rows of the default sigma^2 (vbcore.learners.sigma2: an n x n neighbour search over <= 1024
 #: coordinates)
 SIGMA2_ROWS = 4000
+#: ``minibatch_slice=0`` (the default): slices of AUTO_SLICE rows on stores of at least
+#: AUTO_SLICE_MINIBATCHES minibatches' rows (1,000,000 at the default 4,000), single rows below
+AUTO_SLICE = 32
+AUTO_SLICE_MINIBATCHES = 250
 
 
 # ---- minibatches ------------------------------------------------------------------------------
@@ -100,10 +104,19 @@ def draw_slices(rng: np.random.Generator, n_rows: int, size: int, slice_rows: in
     return rows[rows < n_rows]
 
 
+def auto_slice(n_rows: int, size: int) -> int:
+    """The rows per slice of ``minibatch_slice=0`` (the default): ``AUTO_SLICE`` on stores of at least
+    ``AUTO_SLICE_MINIBATCHES`` minibatches' rows (and minibatches of at least ``AUTO_SLICE`` rows),
+    single rows below (docs/algorithms.md, "Minibatches")."""
+    big = size >= AUTO_SLICE and n_rows >= AUTO_SLICE_MINIBATCHES * size
+    return AUTO_SLICE if big else 1
+
+
 def minibatch(ctx: FitContext, iteration: int, size: int,
               slice_rows: int = 1) -> tuple[list[Any], list[np.ndarray], int]:
     """The handles, per-chunk positions and row count of iteration ``iteration``'s minibatch
-    (:func:`draw_slices`: slices of ``slice_rows`` consecutive rows)."""
+    (:func:`draw_slices`: slices of ``slice_rows`` consecutive rows; 0: :func:`auto_slice`)."""
+    slice_rows = int(slice_rows) or auto_slice(ctx.n_rows, size)
     rows = draw_slices(ctx.rng(iteration), ctx.n_rows, size, slice_rows)
     ids, parts = split_by_chunk(rows, chunk_bounds(ctx))
     return [ctx.handles[i] for i in ids], parts, int(rows.size)

@@ -39,13 +39,15 @@ from vbcore.model.posterior import Posterior
 
 ELBO_MODES = ("minibatch", "full")
 #: consecutive rows per slice of a minibatch (option ``minibatch_slice``,
-#: :func:`pipeline.fit.learners.dpm.draw_slices`); 1 (the default) draws single rows, as before
-#: issue 52. Slices (a power of two, so they stay inside the store's 8,192-row chunks) read a chunk
-#: per slice instead of nearly every chunk per step (16M rows streamed: 0.6 s a step with 32 against
-#: 5 s with 1), but they are not the default: the ingest keeps the source's order, and on stores
-#: sorted by class slices of 256 took sga-f's NMI from 0.444 to 0.322, and slices of 32 lost the
-#: small classes tests/test_growth_point.py plants at the end of its data (docs/benchmarks.md)
-MINIBATCH_SLICE = 1
+#: :func:`pipeline.fit.learners.dpm.draw_slices`); 0 (the default) is "auto"
+#: (:func:`pipeline.fit.learners.dpm.auto_slice`): slices of 32 on stores of at least 250 minibatches'
+#: rows (1M at 4,000), single rows below. Slices (a power of two, so they stay inside the store's
+#: 8,192-row chunks) read a chunk per slice instead of nearly every chunk per step (16M rows streamed:
+#: 0.6 s a step with 32 against 5 s with 1; 1M in memory: fewer, larger chunk tasks, sga-f 0.29 ->
+#: 0.19 of VB EM's time), but small stores keep single rows: the ingest keeps the source's order, and
+#: on stores sorted by class slices lose small classes (slices of 32 lost those tests/test_growth_point.py
+#: plants at the end of its data; slices of 256 took sga-f's NMI from 0.444 to 0.322; docs/benchmarks.md)
+MINIBATCH_SLICE = 0
 
 
 def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
@@ -53,9 +55,10 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
     if opts["minibatch"] < 1:
         raise ConfigError(f"learner option 'minibatch' of {name!r} must be an integer >= 1 "
                           f"(rows per iteration), got {opts['minibatch']!r}")
-    if opts["minibatch_slice"] < 1:
-        raise ConfigError(f"learner option 'minibatch_slice' of {name!r} must be an integer >= 1 "
-                          f"(consecutive rows per slice of a minibatch), got {opts['minibatch_slice']!r}")
+    if opts["minibatch_slice"] < 0:
+        raise ConfigError(f"learner option 'minibatch_slice' of {name!r} must be an integer >= 0 "
+                          f"(consecutive rows per slice of a minibatch; 0: auto), "
+                          f"got {opts['minibatch_slice']!r}")
     if opts["elbo"] not in ELBO_MODES:
         raise ConfigError(f"learner option 'elbo' of {name!r} must be one of {ELBO_MODES}, "
                           f"got {opts['elbo']!r}")
