@@ -128,3 +128,23 @@ def test_the_wide_store_default_is_one_switch(wide, monkeypatch, tmp_path) -> No
     assert make_spec(stores[3]).select == "none"
     assert make_spec(stores[6], select="none").select == "none"
     assert make_spec(stores[6], covariance="full").select == "priors"
+
+
+def test_the_space_is_set_on_the_command_line(wide, tmp_path) -> None:
+    """``--select-pca P`` chooses the space, the run records the kept model on it; 0 screens the rows."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.ingest import ingest
+    from pipeline.runs.directory import read_result
+
+    np.save(tmp_path / "x.npy", _rows(7))
+    ingest(str(tmp_path / "x.npy"), str(tmp_path / "s.zarr"))
+    for p in (2, 0):
+        res = CliRunner().invoke(app, ["fit", str(tmp_path / "s.zarr"), "--run-dir", str(tmp_path / f"r{p}"),
+                                       "--select", "auto", "--select-pca", str(p), "-k", "4",
+                                       "--max-iter", "5", "--priors", "sklearn", "-q"])
+        assert res.exit_code == 0, res.output
+        r = read_result(tmp_path / f"r{p}")
+        assert {c["pca"] for c in r["selection"]["candidates"]} == ({2} if p else {None})
+        assert r["settings"]["pca"] == (2 if p else None)
