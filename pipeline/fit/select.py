@@ -14,7 +14,10 @@ rows dequantized at ``eps = RESOLUTION`` times the rows' spread (uniform noise o
 longer gains without end. With ``--pca`` given every candidate projects the subsample with the same
 projection pass (same rows, same space); with ``--pca`` and ``--covariance`` unset the projected
 candidates (``PROJECTED``) are screened beside the others, their bounds made bounds of the original
-rows by the whitening's log-Jacobian and an isotropic Gaussian on the dropped dimensions. The
+rows by the whitening's log-Jacobian and an isotropic Gaussian on the dropped dimensions. On wide stores
+(more than ``FULL_MAX_FEATURES`` dimensions, the covariance selected, no ``--pca``) every candidate is
+fitted and compared within one space instead, the rows' ``select_pca`` leading principal components
+whitened (:func:`wide_space`): a comparison of the projected rows' bounds. The
 ``select_fits`` best are then fitted to all rows, and the one with the highest full bound (of the
 original rows, at the resolution) is kept.
 
