@@ -205,8 +205,7 @@ def spec_help(name: str) -> str:
 @app.command()
 def fit(
     store: str = typer.Argument(..., help="The feature store to cluster."),
-    run_dir: str = typer.Option(..., "--run-dir", help="Where result.json, posterior.npz and "
-                                "checkpoints/ go."),
+    run_dir: str = typer.Option(..., "--run-dir", help="Where result.json, posterior.npz, checkpoints/ go."),
     learner: str | None = typer.Option(None, help=spec_help("learner")),
     learner_option: list[str] = typer.Option([], "--learner-option", "-o", metavar="KEY=VALUE",
                                              help="Learner option KEY=VALUE (repeatable; `vbcluster "
@@ -229,6 +228,7 @@ def fit(
     priors: str | None = typer.Option(None, help=spec_help("priors")),
     select: str | None = typer.Option(None, help=spec_help("select")),
     select_fits: int | None = typer.Option(None, help=spec_help("select_fits")),
+    select_pca: int | None = typer.Option(None, "--select-pca", metavar="P", help=spec_help("select_pca")),
     no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem, sga* grow it)."),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
@@ -257,12 +257,12 @@ def fit(
                          weights=weights, max_iter=max_iter, tol=tol, seed=seed, init=init, n_init=n_init,
                          fixed_variance=fixed_variance, weight_concentration_prior=weight_concentration_prior,
                          mean_precision_prior=mean_precision_prior, reg_covar=reg_covar, cluster=cluster,
-                         persist=persist,
-                         degrees_of_freedom_prior=degrees_of_freedom_prior, chunk_rows=chunk_rows,
-                         priors=priors, grow=False if no_grow else None, max_components=max_components,
-                         keep=keep, checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
-                         learner_options=key_values(learner_option), pca=pca, whiten=whiten or None,
-                         pca_solver=pca_solver, select=select, select_fits=select_fits, rank=rank)
+                         persist=persist, degrees_of_freedom_prior=degrees_of_freedom_prior,
+                         chunk_rows=chunk_rows, priors=priors, grow=False if no_grow else None,
+                         max_components=max_components, keep=keep, checkpoint_every=checkpoint_every,
+                         checkpoint_seconds=checkpoint_seconds, learner_options=key_values(learner_option),
+                         pca=pca, whiten=whiten or None, pca_solver=pca_solver, select=select,
+                         select_fits=select_fits, select_pca=select_pca, rank=rank)
     except VBClusterError as exc:
         fail(exc)
         return

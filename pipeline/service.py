@@ -192,6 +192,8 @@ def make_spec(store: str | None, warm_from: str | Path | None = None, **settings
     values = {k: v for k, v in settings.items() if v is not None}
     if store is not None and warm_from is None and "components" not in values:
         values["components"] = default_components(store)
+    if store is not None and warm_from is None and "select" not in values:
+        values["select"] = default_select(store)
     return absolute_paths(FitSpec.from_dict({"store": store, **values}).resolved("pipeline"))
 
 
@@ -205,6 +207,19 @@ def default_components(store: str) -> int:
     except (VBClusterError, OSError):
         return default
     return max(1, min(default, n_rows))
+
+
+def default_select(store: str) -> str:
+    """``--select`` of a fit that gives none (:func:`pipeline.fit.select.default_select`: by the store's
+    width; the store is opened only where the wide-store default is on)."""
+    from pipeline.fit import select
+
+    if not select.SELECT_WIDE_BY_DEFAULT:
+        return "none"
+    try:
+        return select.default_select(StoreSource(store).n_features)
+    except (VBClusterError, OSError):  # check_fit reports what is wrong with it
+        return "none"
 
 
 def inherited_settings(previous: FitSpec, settings: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,10 @@ rows by the whitening's log-Jacobian and an isotropic Gaussian on the dropped di
 covariance selected (vbem, no ``--pca``) the low-rank family is screened too, one candidate per rank of
 ``LOWRANK_RANKS`` below D (:func:`lowrank_ranks`), fitted with its noise at the resolution and scored by
 :func:`lowrank_bound` (:func:`vbcore.model.mfa.resolution_penalty`); a low-rank winner is fitted by
-:func:`pipeline.fit.lowrank.run_lowrank`. The
+:func:`pipeline.fit.lowrank.run_lowrank`. On wide stores (more than ``FULL_MAX_FEATURES`` dimensions,
+the covariance selected, no ``--pca``) every candidate but the low-rank ones is fitted and compared
+within one space instead, the rows' ``select_pca`` leading principal components
+whitened (:func:`wide_space`): a comparison of the projected rows' bounds. The
 ``select_fits`` best are then fitted to all rows, and the one with the highest full bound (of the
 original rows, at the resolution) is kept.
 
@@ -73,6 +76,11 @@ LOWRANK = "lowrank"
 #: class at a cost near diag's, and 8, the rank whose bound was the best of 2, 4 and 8 on digits, Vowel
 #: and Vehicle (bench/bench_battery.py, K = 50): a value measured on the battery, not derived
 LOWRANK_RANKS = (2, 8)
+#: whether ``vbcluster fit`` selects the model on stores of more than ``FULL_MAX_FEATURES`` dimensions
+#: when no ``--select`` is given (:func:`default_select`: ``auto`` there, ``none`` on narrower stores,
+#: whose fits stay as they are). Off: on Fashion-MNIST the selection in the whitened space keeps full
+#: covariances under scikit-learn's priors, 62 clusters, NMI 0.52 (docs/decisions.md)
+SELECT_WIDE_BY_DEFAULT = False
 
 
 @dataclass(frozen=True)
@@ -234,9 +242,10 @@ def screen(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> Select
     eps = resolution_of([rows], RESOLUTION)
     found: list[Candidate] = []
     refused: ConfigError | None = None
+    shared = space_projection(spec, source.n_features, sub, engine, random_state)
     for cand in screened(spec, source.n_features, eps):
         try:
-            found.append(screen_one(spec, cand, sub, rows, eps, engine, random_state)[0])
+            found.append(screen_one(spec, cand, sub, rows, eps, engine, random_state, shared)[0])
         except ConfigError as exc:  # a model the rows refuse (a singular covariance prior, whitening a
             refused = exc           # direction without spread): not a candidate; all refused: raised
     if not found and refused is not None:
@@ -250,8 +259,12 @@ def screened(spec: FitSpec, n_features: int, eps: np.ndarray | None) -> list[Can
     """The candidates to screen (bounds not yet known). Fitted at the resolution ``eps``: its variance
     ``eps^2 / 12`` added to each component's is the M-step of the dequantized rows (the smallest eps
     where they differ; a projected candidate keeps the fit's reg_covar, its noise is not isotropic)."""
+    wide = wide_space(spec, n_features)
+    if wide is not None:
+        return wide_candidates(spec, wide)
     reg = None if eps is None else max(float(spec.reg_covar), float(np.min(eps)) ** 2 / 12.0)
-    plain = [Candidate(c, p, 0.0, 0, 0.0, reg_covar=reg) for c, p in candidates(spec, n_features)]
+    plain = [Candidate(c, p, 0.0, 0, 0.0, reg_covar=reg)
+             for c, p in candidates(spec, int(spec.pca) if spec.pca is not None else n_features)]
     plain += [Candidate(LOWRANK, str(spec.priors), 0.0, 0, 0.0, reg_covar=reg, rank=q)
               for q in lowrank_ranks(spec, n_features)]
     return plain + [Candidate(c, p, 0.0, 0, 0.0, pca=n, whiten=w)
@@ -259,17 +272,22 @@ def screened(spec: FitSpec, n_features: int, eps: np.ndarray | None) -> list[Can
 
 
 def screen_one(spec: FitSpec, cand: Candidate, sub: Any, rows: np.ndarray, eps: np.ndarray | None,
-               engine: Any, random_state: Any) -> tuple[Candidate, Any]:
+               engine: Any, random_state: Any, projection: Any = None) -> tuple[Candidate, Any]:
     """One candidate fitted to the subsample ``sub`` (whose rows are ``rows``): with its bound per row
-    of the original rows at ``eps``, clusters and seconds; and the fit's outcome."""
+    of the original rows at ``eps``, clusters and seconds; and the fit's outcome. ``projection``: the
+    subsample's projection shared by every candidate of one space (:func:`space_projection`)."""
     from pipeline.fit.driver import n_effective, run_fit
     from pipeline.fit.lowrank import run_lowrank
 
     t = time.perf_counter()
-    runner: Any = run_lowrank if cand.covariance == LOWRANK else run_fit
-    out = runner(replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER), sub, engine,
-                 random_state=random_state)
-    clusters = out.n_effective if cand.covariance == LOWRANK else n_effective(out.post, out.prior)
+    if cand.covariance == LOWRANK:
+        out = run_lowrank(replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER), sub, engine,
+                          random_state=random_state)
+        clusters = out.n_effective
+    else:
+        out = run_fit(replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER), sub, engine,
+                      random_state=random_state, projection=projection if cand.pca is not None else None)
+        clusters = n_effective(out.post, out.prior)
     return replace(cand, screen_bound=original_bound(out, [rows], eps) / rows.shape[0],
                    screen_clusters=clusters,
                    screen_seconds=time.perf_counter() - t), out
@@ -345,3 +363,47 @@ def lowrank_bound(out: Any, eps: np.ndarray | None) -> float:
     plain = float(out.terms.total) + held_penalty(out.post.noise, float(nk.sum()),
                                                   float(out.options.get("reg_covar", 0.0)))
     return plain if eps is None else plain - resolution_penalty(out.post, nk, np.asarray(eps) ** 2 / 12.0)
+
+
+# ---- wide stores: every candidate within one whitened principal subspace ----------------------------
+def wide_space(spec: FitSpec, n_features: int) -> int | None:
+    """P of the one space every candidate of a wide store is fitted and compared in (the rows' P leading
+    principal components, whitened: ``FitSpec.select_pca``), or None (the candidates see the rows).
+
+    Where the covariance is selected, no ``--pca`` is given and the store has more than
+    ``FULL_MAX_FEATURES`` dimensions (where full and tied are not screened on the rows), with
+    ``select_pca`` > 0 and below D. Within that space the candidates' bounds compare as bounds of the
+    same projected rows: the whitening's log-Jacobian and the dropped dimensions' isotropic Gaussian
+    that :func:`original_bound` adds are the same for all of them (the projection is one), so the
+    ranking is the projected rows' -- not a comparison with models of the rows themselves."""
+    parts = set(spec.select.split("+")) if spec.select != "none" else set()
+    p = int(spec.select_pca)
+    if "covariance" not in parts or spec.pca is not None or n_features <= FULL_MAX_FEATURES:
+        return None
+    return p if 0 < p < n_features else None
+
+
+def wide_candidates(spec: FitSpec, p: int) -> list[Candidate]:
+    """The candidates of the space of :func:`wide_space`: every (covariance, priors) of
+    :func:`candidates` for a P-dimensional space (full and tied too while P <= ``FULL_MAX_FEATURES``),
+    each on the P whitened components, fitted with the fit's reg_covar (the projected noise of the
+    resolution is not isotropic)."""
+    return [Candidate(c, pr, 0.0, 0, 0.0, pca=p, whiten=True) for c, pr in candidates(spec, p)]
+
+
+def space_projection(spec: FitSpec, n_features: int, sub: Any, engine: Any, random_state: Any) -> Any:
+    """The subsample's projection onto the wide space (:func:`wide_space`), computed once for every
+    candidate (the pass each would make: the same bits), or None."""
+    from pipeline.fit.projection import projection_pass
+    from pipeline.fit.setup import seed_entropy
+
+    p = wide_space(spec, n_features)
+    if p is None:
+        return None
+    return projection_pass(engine, sub, p, True, spec.pca_solver, seed_entropy(random_state))
+
+
+def default_select(n_features: int) -> str:
+    """``vbcluster fit``'s ``--select`` when none is given: ``auto`` on stores of more than
+    ``FULL_MAX_FEATURES`` dimensions where :data:`SELECT_WIDE_BY_DEFAULT`, else ``none``."""
+    return "auto" if SELECT_WIDE_BY_DEFAULT and n_features > FULL_MAX_FEATURES else "none"

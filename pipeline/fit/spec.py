@@ -134,7 +134,8 @@ class FitSpec:
     select: str = _s("none", "Model selection by the exact bound (issue 51): auto screens the covariance "
                      "families (diag, spherical; full and tied up to 256 dimensions; lowrank of rank 2 and 8 "
                      "below D; without --pca also full on 64 whitened principal components, scored on "
-                     "the original rows) and the "
+                     "the original rows; above 256 dimensions all but lowrank within one whitened space: "
+                     "--select-pca) and the "
                      "priors (empirical, bound, sklearn) that --covariance / --priors leave unset on a "
                      "seeded subsample, at a resolution of 0.03 times the rows' spread, fits the best "
                      "in full and records every candidate's bound; none | "
@@ -142,6 +143,12 @@ class FitSpec:
                      identity="when set")
     select_fits: int = _s(1, "With select: how many of the best screened candidates are fitted to all "
                           "rows (the highest full bound is kept).", "int", minimum=1, identity="when set")
+    select_pca: int = _s(64, "With select on a store of more than 256 dimensions whose covariance is "
+                         "selected and no --pca is given: every candidate (diag, full, tied, spherical) is "
+                         "fitted and compared within one space, the rows' P leading principal components "
+                         "whitened, by the bound of the projected rows (the fitted model keeps that "
+                         "projection); 0: on the rows themselves (diag and spherical, and full on pca 64 "
+                         "whitened scored on the original rows).", "int", minimum=0, identity="when set")
     fixed_variance: float | None = _s(None, "sigma^2 of covariance 'fixed'; default: estimated.", "float",
                                       estimator="fixed_variance", minimum=0, above=True)
     chunk_rows: int = _s(CHUNK_ROWS, "Rows per chunk for in-memory arrays (stores keep their chunking).",
