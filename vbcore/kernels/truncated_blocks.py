@@ -39,6 +39,9 @@ MASK_LIMIT = 1 << 22
 #: seconds per step of :func:`diag_pass`, summed over calls while a dict (``bench/bench_trunc_profile.py
 #: kernel``); None: not measured
 SECTIONS: dict[str, float] | None = None
+#: the blocks of a pass are cut, by the size of their search space, into this many buckets, each padded
+#: to its own largest search space
+BUCKETS = 4
 
 
 def _lap(name: str, t0: float) -> float:
@@ -126,23 +129,44 @@ def block_search(prev: np.ndarray, bests: np.ndarray, neighbours: np.ndarray, si
     return sidx, valid
 
 
-def _gathered(chunk: Chunk, rows: np.ndarray, padded: int) -> Any:
-    """``[x*x, x]`` of ``rows``, then zero rows up to ``padded`` rows, in the chunk's namespace."""
+def buckets(counts: np.ndarray, n: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The blocks ordered by the size of their union ``counts`` (stable), cut into at most ``n`` runs of
+    about equal length: the order and the runs' (start, stop) in it."""
+    border = np.argsort(counts, kind="stable")
+    cuts = np.unique(np.linspace(0, counts.size, min(n, counts.size) + 1).round().astype(np.int64))
+    return border, [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def _gathered(chunk: Chunk, rows: np.ndarray, real: np.ndarray) -> Any:
+    """``[x*x, x]`` of ``rows`` (every one a row of the chunk), zero where ``real`` is False, in the
+    chunk's namespace."""
     xp = array_namespace(chunk.x)
-    r = xp.asarray(rows)
+    pad = not bool(real.all())
     if chunk.feats is not None and xp is np:
-        out = np.empty((padded, chunk.feats.shape[1]), dtype=chunk.feats.dtype)
-        np.take(chunk.feats, rows, axis=0, out=out[: rows.size], mode="clip")  # (in range: no checks)
-        out[rows.size :] = 0
+        out = np.empty((rows.size, chunk.feats.shape[1]), dtype=chunk.feats.dtype)
+        np.take(chunk.feats, rows, axis=0, out=out, mode="clip")  # (in range: no checks)
+        if pad:
+            out[~real] = 0
         return out
+    r = xp.asarray(rows)
     if chunk.feats is not None:
         f = xp.take(chunk.feats, r, axis=0)
     else:
         xb = xp.take(chunk.x, r, axis=0)
         f = xp.concat((xb * xb, xb), axis=1)
-    if padded == rows.size:
+    if not pad:
         return f
-    return xp.concat((f, xp.zeros((padded - rows.size, f.shape[1]), dtype=f.dtype)), axis=0)
+    return xp.where(xp.asarray(real)[:, None], f, xp.zeros_like(f))
+
+
+@dataclass
+class _Rows:
+    """One bucket's rows: logits' top C' (positions in the bucket's search spaces), their values and
+    the rows' positions in the pass's sorted rows."""
+
+    top: np.ndarray
+    sel: np.ndarray
+    pos: np.ndarray
 
 
 def diag_pass(chunk: Chunk, rows: np.ndarray, prev: np.ndarray, bests: np.ndarray, params: Any, w: Any,
@@ -155,41 +179,75 @@ def diag_pass(chunk: Chunk, rows: np.ndarray, prev: np.ndarray, bests: np.ndarra
     m, k, c, size = rows.size, params.n_components, params.candidates, params.min_rows
     t = time.perf_counter()
     sidx, valid = block_search(prev, bests, params.neighbours, size, c, params.n_random, params.search, rng)
-    nb, s = sidx.shape
+    nb = sidx.shape[0]
+    counts = valid.sum(axis=1)
+    border, runs = buckets(counts, BUCKETS)
+    pos = (border[:, None] * size + np.arange(size)).ravel()  # each gathered row's place in ``rows``
+    real = pos < m
     t = _lap("search spaces", t)
-    fs = _gathered(chunk, rows, nb * size)
-    f3 = xp.reshape(fs, (nb, size, fs.shape[1]))
-    ws = (np.take(w, sidx, axis=0, mode="clip") if xp is np else
-          xp.reshape(xp.take(w, xp.asarray(sidx.ravel()), axis=0), (nb, s, fs.shape[1])))
+    f3 = xp.reshape(_gathered(chunk, rows[np.minimum(pos, m - 1)], real), (nb, size, -1))
     t = _lap("gathers (rows, weights)", t)
-    lg = to_host(xp.matmul(f3, xp.matrix_transpose(ws)))  # the data's dtype
-    t = _lap("logits GEMM", t)
-    const = np.where(valid, params.estep.const[sidx], -np.inf)  # the padding: -inf, never kept
-    logits = np.add(lg, const[:, None, :], dtype=np.float64).reshape(nb * size, s)[:m]
-    blk = np.arange(m) // size
-    top = np.argsort(-logits, axis=1, kind="stable")[:, :c]  # top_columns' order; 2x faster at S ~ 30
-    t = _lap("top C'", t)
-    sel = np.take_along_axis(logits, top, axis=1)
+    parts, scored = [], []
+    for b0, b1 in runs:
+        part, sc = _bucket(f3[b0:b1, ...], border[b0:b1], pos[b0 * size : b1 * size], bests, sidx, counts, params,
+                           w, xp)
+        parts.append(part)
+        scored.append(sc)
+    t = time.perf_counter()
+    top = np.empty((m, c), dtype=np.int64)  # positions in the block's search space
+    sel = np.empty((m, c))
+    for part in parts:
+        top[part.pos], sel[part.pos] = part.top, part.sel
     mx = sel[:, :1]
     lse = mx[:, 0] + np.log(np.sum(np.exp(sel - mx), axis=1))
     r = np.exp(sel - lse[:, None])
     rlogr = np.sum(r * (sel - lse[:, None]), axis=1)
     t = _lap("softmax", t)
-    keys, sums, counts = _scores(logits - mx, blk, bests, sidx, valid, k)
+    keys, sums, cnts = _ordered_scores(scored)
     t = _lap("neighbour scores", t)
     rg = r
     if chunk.w is not None:  # weighted rows: the sums take w_n r_nk (vbcore.kernels.estep.weigh)
         rg = r * np.asarray(to_numpy(xp.take(chunk.w, xp.asarray(rows))), dtype=np.float64)[:, None]
-    g = _moments(f3, rg, top, sidx, valid.shape, size, k, xp)
-    evaluations = int(np.sum(np.bincount(blk, minlength=nb) * valid.sum(axis=1)))
+    blk = np.arange(m) // size
+    g = _moments(f3, rg, top, sidx, border, runs, pos, k, xp)
+    evaluations = int(np.sum(np.bincount(blk, minlength=nb) * counts))
     idx = sidx[blk[:, None], top].astype(np.int32)
-    return BlockPass(idx, r, lse, rlogr, g, keys, sums, counts, evaluations)
+    return BlockPass(idx, r, lse, rlogr, g, keys, sums, cnts, evaluations)
+
+
+def _bucket(f3: Any, blocks: np.ndarray, pos: np.ndarray, bests: np.ndarray, sidx: np.ndarray,
+            counts: np.ndarray, params: Any, w: Any, xp: Any) -> tuple[_Rows, tuple]:
+    """Logits, top C' and neighbour scores of one bucket's ``blocks`` (their gathered rows ``f3``, the
+    rows' places ``pos`` in the pass), on the bucket's largest search space."""
+    t = time.perf_counter()
+    s = int(counts[blocks].max())
+    si = sidx[blocks, :s]
+    valid = np.arange(s)[None, :] < counts[blocks, None]
+    ws = (np.take(w, si, axis=0, mode="clip") if xp is np else
+          xp.reshape(xp.take(w, xp.asarray(si.ravel()), axis=0), (si.shape[0], s, f3.shape[2])))
+    t = _lap("gathers (rows, weights)", t)
+    lg = to_host(xp.matmul(f3, xp.matrix_transpose(ws)))  # the data's dtype
+    t = _lap("logits GEMM", t)
+    const = np.where(valid, params.estep.const[si], -np.inf)  # the padding: -inf, never kept
+    logits = np.add(lg, const[:, None, :], dtype=np.float64).reshape(-1, s)
+    size = f3.shape[1]
+    lb = np.arange(logits.shape[0]) // size  # the rows' blocks in the bucket
+    real = pos < bests.size
+    if not real.all():
+        logits, lb, pos = logits[real], lb[real], pos[real]
+    top = np.argsort(-logits, axis=1, kind="stable")[:, : params.candidates]  # top_columns' order
+    sel = np.take_along_axis(logits, top, axis=1)
+    t = _lap("top C'", t)
+    sc = _scores(logits - sel[:, :1], lb, bests[pos], si, valid, params.n_components)
+    _lap("neighbour scores", t)
+    return _Rows(top, sel, pos), (*sc, blocks)
 
 
 def _scores(diff: np.ndarray, blk: np.ndarray, bests: np.ndarray, sidx: np.ndarray, valid: np.ndarray,
-            k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Neighbour scores: ``diff`` (m, S) summed over each run of rows with one best cluster in one
-    block, per searched cluster; keys ``best * K + searched``, sums, counts (padding left out)."""
+    block, per searched cluster; keys ``best * K + searched``, sums, counts (padding left out) and
+    each entry's block."""
     m = diff.shape[0]
     cut = np.flatnonzero((blk[1:] != blk[:-1]) | (bests[1:] != bests[:-1])) + 1
     starts = np.concatenate(([0], cut))
@@ -198,35 +256,58 @@ def _scores(diff: np.ndarray, blk: np.ndarray, bests: np.ndarray, sidx: np.ndarr
     sb = blk[starts]
     ok = valid[sb]
     keys = bests[starts].astype(np.int64)[:, None] * np.int64(k) + sidx[sb]
-    return keys[ok], sums[ok], np.broadcast_to(sizes[:, None], ok.shape)[ok].astype(np.int64)
+    return (keys[ok], sums[ok], np.broadcast_to(sizes[:, None], ok.shape)[ok].astype(np.int64),
+            np.broadcast_to(sb[:, None], ok.shape)[ok])
 
 
-def _moments(f3: Any, rg: np.ndarray, top: np.ndarray, sidx: np.ndarray, shape: tuple[int, int], size: int,
-             k: int, xp: Any) -> np.ndarray:
+def _ordered_scores(scored: list[tuple]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The buckets' neighbour scores in the order of the blocks in the pass (that of one pass over the
+    sorted rows: the same sums on every engine)."""
+    keys = np.concatenate([s[0] for s in scored])
+    order = np.argsort(np.concatenate([s[4][s[3]] for s in scored]), kind="stable")
+    return (keys[order], np.concatenate([s[1] for s in scored])[order],
+            np.concatenate([s[2] for s in scored])[order])
+
+
+def _moments(f3: Any, rg: np.ndarray, top: np.ndarray, sidx: np.ndarray, border: np.ndarray,
+             runs: list[tuple[int, int]], pos: np.ndarray, k: int, xp: Any) -> np.ndarray:
     """``g[j] = sum_n r_nj [x_n^2, x_n]`` (K, 2D) float64: per block one GEMM ``F_b^T R_b`` on the
     columns that hold a weight in the dtype's normal range (weights below it add nothing
-    representable and subnormal operands slow the GEMM down 50x), added in block order."""
+    representable and subnormal operands slow the GEMM down 50x), added in the order of the blocks
+    in the pass (per cluster: one ``reduceat`` of its blocks' rows in that order)."""
     t = time.perf_counter()
-    nb, s = shape
+    nb, size = f3.shape[0], f3.shape[1]
     m = top.shape[0]
     dt = to_host(xp.zeros(0, dtype=f3.dtype)).dtype  # the GEMM's dtype, as NumPy's
     keep = rg >= np.finfo(dt).tiny
-    dense = np.zeros((nb * size, s), dtype=dt)
-    rr = np.broadcast_to(np.arange(m)[:, None], top.shape)
+    inv = np.empty(nb * size, dtype=np.int64)  # each row's place in the gathered (bucket) order
+    inv[pos[pos < m]] = np.flatnonzero(pos < m)
+    dense = np.zeros((nb * size, sidx.shape[1]), dtype=dt)
+    rr = np.broadcast_to(inv[:m, None], top.shape)
     dense[rr[keep], top[keep]] = rg[keep]
-    d3 = dense.reshape(nb, size, s)
+    d3 = dense.reshape(nb, size, -1)
     act = (d3 != 0).any(axis=1)
     na = act.sum(axis=1)
-    a = max(1, int(na.max()))
-    cols = np.argsort(~act, axis=1, kind="stable")[:, :a]
-    rc = np.take_along_axis(d3, cols[:, None, :], axis=2)
     t = _lap("statistics: dense R", t)
-    part = to_host(xp.matmul(xp.matrix_transpose(f3), xp.asarray(rc)))  # (nb, 2D, a): 1.5-2x faster
-    t = _lap("statistics GEMM", t)
-    clusters = np.take_along_axis(sidx, cols, axis=1)
-    g = np.zeros((k, part.shape[1]))
-    bi, ai = np.nonzero(np.arange(a)[None, :] < na[:, None])
-    for b, j in zip(bi.tolist(), ai.tolist(), strict=True):  # row by row: 10-20x faster than np.add.at
-        g[clusters[b, j]] += part[b, :, j]
+    vecs, keys = [], []
+    for b0, b1 in runs:
+        a = max(1, int(na[b0:b1].max()))
+        cols = np.argsort(~act[b0:b1], axis=1, kind="stable")[:, :a]
+        rc = np.take_along_axis(d3[b0:b1], cols[:, None, :], axis=2)
+        t = _lap("statistics: dense R", t)
+        part = to_host(xp.matmul(xp.matrix_transpose(f3[b0:b1, ...]), xp.asarray(rc)))  # (blocks, 2D, a)
+        t = _lap("statistics GEMM", t)
+        bi, ai = np.nonzero(np.arange(a)[None, :] < na[b0:b1, None])
+        vecs.append(np.asarray(part.transpose(0, 2, 1)[bi, ai], dtype=np.float64))
+        keys.append(sidx[border[b0 + bi], cols[bi, ai]] * np.int64(nb) + border[b0 + bi])
+    key = np.concatenate(keys)
+    order = np.argsort(key, kind="stable")
+    key, vec = key[order] // nb, np.concatenate(vecs)[order]
+    heads = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    runs_ = np.diff(np.r_[heads, key.size])
+    g = np.zeros((k, vec.shape[1]))
+    for i in range(int(runs_.max(initial=0))):  # the i-th block of every cluster that has one: the adds
+        at = runs_ > i  # of one pass in block order, a cluster at a time (reduceat sums pairwise)
+        g[key[heads[at]]] += vec[heads[at] + i]
     _lap("statistics: float64 adds", t)
     return g
