@@ -189,8 +189,8 @@ def diag_pass(chunk: Chunk, rows: np.ndarray, prev: np.ndarray, bests: np.ndarra
     t = _lap("gathers (rows, weights)", t)
     parts, scored = [], []
     for b0, b1 in runs:
-        part, sc = _bucket(f3[b0:b1, ...], border[b0:b1], pos[b0 * size : b1 * size], bests, sidx, counts, params,
-                           w, xp)
+        part, sc = _bucket(f3[b0:b1, ...], border[b0:b1], pos[b0 * size : b1 * size], bests, sidx, counts,
+                           params, w, xp)
         parts.append(part)
         scored.append(sc)
     t = time.perf_counter()
