@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.sparse import csr_matrix
 
 from vbcore.arrays import to_host
 from vbcore.kernels.estep import Chunk, array_namespace, to_numpy
@@ -303,11 +304,8 @@ def _moments(f3: Any, rg: np.ndarray, top: np.ndarray, sidx: np.ndarray, border:
     key = np.concatenate(keys)
     order = np.argsort(key, kind="stable")
     key, vec = key[order] // nb, np.concatenate(vecs)[order]
-    heads = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    runs_ = np.diff(np.r_[heads, key.size])
-    g = np.zeros((k, vec.shape[1]))
-    for i in range(int(runs_.max(initial=0))):  # the i-th block of every cluster that has one: the adds
-        at = runs_ > i  # of one pass in block order, a cluster at a time (reduceat sums pairwise)
-        g[key[heads[at]]] += vec[heads[at] + i]
+    ptr = np.searchsorted(key, np.arange(k + 1))
+    ones = csr_matrix((np.ones(key.size), np.arange(key.size), ptr), shape=(k, key.size))
+    g = np.asarray(ones @ vec)  # row by row, in column order: g[j] = ((0 + v_1) + v_2) + ..., in block order
     _lap("statistics: float64 adds", t)
     return g
