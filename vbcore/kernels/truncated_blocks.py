@@ -4,7 +4,9 @@ A chunk's rows, sorted by the rank of their best cluster (:func:`vbcore.kernels.
 are cut into blocks of ``B`` consecutive rows (``block_rows``; the last one padded with zero rows). A
 block's search space is the union of its rows' candidates, the neighbour lists of their best clusters
 (``search='best'``) or of all their candidates (``'all'``) and ``n_random`` random clusters
-(:func:`block_search`), padded to the largest union of the chunk. Then, for the whole chunk at once:
+(:func:`block_search`). The blocks are ordered by the size of their union and cut into
+:data:`BUCKETS` buckets, each padded to its own largest union ``S`` (the GEMM, the weights' gather and
+the top-C' sort scale with ``S``). Then, per bucket (all of its blocks at once):
 
 * **logits**: one batched GEMM ``(blocks, B, 2D) @ (blocks, 2D, S)`` of the gathered ``[x*x, x]`` rows
   against their block's gathered weights, in the data's dtype, plus the float64 constants; padded
@@ -13,7 +15,8 @@ block's search space is the union of its rows' candidates, the neighbour lists o
   ``sum r ln r`` in float64;
 * **statistics**: the dense ``(blocks, B, A)`` responsibilities on the ``A`` columns of each block that
   hold a weight in the dtype's normal range, one batched GEMM ``R^T [x*x, x]`` in the data's dtype,
-  added into the K x 2D float64 sums in block order (the same order on every engine);
+  added into the K x 2D float64 sums in the order of the blocks in the pass (the same order on every
+  engine and whatever the buckets: one sparse product whose rows add their terms in column order);
 * **neighbour scores**: ``sum (ln rho_ns - max_j ln rho_nj)`` per (best cluster, searched cluster) by one
   ``reduceat`` over the runs of rows with one best cluster in one block.
 
@@ -275,32 +278,37 @@ def _moments(f3: Any, rg: np.ndarray, top: np.ndarray, sidx: np.ndarray, border:
     """``g[j] = sum_n r_nj [x_n^2, x_n]`` (K, 2D) float64: per block one GEMM ``F_b^T R_b`` on the
     columns that hold a weight in the dtype's normal range (weights below it add nothing
     representable and subnormal operands slow the GEMM down 50x), added in the order of the blocks
-    in the pass (per cluster: one ``reduceat`` of its blocks' rows in that order)."""
+    in the pass (one CSR product: per cluster, its blocks' rows added one by one in that order)."""
     t = time.perf_counter()
     nb, size = f3.shape[0], f3.shape[1]
     m = top.shape[0]
     dt = to_host(xp.zeros(0, dtype=f3.dtype)).dtype  # the GEMM's dtype, as NumPy's
-    keep = rg >= np.finfo(dt).tiny
     inv = np.empty(nb * size, dtype=np.int64)  # each row's place in the gathered (bucket) order
     inv[pos[pos < m]] = np.flatnonzero(pos < m)
-    dense = np.zeros((nb * size, sidx.shape[1]), dtype=dt)
-    rr = np.broadcast_to(inv[:m, None], top.shape)
-    dense[rr[keep], top[keep]] = rg[keep]
-    d3 = dense.reshape(nb, size, -1)
-    act = (d3 != 0).any(axis=1)
-    na = act.sum(axis=1)
+    rk, ck = np.nonzero(rg >= np.finfo(dt).tiny)
+    gi, col = inv[rk], top[rk, ck]
+    gb = gi // size
+    act = np.zeros((nb, sidx.shape[1]), dtype=bool)
+    act[gb, col] = True
+    rank = np.cumsum(act, axis=1) - 1  # a column's place among its block's active columns
+    width = np.maximum(1, [int(act[b0:b1].sum(axis=1).max()) for b0, b1 in runs])
+    sizes = np.array([(b1 - b0) * size for b0, b1 in runs]) * width
+    offs = np.concatenate(([0], np.cumsum(sizes)))
+    per = np.repeat(np.arange(len(runs)), [b1 - b0 for b0, b1 in runs])  # each block's bucket
+    head = offs[per] + (np.arange(nb) - np.array([b0 for b0, _ in runs])[per]) * size * width[per]
+    buf = np.zeros(int(offs[-1]), dtype=dt)  # the buckets' (blocks, B, active columns) R, one after another
+    buf[head[gb] + (gi % size) * width[per[gb]] + rank[gb, col]] = rg[rk, ck]
+    bi, ci = np.nonzero(act)  # (block, column) pairs, per block in column order
     t = _lap("statistics: dense R", t)
-    vecs, keys = [], []
-    for b0, b1 in runs:
-        a = max(1, int(na[b0:b1].max()))
-        cols = np.argsort(~act[b0:b1], axis=1, kind="stable")[:, :a]
-        rc = np.take_along_axis(d3[b0:b1], cols[:, None, :], axis=2)
-        t = _lap("statistics: dense R", t)
+    vecs = []
+    for i, (b0, b1) in enumerate(runs):
+        rc = buf[offs[i] : offs[i + 1]].reshape(b1 - b0, size, int(width[i]))
         part = to_host(xp.matmul(xp.matrix_transpose(f3[b0:b1, ...]), xp.asarray(rc)))  # (blocks, 2D, a)
         t = _lap("statistics GEMM", t)
-        bi, ai = np.nonzero(np.arange(a)[None, :] < na[b0:b1, None])
-        vecs.append(np.asarray(part.transpose(0, 2, 1)[bi, ai], dtype=np.float64))
-        keys.append(sidx[border[b0 + bi], cols[bi, ai]] * np.int64(nb) + border[b0 + bi])
+        p0, p1 = np.searchsorted(bi, [b0, b1])
+        vecs.append(np.asarray(part.transpose(0, 2, 1)[bi[p0:p1] - b0, rank[bi[p0:p1], ci[p0:p1]]],
+                               dtype=np.float64))
+    keys = [sidx[border[bi], ci] * np.int64(nb) + border[bi]]
     key = np.concatenate(keys)
     order = np.argsort(key, kind="stable")
     key, vec = key[order] // nb, np.concatenate(vecs)[order]
