@@ -17,7 +17,7 @@ from vbcore.kernels.truncated import (
     truncated_kernel,
     truncated_params,
 )
-from vbcore.kernels.truncated_blocks import block_search, top_columns
+from vbcore.kernels.truncated_blocks import block_search, buckets, top_columns
 from vbcore.model.mstep import m_step
 from vbcore.model.priors import default_prior
 
@@ -41,6 +41,16 @@ def test_block_search_holds_every_rows_candidates_and_neighbour_lists():
             lists = nb[prev[rows, 0]] if search == "best" else nb[prev[rows][prev[rows] >= 0]]
             want |= set(lists[lists >= 0].tolist())
             assert want <= set(got.tolist()) and len(got) <= len(want) + 1  # + one random cluster
+
+
+def test_buckets_order_the_blocks_by_union_size_and_cover_them_once():
+    counts = np.random.default_rng(3).integers(8, 40, size=37)
+    for n in (1, 4, 37, 50):
+        border, runs = buckets(counts, n)
+        assert sorted(border.tolist()) == list(range(37))  # a permutation
+        assert np.all(np.diff(counts[border]) >= 0)  # smallest unions first
+        assert runs[0][0] == 0 and runs[-1][1] == 37 and len(runs) == min(n, 37)
+        assert all(a < b and b == c for (a, b), (c, _) in zip(runs[:-1], runs[1:], strict=True))
 
 
 def test_top_columns_keeps_the_largest_values_in_order():
