@@ -17,7 +17,7 @@ from vbcore.kernels.truncated import (
     truncated_kernel,
     truncated_params,
 )
-from vbcore.kernels.truncated_blocks import block_search, buckets, top_columns
+from vbcore.kernels.truncated_blocks import block_search, buckets, stable_top, top_columns
 from vbcore.model.mstep import m_step
 from vbcore.model.priors import default_prior
 
@@ -51,6 +51,18 @@ def test_buckets_order_the_blocks_by_union_size_and_cover_them_once():
         assert np.all(np.diff(counts[border]) >= 0)  # smallest unions first
         assert runs[0][0] == 0 and runs[-1][1] == 37 and len(runs) == min(n, 37)
         assert all(a < b and b == c for (a, b), (c, _) in zip(runs[:-1], runs[1:], strict=True))
+
+
+def test_stable_top_is_the_stable_argsorts_first_columns_ties_included():
+    rng = np.random.default_rng(6)
+    for logits in (rng.normal(size=(300, 21)), np.round(rng.normal(size=(300, 21)), 1)):
+        logits[:, 15:] = -np.inf  # padding
+        logits[::7, 3] = logits[::7, 9]  # exact ties in many rows
+        for c in (1, 8, 15):
+            want = np.argsort(-logits, axis=1, kind="stable")[:, :c]
+            top, sel = stable_top(logits, c)
+            np.testing.assert_array_equal(top, want)
+            np.testing.assert_array_equal(sel, np.take_along_axis(logits, want, axis=1))
 
 
 def test_top_columns_keeps_the_largest_values_in_order():

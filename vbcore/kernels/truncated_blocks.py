@@ -84,6 +84,20 @@ def top_columns(logits: np.ndarray, c: int) -> np.ndarray:
     return np.take_along_axis(part, np.argsort(-vals, axis=1, kind="stable"), axis=1)
 
 
+def stable_top(logits: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``c`` columns of each row's stable descending argsort (:func:`top_columns`' order) and
+    their values: an unstable (SIMD) argsort, 2x faster at S ~ 20, whose first ``c + 1`` values are
+    strictly decreasing on all rows but those with a tie there, which a stable argsort redoes."""
+    full = np.argsort(-logits, axis=1)
+    head = np.take_along_axis(logits, full[:, : c + 1], axis=1)
+    top, sel = full[:, :c], head[:, :c]
+    ties = np.flatnonzero(np.any(head[:, 1:] == head[:, :-1], axis=1))
+    if ties.size:
+        top[ties] = np.argsort(-logits[ties], axis=1, kind="stable")[:, :c]
+        sel[ties] = np.take_along_axis(logits[ties], top[ties], axis=1)
+    return top, np.ascontiguousarray(sel)
+
+
 def block_search(prev: np.ndarray, bests: np.ndarray, neighbours: np.ndarray, size: int, candidates: int,
                  n_random: int, search: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """The search spaces of blocks of ``size`` consecutive rows: per block the sorted union of its
@@ -239,8 +253,7 @@ def _bucket(f3: Any, blocks: np.ndarray, pos: np.ndarray, bests: np.ndarray, sid
     real = pos < bests.size
     if not real.all():
         logits, lb, pos = logits[real], lb[real], pos[real]
-    top = np.argsort(-logits, axis=1, kind="stable")[:, : params.candidates]  # top_columns' order
-    sel = np.take_along_axis(logits, top, axis=1)
+    top, sel = stable_top(logits, params.candidates)
     t = _lap("top C'", t)
     sc = _scores(logits - sel[:, :1], lb, bests[pos], si, valid, params.n_components)
     _lap("neighbour scores", t)
