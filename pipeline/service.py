@@ -211,11 +211,10 @@ def default_components(store: str) -> int:
 
 def default_select(store: str) -> str:
     """``--select`` of a fit that gives none (:func:`pipeline.fit.select.default_select`: by the store's
-    width; the store is opened only where the wide-store default is on)."""
+    width, ``auto`` up to 256 dimensions). A store that cannot be opened gets ``none``:
+    :func:`check_fit` reports what is wrong with it."""
     from pipeline.fit import select
 
-    if not select.SELECT_WIDE_BY_DEFAULT:
-        return "none"
     try:
         return select.default_select(StoreSource(store).n_features)
     except (VBClusterError, OSError):  # check_fit reports what is wrong with it

@@ -77,9 +77,10 @@ LOWRANK = "lowrank"
 #: and Vehicle (bench/bench_battery.py, K = 50): a value measured on the battery, not derived
 LOWRANK_RANKS = (2, 8)
 #: whether ``vbcluster fit`` selects the model on stores of more than ``FULL_MAX_FEATURES`` dimensions
-#: when no ``--select`` is given (:func:`default_select`: ``auto`` there, ``none`` on narrower stores,
-#: whose fits stay as they are). Off: on Fashion-MNIST the selection in the whitened space keeps full
-#: covariances under scikit-learn's priors, 62 clusters, NMI 0.52 (docs/decisions.md)
+#: when no ``--select`` is given (:func:`default_select`: ``auto`` there too; stores of at most
+#: ``FULL_MAX_FEATURES`` dimensions select by default either way). Off: on Fashion-MNIST the selection in
+#: the whitened space keeps full covariances under scikit-learn's priors, 62 clusters, NMI 0.52
+#: (docs/decisions.md), so wide stores keep the diag model with the empirical priors
 SELECT_WIDE_BY_DEFAULT = False
 
 
@@ -404,6 +405,11 @@ def space_projection(spec: FitSpec, n_features: int, sub: Any, engine: Any, rand
 
 
 def default_select(n_features: int) -> str:
-    """``vbcluster fit``'s ``--select`` when none is given: ``auto`` on stores of more than
-    ``FULL_MAX_FEATURES`` dimensions where :data:`SELECT_WIDE_BY_DEFAULT`, else ``none``."""
-    return "auto" if SELECT_WIDE_BY_DEFAULT and n_features > FULL_MAX_FEATURES else "none"
+    """``vbcluster fit``'s ``--select`` when none is given: ``auto`` on stores of at most
+    ``FULL_MAX_FEATURES`` dimensions (where every family is screened on the rows themselves, issue 51's
+    default: docs/decisions.md), and on wider stores only where :data:`SELECT_WIDE_BY_DEFAULT`; else
+    ``none`` (the diag model, the empirical priors). ``FitSpec``'s own default stays ``none``: a run.json
+    written without the setting, and ``VBMixture``, keep fitting the model they name."""
+    if n_features <= FULL_MAX_FEATURES:
+        return "auto"
+    return "auto" if SELECT_WIDE_BY_DEFAULT else "none"
