@@ -229,6 +229,8 @@ def fit(
     select: str | None = typer.Option(None, help=spec_help("select")),
     select_fits: int | None = typer.Option(None, help=spec_help("select_fits")),
     select_pca: int | None = typer.Option(None, "--select-pca", metavar="P", help=spec_help("select_pca")),
+    select_lowrank: bool | None = typer.Option(None, "--select-lowrank/--no-select-lowrank",
+                                               help=spec_help("select_lowrank")),
     no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem, sga* grow it)."),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
@@ -262,7 +264,8 @@ def fit(
                          max_components=max_components, keep=keep, checkpoint_every=checkpoint_every,
                          checkpoint_seconds=checkpoint_seconds, learner_options=key_values(learner_option),
                          pca=pca, whiten=whiten or None, pca_solver=pca_solver, select=select,
-                         select_fits=select_fits, select_pca=select_pca, rank=rank)
+                         select_fits=select_fits, select_pca=select_pca, rank=rank,
+                         select_lowrank=select_lowrank)
     except VBClusterError as exc:
         fail(exc)
         return

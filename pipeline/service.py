@@ -194,6 +194,8 @@ def make_spec(store: str | None, warm_from: str | Path | None = None, **settings
         values["components"] = default_components(store)
     if store is not None and warm_from is None and "select" not in values:
         values["select"] = default_select(store)
+        if values["select"] != "none":  # the default's screen: without the low-rank family (FitSpec)
+            values.setdefault("select_lowrank", False)
     return absolute_paths(FitSpec.from_dict({"store": store, **values}).resolved("pipeline"))
 
 

@@ -342,11 +342,13 @@ def lowrank_ranks(spec: FitSpec, n_features: int) -> list[int]:
     are chosen by the bound, so it has no ``priors`` variants): ``--rank`` when ``--covariance lowrank``
     is given, else :data:`LOWRANK_RANKS` below ``n_features`` (at rank D a component would be a full
     covariance plus the noise) when the covariance is selected and the family fits this spec (vbem, one
-    start, no ``--pca``: :func:`pipeline.fit.spec.FitSpec.resolved`)."""
+    start, no ``--pca``: :func:`pipeline.fit.spec.FitSpec.resolved`) and ``select_lowrank`` is on (off
+    where ``vbcluster fit`` selects by default: :func:`default_select`)."""
     parts = set(spec.select.split("+")) if spec.select != "none" else set()
     if spec.covariance == LOWRANK:
         return [int(spec.rank)] if parts else []
-    if "covariance" not in parts or spec.learner != "vbem" or spec.pca is not None or int(spec.n_init) != 1:
+    if "covariance" not in parts or spec.learner != "vbem" or spec.pca is not None or int(spec.n_init) != 1 \
+            or not spec.select_lowrank:
         return []
     return [q for q in LOWRANK_RANKS if q < n_features]
 

@@ -149,6 +149,11 @@ class FitSpec:
                          "whitened, by the bound of the projected rows (the fitted model keeps that "
                          "projection); 0: on the rows themselves (diag and spherical, and full on pca 64 "
                          "whitened scored on the original rows).", "int", minimum=0, identity="when set")
+    select_lowrank: bool = _s(True, "With select: screen the low-rank family (ranks 2 and 8) among the "
+                              "candidates. A fit that leaves --select unset on a store of at most 256 "
+                              "dimensions selects without it (assign and report do not read a lowrank run "
+                              "yet; docs/decisions.md); --select auto keeps it.", "bool",
+                              identity="when set", flag="--select-lowrank/--no-select-lowrank")
     fixed_variance: float | None = _s(None, "sigma^2 of covariance 'fixed'; default: estimated.", "float",
                                       estimator="fixed_variance", minimum=0, above=True)
     chunk_rows: int = _s(CHUNK_ROWS, "Rows per chunk for in-memory arrays (stores keep their chunking).",
