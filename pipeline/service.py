@@ -193,7 +193,7 @@ def make_spec(store: str | None, warm_from: str | Path | None = None, **settings
     if store is not None and warm_from is None and "components" not in values:
         values["components"] = default_components(store)
     if store is not None and warm_from is None and "select" not in values:
-        values["select"] = default_select(store)
+        values["select"] = default_select(store, values)
         if values["select"] != "none":  # the default's screen: without the low-rank family (FitSpec)
             values.setdefault("select_lowrank", False)
     return absolute_paths(FitSpec.from_dict({"store": store, **values}).resolved("pipeline"))
@@ -211,14 +211,14 @@ def default_components(store: str) -> int:
     return max(1, min(default, n_rows))
 
 
-def default_select(store: str) -> str:
+def default_select(store: str, given: dict[str, Any]) -> str:
     """``--select`` of a fit that gives none (:func:`pipeline.fit.select.default_select`: by the store's
-    width, ``auto`` up to 256 dimensions). A store that cannot be opened gets ``none``:
-    :func:`check_fit` reports what is wrong with it."""
+    width and the settings ``given``; ``auto`` up to 256 dimensions where the model is left to it). A
+    store that cannot be opened gets ``none``: :func:`check_fit` reports what is wrong with it."""
     from pipeline.fit import select
 
     try:
-        return select.default_select(StoreSource(store).n_features)
+        return select.default_select(StoreSource(store).n_features, given)
     except (VBClusterError, OSError):  # check_fit reports what is wrong with it
         return "none"
 

@@ -32,6 +32,7 @@ screens the same candidates to the same bounds and resumes the same winner's che
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -82,6 +83,10 @@ LOWRANK_RANKS = (2, 8)
 #: the whitened space keeps full covariances under scikit-learn's priors, 62 clusters, NMI 0.52
 #: (docs/decisions.md), so wide stores keep the diag model with the empirical priors
 SELECT_WIDE_BY_DEFAULT = False
+#: the settings that name the model: a fit of a store of at most ``FULL_MAX_FEATURES`` dimensions that
+#: gives any of them (or a learner other than vbem) and no ``--select`` fits that model, nothing screened
+#: (:func:`default_select`)
+DEFAULT_FIXES = ("covariance", "priors", "pca")
 
 
 @dataclass(frozen=True)
@@ -406,12 +411,17 @@ def space_projection(spec: FitSpec, n_features: int, sub: Any, engine: Any, rand
     return projection_pass(engine, sub, p, True, spec.pca_solver, seed_entropy(random_state))
 
 
-def default_select(n_features: int) -> str:
-    """``vbcluster fit``'s ``--select`` when none is given: ``auto`` on stores of at most
-    ``FULL_MAX_FEATURES`` dimensions (where every family is screened on the rows themselves, issue 51's
-    default: docs/decisions.md), and on wider stores only where :data:`SELECT_WIDE_BY_DEFAULT`; else
-    ``none`` (the diag model, the empirical priors). ``FitSpec``'s own default stays ``none``: a run.json
-    written without the setting, and ``VBMixture``, keep fitting the model they name."""
-    if n_features <= FULL_MAX_FEATURES:
-        return "auto"
-    return "auto" if SELECT_WIDE_BY_DEFAULT else "none"
+def default_select(n_features: int, given: Mapping[str, Any] | None = None) -> str:
+    """``vbcluster fit``'s ``--select`` when none is given (``given``: the names of the settings the fit
+    gives). On stores of at most ``FULL_MAX_FEATURES`` dimensions ``auto`` where the model is left to
+    the default (:data:`DEFAULT_FIXES` unset, the learner vbem: issue 51's default, docs/decisions.md),
+    else ``none``: a fit that names its family, priors, projection or learner fits that model exactly as
+    before (``--select auto`` with them selects the rest). On wider stores ``auto`` only where
+    :data:`SELECT_WIDE_BY_DEFAULT` (its own rule, unchanged: the parts given are not selected), else
+    ``none`` (the diag model, the empirical priors). ``FitSpec``'s own default stays ``none``: a
+    run.json written without the setting, and ``VBMixture``, keep fitting the model they name."""
+    if n_features > FULL_MAX_FEATURES:
+        return "auto" if SELECT_WIDE_BY_DEFAULT else "none"
+    given = dict(given or {})
+    fixed = any(name in given for name in DEFAULT_FIXES) or given.get("learner", "vbem") != "vbem"
+    return "none" if fixed else "auto"
