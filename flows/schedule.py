@@ -152,7 +152,9 @@ def refresh_flow(
                           cluster=spec.cluster, warm_start_from=warm, quiet=quiet, extra={"refresh": p},
                           settings={"pca": spec.pca, "whiten": spec.whiten or None,
                                     "pca_solver": spec.pca_solver, "priors": spec.priors,
-                                    "max_components": spec.max_components, "grow": spec.grow})
+                                    "max_components": spec.max_components, "grow": spec.grow,
+                                    # the model selection the spec resolved (its parts are given above)
+                                    "select": spec.select, "select_lowrank": spec.select_lowrank})
     publish_version(out, str(run_dir))
     logger.info("published %s (%s start, %d rows, %d iterations, %d clusters found)", run_dir.name,
                 p["action"], result["n_rows"], result["n_iter"], result["n_effective"])
