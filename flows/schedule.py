@@ -153,8 +153,7 @@ def refresh_flow(
                           settings={"pca": spec.pca, "whiten": spec.whiten or None,
                                     "pca_solver": spec.pca_solver, "priors": spec.priors,
                                     "max_components": spec.max_components, "grow": spec.grow,
-                                    # the model selection the spec resolved (its parts are given above)
-                                    "select": spec.select, "select_lowrank": spec.select_lowrank})
+                                    "select": spec.select, "select_lowrank": spec.select_lowrank})  # resolved
     publish_version(out, str(run_dir))
     logger.info("published %s (%s start, %d rows, %d iterations, %d clusters found)", run_dir.name,
                 p["action"], result["n_rows"], result["n_iter"], result["n_effective"])

@@ -150,7 +150,7 @@ def selection_table(selection: dict[str, Any]) -> Table:
     caption = ("--select none fixes diag with the empirical priors (the default above 256 dimensions); "
                "--covariance / --priors fix a part by hand"
                + ("" if any(c.get("rank") is not None for c in selection["candidates"])
-                  else "; --select-lowrank screens the low-rank family too"))
+                  else "; --select-lowrank true screens the low-rank family too"))
     table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False, padding=(0, 1), collapse_padding=True, caption=Text(caption),
                   caption_justify="left")

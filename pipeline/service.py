@@ -193,9 +193,8 @@ def make_spec(store: str | None, warm_from: str | Path | None = None, **settings
     if store is not None and warm_from is None and "components" not in values:
         values["components"] = default_components(store)
     if store is not None and warm_from is None and "select" not in values:
-        values["select"] = default_select(store, values)
-        if values["select"] != "none":  # the default's screen: without the low-rank family (FitSpec)
-            values.setdefault("select_lowrank", False)
+        values["select"] = default_select(store, values)  # its screen without the low-rank family:
+        values.setdefault("select_lowrank", values["select"] == "none")  # FitSpec.select_lowrank
     return absolute_paths(FitSpec.from_dict({"store": store, **values}).resolved("pipeline"))
 
 

@@ -48,7 +48,7 @@ def test_the_default_selects_where_the_model_is_left_to_it(store, tmp_path) -> N
     assert make_spec(store, select="auto").select_lowrank  # --select auto keeps the low-rank family
     assert make_spec(store, select_lowrank=True).select == "covariance+priors"
     for named in ({"covariance": "full"}, {"priors": "bound"}, {"pca": 2}, {"learner": "sga-f"},
-                  {"select": "none"}):
+                  {"select": "none"}, {"degrees_of_freedom_prior": 7.5}, {"reg_covar": 1e-5}):
         assert make_spec(store, **named).select == "none", named
     assert make_spec(store, learner="vbem").select == "covariance+priors"
     assert make_spec(store, select="auto", covariance="full").select == "priors"  # as before
@@ -71,7 +71,7 @@ def test_a_default_fit_records_its_candidates_and_keeps_the_best(store, tmp_path
     assert fitted == [sel["candidates"][0]] and fitted[0]["chosen"]  # select_fits 1: the best screened
     assert r["settings"]["covariance_type"] == fitted[0]["covariance"]
     assert "model selection: covariance+priors" in r["output"] and "<- kept" in r["output"]
-    assert "--select-lowrank screens the low-rank family too" in " ".join(r["output"].split())
+    assert "--select-lowrank true screens the low-rank family too" in " ".join(r["output"].split())
     run_json = json.loads((tmp_path / "d" / "run.json").read_text())
     assert (run_json["select"], run_json["select_lowrank"]) == ("covariance+priors", False)
 

@@ -83,10 +83,12 @@ LOWRANK_RANKS = (2, 8)
 #: the whitened space keeps full covariances under scikit-learn's priors, 62 clusters, NMI 0.52
 #: (docs/decisions.md), so wide stores keep the diag model with the empirical priors
 SELECT_WIDE_BY_DEFAULT = False
-#: the settings that name the model: a fit of a store of at most ``FULL_MAX_FEATURES`` dimensions that
-#: gives any of them (or a learner other than vbem) and no ``--select`` fits that model, nothing screened
-#: (:func:`default_select`)
-DEFAULT_FIXES = ("covariance", "priors", "pca")
+#: the settings that name the model or its priors: a fit of a store of at most ``FULL_MAX_FEATURES``
+#: dimensions that gives any of them (or a learner other than vbem) and no ``--select`` fits that model,
+#: nothing screened (:func:`default_select`; the screen would override ``reg_covar`` and the priors)
+DEFAULT_FIXES = ("covariance", "priors", "pca", "degrees_of_freedom_prior", "mean_precision_prior",
+                 "weight_concentration_prior", "covariance_prior", "mean_prior", "reg_covar",
+                 "fixed_variance")
 
 
 @dataclass(frozen=True)
