@@ -188,7 +188,8 @@ def make_spec(store: str | None, warm_from: str | Path | None = None, **settings
     override them): a warm start continues the same model. ``max_iter``, ``tol`` and the execution
     settings (cluster, checkpoints) are this fit's own, as for any fit."""
     if warm_from is not None:
-        settings = inherited_settings(read_spec(warm_from), settings)
+        from pipeline.fit.select import kept_model  # (a selected run: the model it kept)
+        settings = inherited_settings(kept_model(read_spec(warm_from), finished_result(warm_from)), settings)
     values = {k: v for k, v in settings.items() if v is not None}
     if store is not None and warm_from is None and "components" not in values:
         values["components"] = default_components(store)
@@ -211,9 +212,8 @@ def default_components(store: str) -> int:
 
 
 def default_select(store: str, given: dict[str, Any]) -> str:
-    """``--select`` of a fit that gives none (:func:`pipeline.fit.select.default_select`: by the store's
-    width and the settings ``given``; ``auto`` up to 256 dimensions where the model is left to it). A
-    store that cannot be opened gets ``none``: :func:`check_fit` reports what is wrong with it."""
+    """``--select`` of a fit that gives none (:func:`pipeline.fit.select.default_select`, from the store's
+    width and the settings ``given``); ``none`` for a store that cannot be opened (:func:`check_fit`)."""
     from pipeline.fit import select
 
     try:

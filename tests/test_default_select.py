@@ -76,6 +76,15 @@ def test_a_default_fit_records_its_candidates_and_keeps_the_best(store, tmp_path
     assert (run_json["select"], run_json["select_lowrank"]) == ("covariance+priors", False)
 
 
+def test_a_warm_start_from_a_default_run_continues_the_model_it_kept(store, tmp_path) -> None:
+    first = _fit(store, tmp_path / "first")
+    kept = next(c for c in first["selection"]["candidates"] if c["chosen"])
+    warm = _fit(store, tmp_path / "warm", "--warm-from", str(tmp_path / "first"))
+    assert "selection" not in warm and warm["warm_start_from"] is not None
+    assert (warm["settings"]["covariance_type"], warm["settings"]["prior_defaults"],
+            warm["settings"]["reg_covar"]) == (kept["covariance"], kept["priors"], kept["reg_covar"])
+
+
 def test_select_none_and_a_model_named_by_hand_fit_todays_model(store, tmp_path) -> None:
     none = _fit(store, tmp_path / "n", "--select", "none")
     named = _fit(store, tmp_path / "h", "--covariance", "diag", "--priors", "empirical")

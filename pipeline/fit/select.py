@@ -325,6 +325,13 @@ def choice(cand: Candidate) -> dict[str, Any]:
     return {"covariance": cand.covariance, "priors": cand.priors, "select": "none", **more}
 
 
+def kept_model(spec: FitSpec, result: dict[str, Any] | None) -> FitSpec:
+    """A run's spec (its run.json) made the model it kept where it selected one (its result.json's
+    ``selection``): what a warm start from the run continues (``--warm-from``, a warm refresh)."""
+    sel = (result or {}).get("selection")
+    return spec if not sel else replace(spec, **choice(Selection.from_dict(sel).winner()))
+
+
 def full_bounds(outs: dict[int, Any], source: Any, selection: Selection) -> dict[int, float]:
     """The bound per row of the original rows (at the selection's resolution) of each full fit."""
     def chunks() -> Any:
