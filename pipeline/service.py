@@ -212,8 +212,7 @@ def default_components(store: str) -> int:
 
 
 def default_select(store: str, given: dict[str, Any]) -> str:
-    """``--select`` of a fit that gives none (:func:`pipeline.fit.select.default_select`, from the store's
-    width and the settings ``given``); ``none`` for a store that cannot be opened (:func:`check_fit`)."""
+    """``--select`` of a fit giving none (:func:`pipeline.fit.select.default_select`; bad store: none)."""
     from pipeline.fit import select
 
     try:
@@ -450,8 +449,9 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             info["resumed_from"] = out.resumed_from
         if warm is not None:
             info["adopted_chunks"] = int(out.adopted)
-        # wall time over every attempt: a resumed fit adds this attempt to the checkpoint's total
-        info["seconds"] = out.wall_seconds if out.resumed_from else time.perf_counter() - t0
+        # wall time over every attempt: a resumed fit adds this attempt to the checkpoint's total (and a
+        screen = float((out.selection or {}).get("screen_seconds", 0.0))  # selection's screen, once)
+        info["seconds"] = out.wall_seconds + screen if out.resumed_from else time.perf_counter() - t0
         info["bound"] = {"history": out.bound_kind, "final": "exact"}
         if out.bound_kind != "exact":  # the estimates' standard errors, nats (null: not known)
             se = [None if math.isnan(v) else float(v) for v in model.lower_bounds_se_]
