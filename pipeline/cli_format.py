@@ -187,6 +187,7 @@ def defaults_table() -> Table:
     cli, est = defaults("pipeline"), defaults("estimator")
     cli["covariance"], est["covariance"] = "diag", "full"  # resolved by the learner when None
     cli["select"] = "auto up to 256 dims, else none"  # by the store's width: service.default_select
+    cli["select_lowrank"] = "False where select defaults to auto"
     table = Table(title="fit defaults: command line and VBMixture (scikit-learn's)", title_justify="left")
     for col in ("setting", "command line", "VBMixture", "why they differ"):
         table.add_column(col, overflow="fold")
