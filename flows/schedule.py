@@ -92,9 +92,7 @@ def refresh_flow(
     seed: int | None = None,
     learner_options: dict[str, Any] | None = None,
     cluster: str | None = None,
-    pca: int | None = None,
-    whiten: bool = False,
-    pca_solver: str | None = None,
+    pca: int | None = None, whiten: bool = False, pca_solver: str | None = None,
     priors: str | None = None, init: str | None = None,  # (FitSpec's, as the other settings)
     max_components: int | None = None, grow: bool | None = None,
     quiet: bool = True,
@@ -127,8 +125,9 @@ def refresh_flow(
         return {"action": "skip", "reason": p["reason"], "latest": p["previous"]}
     warm = p["previous"] if p["action"] == "warm" else None
 
-    def refresh_spec(cold: bool) -> Any:
-        return make_spec(store, learner=learner, components=components, covariance=covariance,
+    def refresh_spec(cold: bool) -> Any:  # a warm one continues the previous version's (kept) model
+        return make_spec(store, None if cold else warm, reg_covar=None, rank=None,
+                         learner=learner, components=components, covariance=covariance,
                          weights=weights, max_iter=max_iter, tol=tol, seed=seed, cluster=cluster,
                          learner_options=refresh_options(learner, learner_options, cold), pca=pca,
                          whiten=whiten or None, pca_solver=pca_solver, priors=priors, init=init,
@@ -152,7 +151,9 @@ def refresh_flow(
                           cluster=spec.cluster, warm_start_from=warm, quiet=quiet, extra={"refresh": p},
                           settings={"pca": spec.pca, "whiten": spec.whiten or None,
                                     "pca_solver": spec.pca_solver, "priors": spec.priors,
-                                    "max_components": spec.max_components, "grow": spec.grow})
+                                    "max_components": spec.max_components, "grow": spec.grow,
+                                    "select": spec.select, "select_lowrank": spec.select_lowrank,  # resolved
+                                    "reg_covar": spec.reg_covar, "rank": spec.rank})
     publish_version(out, str(run_dir))
     logger.info("published %s (%s start, %d rows, %d iterations, %d clusters found)", run_dir.name,
                 p["action"], result["n_rows"], result["n_iter"], result["n_effective"])

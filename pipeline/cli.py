@@ -229,6 +229,7 @@ def fit(
     select: str | None = typer.Option(None, help=spec_help("select")),
     select_fits: int | None = typer.Option(None, help=spec_help("select_fits")),
     select_pca: int | None = typer.Option(None, "--select-pca", metavar="P", help=spec_help("select_pca")),
+    select_lowrank: str | None = typer.Option(None, metavar="BOOL", help=spec_help("select_lowrank")),
     no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem, sga* grow it)."),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
@@ -236,8 +237,7 @@ def fit(
     whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
     pca_solver: str | None = typer.Option(None, "--pca-solver", help=spec_help("pca_solver")),
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
-    persist: str | None = typer.Option(None, "--persist", metavar="MODE",
-                                       help=spec_help("persist")),
+    persist: str | None = typer.Option(None, "--persist", metavar="MODE", help=spec_help("persist")),
     chunk_rows: int | None = typer.Option(None, help=spec_help("chunk_rows")),
     checkpoint_every: int | None = typer.Option(None, help=spec_help("checkpoint_every")),
     checkpoint_seconds: float | None = typer.Option(None, help=spec_help("checkpoint_seconds")),
@@ -261,8 +261,8 @@ def fit(
                          chunk_rows=chunk_rows, priors=priors, grow=False if no_grow else None,
                          max_components=max_components, keep=keep, checkpoint_every=checkpoint_every,
                          checkpoint_seconds=checkpoint_seconds, learner_options=key_values(learner_option),
-                         pca=pca, whiten=whiten or None, pca_solver=pca_solver, select=select,
-                         select_fits=select_fits, select_pca=select_pca, rank=rank)
+                         pca=pca, whiten=whiten or None, pca_solver=pca_solver, select=select, rank=rank,
+                         select_fits=select_fits, select_pca=select_pca, select_lowrank=select_lowrank)
     except VBClusterError as exc:
         fail(exc)
         return

@@ -147,8 +147,13 @@ def selection_table(selection: dict[str, Any]) -> Table:
     at = f" at resolution {res:g} (times the features' rms deviation)" if res else ""
     title = (f"model selection: {selection['parts']} by the exact bound per row of the rows{at} "
              f"({selection['screen_rows']} rows screened in {selection['screen_seconds']:.1f} s)")
+    caption = ("--select none fixes diag with the empirical priors (the default above 256 dimensions); "
+               "--covariance / --priors fix a part by hand"
+               + ("" if any(c.get("rank") is not None for c in selection["candidates"])
+                  else "; --select-lowrank true screens the low-rank family too"))
     table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-                  pad_edge=False, padding=(0, 1), collapse_padding=True)
+                  pad_edge=False, padding=(0, 1), collapse_padding=True, caption=Text(caption),
+                  caption_justify="left")
     for header in ("covariance", "priors", "screen bound", "clusters", "full bound", "kept"):
         table.add_column(header, justify="left" if header in ("covariance", "priors") else "right")
     from pipeline.fit.select import label
@@ -170,6 +175,8 @@ WHY = {
     "grow": "-k starts the truncation; the bound, not K, decides the clusters (VBMixture: K fixed)",
     "priors": "scikit-learn's nu0 = D and alpha0 = 1/K let D and K decide; the pipeline's fit them",
     "init": "k-means at K = 1000 took 180 s; projected k-means++ seeds start in seconds",
+    "select": "the exact bound picks the family and priors (issue 51); VBMixture fits the model it names",
+    "select_lowrank": "assign and report do not read a lowrank run yet; --select auto screens it",
 }
 
 
@@ -180,6 +187,8 @@ def defaults_table() -> Table:
 
     cli, est = defaults("pipeline"), defaults("estimator")
     cli["covariance"], est["covariance"] = "diag", "full"  # resolved by the learner when None
+    cli["select"] = "auto up to 256 dims, else none"  # by the store's width: service.default_select
+    cli["select_lowrank"] = "False where select defaults to auto"
     table = Table(title="fit defaults: command line and VBMixture (scikit-learn's)", title_justify="left")
     for col in ("setting", "command line", "VBMixture", "why they differ"):
         table.add_column(col, overflow="fold")

@@ -188,12 +188,14 @@ def make_spec(store: str | None, warm_from: str | Path | None = None, **settings
     override them): a warm start continues the same model. ``max_iter``, ``tol`` and the execution
     settings (cluster, checkpoints) are this fit's own, as for any fit."""
     if warm_from is not None:
-        settings = inherited_settings(read_spec(warm_from), settings)
+        from pipeline.fit.select import kept_model  # (a selected run: the model it kept)
+        settings = inherited_settings(kept_model(read_spec(warm_from), finished_result(warm_from)), settings)
     values = {k: v for k, v in settings.items() if v is not None}
     if store is not None and warm_from is None and "components" not in values:
         values["components"] = default_components(store)
     if store is not None and warm_from is None and "select" not in values:
-        values["select"] = default_select(store)
+        values["select"] = default_select(store, values)  # its screen without the low-rank family:
+        values.setdefault("select_lowrank", values["select"] == "none")  # FitSpec.select_lowrank
     return absolute_paths(FitSpec.from_dict({"store": store, **values}).resolved("pipeline"))
 
 
@@ -209,15 +211,12 @@ def default_components(store: str) -> int:
     return max(1, min(default, n_rows))
 
 
-def default_select(store: str) -> str:
-    """``--select`` of a fit that gives none (:func:`pipeline.fit.select.default_select`: by the store's
-    width; the store is opened only where the wide-store default is on)."""
+def default_select(store: str, given: dict[str, Any]) -> str:
+    """``--select`` of a fit giving none (:func:`pipeline.fit.select.default_select`; bad store: none)."""
     from pipeline.fit import select
 
-    if not select.SELECT_WIDE_BY_DEFAULT:
-        return "none"
     try:
-        return select.default_select(StoreSource(store).n_features)
+        return select.default_select(StoreSource(store).n_features, given)
     except (VBClusterError, OSError):  # check_fit reports what is wrong with it
         return "none"
 
@@ -450,8 +449,9 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             info["resumed_from"] = out.resumed_from
         if warm is not None:
             info["adopted_chunks"] = int(out.adopted)
-        # wall time over every attempt: a resumed fit adds this attempt to the checkpoint's total
-        info["seconds"] = out.wall_seconds if out.resumed_from else time.perf_counter() - t0
+        # wall time over every attempt: a resumed fit adds this attempt to the checkpoint's total (and a
+        screen = float((out.selection or {}).get("screen_seconds", 0.0))  # selection's screen, once)
+        info["seconds"] = out.wall_seconds + screen if out.resumed_from else time.perf_counter() - t0
         info["bound"] = {"history": out.bound_kind, "final": "exact"}
         if out.bound_kind != "exact":  # the estimates' standard errors, nats (null: not known)
             se = [None if math.isnan(v) else float(v) for v in model.lower_bounds_se_]

@@ -68,11 +68,12 @@ def test_plan_refresh_and_warm_start(tmp_path):
     assert (p.action, p.previous_n_rows, p.n_rows) == ("warm", 300, 400) and p.previous == str(v1.resolve())
     # the warm start begins from the published posterior exactly (max_iter=0: no update yet)
     v0 = tmp_path / "zero"
-    r0 = fit_run(v0, make_spec(store, components=4, max_iter=0), warm_from=v1)
+    kept = dict(covariance=None, priors=None, reg_covar=None)  # None: v1's (kept) model (make_spec)
+    r0 = fit_run(v0, make_spec(store, v1, components=4, max_iter=0, **kept), warm_from=v1)
     assert r0["warm_start_from"] == str(v1.resolve()) and r0["n_iter"] == 0
     np.testing.assert_array_equal(load_model(v0).means_, load_model(v1).means_)
     v2 = claim_version(out, "b")
-    r2 = fit_run(v2, spec, warm_from=v1)
+    r2 = fit_run(v2, make_spec(store, v1, components=4, max_iter=30, **kept), warm_from=v1)
     assert r2["n_rows"] == 400 and read_result(v2)["warm_start_from"] == str(v1.resolve())
     # settings that do not fit the previous posterior are refused for a warm start, with the reason
     assert "n_components 4 -> 5" in warm_start_problem(v1, make_spec(store, components=5))

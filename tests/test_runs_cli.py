@@ -40,9 +40,12 @@ def test_fit_writes_result_and_posterior(digits_store, tmp_path):
     assert r["truncation"]["start"] == 15 and r["truncation"]["growth"]
     assert 0.5 < r["metrics"]["nmi"] <= 1 and 0 < r["metrics"]["acc"] <= 1
     assert r["store_fingerprint"] == FeatureStore.open(digits_store).fingerprint
-    # the saved posterior rebuilds the same model
-    direct = VBMixture(15, covariance_type="diag", max_iter=60, tol=1e-4, random_state=0,  # the CLI's
-                       prior_defaults="empirical", grow=True, init_params="k-means++-projected")
+    # the saved posterior rebuilds the same model: a VBMixture of the kept model's settings (the default
+    # selects it by its bound: result.json's selection) refits it
+    kept = {k: r["settings"][k] for k in ("covariance_type", "prior_defaults", "reg_covar")}
+    assert r["selection"]["parts"] == "covariance+priors"
+    direct = VBMixture(15, max_iter=60, tol=1e-4, random_state=0,  # the CLI's
+                       grow=True, init_params="k-means++-projected", **kept)
     direct.fit(digits_store)
     loaded = load_model(run)
     np.testing.assert_array_equal(loaded.means_, direct.means_)
@@ -104,7 +107,8 @@ def test_fit_through_scheduler_yaml_with_cli_started_workers(digits_store, tmp_p
         remote = VBMixture(engine=str(cfg), **kw).fit(digits_store)
         run = tmp_path / "run"
         res = runner.invoke(app, ["fit", digits_store, "--run-dir", str(run), "-k", "10", "-q",
-                                  "--cluster", str(cfg), "--max-iter", "15", "--tol", "0"])
+                                  "--cluster", str(cfg), "--max-iter", "15", "--tol", "0",
+                                  "--select", "none"])  # (the engine is the subject: the diag model)
         assert res.exit_code == 0, res.output
         assert "Dask cluster: tcp://127.0.0.1" in res.output
     for name in ("means_", "covariances_", "lower_bounds_"):

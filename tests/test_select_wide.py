@@ -112,8 +112,8 @@ def test_a_wide_selection_keeps_the_bits_across_engines_and_resume(wide, client,
 
 
 def test_the_wide_store_default_is_one_switch(wide, monkeypatch, tmp_path) -> None:
-    """``vbcluster fit`` without --select: none (the switch off, or a narrow store); with the switch on,
-    auto on a wide store, and a --select given is kept."""
+    """``vbcluster fit`` without --select on a wide store: none (the switch off); with the switch on,
+    auto, and a --select given is kept."""
     from pipeline.ingest import ingest
     from pipeline.service import make_spec
 
@@ -125,7 +125,7 @@ def test_the_wide_store_default_is_one_switch(wide, monkeypatch, tmp_path) -> No
     assert make_spec(stores[6]).select == "none"
     monkeypatch.setattr(select, "SELECT_WIDE_BY_DEFAULT", True)
     assert make_spec(stores[6]).select == "covariance+priors"
-    assert make_spec(stores[3]).select == "none"
+    assert make_spec(stores[3]).select == "covariance+priors"  # narrow stores select by default (issue 51)
     assert make_spec(stores[6], select="none").select == "none"
     assert make_spec(stores[6], covariance="full").select == "priors"
 

@@ -32,6 +32,7 @@ screens the same candidates to the same bounds and resumes the same winner's che
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -77,10 +78,17 @@ LOWRANK = "lowrank"
 #: and Vehicle (bench/bench_battery.py, K = 50): a value measured on the battery, not derived
 LOWRANK_RANKS = (2, 8)
 #: whether ``vbcluster fit`` selects the model on stores of more than ``FULL_MAX_FEATURES`` dimensions
-#: when no ``--select`` is given (:func:`default_select`: ``auto`` there, ``none`` on narrower stores,
-#: whose fits stay as they are). Off: on Fashion-MNIST the selection in the whitened space keeps full
-#: covariances under scikit-learn's priors, 62 clusters, NMI 0.52 (docs/decisions.md)
+#: when no ``--select`` is given (:func:`default_select`: ``auto`` there too; stores of at most
+#: ``FULL_MAX_FEATURES`` dimensions select by default either way). Off: on Fashion-MNIST the selection in
+#: the whitened space keeps full covariances under scikit-learn's priors, 62 clusters, NMI 0.52
+#: (docs/decisions.md), so wide stores keep the diag model with the empirical priors
 SELECT_WIDE_BY_DEFAULT = False
+#: the settings that name the model or its priors: a fit of a store of at most ``FULL_MAX_FEATURES``
+#: dimensions that gives any of them (or a learner other than vbem) and no ``--select`` fits that model,
+#: nothing screened (:func:`default_select`; the screen would override ``reg_covar`` and the priors)
+DEFAULT_FIXES = ("covariance", "priors", "pca", "degrees_of_freedom_prior", "mean_precision_prior",
+                 "weight_concentration_prior", "covariance_prior", "mean_prior", "reg_covar",
+                 "fixed_variance")
 
 
 @dataclass(frozen=True)
@@ -317,6 +325,13 @@ def choice(cand: Candidate) -> dict[str, Any]:
     return {"covariance": cand.covariance, "priors": cand.priors, "select": "none", **more}
 
 
+def kept_model(spec: FitSpec, result: dict[str, Any] | None) -> FitSpec:
+    """A run's spec (its run.json) made the model it kept where it selected one (its result.json's
+    ``selection``): what a warm start from the run continues (``--warm-from``, a warm refresh)."""
+    sel = (result or {}).get("selection")
+    return spec if not sel else replace(spec, **choice(Selection.from_dict(sel).winner()))
+
+
 def full_bounds(outs: dict[int, Any], source: Any, selection: Selection) -> dict[int, float]:
     """The bound per row of the original rows (at the selection's resolution) of each full fit."""
     def chunks() -> Any:
@@ -341,11 +356,13 @@ def lowrank_ranks(spec: FitSpec, n_features: int) -> list[int]:
     are chosen by the bound, so it has no ``priors`` variants): ``--rank`` when ``--covariance lowrank``
     is given, else :data:`LOWRANK_RANKS` below ``n_features`` (at rank D a component would be a full
     covariance plus the noise) when the covariance is selected and the family fits this spec (vbem, one
-    start, no ``--pca``: :func:`pipeline.fit.spec.FitSpec.resolved`)."""
+    start, no ``--pca``: :func:`pipeline.fit.spec.FitSpec.resolved`) and ``select_lowrank`` is on (off
+    where ``vbcluster fit`` selects by default: :func:`default_select`)."""
     parts = set(spec.select.split("+")) if spec.select != "none" else set()
     if spec.covariance == LOWRANK:
         return [int(spec.rank)] if parts else []
-    if "covariance" not in parts or spec.learner != "vbem" or spec.pca is not None or int(spec.n_init) != 1:
+    if "covariance" not in parts or spec.learner != "vbem" or spec.pca is not None or int(spec.n_init) != 1 \
+            or not spec.select_lowrank:
         return []
     return [q for q in LOWRANK_RANKS if q < n_features]
 
@@ -403,7 +420,17 @@ def space_projection(spec: FitSpec, n_features: int, sub: Any, engine: Any, rand
     return projection_pass(engine, sub, p, True, spec.pca_solver, seed_entropy(random_state))
 
 
-def default_select(n_features: int) -> str:
-    """``vbcluster fit``'s ``--select`` when none is given: ``auto`` on stores of more than
-    ``FULL_MAX_FEATURES`` dimensions where :data:`SELECT_WIDE_BY_DEFAULT`, else ``none``."""
-    return "auto" if SELECT_WIDE_BY_DEFAULT and n_features > FULL_MAX_FEATURES else "none"
+def default_select(n_features: int, given: Mapping[str, Any] | None = None) -> str:
+    """``vbcluster fit``'s ``--select`` when none is given (``given``: the names of the settings the fit
+    gives). On stores of at most ``FULL_MAX_FEATURES`` dimensions ``auto`` where the model is left to
+    the default (:data:`DEFAULT_FIXES` unset, the learner vbem: issue 51's default, docs/decisions.md),
+    else ``none``: a fit that names its family, priors, projection or learner fits that model exactly as
+    before (``--select auto`` with them selects the rest). On wider stores ``auto`` only where
+    :data:`SELECT_WIDE_BY_DEFAULT` (its own rule, unchanged: the parts given are not selected), else
+    ``none`` (the diag model, the empirical priors). ``FitSpec``'s own default stays ``none``: a
+    run.json written without the setting, and ``VBMixture``, keep fitting the model they name."""
+    if n_features > FULL_MAX_FEATURES:
+        return "auto" if SELECT_WIDE_BY_DEFAULT else "none"
+    given = dict(given or {})
+    fixed = any(name in given for name in DEFAULT_FIXES) or given.get("learner", "vbem") != "vbem"
+    return "none" if fixed else "auto"

@@ -38,6 +38,9 @@ PCA_SOLVERS = ("exact", "randomized")
 SELECT_PARTS = ("none", "auto", "covariance", "priors", "covariance+priors")
 #: the faces a spec is resolved for: their defaults differ only where the estimator keeps scikit-learn's
 FACES = ("pipeline", "estimator")
+#: settings whose command-line default depends on the store (pipeline.service.make_spec): their help
+#: states it
+STORE_DEFAULTS = ("select",)
 _SAME = object()
 
 
@@ -139,7 +142,10 @@ class FitSpec:
                      "priors (empirical, bound, sklearn) that --covariance / --priors leave unset on a "
                      "seeded subsample, at a resolution of 0.03 times the rows' spread, fits the best "
                      "in full and records every candidate's bound; none | "
-                     "auto | covariance | priors | covariance+priors.", "str", choices=SELECT_PARTS,
+                     "auto | covariance | priors | covariance+priors. Default: auto (without the "
+                     "low-rank candidates, --select-lowrank) on stores of at most 256 dimensions where "
+                     "no --covariance, --priors or --pca and no learner but vbem is given, else none "
+                     "(VBMixture: none).", "str", choices=SELECT_PARTS,
                      identity="when set")
     select_fits: int = _s(1, "With select: how many of the best screened candidates are fitted to all "
                           "rows (the highest full bound is kept).", "int", minimum=1, identity="when set")
@@ -149,6 +155,11 @@ class FitSpec:
                          "whitened, by the bound of the projected rows (the fitted model keeps that "
                          "projection); 0: on the rows themselves (diag and spherical, and full on pca 64 "
                          "whitened scored on the original rows).", "int", minimum=0, identity="when set")
+    select_lowrank: bool = _s(True, "With select: screen the low-rank family (ranks 2 and 8) among the "
+                              "candidates (true | false). A fit that leaves --select unset on a store of at "
+                              "most 256 dimensions selects without it (assign and report do not read a "
+                              "lowrank run yet; docs/decisions.md); --select auto keeps it.", "bool",
+                              identity="when set", flag="--select-lowrank")
     fixed_variance: float | None = _s(None, "sigma^2 of covariance 'fixed'; default: estimated.", "float",
                                       estimator="fixed_variance", minimum=0, above=True)
     chunk_rows: int = _s(CHUNK_ROWS, "Rows per chunk for in-memory arrays (stores keep their chunking).",
@@ -301,6 +312,8 @@ def setting_help(name: str, face: str = "pipeline") -> str:
     value = default.default if default.default is not MISSING else {}
     if face == "estimator" and meta["sklearn"] is not _SAME:
         value = meta["sklearn"]
+    if name in STORE_DEFAULTS:  # the help says it
+        return str(meta["help"])
     return meta["help"] if value in (None, {}) else f"{meta['help']} (default: {value})"
 
 
