@@ -213,8 +213,7 @@ def fit(
     components: int | None = typer.Option(None, "--components", "-k", help=spec_help("components")),
     covariance: str | None = typer.Option(None, help=spec_help("covariance")),
     rank: int | None = typer.Option(None, "--rank", help=spec_help("rank")),
-    weights: str | None = typer.Option(None, help="dp (truncated Dirichlet process) | dirichlet (finite) "
-                                       "(default: dp)."),
+    weights: str | None = typer.Option(None, help=spec_help("weights")),
     max_iter: int | None = typer.Option(None, help=spec_help("max_iter")),
     tol: float | None = typer.Option(None, help=spec_help("tol")),
     seed: int | None = typer.Option(None, help=spec_help("seed")),
@@ -235,6 +234,7 @@ def fit(
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
     whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
     pca_solver: str | None = typer.Option(None, "--pca-solver", help=spec_help("pca_solver")),
+    normalize: str | None = typer.Option(None, metavar="none|l2|power-l2", help=spec_help("normalize")),
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
     persist: str | None = typer.Option(None, "--persist", metavar="MODE",
                                        help=spec_help("persist")),
@@ -262,7 +262,7 @@ def fit(
                          max_components=max_components, keep=keep, checkpoint_every=checkpoint_every,
                          checkpoint_seconds=checkpoint_seconds, learner_options=key_values(learner_option),
                          pca=pca, whiten=whiten or None, pca_solver=pca_solver, select=select,
-                         select_fits=select_fits, select_pca=select_pca, rank=rank)
+                         select_fits=select_fits, select_pca=select_pca, rank=rank, normalize=normalize)
     except VBClusterError as exc:
         fail(exc)
         return
