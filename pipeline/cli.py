@@ -234,7 +234,7 @@ def fit(
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
     whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
     pca_solver: str | None = typer.Option(None, "--pca-solver", help=spec_help("pca_solver")),
-    normalize: str | None = typer.Option(None, metavar="none|l2|power-l2", help=spec_help("normalize")),
+    normalize: str | None = typer.Option(None, help=spec_help("normalize")),
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
     persist: str | None = typer.Option(None, "--persist", metavar="MODE",
                                        help=spec_help("persist")),

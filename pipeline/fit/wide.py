@@ -5,7 +5,7 @@ learner than vbem), and the store has more than ``FULL_MAX_FEATURES`` dimensions
 >= 0 -- pooled CNN activations (post-ReLU), histograms, counts -- :func:`wide_default` fills in:
 
 * **a rule** (not a choice of the bound): the rows power- and L2-normalised (``sign(x)|x|^0.5``, then
-  unit length: ``normalize='power-l2'``, Perronnin, Sanchez & Mensink 2010), unless the store was
+  unit length: ``normalize='power-l2'``, Perronnin et al. 2010), unless the store was
   power-normalised at ingest; the fit keeps it with its projection, so ``assign``, ``report`` and
   refreshes apply it too (:class:`vbcore.kernels.projection.Projection`). The rows' exact bound
   cannot make this choice: it compares models of the same rows, and the normalisation changes the
