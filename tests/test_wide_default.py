@@ -88,8 +88,9 @@ def _store(path, x, normalize="none"):
 
 @pytest.fixture
 def narrow_wide(monkeypatch):
-    """Stores of more than 4 dimensions count as wide."""
+    """Stores of more than 4 dimensions count as wide; the rule switched on."""
     monkeypatch.setattr(select, "FULL_MAX_FEATURES", 4)
+    monkeypatch.setattr(wide, "WIDE_DEFAULT", True)
 
 
 def test_the_wide_default_triggers_only_where_it_should(tmp_path, narrow_wide, monkeypatch):
@@ -119,7 +120,7 @@ def test_the_wide_default_triggers_only_where_it_should(tmp_path, narrow_wide, m
     assert make_spec(pos) == replace(plain, store=make_spec(pos).store)
 
 
-def test_a_wide_nonnegative_store_fits_end_to_end_through_the_command_line(tmp_path):
+def test_a_wide_nonnegative_store_fits_end_to_end_through_the_command_line(tmp_path, monkeypatch):
     """300 dimensions (the real threshold), non-negative rows: ``vbcluster fit`` with the defaults (K and
     the space made small for time) normalises, selects in the whitened space, records it; ``assign``
     applies the same normalisation and projection as the fit."""
@@ -132,6 +133,7 @@ def test_a_wide_nonnegative_store_fits_end_to_end_through_the_command_line(tmp_p
     from pipeline.estimator import load_model
     from pipeline.runs.directory import assign_store
 
+    monkeypatch.setattr(wide, "WIDE_DEFAULT", True)
     rng = np.random.default_rng(1)
     y = rng.integers(0, 3, 600)
     x = np.maximum(rng.normal(size=(3, 300))[y] * 2 + rng.normal(size=(600, 300)), 0).astype(np.float32)
