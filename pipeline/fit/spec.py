@@ -108,8 +108,8 @@ class FitSpec:
                          choices=PCA_SOLVERS, identity="when set")
     normalize: str = _s("none", "Rows normalised before --pca projects them: l2 (unit length) | power-l2 "
                         "(sign(x)|x|^0.5, then unit length) | none; saved with the projection, so assign "
-                        "and refreshes apply it. Unset on a store of more than 256 dimensions whose rows "
-                        "are all non-negative: power-l2 with the wide default (docs/guide.md).", "str",
+                        "and refreshes apply it. The wide non-negative default (off; pipeline.fit.wide, "
+                        "docs/guide.md) sets power-l2.", "str",
                         choices=NORMALIZATIONS, identity="when set", flag="--normalize")
     learner_options: dict[str, Any] = _s({}, "Learner options KEY=VALUE (`vbcluster learners`).",
                                          "options", estimator="learner_options", sklearn=None)
