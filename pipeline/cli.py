@@ -213,8 +213,7 @@ def fit(
     components: int | None = typer.Option(None, "--components", "-k", help=spec_help("components")),
     covariance: str | None = typer.Option(None, help=spec_help("covariance")),
     rank: int | None = typer.Option(None, "--rank", help=spec_help("rank")),
-    weights: str | None = typer.Option(None, help="dp (truncated Dirichlet process) | dirichlet (finite) "
-                                       "(default: dp)."),
+    weights: str | None = typer.Option(None, help=spec_help("weights")),
     max_iter: int | None = typer.Option(None, help=spec_help("max_iter")),
     tol: float | None = typer.Option(None, help=spec_help("tol")),
     seed: int | None = typer.Option(None, help=spec_help("seed")),
@@ -236,14 +235,14 @@ def fit(
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
     whiten: bool = typer.Option(False, "--whiten", help=spec_help("whiten")),
     pca_solver: str | None = typer.Option(None, "--pca-solver", help=spec_help("pca_solver")),
+    normalize: str | None = typer.Option(None, help=spec_help("normalize")),
     cluster: str | None = typer.Option(None, help=spec_help("cluster")),
     persist: str | None = typer.Option(None, "--persist", metavar="MODE", help=spec_help("persist")),
     chunk_rows: int | None = typer.Option(None, help=spec_help("chunk_rows")),
     checkpoint_every: int | None = typer.Option(None, help=spec_help("checkpoint_every")),
     checkpoint_seconds: float | None = typer.Option(None, help=spec_help("checkpoint_seconds")),
     keep: int | None = typer.Option(None, help=spec_help("keep")),
-    restart: bool = typer.Option(False, "--restart", help="Start over in a run directory that holds "
-                                 "another run (its checkpoints and results are removed)."),
+    restart: bool = typer.Option(False, "--restart", help="Start over in a run directory holding another run."),
     warm_from: str | None = typer.Option(None, "--warm-from", help="Start from a run and its model."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ) -> None:
@@ -262,7 +261,8 @@ def fit(
                          max_components=max_components, keep=keep, checkpoint_every=checkpoint_every,
                          checkpoint_seconds=checkpoint_seconds, learner_options=key_values(learner_option),
                          pca=pca, whiten=whiten or None, pca_solver=pca_solver, select=select, rank=rank,
-                         select_fits=select_fits, select_pca=select_pca, select_lowrank=select_lowrank)
+                         select_fits=select_fits, select_pca=select_pca, select_lowrank=select_lowrank,
+                         normalize=normalize)
     except VBClusterError as exc:
         fail(exc)
         return

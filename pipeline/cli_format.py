@@ -145,7 +145,9 @@ def selection_table(selection: dict[str, Any]) -> Table:
 
     res = selection.get("resolution") or 0.0
     at = f" at resolution {res:g} (times the features' rms deviation)" if res else ""
-    title = (f"model selection: {selection['parts']} by the exact bound per row of the rows{at} "
+    norm = selection.get("normalize", "none")
+    rows = "rows" if norm == "none" else f"{norm}-normalised rows"
+    title = (f"model selection: {selection['parts']} by the exact bound per row of the {rows}{at} "
              f"({selection['screen_rows']} rows screened in {selection['screen_seconds']:.1f} s)")
     caption = ("--select none fixes diag with the empirical priors (the default above 256 dimensions); "
                "--covariance / --priors fix a part by hand"

@@ -44,6 +44,7 @@ from pipeline.fit.driver import FitOutcome, run_fit
 from pipeline.fit.fitted import FittedMixture
 from pipeline.fit.setup import check_components, check_prior_settings, open_source
 from pipeline.fit.spec import FitSpec
+from pipeline.fit.wide import wide_settings
 from pipeline.runs.directory import check_run_dir, read_result, save_run, verify_posterior
 from pipeline.runs.warm_start import WARM_DIR, Warm, discard_warm, load_warm, save_warm, source_model
 from vbcore.errors import ConfigError, InputError, VBClusterError
@@ -141,7 +142,7 @@ def _select_and_fit(spec: FitSpec, source: Any, eng: Any, random_state: Any, che
         ckpt = f"{checkpoint_dir}/model-{i}" if checkpoint_dir is not None and n > 1 else checkpoint_dir
         outs[i] = _restarts(chosen_spec(spec, selection.candidates[i]), source, eng, random_state, ckpt,
                             None, None, callback, verbose, log_every)
-    selection = finish(selection, full_bounds(outs, source, selection))
+    selection = finish(selection, full_bounds(outs, source, selection, spec.normalize))
     best = next(i for i, c in enumerate(selection.candidates) if c.chosen)
     outs[best].selection = selection.to_dict()
     return outs[best]
@@ -181,16 +182,15 @@ def _restarts(spec: FitSpec, source: Any, eng: Any, random_state: Any, checkpoin
 
 
 def make_spec(store: str | None, warm_from: str | Path | None = None, **settings: Any) -> FitSpec:
-    """A resolved, validated spec: the defaults of :class:`FitSpec` updated by ``settings``
-    (``None`` values mean "the default"). With ``warm_from`` (a run directory), the model's settings
-    left ``None`` (those a resumed run must keep: :meth:`FitSpec.identity`) are that run's instead of
-    the defaults, and its learner options are kept where the learner is the same (options given here
-    override them): a warm start continues the same model. ``max_iter``, ``tol`` and the execution
-    settings (cluster, checkpoints) are this fit's own, as for any fit."""
+    """A resolved, validated spec: :class:`FitSpec`'s defaults (a wide store's: :mod:`pipeline.fit.wide`)
+    updated by ``settings`` (``None``: the default). With ``warm_from`` (a run directory) the model's
+    settings left ``None`` (:meth:`FitSpec.identity`) and its learner's options are that run's: a warm
+    start continues the same model; ``max_iter``, ``tol`` and execution settings are this fit's own."""
     if warm_from is not None:
         from pipeline.fit.select import kept_model  # (a selected run: the model it kept)
         settings = inherited_settings(kept_model(read_spec(warm_from), finished_result(warm_from)), settings)
     values = {k: v for k, v in settings.items() if v is not None}
+    values.update(wide_settings(store, values) if store is not None and warm_from is None else {})
     if store is not None and warm_from is None and "components" not in values:
         values["components"] = default_components(store)
     if store is not None and warm_from is None and "select" not in values:

@@ -254,7 +254,7 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
             raise ConfigError(f"{loaded.path}: the checkpoint holds no projection; restart the fit")
     if projection is not None:
         check_projection(projection, source.n_features, spec.pca, bool(spec.whiten),
-                         "the warm start" if loaded is None else str(loaded.path))
+                         "the warm start" if loaded is None else str(loaded.path), spec.normalize)
     if loaded is None and warm is None:  # (a resumed or warm start keeps the components it has)
         check_components(int(spec.components), source.n_rows, source.describe())
     ctx = setup(spec, source, CountingEngine(engine), random_state, projection,

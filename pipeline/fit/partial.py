@@ -102,7 +102,8 @@ def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: P
         shift = None if state is None else state.shift
         projection = projection if state is None else state.projection
         if projection is not None:
-            check_projection(projection, source.n_features, spec.pca, bool(spec.whiten), "partial_fit")
+            check_projection(projection, source.n_features, spec.pca, bool(spec.whiten), "partial_fit",
+                             spec.normalize)
         elif spec.pca is not None:
             raise ConfigError(f"partial_fit: pca={spec.pca!r}, but the model was fitted without a projection")
         ctx = setup(spec, source, CountingEngine(eng), random_state, projection=projection, shift=shift)

@@ -14,7 +14,7 @@ initialisation, ``predict``, ``assign``, warm starts and scheduled refreshes see
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ import numpy as np
 from pipeline.engine.blas import one_blas_thread
 from pipeline.engine.sources import ArraySource
 from pipeline.fit.spec import PCA_SOLVERS
+from vbcore.data.normalize import normalize_chunk
 from vbcore.errors import ConfigError
 from vbcore.kernels.projection import Projection, RowMoments, Rows, check_pca, fit_projection, moments_kernel
 from vbcore.kernels.sketch import PASSES, SketchPart, centred_rows, randomized_projection, sketch_kernel
@@ -33,19 +34,23 @@ Stage = Callable[[str, "tuple[int, int] | None"], None]
 PROJECTION_SEED_KEY = (0, 5)
 
 
-def _rows(x: Any) -> Rows:
-    """A chunk's rows as they are (the projection pass prepares nothing; the engine adds the rows'
-    weights)."""
-    return Rows(x)
+def _rows(x: Any, normalize: str = "none") -> Rows:
+    """A chunk's rows as they are, or normalised by ``normalize`` (the engine adds the rows' weights)."""
+    return Rows(normalize_chunk(x, normalize))
 
 
-def data_moments(engine: Any, source: Any) -> RowMoments:
-    """Row count (weighted rows: their total weight), mean and centred scatter of the whole source:
-    one streamed pass on ``engine``."""
-    handles = engine.prepare(source, _rows, persist="never")
+def _normalized_centred(x: Any, shift: np.ndarray, normalize: str) -> Any:
+    """:func:`vbcore.kernels.sketch.centred_rows` of the normalised rows."""
+    return centred_rows(normalize_chunk(x, normalize), shift)
+
+
+def data_moments(engine: Any, source: Any, normalize: str = "none") -> RowMoments:
+    """Row count (weighted rows: their total weight), mean and centred scatter of the whole source (its
+    rows normalised by ``normalize``): one streamed pass on ``engine``."""
+    handles = engine.prepare(source, _rows, normalize, persist="never")
     try:
         where = None if isinstance(source, ArraySource) else source.describe()
-        shift = np.asarray(source.load(0)[0], dtype=np.float64)
+        shift = np.asarray(normalize_chunk(source.load(0)[:1], normalize)[0], dtype=np.float64)
         return engine.map_reduce(moments_kernel, handles, shift, where,
                                  per_chunk=[s.start for s in source.chunk_slices()])
     finally:
@@ -53,8 +58,11 @@ def data_moments(engine: Any, source: Any) -> RowMoments:
 
 
 def projection_pass(engine: Any, source: Any, n_components: int, whiten: bool, solver: str = "exact",
-                    seed: int | None = None, stage: Stage | None = None) -> Projection:
-    """The projection of ``source`` onto its ``n_components`` leading principal components:
+                    seed: int | None = None, stage: Stage | None = None,
+                    normalize: str = "none") -> Projection:
+    """The projection of ``source`` (its rows normalised by ``normalize`` first: the projection keeps
+    it, :class:`~vbcore.kernels.projection.Projection`) onto its ``n_components`` leading principal
+    components:
     ``solver`` 'exact' (the D x D scatter, one streamed pass) or 'randomized' (subspace iteration,
     :mod:`vbcore.kernels.sketch`, its start drawn from ``seed``). ``stage(text, step)`` is told each
     pass over the chunks before it starts (``step``: ``(i, n)`` of several) and the driver's
@@ -65,17 +73,18 @@ def projection_pass(engine: Any, source: Any, n_components: int, whiten: bool, s
     say = stage or _silent
     shape = f"{source.n_rows:,} rows x {source.n_features}"
     if solver == "randomized":
-        return _randomized(engine, source, int(n_components), bool(whiten), seed, single, eps, say, shape)
+        return replace(_randomized(engine, source, int(n_components), bool(whiten), seed, single, eps, say,
+                                   shape, normalize), normalize=normalize)
     if solver != "exact":
         raise ConfigError(f"pca_solver must be one of {', '.join(PCA_SOLVERS)}, got {solver!r}")
     say(f"projection pass (exact, P = {int(n_components)}): mean and scatter of {shape}", None)
-    moments = data_moments(engine, source)
+    moments = data_moments(engine, source, normalize)
     say(f"projection: eigendecomposition of the {source.n_features} x {source.n_features} scatter", None)
     # one BLAS thread, as the chunk kernels: eigenvectors whose bits do not depend on the driver's
     # cores (and on a busy 2-core machine LAPACK's eigh at D = 4096 took 7 CPU s on one thread,
     # 20 on two)
     with one_blas_thread():
-        return fit_projection(moments, int(n_components), bool(whiten), eps=eps)
+        return replace(fit_projection(moments, int(n_components), bool(whiten), eps=eps), normalize=normalize)
 
 
 def _silent(text: str, step: tuple[int, int] | None) -> None:
@@ -83,12 +92,12 @@ def _silent(text: str, step: tuple[int, int] | None) -> None:
 
 
 def _randomized(engine: Any, source: Any, n_components: int, whiten: bool, seed: int | None,
-                single: bool, eps: float, say: Stage, shape: str) -> Projection:
+                single: bool, eps: float, say: Stage, shape: str, normalize: str = "none") -> Projection:
     """:func:`vbcore.kernels.sketch.randomized_projection` with its passes on ``engine``: the chunks
     kept in (worker) memory for all of them when the engine's ``persist`` allows (so the store is
     read once), else streamed in each; released afterwards."""
-    shift = np.asarray(source.load(0)[0], dtype=np.float64)
-    handles = engine.prepare(source, centred_rows, shift)
+    shift = np.asarray(normalize_chunk(source.load(0)[:1], normalize)[0], dtype=np.float64)
+    handles = engine.prepare(source, _normalized_centred, shift, normalize)
     try:
         where = None if isinstance(source, ArraySource) else source.describe()
         starts = [s.start for s in source.chunk_slices()]
@@ -110,12 +119,12 @@ def _randomized(engine: Any, source: Any, n_components: int, whiten: bool, seed:
 
 
 def check_projection(projection: Projection, n_features: int, pca: int | None, whiten: bool,
-                     what: str) -> None:
+                     what: str, normalize: str = "none") -> None:
     """A given projection (a warm start's, a checkpoint's) against the data and the settings."""
-    have = (projection.n_features_in, projection.n_components, projection.whiten)
-    want = (n_features, pca, bool(whiten))
+    have = (projection.n_features_in, projection.n_components, projection.whiten, projection.normalize)
+    want = (n_features, pca, bool(whiten), normalize)
     if have != want:
-        names = ("n_features", "pca", "whiten")
+        names = ("n_features", "pca", "whiten", "normalize")
         diff = "; ".join(f"{n} {a!r} -> {b!r}" for n, a, b in zip(names, have, want, strict=True) if a != b)
         raise ConfigError(f"{what}: its projection does not match the data or settings ({diff})")
 

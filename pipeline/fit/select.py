@@ -40,6 +40,7 @@ import numpy as np
 
 from pipeline.fit.setup import open_source
 from pipeline.fit.spec import FitSpec
+from vbcore.data.normalize import normalize_chunk
 from vbcore.errors import ConfigError
 
 #: the covariance families screened, in the order ties are broken
@@ -121,17 +122,19 @@ class Selection:
     parts: str
     #: the resolution the bounds are at (:data:`RESOLUTION`; 0: the plain bound)
     resolution: float = 0.0
+    #: the rows' normalisation before the candidates' projection (``FitSpec.normalize``)
+    normalize: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         return {"parts": self.parts, "screen_rows": self.screen_rows,
                 "screen_seconds": self.screen_seconds, "resolution": self.resolution,
-                "candidates": [asdict(c) for c in self.candidates]}
+                "normalize": self.normalize, "candidates": [asdict(c) for c in self.candidates]}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Selection:
         return cls(tuple(Candidate(**c) for c in values["candidates"]), int(values["screen_rows"]),
                    float(values["screen_seconds"]), str(values["parts"]),
-                   float(values.get("resolution", 0.0)))
+                   float(values.get("resolution", 0.0)), str(values.get("normalize", "none")))
 
     def winner(self) -> Candidate:
         return next(c for c in self.candidates if c.chosen)
@@ -245,8 +248,9 @@ def original_bound(out: Any, chunks: Any, eps: np.ndarray | None) -> float:
 def screen(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> Selection:
     """Fit every candidate to the same subsample; their bounds per row of the original rows, best first."""
     t0 = time.perf_counter()
-    rows = screen_rows(source, spec.seed if random_state is None else random_state)
-    sub = open_source(rows, int(spec.chunk_rows))
+    raw = screen_rows(source, spec.seed if random_state is None else random_state)
+    sub = open_source(raw, int(spec.chunk_rows))
+    rows = normalize_chunk(raw, spec.normalize)  # as the candidates' projections see them: their bounds'
     eps = resolution_of([rows], RESOLUTION)
     found: list[Candidate] = []
     refused: ConfigError | None = None
@@ -260,7 +264,8 @@ def screen(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> Select
         raise refused
     ranked = sorted(range(len(found)), key=lambda i: -found[i].screen_bound)  # stable: FAMILIES order
     ordered = tuple(found[i] for i in ranked)
-    return Selection(ordered, int(rows.shape[0]), time.perf_counter() - t0, spec.select, RESOLUTION)
+    return Selection(ordered, int(rows.shape[0]), time.perf_counter() - t0, spec.select, RESOLUTION,
+                     spec.normalize)
 
 
 def screened(spec: FitSpec, n_features: int, eps: np.ndarray | None) -> list[Candidate]:
@@ -332,10 +337,12 @@ def kept_model(spec: FitSpec, result: dict[str, Any] | None) -> FitSpec:
     return spec if not sel else replace(spec, **choice(Selection.from_dict(sel).winner()))
 
 
-def full_bounds(outs: dict[int, Any], source: Any, selection: Selection) -> dict[int, float]:
-    """The bound per row of the original rows (at the selection's resolution) of each full fit."""
+def full_bounds(outs: dict[int, Any], source: Any, selection: Selection,
+                normalize: str = "none") -> dict[int, float]:
+    """The bound per row of the original rows (normalised by ``normalize``: the rows the fits' projection
+    sees; at the selection's resolution) of each full fit."""
     def chunks() -> Any:
-        return (source.load(i) for i in range(len(source.chunk_slices())))
+        return (normalize_chunk(source.load(i), normalize) for i in range(len(source.chunk_slices())))
 
     eps = resolution_of(chunks(), selection.resolution)  # (reads nothing at resolution 0)
     rows = float(source.n_rows)
@@ -417,7 +424,8 @@ def space_projection(spec: FitSpec, n_features: int, sub: Any, engine: Any, rand
     p = wide_space(spec, n_features)
     if p is None:
         return None
-    return projection_pass(engine, sub, p, True, spec.pca_solver, seed_entropy(random_state))
+    return projection_pass(engine, sub, p, True, spec.pca_solver, seed_entropy(random_state),
+                           normalize=spec.normalize)
 
 
 def default_select(n_features: int, given: Mapping[str, Any] | None = None) -> str:

@@ -88,7 +88,7 @@ def setup(spec: FitSpec, raw: Any, engine: Any, random_state: Any,
     assert ct is not None, "resolve the spec first"
     if spec.pca is not None and projection is None:
         projection = projection_pass(engine, raw, int(spec.pca), bool(spec.whiten), spec.pca_solver,
-                                     seed_entropy(random_state), stage)
+                                     seed_entropy(random_state), stage, spec.normalize)
     if stage is not None:
         stage("reading the rows (chunks, moments, prior)", None)
     source = raw if projection is None else ProjectedSource(raw, projection)

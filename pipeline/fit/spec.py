@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.store import CHUNK_ROWS
+from vbcore.data.normalize import NORMALIZATIONS
 from vbcore.errors import ConfigError
 from vbcore.model.priors import COVARIANCE_TYPES, PRIOR_DEFAULTS, WEIGHT_TYPES
 
@@ -108,6 +109,11 @@ class FitSpec:
                          "flops, the store read once where it fits in memory; about 99% of the exact "
                          "components' variance; docs/guide.md).", "str", estimator="pca_solver",
                          choices=PCA_SOLVERS, identity="when set")
+    normalize: str = _s("none", "Rows normalised before --pca projects them: l2 (unit length) | power-l2 "
+                        "(sign(x)|x|^0.5, then unit length) | none; saved with the projection, so assign "
+                        "and refreshes apply it. The wide non-negative default (off; pipeline.fit.wide, "
+                        "docs/guide.md) sets power-l2.", "str",
+                        choices=NORMALIZATIONS, identity="when set", flag="--normalize")
     learner_options: dict[str, Any] = _s({}, "Learner options KEY=VALUE (`vbcluster learners`).",
                                          "options", estimator="learner_options", sklearn=None)
     weight_concentration_prior: float | None = _s(
@@ -257,6 +263,10 @@ class FitSpec:
         if spec.whiten and spec.pca is None:
             raise ConfigError(f"{_where('whiten', face)} needs {_where('pca', face)}: whitening scales "
                               "the principal components")
+        selected = changes.get("select", spec.select)
+        if spec.normalize != "none" and spec.pca is None and "covariance" not in selected:
+            raise ConfigError(f"{_where('normalize', face)} needs {_where('pca', face)} (the fit normalises "
+                              "the rows before projecting them), or normalise the store at ingest")
         if spec.pca_solver != "exact" and spec.pca is None:
             raise ConfigError(f"{_where('pca_solver', face)} needs {_where('pca', face)}: it computes the "
                               "principal components")

@@ -243,5 +243,7 @@ def selection_note(r: dict[str, Any]) -> str | None:
         full = "" if c["full_bound"] is None else f", all rows {c['full_bound']:.4f}"
         cells.append(f"{label(c)}/{c['priors']}: screen {c['screen_bound']:.4f}{full}"
                      + (" (kept)" if c["chosen"] else ""))
-    return (f"model selection ({sel['parts']}; exact bound per row, {sel['screen_rows']} rows screened in "
-            f"{sel['screen_seconds']:.1f} s): " + "; ".join(cells))
+    norm = sel.get("normalize", "none")
+    rows = "" if norm == "none" else f" of the {norm}-normalised rows"
+    return (f"model selection ({sel['parts']}; exact bound per row{rows}, {sel['screen_rows']} rows "
+            f"screened in {sel['screen_seconds']:.1f} s): " + "; ".join(cells))

@@ -14,7 +14,10 @@ real features (an image with no active unit). A row holding NaN or inf yields Na
 callers check finiteness first (the feature store does, :func:`pipeline.store.features.check_rows`).
 
 The feature store applies the transform at ingest (``vbcluster ingest --normalize``) and records it;
-:func:`normalize_rows` is the same transform for arrays held in memory (``VBMixture`` users).
+:func:`normalize_rows` is the same transform for arrays held in memory (``VBMixture`` users), and a
+fit applies it before its projection (``vbcluster fit --normalize``,
+:class:`vbcore.kernels.projection.Projection`: saved with the run, so ``assign`` and refreshes apply
+it too).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 
 from vbcore.errors import ConfigError
 
-__all__ = ["NORMALIZATIONS", "check_normalization", "normalize_rows"]
+__all__ = ["NORMALIZATIONS", "check_normalization", "normalize_block", "normalize_chunk", "normalize_rows"]
 
 #: the transforms, in the order the documentation lists them
 NORMALIZATIONS = ("none", "l2", "power-l2")
@@ -41,15 +44,29 @@ def check_normalization(method: Any, where: str = "normalize") -> str:
     return method
 
 
-def _block(x: np.ndarray, method: str) -> np.ndarray:
-    """One block of rows normalised, in float64 (a new array)."""
-    b = np.array(x, dtype=np.float64)  # a copy: the caller's rows are never changed
+def normalize_block(x: Any, method: str, xp: Any = np) -> Any:
+    """One block of rows normalised by ``method`` ('l2' or 'power-l2'), in float64 (a new array) of the
+    array namespace ``xp`` (NumPy, or CuPy for a device's chunks: the same arithmetic)."""
+    b = xp.array(x, dtype=xp.float64)  # a copy: the caller's rows are never changed
     if method == "power-l2":
-        np.multiply(np.sign(b), np.sqrt(np.abs(b)), out=b)
-    norm = np.sqrt(np.einsum("ij,ij->i", b, b))
+        xp.multiply(xp.sign(b), xp.sqrt(xp.abs(b)), out=b)
+    norm = xp.sqrt(xp.einsum("ij,ij->i", b, b))
     nonzero = norm > 0
     b[nonzero] /= norm[nonzero, None]
     return b
+
+
+def normalize_chunk(x: Any, method: str) -> Any:
+    """A chunk's rows as a fit's projection sees them (:class:`vbcore.kernels.projection.Projection`):
+    normalised by ``method`` in float64 in their array namespace (NumPy or CuPy), cast back to their
+    floating dtype (float64 for other input); ``x`` itself for 'none'."""
+    from vbcore.kernels.estep import array_namespace
+
+    if method == "none":
+        return x
+    xp = array_namespace(x)
+    dtype = x.dtype if x.dtype in (xp.float32, xp.float64) else xp.float64
+    return normalize_block(x, method, xp).astype(dtype, copy=False)
 
 
 def normalize_rows(X: Any, method: str = "power-l2", *, dtype: Any = None) -> np.ndarray:
@@ -80,5 +97,5 @@ def normalize_rows(X: Any, method: str = "power-l2", *, dtype: Any = None) -> np
         return np.array(arr, dtype=out_dtype)
     out = np.empty(arr.shape, dtype=out_dtype)
     for s in range(0, arr.shape[0], _BLOCK_ROWS):
-        out[s:s + _BLOCK_ROWS] = _block(arr[s:s + _BLOCK_ROWS], method)
+        out[s:s + _BLOCK_ROWS] = normalize_block(arr[s:s + _BLOCK_ROWS], method)
     return out

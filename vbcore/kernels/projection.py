@@ -43,6 +43,9 @@ SCRATCH_BYTES = 1 << 20
 #: keys of a projection in a saved run (``posterior.npz``) or a checkpoint
 KEYS = ("projection_mean", "projection_components", "projection_variances", "projection_whiten",
         "projection_n_rows")
+#: the key of the rows' normalisation before the projection (absent in runs saved before it existed:
+#: 'none')
+NORMALIZE_KEY = "projection_normalize"
 
 
 @dataclass(frozen=True)
@@ -247,7 +250,8 @@ def _add_outer(a: np.ndarray, u: np.ndarray, v: np.ndarray) -> None:
 
 @dataclass(frozen=True)
 class Projection:
-    """``x -> (x - mean) @ components * scale``: the leading principal components of the data.
+    """``x -> (n(x) - mean) @ components * scale``: the leading principal components of the data, after
+    the rows' normalisation ``n`` (``normalize``: :mod:`vbcore.data.normalize`; 'none': the rows).
 
     Attributes
     ----------
@@ -262,6 +266,9 @@ class Projection:
         Divide each coordinate by its standard deviation (unit variance along every component).
     n_rows : int
         Rows the moments were computed from (weighted rows: their total weight, rounded).
+    normalize : str
+        The rows' normalisation before the projection ('none', 'l2', 'power-l2'); ``mean``,
+        ``components`` and ``variances`` are those of the normalised rows.
     """
 
     mean: np.ndarray
@@ -269,6 +276,7 @@ class Projection:
     variances: np.ndarray
     whiten: bool
     n_rows: int
+    normalize: str = "none"
 
     @property
     def n_features_in(self) -> int:
@@ -285,8 +293,14 @@ class Projection:
             return self.components
         return self.components / np.sqrt(self.variances)[None, :]
 
+    def normalized(self, x: Array) -> Array:
+        """The rows as the projection sees them (:func:`vbcore.data.normalize.normalize_chunk`)."""
+        from vbcore.data.normalize import normalize_chunk
+
+        return normalize_chunk(x, self.normalize)
+
     def apply(self, x: Array) -> Array:
-        """``(x - mean) @ W`` of rows of shape (n, D), in their array namespace and dtype (one GEMM)."""
+        """``(n(x) - mean) @ W`` of rows of shape (n, D), in their array namespace and dtype (one GEMM)."""
         from vbcore.kernels.estep import array_namespace
 
         if x.shape[1] != self.n_features_in:
@@ -294,11 +308,12 @@ class Projection:
                              f"{x.shape[1]}")
         xp = array_namespace(x)
         dtype = x.dtype if x.dtype in (xp.float32, xp.float64) else xp.float64
-        x = xp.asarray(x, dtype=dtype)
+        x = xp.asarray(self.normalized(x), dtype=dtype)
         return (x - xp.asarray(self.mean, dtype=dtype)) @ xp.asarray(self.matrix(), dtype=dtype)
 
     def inverse(self, y: np.ndarray) -> np.ndarray:
-        """Rows of the projected space mapped back to the input space (float64): ``y W^+ + mean``."""
+        """Rows of the projected space mapped back to the input space (float64): ``y W^+ + mean`` (of the
+        normalised rows where ``normalize`` is set: the normalisation has no inverse)."""
         y = np.asarray(y, dtype=np.float64)
         if self.whiten:
             y = y * np.sqrt(self.variances)[None, :]
@@ -306,8 +321,11 @@ class Projection:
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The projection as named arrays (:data:`KEYS`), for ``posterior.npz`` and checkpoints."""
-        return dict(zip(KEYS, (self.mean, self.components, self.variances, np.asarray(self.whiten),
-                               np.asarray(self.n_rows, dtype=np.int64)), strict=True))
+        out = dict(zip(KEYS, (self.mean, self.components, self.variances, np.asarray(self.whiten),
+                              np.asarray(self.n_rows, dtype=np.int64)), strict=True))
+        if self.normalize != "none":  # (a run without it reads as before, and older readers read it)
+            out[NORMALIZE_KEY] = np.asarray(self.normalize)
+        return out
 
     @classmethod
     def from_arrays(cls, arrays: Any) -> Projection | None:
@@ -315,7 +333,8 @@ class Projection:
         if KEYS[0] not in arrays:
             return None
         mean, components, variances = (np.asarray(arrays[k], dtype=np.float64) for k in KEYS[:3])
-        return cls(mean, components, variances, bool(arrays[KEYS[3]]), int(arrays[KEYS[4]]))
+        normalize = str(arrays[NORMALIZE_KEY]) if NORMALIZE_KEY in arrays else "none"
+        return cls(mean, components, variances, bool(arrays[KEYS[3]]), int(arrays[KEYS[4]]), normalize)
 
 
 def leading_eigh(cov: np.ndarray, p: int, single: bool = False) -> tuple[np.ndarray, np.ndarray]:
