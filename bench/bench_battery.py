@@ -18,7 +18,8 @@ Each set is ingested into ``OUT/battery/NAME.zarr`` with its labels and fitted w
 settings (:func:`pipeline.service.fit_run`): ``default`` (nothing set: on stores of at most 256
 dimensions the model selected by its bound, without the low-rank candidates) and ``select``
 (``--select auto``, the low-rank family among its candidates), and on request ``select-gauss``
-(``--select auto`` with the low-rank candidates left out: the default's screen on these stores), ``bound`` and ``empirical``
+(``--select auto`` with the low-rank candidates left out: the default's screen on these stores),
+``bound`` and ``empirical``
 (``--priors``), ``full``
 (``--covariance full``), ``lowrank2`` and ``lowrank8`` (``--covariance lowrank --rank 2 / 8``); beside them
 scikit-learn's ``BayesianGaussianMixture`` (diag, K = 50, its defaults otherwise) and k-means told

@@ -242,7 +242,7 @@ def fit(
     checkpoint_every: int | None = typer.Option(None, help=spec_help("checkpoint_every")),
     checkpoint_seconds: float | None = typer.Option(None, help=spec_help("checkpoint_seconds")),
     keep: int | None = typer.Option(None, help=spec_help("keep")),
-    restart: bool = typer.Option(False, "--restart", help="Start over in a run directory holding another run."),
+    restart: bool = typer.Option(False, "--restart", help="Start over in a run dir holding another run."),
     warm_from: str | None = typer.Option(None, "--warm-from", help="Start from a run and its model."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ) -> None:
