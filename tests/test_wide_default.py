@@ -113,7 +113,8 @@ def test_the_wide_default_triggers_only_where_it_should(tmp_path, narrow_wide, m
     neg = make_spec(_store(tmp_path / "neg.zarr", _rows(negative=True)))  # one negative value
     assert neg == replace(plain, store=neg.store)
     narrow = make_spec(_store(tmp_path / "narrow.zarr", x[:, :4]))
-    assert (narrow.normalize, narrow.select) == ("none", "none")
+    # not the wide rule: the narrow stores' own default (the model selected by its bound, no normalisation)
+    assert (narrow.normalize, narrow.select) == ("none", "covariance+priors")
     pl2 = make_spec(_store(tmp_path / "pl2.zarr", x, normalize="power-l2"))  # normalised at ingest
     assert (pl2.normalize, pl2.select) == ("none", "covariance")
     monkeypatch.setattr(wide, "WIDE_DEFAULT", False)
