@@ -60,7 +60,7 @@ def normalize_chunk(x: Any, method: str) -> Any:
     """A chunk's rows as a fit's projection sees them (:class:`vbcore.kernels.projection.Projection`):
     normalised by ``method`` in float64 in their array namespace (NumPy or CuPy), cast back to their
     floating dtype (float64 for other input); ``x`` itself for 'none'."""
-    from vbcore.kernels.estep import array_namespace
+    from vbcore.arrays import array_namespace
 
     if method == "none":
         return x
