@@ -52,7 +52,8 @@ from vbcore.kernels.projection import check_pca
 
 RUN_SPEC = "run.json"
 #: what a run directory may hold; ``restart`` removes these before a new fit
-RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "iterations.jsonl", "report", WARM_DIR)
+RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "lowrank.npz", "iterations.jsonl", "report",
+             WARM_DIR)
 
 
 def check_warm(warm: Warm, spec: FitSpec, n_features: int, run: str | Path | None = None) -> None:

@@ -150,3 +150,16 @@ def test_a_run_written_before_the_shift_was_recorded(run, tmp_path):
     import pandas as pd
 
     assert np.array_equal(pd.read_csv(copy / "assignments.csv")["label"].to_numpy(), arrays["labels"])
+
+
+def test_restart_over_a_lowrank_run_removes_its_model(run, tmp_path):
+    """`fit --restart` in a low-rank run's directory removes lowrank.npz with the other run files, so
+    the new run's posterior is the one assign reads."""
+    copy = tmp_path / "again"
+    shutil.copytree(run, copy)
+    store = json.loads((run / "result.json").read_text())["store"]
+    res = CliRunner().invoke(app, ["fit", store, "--run-dir", str(copy), "--restart", "--covariance", "diag",
+                                   "-k", "4", "--seed", "0", "-q"])
+    assert res.exit_code == 0, res.output
+    assert not (copy / "lowrank.npz").exists() and (copy / "posterior.npz").exists()
+    assert not isinstance(load_run_model(copy), LowRankModel)
