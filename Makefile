@@ -59,6 +59,7 @@ bench: venv
 	$(VPY) bench/bench_choosing_k.py wider  # issue 26's planted checks, 21 sets x 5 starts x 2 learners: ~10 min
 	$(VPY) bench/bench_battery.py --out bench/out  # issue 51's real sets: what the defaults and --select auto find
 	$(VPY) bench/bench_select.py --out bench/out  # screening against fitting every candidate in full
+	$(VPY) bench/bench_restarts.py --out bench/out  # the default's kept model from 5 seeds; its screen against a full comparison
 
 # One VB EM iteration against scikit-learn and the GEMM share, interleaved rounds (about 1 minute).
 bench-quick: venv

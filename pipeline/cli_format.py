@@ -178,7 +178,7 @@ WHY = {
     "priors": "scikit-learn's nu0 = D and alpha0 = 1/K let D and K decide; the pipeline's fit them",
     "init": "k-means at K = 1000 took 180 s; projected k-means++ seeds start in seconds",
     "select": "the exact bound picks the family and priors (issue 51); VBMixture fits the model it names",
-    "select_lowrank": "assign and report do not read a lowrank run yet; --select auto screens it",
+    "select_lowrank": "it never won on the battery, doubles the screen and has no warm start",
 }
 
 

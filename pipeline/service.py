@@ -41,7 +41,7 @@ from pipeline.engine.sources import StoreSource
 from pipeline.files.atomic import write_file as write_atomic
 from pipeline.files.locks import RunLock
 from pipeline.fit.driver import FitOutcome, run_fit
-from pipeline.fit.fitted import FittedMixture
+from pipeline.fit.fitted import fitted_model
 from pipeline.fit.setup import check_components, check_prior_settings, open_source
 from pipeline.fit.spec import FitSpec
 from pipeline.fit.wide import wide_settings
@@ -52,7 +52,8 @@ from vbcore.kernels.projection import check_pca
 
 RUN_SPEC = "run.json"
 #: what a run directory may hold; ``restart`` removes these before a new fit
-RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "iterations.jsonl", "report", WARM_DIR)
+RUN_FILES = ("checkpoints", "result.json", "posterior.npz", "lowrank.npz", "iterations.jsonl", "report",
+             WARM_DIR)
 
 
 def check_warm(warm: Warm, spec: FitSpec, n_features: int, run: str | Path | None = None) -> None:
@@ -315,7 +316,10 @@ def finished_result(run_dir: str | Path) -> dict[str, Any] | None:
 
 def warm_start_problem(previous: str | Path, spec: FitSpec) -> str | None:
     """Why the posterior in ``previous`` cannot start a fit with ``spec`` (None when it can)."""
-    prev = read_result(previous)["settings"]
+    result = read_result(previous)
+    if "lowrank" in (result.get("covariance"), spec.covariance):
+        return "the low-rank family (--covariance lowrank) has no warm start yet (pipeline/fit/lowrank.py)"
+    prev = result["settings"]
     want = {"n_components": spec.components, "covariance_type": spec.covariance,
             "weight_concentration_prior_type": spec.weights, "pca": spec.pca, "whiten": spec.whiten}
     prev = {"pca": None, "whiten": False, **prev}  # runs from before the projection had none
@@ -488,12 +492,3 @@ def run_settings(spec: FitSpec, checkpoint_dir: str | None, warm_start: bool) ->
     params = {**spec.estimator_params(), "checkpoint_dir": checkpoint_dir, "warm_start": warm_start}
     return dict(sorted(params.items()))
 
-
-def fitted_model(out: FitOutcome, settings: dict[str, Any], source: Any) -> FittedMixture:
-    """The :class:`FittedMixture` of a fit's outcome, with the attributes a run directory records."""
-    model = FittedMixture(out.post, out.prior, out.terms, out.history, out.converged, out.n_iter,
-                          out.history_se, out.projection, settings=settings)
-    model.fitted_store_ = source  # the store as the fit opened it (row count, fingerprint)
-    model.learner_options_ = out.options
-    model.truncation_ = dict(out.truncation)
-    return model

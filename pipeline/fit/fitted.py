@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.fit.driver import n_effective
+from pipeline.fit.driver import FitOutcome, n_effective
 from vbcore.kernels.projection import Projection
 from vbcore.model.elbo import ElboTerms
 from vbcore.model.posterior import Posterior
@@ -38,7 +38,7 @@ class FittedMixture:
 
     The fit service adds, as the estimator does: ``fitted_store_`` (the store as the fit opened
     it), ``learner_options_`` (the options as the fit used them) and ``truncation_``
-    (:func:`pipeline.service.fitted_model`).
+    (:func:`fitted_model`).
     """
 
     def __init__(self, post: Posterior, prior: Prior, terms: ElboTerms, history: list[float],
@@ -100,3 +100,13 @@ class FittedMixture:
     def n_components(self) -> int:
         """The truncation the fit was asked for (the estimator's ``n_components``)."""
         return int(self.settings.get("n_components", self.prior_.n_components))
+
+
+def fitted_model(out: FitOutcome, settings: dict[str, Any], source: Any) -> FittedMixture:
+    """The :class:`FittedMixture` of a fit's outcome, with the attributes a run directory records."""
+    model = FittedMixture(out.post, out.prior, out.terms, out.history, out.converged, out.n_iter,
+                          out.history_se, out.projection, settings=settings)
+    model.fitted_store_ = source  # the store as the fit opened it (row count, fingerprint)
+    model.learner_options_ = out.options
+    model.truncation_ = dict(out.truncation)
+    return model

@@ -14,8 +14,9 @@ decreasing under VB EM; the plain bound is higher by ``N/2 sum_d reg_covar / Psi
 fits the family with ``reg_covar = eps^2 / 12`` (:mod:`pipeline.fit.select`).
 
 Merge rounds judged by the exact bound, checkpoints and resume (the driver's checkpoint format and
-identity checks). What it does not do yet (docs/algorithms.md): growth, ``--pca``, warm starts,
-``assign`` and ``report`` on its run directory; ``VBMixture`` does not offer it. result.json holds
+identity checks); ``assign`` and ``report`` read its run directory (:mod:`pipeline.runs.lowrank_model`).
+What it does not do yet (docs/algorithms.md): growth, ``--pca``, warm starts (so no ``publish`` for a
+refresh); ``VBMixture`` does not offer it. result.json holds
 the bound, the clusters and the metrics of the fit's own assignments.
 """
 
@@ -63,6 +64,8 @@ class LowRankOutcome:
     selection: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     resumed_from: str | None = None
+    #: the rows' shift (the store's first row): the posterior's means are relative to it
+    shift: np.ndarray | None = None
 
     @property
     def n_effective(self) -> int:
@@ -278,4 +281,5 @@ def run_lowrank(spec: FitSpec, source: Any, engine: Any, *, random_state: Any = 
         engine.release(handles)
     return LowRankOutcome(loop.post, prior, loop.terms, loop.history, loop.converged, len(loop.history),
                           time.perf_counter() - t0, labels, int(source.n_rows), resumed_from=resumed,
+                          shift=shift,
                           options={"rank": int(spec.rank), "moves": moves, "reg_covar": variance})

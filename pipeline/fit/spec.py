@@ -163,8 +163,9 @@ class FitSpec:
                          "whitened scored on the original rows).", "int", minimum=0, identity="when set")
     select_lowrank: bool = _s(True, "With select: screen the low-rank family (ranks 2 and 8) among the "
                               "candidates (true | false). A fit that leaves --select unset on a store of at "
-                              "most 256 dimensions selects without it (assign and report do not read a "
-                              "lowrank run yet; docs/decisions.md); --select auto keeps it.", "bool",
+                              "most 256 dimensions selects without it (on the battery it never won and "
+                              "doubled the screen; a lowrank run has no warm start: docs/decisions.md); "
+                              "--select auto keeps it.", "bool",
                               identity="when set", flag="--select-lowrank")
     fixed_variance: float | None = _s(None, "sigma^2 of covariance 'fixed'; default: estimated.", "float",
                                       estimator="fixed_variance", minimum=0, above=True)

@@ -25,6 +25,13 @@ from pipeline.files.atomic import replace_dir as publish_dir  # pipeline/runs/re
 from pipeline.fit.checkpoint import sha256_file
 from pipeline.fit.fitted import FittedMixture
 from pipeline.fit.spec import jsonable
+from pipeline.runs.lowrank_model import (
+    LOWRANK_FILE,
+    NOT_GAUSSIAN,
+    LowRankModel,
+    is_lowrank_run,
+    load_lowrank,
+)
 from pipeline.store.features import FeatureStore
 from vbcore.data.metrics import acc, ari, nmi
 from vbcore.errors import ConfigError, InputError, StoreError
@@ -89,8 +96,11 @@ def _assign_kernel(chunk: Chunk, params: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def assign_rows(model: Any, source: Any, engine: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """MAP cluster and its responsibility for every row of ``source``, chunk by chunk (projected
-    first when the model has a projection); ``model``: a fitted ``VBMixture`` or a
-    :class:`~pipeline.fit.fitted.FittedMixture`."""
+    first when the model has a projection); ``model``: a fitted ``VBMixture``, a
+    :class:`~pipeline.fit.fitted.FittedMixture` or a low-rank run's
+    :class:`~pipeline.runs.lowrank_model.LowRankModel`."""
+    if isinstance(model, LowRankModel):
+        return model.assign_rows(source, engine)
     eng = engine or LocalEngine(persist="never")
     shift = model.prior_.mean
     handles = eng.prepare(source, prepare_chunk, shift, model.posterior_.covariance_type, None,
@@ -184,9 +194,12 @@ def _write_posterior(f: Any, model: Any) -> None:
 
 def load_fitted(run_dir: str | Path) -> FittedMixture:
     """The fitted model of a run directory (its posterior verified against result.json);
-    :func:`pipeline.estimator.load_model` makes a ``VBMixture`` of it."""
+    :func:`pipeline.estimator.load_model` makes a ``VBMixture`` of it. A low-rank run is refused
+    (:func:`load_run_model` reads it)."""
     run_dir = Path(run_dir)
     path = verify_posterior(run_dir)
+    if path.name == LOWRANK_FILE:
+        raise InputError(f"{run_dir}: {NOT_GAUSSIAN}")
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
@@ -210,19 +223,25 @@ def load_fitted(run_dir: str | Path) -> FittedMixture:
                          settings=meta["settings"])
 
 
+def load_run_model(run_dir: str | Path) -> FittedMixture | LowRankModel:
+    """The model of any finished run (verified against result.json): a :class:`FittedMixture`, or a
+    :class:`~pipeline.runs.lowrank_model.LowRankModel` for a ``--covariance lowrank`` run."""
+    if verify_posterior(run_dir).name == LOWRANK_FILE:
+        return load_lowrank(run_dir, read_result(run_dir))
+    return load_fitted(run_dir)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:160] if text else "no details"
 
 
 def verify_posterior(run_dir: str | Path) -> Path:
-    """The run's posterior.npz, after checking it against the ``posterior_sha256`` that result.json
-    records (a posterior replaced by another run's, or damaged, is refused naming the file)."""
+    """The run's posterior.npz (a low-rank run's lowrank.npz), after checking it against the
+    ``posterior_sha256`` that result.json records (a posterior replaced by another run's, or damaged,
+    is refused naming the file)."""
     run_dir = Path(run_dir)
-    path = run_dir / POSTERIOR
-    if not path.is_file() and (run_dir / "lowrank.npz").is_file():
-        raise InputError(f"{run_dir}: a --covariance lowrank run (lowrank.npz): `assign` and `report` do not "
-                         "read this family yet; its result.json has the clusters, bound and metrics")
+    path = run_dir / (LOWRANK_FILE if is_lowrank_run(run_dir) else POSTERIOR)
     if not path.is_file():
         raise InputError(f"{run_dir}: no {POSTERIOR} (not a finished vbcluster run directory)")
     if not (run_dir / RESULT).is_file():
@@ -274,7 +293,7 @@ def assign_store(run_dir: str | Path, *, store: str | None = None, name: str | N
     if fmt != "zarr" and name is not None:
         raise ConfigError(f"name is the Zarr group of the zarr format; for {fmt} choose the file with out")
     result = read_result(run_dir)
-    model = load_fitted(run_dir)
+    model = load_run_model(run_dir)
     store = store or result["store"]
     if "://" in store and fmt == "zarr":
         raise StoreError(f"{store}: assignments are written next to local stores only")

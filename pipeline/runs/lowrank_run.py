@@ -4,8 +4,9 @@ result.json has the keys of every fit's that describe the outcome (learner, sett
 n_features, n_iter, converged, elbo, elbo_history, elbo_terms, n_components, n_effective, counts,
 metrics, seconds, selection) plus ``covariance: 'lowrank'`` and ``rank``; the metrics are those of the
 fit's own assignments (each row's most probable component). ``lowrank.npz`` holds q(L), the shared
-noise, the hyperparameters and the labels; ``posterior.npz`` is not written (``assign`` and ``report``
-do not read this family yet).
+noise, the hyperparameters, the labels and the shift of the fit's rows (the store's first row);
+result.json's ``posterior_sha256`` is lowrank.npz's (``posterior.npz`` is not written).
+:mod:`pipeline.runs.lowrank_model` reads it for ``assign`` and ``report``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ import numpy as np
 
 from pipeline.engine.sources import StoreSource
 from pipeline.files.atomic import write_file
+from pipeline.fit.checkpoint import sha256_file
 from pipeline.fit.lowrank import LowRankOutcome
 from pipeline.fit.spec import FitSpec, jsonable
+from pipeline.runs.lowrank_model import LOWRANK_FILE
 from vbcore.data.metrics import acc, ari, nmi
-
-#: the model file of a low-rank run
-LOWRANK_FILE = "lowrank.npz"
 
 
 def save_lowrank_run(run_dir: str | Path, spec: FitSpec, out: LowRankOutcome, source: Any,
@@ -69,6 +69,7 @@ def save_lowrank_run(run_dir: str | Path, spec: FitSpec, out: LowRankOutcome, so
     write_file(run_dir / LOWRANK_FILE, lambda f: np.savez(
         f, weight_concentration=p.weight_concentration, loadings=p.loadings, precision=p.precision,
         noise=p.noise, ard=p.ard, mean_precision=np.float64(p.mean_precision), labels=out.labels,
-        prior_mean=out.prior.mean))
+        prior_mean=out.prior.mean, **({} if out.shift is None else {"shift": out.shift})))
+    result["posterior_sha256"] = sha256_file(run_dir / LOWRANK_FILE)
     write_file(run_dir / "result.json", lambda f: f.write(json.dumps(result, indent=2).encode()))
     return result

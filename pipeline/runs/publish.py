@@ -25,6 +25,7 @@ from typing import Any
 from pipeline.engine.sources import StoreSource
 from pipeline.files.atomic import replace_symlink
 from pipeline.runs.directory import POSTERIOR, RESULT, read_result, verify_posterior
+from pipeline.runs.lowrank_model import is_lowrank_run
 from vbcore.errors import CheckpointError, InputError
 
 VERSIONS = "versions"
@@ -133,6 +134,9 @@ def latest(out: str | os.PathLike[str]) -> Path | None:
 def publish(out: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> Path:
     """Point ``OUT/latest`` at ``run_dir`` (a finished run under ``OUT/versions``), atomically."""
     out, run_dir = Path(out), Path(run_dir)
+    if is_lowrank_run(run_dir):
+        raise InputError(f"{run_dir}: a --covariance lowrank run cannot be published: a refresh warm-starts "
+                         "from the published run, and the low-rank family has no warm start yet")
     for name in (RESULT, POSTERIOR):
         if not (run_dir / name).is_file():
             raise InputError(f"{run_dir}: no {name}; only a finished run can be published")

@@ -42,11 +42,12 @@ from pipeline.runs.directory import (
     CLUSTERS_FOUND,
     POSTERIOR,
     RESULT,
-    load_fitted,
+    load_run_model,
     publish_dir,
     read_result,
     verify_posterior,
 )
+from pipeline.runs.lowrank_model import LOWRANK_FILE, LowRankModel, is_lowrank_run
 from pipeline.runs.report_clusters import CSS as CLUSTERS_CSS
 from pipeline.runs.report_clusters import EXEMPLARS, clusters_html
 from pipeline.runs.report_curves import (
@@ -78,9 +79,8 @@ READABLE_PX = 9  # the smallest text on screen: an image is never drawn narrower
 
 
 def _check_run(run_dir: Path) -> dict[str, Any]:
-    missing = [n for n in (RESULT, POSTERIOR) if not (run_dir / n).is_file()]
-    if missing == [POSTERIOR]:
-        verify_posterior(run_dir)  # (names a lowrank run)
+    model_file = LOWRANK_FILE if is_lowrank_run(run_dir) else POSTERIOR
+    missing = [n for n in (RESULT, model_file) if not (run_dir / n).is_file()]
     if missing:
         raise InputError(f"{run_dir}: no {' or '.join(missing)}: not a finished vbcluster run directory "
                          "(run `vbcluster fit` or `vbcluster resume` first)")
@@ -286,8 +286,9 @@ def _run_section(i: int, d: Path, r: dict[str, Any], tmp: Path, sample: int, see
     except Exception as exc:  # noqa: BLE001 - the store may be gone or changed: plots from result.json only
         notes.append(f"store plots skipped: {exc}")
         return {"dir": d, "result": r, "figs": figs, "notes": notes}
-    model = load_fitted(d)
-    typical = typical_rows(model, src, EXEMPLARS, engine)  # one pass: labels and each cluster's top rows
+    model = load_run_model(d)  # one pass: labels and each cluster's top rows
+    typical = model.typical_rows(src, EXEMPLARS, engine) if isinstance(model, LowRankModel) \
+        else typical_rows(model, src, EXEMPLARS, engine)
     pred = _stored_assignments(d, r)
     if pred is None:
         pred = typical.labels

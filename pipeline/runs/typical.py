@@ -33,7 +33,7 @@ from vbcore.kernels.estep import (
     to_host,
 )
 
-__all__ = ["TypicalRows", "top_per_cluster", "typical_kernel", "typical_rows"]
+__all__ = ["TypicalRows", "reduce_typical", "top_per_cluster", "typical_kernel", "typical_rows"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,12 @@ def typical_rows(model: Any, source: Any, m: int = 8, engine: Any = None) -> Typ
         parts = eng.map(typical_kernel, handles, estep_params(model.posterior_, shift), int(m))
     finally:
         eng.release(handles)
-    k = int(model.posterior_.n_components)
+    return reduce_typical(parts, source, int(model.posterior_.n_components), int(m))
+
+
+def reduce_typical(parts: list[Any], source: Any, k: int, m: int) -> TypicalRows:
+    """The chunks' :func:`typical_kernel` results (in chunk order) reduced: their local rows shifted by
+    each chunk's first row, the top ``m`` per cluster of all, the labels concatenated, the sizes summed."""
     starts = [s.start for s in source.chunk_slices()]
     cand_rows = np.concatenate([np.where(p[1] >= 0, p[1] + first, -1)
                                 for p, first in zip(parts, starts, strict=True)], axis=1)
