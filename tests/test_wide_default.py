@@ -101,6 +101,8 @@ def test_the_wide_default_triggers_only_where_it_should(tmp_path, narrow_wide, m
     spec = make_spec(pos)
     assert (spec.normalize, spec.select, spec.priors) == ("power-l2", "covariance", "empirical")
     assert spec.pca is None  # the selection's space (select_pca) is the projection
+    assert spec.select_pca == wide.WIDE_SPACE != FitSpec().select_pca
+    assert make_spec(pos, select_pca=5).select_pca == 5  # the space given by hand: kept
     assert spec.learner_options["accelerate"] is True
     assert make_spec(pos, learner_options={"accelerate": "false"}).learner_options["accelerate"] is False
     assert make_spec(pos, priors="sklearn").priors == "sklearn"  # priors by hand: kept, family selected
