@@ -11,7 +11,8 @@ learner than vbem), and the store has more than ``FULL_MAX_FEATURES`` dimensions
   cannot make this choice: it compares models of the same rows, and the normalisation changes the
   rows;
 * **the bound within one space**: the covariance family (diag, full, tied, spherical) chosen by the
-  exact bound of the normalised rows' ``select_pca`` (64) leading principal components, whitened
+  exact bound of the normalised rows' :data:`WIDE_SPACE` (128; ``--select-pca`` given: that) leading
+  principal components, whitened
   (``select='covariance'``, :func:`pipeline.fit.select.wide_space`; Jegou & Chum 2012 for PCA-whitening
   of such descriptors), under the 'empirical' prior, which the bound does not choose: on these
   features the bound ranks the prior's strength against NMI (it prefers the lightest prior, which
@@ -32,11 +33,21 @@ import numpy as np
 
 from pipeline.fit import select
 
-#: whether ``vbcluster fit`` applies :func:`wide_default` where no ``--select`` is given. Off: it meets
-#: Fashion-MNIST's target (30 clusters, NMI 0.594, 68 s) but the synthetic stores' ReLU rows are
-#: non-negative too, and the 100-class 512-dimensional store then ends at 74 clusters, NMI 0.971 (its
-#: target: 90-130; today's default 100, 1.000); docs/decisions.md
+#: whether ``vbcluster fit`` applies :func:`wide_default` where no ``--select`` is given. Off: in its
+#: space of 128 it meets Fashion-MNIST's target (24 clusters, NMI 0.596, 225 s) and the 100-class
+#: 512-dimensional store's (100 clusters, NMI 1.000), but the synthetic stores' ReLU rows are
+#: non-negative too, and on the SUN397-shaped store with ``-k 1000`` its screen alone (every candidate
+#: fitted with K = 1000) outlasts twice the plain fit (59 s): docs/decisions.md
 WIDE_DEFAULT = False
+#: P of the whitened space the rule's candidates are compared in (``--select-pca`` given: that one).
+#: 128, not ``FitSpec.select_pca``'s 64: in 64 components full covariances win the screen on the
+#: 100-class synthetic store and merge its classes in the full fit (74 clusters); in 128 the screen's
+#: 16,384 rows no longer carry full covariances for 100 classes and the bound keeps diag (100
+#: clusters), while Fashion-MNIST's 10 classes keep full (24 clusters, NMI 0.596). Chosen on those two
+#: stores between 64 and 128 (256 not measured; docs/decisions.md); the spectrum's own count (Minka
+#: 2000, the Marchenko-Pastur edge) is above 256 on all three wide stores measured, so it does not
+#: choose (bench/bench_wide_dimension.py)
+WIDE_SPACE = 128
 #: settings that, given by hand, leave the fit as the user asked (the rule does not apply)
 BY_HAND = ("select", "covariance", "pca", "whiten", "normalize", "pca_solver")
 
@@ -60,8 +71,9 @@ def wide_default(source: Any, store_normalize: str, values: dict[str, Any]) -> d
     if not applies(values, int(source.n_features)) or not nonnegative(source):
         return {}
     options = {"accelerate": "true", **dict(values.get("learner_options") or {})}
+    space = {} if values.get("select_pca") is not None else {"select_pca": WIDE_SPACE}
     return {"normalize": "none" if store_normalize == "power-l2" else "power-l2", "select": "covariance",
-            "learner_options": options}
+            "learner_options": options, **space}
 
 
 def wide_settings(store: str, values: dict[str, Any]) -> dict[str, Any]:
