@@ -38,7 +38,7 @@ from pipeline.fit import select
 #: 512-dimensional store's (100 clusters, NMI 1.000), but the synthetic stores' ReLU rows are
 #: non-negative too, and on the SUN397-shaped store with ``-k 1000`` its screen alone (every candidate
 #: fitted with K = 1000) outlasts twice the plain fit (59 s): docs/decisions.md
-WIDE_DEFAULT = False
+WIDE_DEFAULT = True
 #: P of the whitened space the rule's candidates are compared in (``--select-pca`` given: that one).
 #: 128, not ``FitSpec.select_pca``'s 64: in 64 components full covariances win the screen on the
 #: 100-class synthetic store and merge its classes in the full fit (74 clusters); in 128 the screen's
