@@ -1,6 +1,6 @@
 """Each screened candidate's bound, iteration by iteration, on the screen's own rows.
 
-    python bench/bench_screen_trace.py RUN_DIR [--only full] [--out OUT.json]
+    python bench/bench_screen_trace.py RUN_DIR [--only full] [--one-blas-thread] [--out OUT.json]
 
 ``RUN_DIR`` is a finished fit that selected its model (result.json's ``selection``). The screen's
 subsample and candidates are rebuilt from its run.json as :func:`pipeline.fit.select.screen` builds them
@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from pipeline.engine.engines import make_engine
 from pipeline.fit.driver import run_fit
@@ -33,6 +34,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run")
     ap.add_argument("--only", nargs="*", default=None, help="covariance families to trace (default: all)")
+    ap.add_argument("--one-blas-thread", action="store_true",
+                    help="each fit inside threadpoolctl's limit of one BLAS thread (the driver's LAPACK too)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     spec = read_spec(a.run)
@@ -56,7 +59,8 @@ def main() -> None:
             continue
         t = time.perf_counter()
         one = replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER)
-        out = run_fit(one, sub, engine, random_state=spec.seed)
+        with threadpool_limits(1 if a.one_blas_thread else None, user_api="blas"):
+            out = run_fit(one, sub, engine, random_state=spec.seed)
         hist = np.asarray(out.history) / n
         traces.append(
             {
