@@ -149,7 +149,7 @@ def selection_table(selection: dict[str, Any]) -> Table:
     rows = "rows" if norm == "none" else f"{norm}-normalised rows"
     title = (f"model selection: {selection['parts']} by the exact bound per row of the {rows}{at} "
              f"({selection['screen_rows']} rows screened in {selection['screen_seconds']:.1f} s)")
-    caption = ("--select none fixes diag with the empirical priors (the default above 256 dimensions); "
+    caption = ("--select none fixes diag with the empirical priors on the rows as they are; "
                "--covariance / --priors fix a part by hand"
                + ("" if any(c.get("rank") is not None for c in selection["candidates"])
                   else "; --select-lowrank true screens the low-rank family too"))

@@ -136,7 +136,7 @@ def test_a_wide_nonnegative_store_fits_end_to_end_through_the_command_line(tmp_p
     from pipeline.estimator import load_model
     from pipeline.runs.directory import assign_store
 
-    monkeypatch.setattr(wide, "WIDE_DEFAULT", True)
+    assert wide.WIDE_DEFAULT  # the shipped default, not switched on here
     rng = np.random.default_rng(1)
     y = rng.integers(0, 3, 600)
     x = np.maximum(rng.normal(size=(3, 300))[y] * 2 + rng.normal(size=(600, 300)), 0).astype(np.float32)
@@ -160,6 +160,34 @@ def test_a_wide_nonnegative_store_fits_end_to_end_through_the_command_line(tmp_p
     by_hand = replace(model.projection_, normalize="none")  # the rows normalised here instead
     model.projection_ = by_hand
     np.testing.assert_array_equal(labels, model.predict(normalize_rows(x, "power-l2", dtype=np.float32)))
+
+
+def test_the_wide_space_screens_from_at_most_screen_wide_k_components(tmp_path, monkeypatch):
+    """``-k`` above ``SCREEN_WIDE_K``: every candidate of the wide space starts its screen from
+    ``SCREEN_WIDE_K`` components (held here by ``--no-grow``), the winner's full fit from ``-k``."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    rng = np.random.default_rng(2)
+    y = rng.integers(0, 6, 900)
+    x = np.maximum(rng.normal(size=(6, 300))[y] * 4 + rng.normal(size=(900, 300)), 0).astype(np.float32)
+    store = _store(tmp_path / "s.zarr", x)
+
+    def clusters(cap):
+        monkeypatch.setattr(select, "SCREEN_WIDE_K", cap)
+        run = tmp_path / f"run{cap}"
+        res = CliRunner().invoke(app, ["fit", store, "--run-dir", str(run), "-k", "8", "--no-grow",
+                                       "--select-pca", "8"])
+        assert res.exit_code == 0, res.output
+        result = json.loads((run / "result.json").read_text())
+        return [c["screen_clusters"] for c in result["selection"]["candidates"]], result["n_effective"]
+
+    screened, fitted = clusters(3)
+    assert max(screened) <= 3 < fitted  # the screen from 3 components, the full fit from 8
+    assert max(clusters(50)[0]) > 3  # the cap above -k: the screen from -k, as before
 
 
 def _bench_dimension():

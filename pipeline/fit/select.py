@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engine.blas import one_blas_thread
 from pipeline.fit.setup import open_source
 from pipeline.fit.spec import FitSpec
 from vbcore.data.normalize import normalize_chunk
@@ -57,6 +58,12 @@ SCREEN_ROWS = 10_000
 #: iterations of each screening fit (its own, not the fit's max_iter: a resumed run with another
 #: max_iter screens to the same bounds and keeps the same winner)
 SCREEN_MAX_ITER = 100
+#: components each candidate of a wide store's space starts from in the screen (the fit's K where
+#: smaller; the winner's full fit starts from the fit's K). The screen ranks families on about 10,000
+#: rows: from ``-k 1000`` a candidate has ten rows a component and its full covariances in 128
+#: dimensions did not finish in 321 s on the SUN397-shaped store; from 50 they grow within the screen
+#: (docs/decisions.md, the wide default switched on)
+SCREEN_WIDE_K = 50
 #: the seed's spawn key of the subsample (other draws of the fit use other keys)
 SCREEN_KEY = 51
 #: projected candidates screened beside the families when ``--covariance`` and ``--pca`` are left unset,
@@ -255,11 +262,12 @@ def screen(spec: FitSpec, source: Any, engine: Any, random_state: Any) -> Select
     found: list[Candidate] = []
     refused: ConfigError | None = None
     shared = space_projection(spec, source.n_features, sub, engine, random_state)
-    for cand in screened(spec, source.n_features, eps):
-        try:
-            found.append(screen_one(spec, cand, sub, rows, eps, engine, random_state, shared)[0])
-        except ConfigError as exc:  # a model the rows refuse (a singular covariance prior, whitening a
-            refused = exc           # direction without spread): not a candidate; all refused: raised
+    with one_blas_thread():  # the driver's small factorisations too (docs/decisions.md: 4x faster)
+        for cand in screened(spec, source.n_features, eps):
+            try:
+                found.append(screen_one(spec, cand, sub, rows, eps, engine, random_state, shared)[0])
+            except ConfigError as exc:  # a model the rows refuse (a singular covariance prior, whitening
+                refused = exc           # a direction without spread): not a candidate; all refused: raised
     if not found and refused is not None:
         raise refused
     ranked = sorted(range(len(found)), key=lambda i: -found[i].screen_bound)  # stable: FAMILIES order
@@ -298,8 +306,11 @@ def screen_one(spec: FitSpec, cand: Candidate, sub: Any, rows: np.ndarray, eps: 
                           random_state=random_state)
         clusters = out.n_effective
     else:
-        out = run_fit(replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER), sub, engine,
-                      random_state=random_state, projection=projection if cand.pca is not None else None)
+        chosen = replace(chosen_spec(spec, cand), max_iter=SCREEN_MAX_ITER)
+        if projection is not None:  # the wide store's space (:func:`space_projection`)
+            chosen = replace(chosen, components=min(int(chosen.components), SCREEN_WIDE_K))
+        out = run_fit(chosen, sub, engine, random_state=random_state,
+                      projection=projection if cand.pca is not None else None)
         clusters = n_effective(out.post, out.prior)
     return replace(cand, screen_bound=original_bound(out, [rows], eps) / rows.shape[0],
                    screen_clusters=clusters,
