@@ -135,6 +135,21 @@ def planted_blobs(n: int = 3000, d: int = 6, k: int = 8, seed: int = 0, scale: f
     return centres[lab] + rng.normal(size=(n, d)), lab
 
 
+def planted_subspaces(n_classes: int, d: int, rows: int, spread: float, apart: float, noise: float,
+                      seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Classes each with its own mean (``apart`` x a normal) and 2-dimensional subspace (``spread`` x a
+    normal loading) in ``d`` dimensions, ``rows`` each plus isotropic ``noise``; rows shuffled."""
+    rng = np.random.default_rng(seed)
+    xs, ys = [], []
+    for c in range(n_classes):
+        lam = rng.normal(size=(d, 2)) * spread
+        mu = rng.normal(size=d) * apart
+        xs.append(rng.normal(size=(rows, 2)) @ lam.T + mu + noise * rng.normal(size=(rows, d)))
+        ys.append(np.full(rows, c))
+    order = rng.permutation(n_classes * rows)
+    return np.concatenate(xs)[order], np.concatenate(ys)[order]
+
+
 def same_fit_bits(a, b) -> None:
     """Two fitted VBMixture models have the same bits (means, covariances, weights, ELBO history)."""
     for name in ("means_", "covariances_", "weights_", "lower_bounds_"):

@@ -13,23 +13,17 @@ from pipeline.engine.sources import StoreSource
 from pipeline.fit.lowrank import run_lowrank
 from pipeline.service import make_spec
 from pipeline.store.features import FeatureStore
+from tests._reference import planted_subspaces
 from vbcore.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """Three classes, each its own mean and 2-dimensional subspace in 12 dimensions."""
-    rng = np.random.default_rng(3)
-    xs, ys = [], []
-    for c in range(3):
-        lam = rng.normal(size=(12, 2)) * 2.0
-        mu = rng.normal(size=12) * 4.0
-        xs.append(rng.normal(size=(300, 2)) @ lam.T + mu + 0.3 * rng.normal(size=(300, 12)))
-        ys.append(np.full(300, c))
-    order = rng.permutation(900)
+    x, y = planted_subspaces(3, 12, 300, 2.0, 4.0, 0.3, seed=3)
     path = tmp_path_factory.mktemp("stores") / "planes.zarr"
     s = FeatureStore.create(path, 12, chunk_rows=128, labels=True)
-    s.append(np.concatenate(xs)[order].astype(np.float32), labels=np.concatenate(ys)[order])
+    s.append(x.astype(np.float32), labels=y)
     return str(path)
 
 

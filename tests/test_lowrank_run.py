@@ -18,6 +18,7 @@ from pipeline.runs.directory import load_run_model
 from pipeline.runs.lowrank_model import NOT_GAUSSIAN, LowRankModel
 from pipeline.runs.publish import publish
 from pipeline.store.features import FeatureStore
+from tests._reference import planted_subspaces
 from vbcore.errors import InputError
 from vbcore.model.posterior import expected_log_weights
 
@@ -26,17 +27,10 @@ from vbcore.model.posterior import expected_log_weights
 def run(tmp_path_factory):
     """Four classes, each its own mean and 2-dimensional subspace in 10 dimensions, fitted by the CLI
     with --covariance lowrank (rank 2, K = 6: components to spare)."""
-    rng = np.random.default_rng(11)
-    xs, ys = [], []
-    for c in range(4):
-        lam = rng.normal(size=(10, 2)) * 1.5
-        mu = rng.normal(size=10) * 3.0
-        xs.append(rng.normal(size=(250, 2)) @ lam.T + mu + 0.4 * rng.normal(size=(250, 10)))
-        ys.append(np.full(250, c))
-    order = rng.permutation(1000)
+    x, y = planted_subspaces(4, 10, 250, 1.5, 3.0, 0.4, seed=11)
     folder = tmp_path_factory.mktemp("lowrank-run")
     s = FeatureStore.create(folder / "s.zarr", 10, chunk_rows=128, labels=True)
-    s.append((np.concatenate(xs)[order] + 50.0).astype(np.float32), labels=np.concatenate(ys)[order])
+    s.append((x + 50.0).astype(np.float32), labels=y)
     res = CliRunner().invoke(app, ["fit", str(folder / "s.zarr"), "--run-dir", str(folder / "r"),
                                    "--covariance", "lowrank", "--rank", "2", "-k", "6", "--seed", "0", "-q"])
     assert res.exit_code == 0, res.output
