@@ -66,6 +66,36 @@ class Posterior:
     def n_features(self) -> int:
         return int(self.means.shape[1])
 
+    def take(self, indices: np.ndarray | list[int]) -> Posterior:
+        """The posterior of the components ``indices`` (a 1-d integer array, in that order; an index
+        may repeat, e.g. to append copies of components), every field taken as stored: nothing is
+        recomputed, so ``take(range(K))`` equals the original bit for bit.
+
+        Per-component fields are indexed along the component axis: ``weight_concentration`` ((K,) or
+        the sticks' (2, K)), ``mean_precision``, ``means``, ``degrees_of_freedom``, ``covariances`` and
+        ``precisions_cholesky`` (full, diag, spherical, fixed). For 'tied' the shared ``covariances``,
+        ``precisions_cholesky`` (D, D) and 0-d ``degrees_of_freedom`` are not per component: they are
+        copied unchanged.
+
+        For ``weight_type='dirichlet_process'`` the raw Beta parameters ``(a_k, b_k)`` of the selected
+        sticks are taken. A stick is a fraction of what the earlier sticks leave, so in a new order
+        (or with components dropped) they describe different mixture weights; a caller that wants
+        sticks consistent with the new order (as SVI's pruning does) re-derives them itself.
+        """
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise ValueError("Posterior.take: indices must be a 1-d integer array (for a boolean mask, "
+                             f"pass np.flatnonzero(mask)); got dtype {idx.dtype} and shape {idx.shape}")
+        idx = idx.astype(np.intp, copy=False)
+        nu = self.degrees_of_freedom
+        if self.covariance_type == "tied":
+            shared = (None if nu is None else nu.copy(), self.covariances.copy(),
+                      self.precisions_cholesky.copy())
+        else:
+            shared = (None if nu is None else nu[idx], self.covariances[idx], self.precisions_cholesky[idx])
+        return Posterior(self.covariance_type, self.weight_type, self.weight_concentration[..., idx],
+                         self.mean_precision[idx], self.means[idx], *shared)
+
     # ---- expectations -------------------------------------------------------------------------
     def expected_log_weights(self) -> np.ndarray:
         """``E[ln pi_k]`` (Kuusela et al. 2009 eq. 34; Blei & Jordan 2006 for the truncated DP)."""

@@ -304,8 +304,10 @@ def with_children(post: Posterior, prior: Any, shift: np.ndarray, parents: np.nd
     nu = None
     if post.degrees_of_freedom is not None and np.ndim(post.degrees_of_freedom) > 0:
         nu = prior.degrees_of_freedom + nk_new
-    return Posterior(post.covariance_type, post.weight_type, weight_posterior(nk_new, prior),
-                     beta0 + nk_new, means, nu, np.concatenate((post.covariances, post.covariances[parents])))
+    # every component, then a copy of each parent: the children's covariances (and factors) are the parents'
+    grown = post.take(np.concatenate((np.arange(post.n_components), parents)))
+    return replace(grown, weight_concentration=weight_posterior(nk_new, prior), mean_precision=beta0 + nk_new,
+                   means=means, degrees_of_freedom=nu)
 
 
 def propose(ctx: Any, post: Posterior, prior: Any, truncation: int, iteration: int,

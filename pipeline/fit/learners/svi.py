@@ -13,6 +13,7 @@ more full pass).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -99,15 +100,14 @@ class SVI(DPPointLearner):
         re-order the rest by descending expected count."""
         a, b = post.weight_concentration
         keep = self.prune_kept(a / (a + b), a - 1.0, post.means)
-        order = keep[np.argsort(-a[keep], kind="stable")]  # by descending expected count
+        kept = post.take(keep[np.argsort(-a[keep], kind="stable")])  # by descending expected count
         # q(v_k) = Beta(1 + N_k, alpha0 + N_{>k}) with the running counts N_k = a_k - 1: the second
         # parameter is re-derived for the new order (permuting b with a would change every weight;
-        # in an unchanged order it equals the running average SVI keeps, both blend with one rho_t)
-        counts = a[order] - 1.0
-        tail = np.concatenate((np.cumsum(counts[::-1])[-2::-1], [0.0]))
-        wc = np.vstack((a[order], self.ctx.prior.weight_concentration + tail))
-        return Posterior("fixed", "dirichlet_process", wc, post.mean_precision[order], post.means[order],
-                         None, post.covariances[order])
+        # in an unchanged order it equals the running average SVI keeps, both blend with one rho_t);
+        # the first stays a_k as taken (1 + (a_k - 1) need not be a_k in floating point)
+        wc = weight_posterior(kept.weight_concentration[0] - 1.0, self.ctx.prior)
+        wc[0] = kept.weight_concentration[0]
+        return replace(kept, weight_concentration=wc)
 
     def bound_kind(self) -> str:
         return "minibatch estimate" if self.opts["elbo"] == "minibatch" else "exact"

@@ -415,11 +415,7 @@ def prune_components(post: Posterior, keep: np.ndarray) -> Posterior:
     """The posterior of the components ``keep`` (a mask; the largest is kept if none is)."""
     if keep.all():
         return post
-    idx = kept_components(post, keep)
-    nu = None if post.degrees_of_freedom is None else post.degrees_of_freedom[idx]
-    return Posterior(post.covariance_type, post.weight_type, post.weight_concentration[..., idx],
-                     post.mean_precision[idx], post.means[idx], nu, post.covariances[idx],
-                     post.precisions_cholesky[idx])
+    return post.take(kept_components(post, keep))
 
 
 def kept_components(post: Posterior, keep: np.ndarray) -> np.ndarray:
