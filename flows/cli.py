@@ -34,7 +34,8 @@ def deploy(
     priors: str | None = typer.Option(None, help=spec_help("priors")),
     init: str | None = typer.Option(None, help=spec_help("init")),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
-    no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem, sga* grow it)."),
+    no_grow: bool = typer.Option(
+        False, "--no-grow", help="Keep the truncation at -k (the learners that grow: `vbcluster learners`)."),
     images: str | None = typer.Option(None, "--images", help="An image folder, tar shard(s) or image list: "
                                       "each refresh first extracts its new images into STORE."),
     extract_option: list[str] = typer.Option([], "--extract-option", "-x", metavar="KEY=VALUE",

@@ -229,7 +229,8 @@ def fit(
     select_fits: int | None = typer.Option(None, help=spec_help("select_fits")),
     select_pca: int | None = typer.Option(None, "--select-pca", metavar="P", help=spec_help("select_pca")),
     select_lowrank: str | None = typer.Option(None, metavar="BOOL", help=spec_help("select_lowrank")),
-    no_grow: bool = typer.Option(False, "--no-grow", help="Keep the truncation at -k (vbem, sga* grow it)."),
+    no_grow: bool = typer.Option(
+        False, "--no-grow", help="Keep the truncation at -k (the learners that grow: `vbcluster learners`)."),
     max_components: int | None = typer.Option(None, help=spec_help("max_components")),
     reg_covar: float | None = typer.Option(None, help=spec_help("reg_covar")),
     pca: int | None = typer.Option(None, "--pca", metavar="P", help=spec_help("pca")),
@@ -271,17 +272,10 @@ def fit(
 
 @app.command()
 def learners() -> None:
-    """List the learners and their options (pass options to `fit` as -o KEY=VALUE)."""
-    from pipeline.fit.learners import LEARNERS
+    """List the learners, their family and options (pass options to `fit` as -o KEY=VALUE)."""
+    from pipeline.cli_format import learners_table
 
-    table = Table(title="vbcluster learners")
-    table.add_column("learner")
-    table.add_column("options (defaults)")
-    table.add_column("about")
-    for name, cls in LEARNERS.items():
-        opts = ", ".join(f"{k}={v}" for k, v in cls.options.items()) or "-"
-        table.add_row(name, opts, (cls.__doc__ or "").strip().splitlines()[0].replace("``", ""))
-    table_console().print(table)
+    table_console().print(learners_table())
 
 
 @app.command("defaults")

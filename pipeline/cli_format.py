@@ -203,6 +203,23 @@ def defaults_table() -> Table:
     return table
 
 
+def learners_table() -> Table:
+    """Every registered learner (``vbcluster learners``): its family and what it does beyond it
+    (``grows`` the truncation, reads a ``minibatch`` per iteration), its options and its docstring's
+    first line."""
+    from pipeline.fit.learners import LEARNERS
+
+    table = Table(title="vbcluster learners")
+    for col in ("learner", "family", "options (defaults)", "about"):
+        table.add_column(col)
+    for name, cls in LEARNERS.items():
+        family = "\n".join([cls.family or "-"] + ["grows"] * cls.grows
+                            + ["minibatch"] * ("minibatch" in cls.options))
+        opts = ", ".join(f"{k}={v}" for k, v in cls.options.items()) or "-"
+        table.add_row(name, family, opts, (cls.__doc__ or "").strip().splitlines()[0].replace("``", ""))
+    return table
+
+
 def key_values(pairs: list[str]) -> dict[str, str]:
     """``KEY=VALUE`` options (``-o``, ``-x``) as a dict; anything else is a usage error naming it."""
     out = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from string import Template
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         Number of components ``K`` (the truncation level for the Dirichlet process).
     covariance_type : {'full', 'tied', 'diag', 'spherical', 'fixed'} or None, default=None
         None is scikit-learn's 'full' for the learners that fit it, and the learner's own otherwise
-        ('fixed' for mm, sga, sga-m, sga-f, svi). 'fixed' is a known isotropic variance
+        ('fixed' for the point learners: $point). 'fixed' is a known isotropic variance
         ``fixed_variance`` with a Gaussian prior on the means.
     tol : float, default=1e-3
         Convergence threshold on the change of the ELBO *per sample* between iterations.
@@ -90,13 +91,13 @@ class VBMixture(DensityMixin, BaseEstimator):
         default of the command line at once: ``VBMixture(K, covariance_type='diag',
         **pipeline.fit.spec.estimator_params())``.
     grow : bool, default=False
-        Grow the truncation (learners 'vbem' and 'sga*', DP weights) while the fit ends with nearly every
+        Grow the truncation (learners $growing; DP weights) while the fit ends with nearly every
         component in use (the pipeline's default is True); ``n_components`` is then the start.
     max_components : int, optional
         Upper limit of a growing truncation; default ``max(4 n_components, 1024)``.
     fixed_variance : float, optional
         ``sigma^2`` for covariance_type='fixed'; default: the learner's estimate (split-coordinate
-        nearest neighbours for mm, sga*, svi), else the mean per-dimension within-cluster variance
+        nearest neighbours for the point learners), else the mean per-dimension within-cluster variance
         of k-means with ``n_components`` clusters on (a sample of) X.
     pca : int, optional
         Fit on the rows projected onto their ``pca`` leading principal components (computed in one
@@ -111,8 +112,8 @@ class VBMixture(DensityMixin, BaseEstimator):
         subspace iteration on ``pca + 32`` vectors (:mod:`vbcore.kernels.sketch`; cheaper where D
         is large, about 99% of the exact components' variance), started from ``random_state``.
     learner : str, default='vbem'
-        A registered learner (``pipeline.fit.learners.LEARNERS``): 'vbem', and the others listed in
-        docs/algorithms.md. ``set_params(learner=..., warm_start=True)`` switches learners and
+        A registered learner (``pipeline.fit.learners.LEARNERS``: $learners; docs/algorithms.md).
+        ``set_params(learner=..., warm_start=True)`` switches learners and
         continues from the current posterior.
     learner_options : dict, optional
         Options of the learner (step sizes, minibatch size, ...); each learner lists its own with
@@ -420,6 +421,19 @@ class VBMixture(DensityMixin, BaseEstimator):
         y = np.concatenate([np.full(n, k, dtype=int) for k, n in enumerate(counts)])
         return X, y
 
+
+
+def _learners_doc(doc: str) -> str:
+    """``doc`` with the registry's names filled in ($point, $growing, $learners): written once, at import,
+    from :data:`pipeline.fit.learners.LEARNERS` (the package imports every learner module)."""
+    from pipeline.fit.learners import LEARNERS, learner_names, names_text
+
+    return Template(doc).substitute(point=names_text(learner_names(family="point")),
+                                    growing=names_text(learner_names(grows=True)),
+                                    learners=names_text(tuple(LEARNERS)))
+
+
+VBMixture.__doc__ = _learners_doc(VBMixture.__doc__ or "")
 
 def load_model(run_dir: Any) -> VBMixture:
     """A fitted ``VBMixture`` from a run directory (its posterior verified against result.json;

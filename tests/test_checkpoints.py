@@ -17,6 +17,7 @@ from sklearn.datasets import load_wine
 from pipeline import VBMixture
 from pipeline.files.locks import RunLock
 from pipeline.fit.checkpoint import PAUSE_ENV, Checkpointer, sha256_file
+from pipeline.fit.learners import learner_class
 from pipeline.store.features import FeatureStore
 from vbcore.errors import CheckpointError, ConfigError, RunLockedError
 
@@ -187,7 +188,7 @@ def test_sigkill_and_resume_is_bitwise(tmp_path, learner):
     store = tmp_path / "s.zarr"
     FeatureStore.create(store, 8, chunk_rows=500).append(X)
     args = ["--learner", learner, "-k", "8", "--max-iter", "30", "--tol", "0", "--checkpoint-every", "1",
-            "-q", "--covariance", "fixed" if learner in ("mm", "sga", "sga-m", "sga-f", "svi") else "diag"]
+            "-q", "--covariance", learner_class(learner).default_covariance or "diag"]
     ref = tmp_path / "ref"
     subprocess.run(_cli("fit", str(store), "--run-dir", str(ref), *args), check=True, capture_output=True)
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from pipeline.fit.learners import learner_names
 from tests._reference import planted_blobs as _planted
 from tests._reference import same_fit_bits as _same_bits
 from tests._reference import stats_of as _stats
@@ -213,7 +214,7 @@ def _elongated_classes(n: int = 3000, d: int = 8, k: int = 3):
     return (centres[z] + rng.normal(size=(n, d)) * scale).astype(np.float32), z
 
 
-@pytest.mark.parametrize("learner", ["mm", "sga", "sga-m", "sga-f", "svi"])
+@pytest.mark.parametrize("learner", learner_names(family="point"))
 def test_point_learners_judge_merges_on_the_diagonal_model(learner: str) -> None:
     """Where the learner's own isotropic bound keeps a class cut into 7-14 pieces, the default judge
     (the diagonal model's exact ELBO of the partition) merges the pieces back into the 3 classes. For

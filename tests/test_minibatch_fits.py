@@ -12,12 +12,17 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
+from pipeline.fit.learners import learner_class, learner_names
 from pipeline.store.features import FeatureStore
 from vbcore.data.metrics import nmi
 from vbcore.errors import ConfigError
 from vbcore.model.elbo import elbo_terms
 
-DP_LEARNERS = ["mm", "sga", "sga-m", "sga-f", "svi"]
+DP_LEARNERS = list(learner_names(family="point"))  # mm, sga, sga-m, sga-f, svi
+
+
+def _minibatch(learner):
+    return "minibatch" in learner_class(learner).options
 
 
 def _blobs(n_per=400, centres=4, d=10, seed=0, spread=6.0):
@@ -36,7 +41,7 @@ def blobs():
 
 def _fit(learner, X, **kw):
     opts = kw.pop("learner_options", None)
-    if learner not in ("mm", "vbem") and opts is None:
+    if _minibatch(learner) and opts is None:
         opts = {"minibatch": 400}
     kw = dict(dict(n_components=20, covariance_type="fixed", max_iter=30, tol=0.0, random_state=0,
                    chunk_rows=500), **kw)
@@ -59,7 +64,7 @@ def test_pruning_shrinks_k_and_finds_the_clusters(blobs, learner):
     seen = []
     m = VBMixture(n_components=20, covariance_type="fixed", max_iter=60, tol=0.0, random_state=0,
                   chunk_rows=500, learner=learner,
-                  learner_options=None if learner in ("mm", "vbem") else {"minibatch": 400})
+                  learner_options={"minibatch": 400} if _minibatch(learner) else None)
     m.fit(X, callback=lambda info: seen.append(info["n_components"]))
     assert seen[-1] < 20 and seen[-1] <= seen[0] and m.n_components_ == seen[-1] == m.means_.shape[0]
     assert m.n_effective_ <= m.n_components_

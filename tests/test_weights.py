@@ -61,6 +61,13 @@ def _same(a: VBMixture, b: VBMixture, tol: float = 1e-10) -> None:
     np.testing.assert_allclose(a.lower_bounds_, b.lower_bounds_, rtol=1e-10)
 
 
+def test_the_cases_cover_every_registered_learner():
+    """CASES holds every learner once (issue 54: checked against the registry, not a list)."""
+    from pipeline.fit.learners import LEARNERS
+
+    assert sorted({case[0] for case in CASES}) == sorted(LEARNERS)
+
+
 @pytest.mark.parametrize("learner, opts, cov", CASES, ids=[f"{a}-{c}-{'+'.join(b) or 'plain'}"
                                                             for a, b, c in CASES])
 def test_integer_weights_equal_repeated_rows_and_zero_weights_dropped_rows(learner, opts, cov):

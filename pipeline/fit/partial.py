@@ -33,7 +33,8 @@ SGD estimators do): one call is one pass of the model over one batch. ``n_iter_`
 VB EM iterations of the last call; ``converged_`` says whether the last call's bound changed by less
 than ``tol`` per unit of the batch's weight (its rows, or their ``sample_weight``) before ``max_iter``;
 ``lower_bound_`` is the exact bound over every row seen so far; ``lower_bounds_`` holds the last
-call's iterations. No ``ConvergenceWarning``: a batch need not converge. Only VB EM (``learner='vbem'``).
+call's iterations. No ``ConvergenceWarning``: a batch need not converge. Only the learners that
+declare ``partial_fit`` (VB EM).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import numpy as np
 
 from pipeline.engine.engines import make_engine, tree_reduce
 from pipeline.fit.driver import CountingEngine, run_fit
+from pipeline.fit.learners import learner_class, learner_names
 from pipeline.fit.learners.memo import chunk_keys, kept_total
 from pipeline.fit.learners.vbem import vbem_pass
 from pipeline.fit.projection import check_projection
@@ -91,9 +93,10 @@ def partial_fit(spec: FitSpec, X: Any, sample_weight: Any, engine: Any, state: P
     """Fold the batch ``X`` into ``state`` (None: the first batch) and update the posterior (see the
     module docstring). ``post``/``prior``/``projection``: a model to start from when ``state`` is None
     (a model fitted by ``fit``)."""
-    if spec.learner != "vbem":
+    if not learner_class(spec.learner).partial_fit:
+        use = " or ".join(f"learner={name!r}" for name in learner_names(partial_fit=True))
         raise ConfigError(f"partial_fit runs VB EM on memoized statistics; learner {spec.learner!r} has no "
-                          "partial_fit (use learner='vbem')")
+                          f"partial_fit (use {use})")
     source = open_source(X, int(spec.chunk_rows), sample_weight)
     eng = make_engine(engine, spec.persist)
     try:

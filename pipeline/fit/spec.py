@@ -65,17 +65,18 @@ class FitSpec:
     learner: str = _s("vbem", "The learner (`vbcluster learners` lists them).", "learner",
                       estimator="learner")
     components: int = _s(50, "K: number of components (the starting truncation of the Dirichlet process, "
-                         "which vbem and sga* grow while the fit uses nearly all of it; --no-grow, "
-                         "grow=False in VBMixture, keeps it).",
+                         "which the learners that grow (`vbcluster learners`) grow while the fit uses "
+                         "nearly all of it; --no-grow, grow=False in VBMixture, keeps it).",
                          "int", estimator="n_components", sklearn=1, minimum=1, flag="--components/-k")
-    grow: bool = _s(True, "Grow the truncation (vbem, sga*, DP weights) while the fit ends with nearly every "
-                    "component in use, up to max_components.", "bool", estimator="grow", sklearn=False,
+    grow: bool = _s(True, "Grow the truncation (the learners that grow, `vbcluster learners`; DP weights) "
+                    "while the fit ends with nearly every component in use, up to max_components.", "bool",
+                    estimator="grow", sklearn=False,
                     flag="--no-grow")
     max_components: int | None = _s(None, "Upper limit of the truncation when it grows; default: "
                                     "max(4 K, 1024), at most the number of rows.", "int",
                                     estimator="max_components", minimum=1)
     covariance: str | None = _s(None, "full | diag | spherical | fixed | tied | lowrank; default: the "
-                                "learner's (fixed for mm, sga*, svi; diag, or scikit-learn's full in "
+                                "learner's (fixed for the point family; diag, or scikit-learn's full in "
                                 "VBMixture). lowrank: a mixture of factor analysers of rank --rank (vbem, "
                                 "`vbcluster fit`).",
                                 "str", estimator="covariance_type", choices=(*COVARIANCE_TYPES, "lowrank"))
@@ -118,7 +119,7 @@ class FitSpec:
                                          "options", estimator="learner_options", sklearn=None)
     weight_concentration_prior: float | None = _s(
         None, "Weight concentration (DP alpha / Dirichlet); default 1 for the DP with priors=empirical, "
-        "else 1/K (a0 = N for mm, sga*, svi).",
+        "else 1/K (a0 = N for the point family).",
         "float", estimator="weight_concentration_prior", minimum=0, above=True)
     mean_precision_prior: float | None = _s(None, "Precision of the means' prior; default 1 (sklearn), "
                                             "re-estimated from the bound (empirical).", "float",

@@ -34,18 +34,24 @@ ITERATIONS_LOG = "iterations.jsonl"
 WEIGHTS = {"dirichlet_process": "DP", "dirichlet_distribution": "Dirichlet"}
 
 
-def learner_options(r: dict[str, Any]) -> dict[str, Any]:
-    """The learner's options as the fit used them: its defaults updated by the run's settings."""
+def learner_of(r: dict[str, Any]) -> Any:
+    """The run's registered learner class (None: a learner this installation does not know)."""
     from pipeline.fit.learners import LEARNERS
 
-    cls = LEARNERS.get(str(r.get("learner")))
+    return LEARNERS.get(str(r.get("learner")))
+
+
+def learner_options(r: dict[str, Any]) -> dict[str, Any]:
+    """The learner's options as the fit used them: its defaults updated by the run's settings."""
+    cls = learner_of(r)
     opts: dict[str, Any] = dict(cls.options) if cls is not None else {}
     opts.update((r.get("settings") or {}).get("learner_options") or {})
     return opts
 
 
 def is_minibatch(r: dict[str, Any]) -> bool:
-    """Whether the run's learner reads one minibatch per iteration (sga, sga-m, sga-f, svi)."""
+    """Whether the run's learner reads one minibatch per iteration (the learners with a ``minibatch``
+    option)."""
     return "minibatch" in learner_options(r)
 
 
@@ -165,8 +171,10 @@ def data_passes(run_dir: Path, r: dict[str, Any]) -> tuple[np.ndarray, str]:
     logged = _logged_passes(run_dir, n)
     if logged is not None:
         return logged, "engine passes from iterations.jsonl"
-    if r.get("learner") in ("vbem", "mm"):
-        return it, "one pass per iteration"
+    cls = learner_of(r)
+    if cls is not None and cls.passes_per_iteration is not None:
+        k = int(cls.passes_per_iteration)
+        return it * k, "one pass per iteration" if k == 1 else f"{k} passes per iteration"
     return it, "iterations (no iterations.jsonl: passes per iteration unknown)"
 
 

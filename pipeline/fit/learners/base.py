@@ -110,6 +110,19 @@ class Learner:
     #: whether the learner re-estimates the prior's free hyperparameters (:attr:`Prior.empirical`);
     #: for the others the fit setup holds them at their initial values
     empirical_bayes: ClassVar[bool] = False
+    # -- what the faces say of the learner (the registry, pipeline.fit.learners.learner_names, reads
+    # -- these; no face keeps a list of names). A ``minibatch`` option marks a minibatch learner.
+    #: the family: ``'vbem'`` (VB EM and its accelerations), ``'point'`` (MAP point learners on DP
+    #: weights: MM, SGA, SVI) or ``'gradient'`` (gradient and conjugate-gradient on the bound)
+    family: ClassVar[str] = ""
+    #: whether it grows the truncation while it is saturated (``grow``; ``vbcluster learners``)
+    grows: ClassVar[bool] = False
+    #: engine passes of one plain iteration, for the report's x axis of a run that did not log them
+    #: (None: not a fixed number)
+    passes_per_iteration: ClassVar[int | None] = None
+    #: whether ``VBMixture.partial_fit`` accepts it: that runs VB EM's pass on memoized batch
+    #: statistics (:mod:`pipeline.fit.partial`), so only VB EM sets it
+    partial_fit: ClassVar[bool] = False
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         self.ctx = ctx

@@ -224,6 +224,7 @@ class DPPointLearner(Learner):
         return estimate_fixed_variance(sample, n_components, seed)
 
     sigma2_sample_rows = SIGMA2_ROWS  # rows the estimator gathers for estimate_fixed_variance
+    family = "point"
     @classmethod
     def default_weight_concentration(cls, n_rows: float) -> float | None:
         return default_weight_concentration(n_rows)

@@ -176,6 +176,7 @@ class GradientLearner(Learner):
     natural = False
     conjugate = False
     #: no 'tied': the gradients (vbcore/learners/gradients.py) are written for per-component precisions
+    family = "gradient"
     covariance_types = ("full", "diag", "spherical", "fixed")
     options = {
         "convergence": "tol",  # 'tol': |dELBO|/N < tol (the estimator's); 'seed000': see below

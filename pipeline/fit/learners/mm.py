@@ -31,6 +31,7 @@ class MM(HardMovesMixin, DPPointLearner):
     #: merges: pipeline.fit.learners.moves; ``candidates`` > 0: the MAP labels searched over candidate
     #: clusters (pipeline.fit.learners.truncated.MapSearch)
     options = {"prune_threshold": None, **POINT_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS}
+    passes_per_iteration = 1
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
         assert self.point is not None, "start() first"

@@ -75,6 +75,7 @@ class PatternState(LearnerState):
 class PatternSearchVBEM(Learner):
     """VB EM with a pattern-search line search every ``every`` iterations."""
 
+    family = "vbem"
     options = {
         "every": 3,  # a pattern search on every 3rd iteration (the others are plain VB EM)
         "step": 1.0,  # first trial step (in units of the last cycle's change); then the last accepted

@@ -66,6 +66,7 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
 
 class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
     method = "sga"
+    grows = True  # births checked on the bound (pipeline.fit.learners.point_growth)
     options = {"eta": 0.1, "minibatch": 4000, "minibatch_slice": MINIBATCH_SLICE, "prune_threshold": None,
                "elbo": "minibatch",
                **POINT_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS,  # merges: pipeline.fit.learners.moves

@@ -75,6 +75,10 @@ class VBEM(TruncatedLearner):
                **TRUNCATED_OPTIONS, **MOVE_OPTIONS, "moves": "auto", "memo": 0.0, "memo_stop": "gain",
                "accelerate": False}
     empirical_bayes = True
+    family = "vbem"
+    grows = True
+    passes_per_iteration = 1
+    partial_fit = True
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
