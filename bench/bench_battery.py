@@ -36,6 +36,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,18 @@ def store_of(name: str, x: np.ndarray, y: np.ndarray, folder: Path) -> str:
         np.save(folder / f"{name}.y.npy", y.astype(np.int64))
         ingest(str(folder / f"{name}.x.npy"), store, labels=str(folder / f"{name}.y.npy"))
     return str(store)
+
+
+def loaded(names: list[str], out: Path) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(name, rows, labels) of each battery set in ``names`` that is installed; the others skipped,
+    one line each."""
+    for name in names:
+        try:
+            x, y = load(name, out)
+        except Skip as exc:
+            print(f"{name}: skipped ({exc})", flush=True)
+            continue
+        yield name, x, y
 
 
 def load_average() -> float:
@@ -189,12 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = out / "battery"
     folder.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    for name in args.only:
-        try:
-            x, y = load(name, out)
-        except Skip as exc:
-            print(f"{name}: skipped ({exc})", flush=True)
-            continue
+    for name, x, y in loaded(args.only, out):
         store = store_of(name, x, y, folder)
         for mode in args.modes:
             rows.append(fit_default(name, store, folder, mode, len(x)))

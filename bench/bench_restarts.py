@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_battery import Skip, load, load_average, store_of  # noqa: E402
+from bench_battery import load_average, loaded, store_of  # noqa: E402
 
 
 def one_fit(spec: Any, source: Any, labels: np.ndarray, selection: Any, seed: int) -> dict[str, Any]:
@@ -157,12 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
         select.SCREEN_ROWS = int(args.screen_rows)
     rows: list[dict[str, Any]] = []
-    for name in args.only:
-        try:
-            x, y = load(name, out)
-        except Skip as exc:
-            print(f"{name}: skipped ({exc})", flush=True)
-            continue
+    for name, x, y in loaded(args.only, out):
         store = store_of(name, x, y, out / "battery") if args.chunk_rows is None \
             else rechunked(name, x, y, folder, int(args.chunk_rows))
         rows += study(name, store, args.seeds)
