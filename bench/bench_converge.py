@@ -13,7 +13,7 @@ when ``--store`` does not exist.
 ``--full STORE [--rows N]`` (issue 51, deliver 5) instead fits a seeded sample of ``N`` rows of STORE
 (all when 0) as ``vbcluster fit STORE -k 100 --pca 64 --whiten --covariance full`` does (growth, the
 empirical priors, projected k-means++, ``tol`` 1e-4 per row, 200 iterations at most), plain and with
-``-o accelerate=true`` (over-relaxed passes, :mod:`pipeline.fit.learners.overrelax`), and prints the
+``-o accelerate=true`` (over-relaxed passes, :mod:`pipeline.fit.learners.vbem.overrelax`), and prints the
 iterations, whether each converged, the bound per row, the clusters, NMI and the wall time of both.
 """
 

@@ -89,8 +89,8 @@ def seed000_posterior(k: int, d: int, seed: int):
 def _vbem_seed000():
     """VB EM with the Kuusela et al. 2009 stopping rule (the registered 'vbem' stops on |dELBO|/N < tol)."""
     from pipeline.fit.learners import LEARNERS
-    from pipeline.fit.learners.gradient import seed000_converged
-    from pipeline.fit.learners.vbem import VBEM
+    from pipeline.fit.learners.gradient.learners import seed000_converged
+    from pipeline.fit.learners.vbem.learner import VBEM
 
     class VBEMSeed000(VBEM):
         def converged(self, history, tol):

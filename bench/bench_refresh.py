@@ -175,7 +175,7 @@ def bound_under(model, prior, store: str) -> tuple[float, float]:
     same one full VB EM iteration)."""
     from pipeline.engine.engines import LocalEngine
     from pipeline.fit.driver import CountingEngine
-    from pipeline.fit.learners.vbem import vbem_pass
+    from pipeline.fit.learners.vbem.learner import vbem_pass
     from pipeline.fit.setup import open_source, setup
     from vbcore.model.elbo import elbo_terms
     from vbcore.model.mstep import m_step

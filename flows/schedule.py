@@ -166,7 +166,8 @@ def refresh_options(learner: str | None, options: dict[str, Any] | None,
                     cold: bool = False) -> dict[str, Any] | None:
     """The learner options of a refresh: VB EM keeps memoized statistics (``memo`` unless given), so
     that after an append the next refresh adopts those of the unchanged chunks and visits the new ones
-    first (:mod:`pipeline.fit.learners.memo`): :data:`REFRESH_MEMO` for a warm start, 1 for a ``cold`` one
+    first (:mod:`pipeline.fit.learners.vbem.memo`): :data:`REFRESH_MEMO` for a warm start, 1 for a
+    ``cold`` one
     (every chunk every iteration: plain VB EM's trajectory bit for bit, with the statistics kept; at
     0.1 a cold fit's ``max_iter`` would be a tenth of the passes, too few for births from below the
     truth). The memoized fit keeps the spec's growth and merge/delete moves."""

@@ -293,8 +293,8 @@ def test_typical_rows_of_standard_chunks_equal_numpys(xps, data):
 
 def test_gathered_rows_and_weights_of_standard_chunks_equal_numpys(xps, data):
     """The point learners' samples gather rows with their weights next to the data, leaving rows of
-    weight 0 where they are (pipeline/fit/learners/dpm.py), the same on standard arrays."""
-    from pipeline.fit.learners.dpm import gather_weighted_kernel
+    weight 0 where they are (pipeline/fit/learners/point/base.py), the same on standard arrays."""
+    from pipeline.fit.learners.sampling import gather_weighted_kernel
     from vbcore.kernels.estep import weigh_chunk
 
     X = data.astype(np.float32)

@@ -6,8 +6,8 @@ import pytest
 
 from pipeline import VBMixture
 from pipeline.fit.learners import LEARNERS
-from pipeline.fit.learners.gradient import NCG, quadratic_line_search, seed000_converged
-from pipeline.fit.learners.pattern import PatternSearchVBEM, parabola_peak
+from pipeline.fit.learners.gradient.learners import NCG, quadratic_line_search, seed000_converged
+from pipeline.fit.learners.vbem.pattern import PatternSearchVBEM, parabola_peak
 from tests._memory import peak_fit_bytes
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import chunk_statistics, estep_params
@@ -284,7 +284,7 @@ def test_vbem_ps_skips_invalid_trial_posteriors():
     """Regression (found by the seed 000 study, R = 0.1, initialisation 6): a long pattern step
     underflowed exp(xi) so that nu_k = D - 1 exactly, and the Wishart KL raised. Such trial points are
     now rejected without a pass, and the fit continues monotonically."""
-    from pipeline.fit.learners.pattern import _valid
+    from pipeline.fit.learners.vbem.pattern import _valid
     from pipeline.studies.data import cluster_data as study_data
     from pipeline.studies.seed000 import _rng, paper_prior, paper_resp_init
 

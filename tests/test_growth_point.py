@@ -1,4 +1,4 @@
-"""Births for the DP point learners (pipeline.fit.learners.point_growth): SGA+F started below the truth grows
+"""Births for the DP point learners (pipeline.fit.learners.point.growth): SGA+F started below the truth grows
 to the planted classes by splits accepted on the exact bound of all rows; a refused or absent proposal
 leaves the fit's bits those of a fit without growth; the same bits on both engines and after a resume."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import normalized_mutual_info_score
 
-from pipeline.fit.learners.point_growth import split_point
+from pipeline.fit.learners.point.growth import split_point
 from tests._reference import planted_blobs, same_fit_bits
 from vbcore.kernels.sga_stats import DPPoint, log_stick_weights
 from vbcore.learners.sga import sticks_of_weights
@@ -214,7 +214,7 @@ def test_split_point_halves_the_parent_weight() -> None:
 
 
 def test_growth_options_are_checked() -> None:
-    from pipeline.fit.learners.sga import SGAFisher
+    from pipeline.fit.learners.point.sga import SGAFisher
     from vbcore.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"learner option 'grow_every' of 'sga-f' must be an integer >= 1"):
@@ -244,7 +244,7 @@ def test_a_warm_start_of_a_grown_fit_spends_no_doubling(planted) -> None:
 
 
 def test_outlier_point_takes_the_childs_weight_from_its_parent() -> None:
-    from pipeline.fit.learners.point_growth import outlier_point
+    from pipeline.fit.learners.point.growth import outlier_point
 
     rng = np.random.default_rng(1)
     means = rng.standard_normal((3, 2))

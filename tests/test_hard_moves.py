@@ -1,4 +1,4 @@
-"""Merges for the hard-assignment learners (vbcore.moves.hard, pipeline.fit.learners.moves.HardMoves):
+"""Merges for the hard-assignment learners (vbcore.moves.hard, pipeline.fit.learners.point.moves.HardMoves):
 the exact change of the ELBO of all rows against brute force, full-data rounds, K recovered, resume."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_hard_merges_use_the_statistics_of_all_rows() -> None:
     accepted round raises the exact ELBO of all rows (brute force from the round's labels; the hard
     judge, ``judge=diag-hard``: the soft one's gain is checked in
     test_the_soft_judge_merges_a_split_class_and_its_gain_is_the_exact_bound_change)."""
-    from pipeline.fit.learners.moves import HardMoves
+    from pipeline.fit.learners.point.moves import HardMoves
 
     x, lab = _planted(n=2000, d=8, k=4, seed=3)
     seen = []
@@ -179,7 +179,7 @@ def test_partition_bound_is_the_closed_form_evidence_of_the_diagonal_model() -> 
     exact posterior, so the bound is the log marginal likelihood), plus the DP weight terms."""
     from scipy.special import gammaln
 
-    from pipeline.fit.learners.moves import partition_bound
+    from pipeline.fit.learners.point.moves import partition_bound
     from vbcore.moves.exact import weight_terms
 
     rng = np.random.default_rng(0)
@@ -254,7 +254,7 @@ def test_the_judge_tunes_beta0_on_the_partition_it_judges() -> None:
     from types import SimpleNamespace
 
     from pipeline.estimator import VBMixture
-    from pipeline.fit.learners.moves import Judge, partition_prior
+    from pipeline.fit.learners.point.moves import Judge, partition_prior
     from pipeline.fit.spec import estimator_params
     from vbcore.kernels.estep import prepare_chunk
     from vbcore.kernels.init import moments_kernel
@@ -312,7 +312,7 @@ def test_the_soft_judge_keeps_two_overlapping_classes_the_hard_one_merges(delta:
     be shared, so the hard bound of the true split reads lower than the merged class (gains of 330 and
     54 nats) and the ``diag-hard`` judge merges them; at soft responsibilities the same model's exact
     bound keeps them apart."""
-    from pipeline.fit.learners.soft_judge import soft_merges
+    from pipeline.fit.learners.point.soft_judge import soft_merges
 
     _, ctx, stats, prior = _soft_case(delta)
     pairs = np.array([[0, 1]])
@@ -327,7 +327,7 @@ def test_the_soft_judge_merges_a_split_class_and_its_gain_is_the_exact_bound_cha
     of the judge's sweep and pass, their statistics, the M-step), which is positive."""
     from scipy.special import softmax
 
-    from pipeline.fit.learners.soft_judge import SOFT_SWEEPS, soft_merges
+    from pipeline.fit.learners.point.soft_judge import SOFT_SWEEPS, soft_merges
     from tests._reference import brute_log_rho
 
     x, ctx, stats, prior = _soft_case(6.0, split=True)

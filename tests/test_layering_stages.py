@@ -52,7 +52,7 @@ LAYERS = {"vbcore": VBCORE, "pipeline": PIPELINE}
 
 
 def unit_of(module: str) -> str | None:
-    """The unit of a dotted module name of a layer (``pipeline.fit.learners.vbem`` -> ``fit``), None
+    """The unit of a dotted module name of a layer (``pipeline.fit.learners.vbem.learner`` -> ``fit``), None
     for the layer's package itself (its ``__init__`` offers names from every unit, on first use)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else None

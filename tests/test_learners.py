@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.fit.learners import LEARNERS, FitContext, Learner, learner_class, register
-from pipeline.fit.learners.vbem import VBEM
+from pipeline.fit.learners.vbem.learner import VBEM
 from vbcore.errors import ConfigError
 
 X, _ = load_iris(return_X_y=True)

@@ -20,8 +20,8 @@ from pipeline.engine.blas import one_blas_thread
 from pipeline.engine.engines import LocalEngine, tree_reduce
 from pipeline.fit.driver import CountingEngine
 from pipeline.fit.learners import memo as memo_module
-from pipeline.fit.learners.memo import MemoStats, memo_move_kernel, take_memo
-from pipeline.fit.learners.vbem import VBEM, vbem_pass
+from pipeline.fit.learners.vbem.learner import VBEM, vbem_pass
+from pipeline.fit.learners.vbem.memo import MemoStats, memo_move_kernel, take_memo
 from pipeline.fit.setup import open_source, setup
 from pipeline.store.features import FeatureStore
 from tests._reference import planted_blobs, same_fit_bits
@@ -279,7 +279,7 @@ def test_after_births_and_move_rounds_the_kept_statistics_are_a_full_recomputati
     fitted = _fit(PLANTED, **GROW, learner_options={"memo": 0.25, "move_every": 2})
     assert fitted.n_effective_ == 20 and seen["births"] >= 2 and seen["rounds"] >= 2
     assert seen["checks"] >= fitted.n_iter_ // 2
-    assert seen["partial"] >= 1  # rounds served by kept shares (pipeline.fit.learners.memo_round) are in it
+    assert seen["partial"] >= 1  # rounds served by kept shares (vbem.memo_round) are in it
 
 
 def test_a_memoized_fit_with_births_resumes_and_runs_on_dask_with_the_same_bits(tmp_path, client):

@@ -1,6 +1,6 @@
 """A move round on memoized statistics (issue 28): each chunk's share of the last round is kept, and a
 later round whose proposal it serves visits only the chunks without one and a regular iteration's
-share (:mod:`pipeline.fit.learners.memo_round`).
+share (:mod:`pipeline.fit.learners.vbem.memo_round`).
 
 The round is exact for the kept q(Z): its regular statistics, pair entropies and delete proposal's
 statistics are the bits of recomputing each chunk with the parameters of the round (or visit) that
@@ -18,7 +18,7 @@ from pipeline import VBMixture
 from pipeline.engine.engines import LocalEngine, tree_reduce
 from pipeline.fit.driver import CountingEngine
 from pipeline.fit.learners import memo as memo_module
-from pipeline.fit.learners.memo import MemoStats, memo_move_kernel
+from pipeline.fit.learners.vbem.memo import MemoStats, memo_move_kernel
 from pipeline.fit.setup import open_source, setup
 from tests._reference import planted_blobs, same_fit_bits
 from vbcore.kernels.estep import estep_params

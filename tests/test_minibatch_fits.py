@@ -103,7 +103,7 @@ def test_mm_bound_never_decreases(blobs):
     bounds = []
     m = VBMixture(n_components=20, covariance_type="fixed", max_iter=15, tol=0.0, random_state=0,
                   learner="mm", learner_options={"moves": "none", "prune_threshold": 0.5 / len(X)})
-    orig = __import__("pipeline.fit.learners.mm", fromlist=["MM"]).MM.step
+    orig = __import__("pipeline.fit.learners.point.mm", fromlist=["MM"]).MM.step
 
     def spy(self, it):
         out = orig(self, it)
@@ -111,7 +111,7 @@ def test_mm_bound_never_decreases(blobs):
         return out
 
     mp = pytest.MonkeyPatch()
-    mp.setattr("pipeline.fit.learners.mm.MM.step", spy)
+    mp.setattr("pipeline.fit.learners.point.mm.MM.step", spy)
     try:
         m.fit(X)
     finally:
@@ -135,7 +135,7 @@ def test_resume_is_bitwise(tmp_path, blobs, learner):
 
 
 def test_minibatches_are_drawn_per_iteration_and_split_by_chunk():
-    from pipeline.fit.learners.dpm import draw_rows, split_by_chunk
+    from pipeline.fit.learners.sampling import draw_rows, split_by_chunk
 
     ctx_rng = lambda t: np.random.default_rng(np.random.SeedSequence(5, spawn_key=(t,)))  # noqa: E731
     a, b = draw_rows(ctx_rng(3), 1000, 100), draw_rows(ctx_rng(3), 1000, 100)
@@ -153,7 +153,7 @@ def test_minibatches_are_aligned_slices_and_every_row_equally_likely():
     """Issue 52: a minibatch is ceil(size / slice) distinct aligned slices of consecutive rows (the
     last slot shorter), the same for the same iteration; slice 1 is the uniform row draw, draw for
     draw; over many draws every row, the short tail's included, is drawn equally often."""
-    from pipeline.fit.learners.dpm import draw_rows, draw_slices
+    from pipeline.fit.learners.sampling import draw_rows, draw_slices
 
     rng = lambda t: np.random.default_rng(np.random.SeedSequence(5, spawn_key=(t,)))  # noqa: E731
     a = draw_slices(rng(3), 1000, 100, 16)
@@ -177,9 +177,9 @@ def test_minibatches_are_aligned_slices_and_every_row_equally_likely():
 def test_minibatch_bound_is_of_exactly_the_rows_drawn(monkeypatch, blobs, learner):
     """The minibatch estimate sums exactly the rows the draw claims (their count and their sum,
     through the per-chunk positions of chunks of 300 rows), scaled by N over that count."""
-    import pipeline.fit.learners.dpm as dpm
-    import pipeline.fit.learners.sga as sga
-    import pipeline.fit.learners.svi as svi
+    import pipeline.fit.learners.point.base as dpm
+    import pipeline.fit.learners.point.sga as sga
+    import pipeline.fit.learners.point.svi as svi
 
     X, _ = blobs
     mod = sga if learner == "sga-f" else svi
@@ -215,7 +215,7 @@ def test_default_slices_only_stores_of_many_minibatches(monkeypatch, blobs, lear
     """``minibatch_slice`` 0 (the default) draws slices of 32 rows where the store holds at least 250
     minibatches' rows and single rows below (a small store may be sorted by class: slices would
     miss its small classes); an explicit value is used as given."""
-    import pipeline.fit.learners.dpm as dpm
+    import pipeline.fit.learners.point.base as dpm
 
     assert (dpm.auto_slice(1_000_000, 4000), dpm.auto_slice(999_999, 4000)) == (32, 1)
     assert dpm.auto_slice(10**9, 16) == 1  # a minibatch smaller than a slice: single rows
@@ -254,7 +254,7 @@ def test_svi_merges_raise_the_exact_elbo_of_all_rows(blobs):
     """SVI's merge round (one full pass with the pairs' entropy changes) keeps merges only when the
     exact ELBO of all rows rises: the posterior after each accepted round has a higher exact bound
     (a VB E-step over every row, float64) than the one before, and K falls."""
-    from pipeline.fit.learners.svi import SVI
+    from pipeline.fit.learners.point.svi import SVI
     from vbcore.kernels.estep import estep_params, prepare_chunk, vbem_kernel
 
     X, _ = blobs

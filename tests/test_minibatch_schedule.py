@@ -1,6 +1,6 @@
 """Issue 52 (deliver 3): the minibatch learners' merge rounds an epoch apart by default, and their threshold
 rule leaving the clusters to the merges (pipeline.fit.learners.moves.move_interval,
-pipeline.fit.learners.dpm.DPPointLearner.merges_judge)."""
+pipeline.fit.learners.point.base.DPPointLearner.merges_judge)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 from pipeline import VBMixture
 from pipeline.fit.learners import learner_class
-from pipeline.fit.learners.moves import HardMoves, Moves, move_interval
+from pipeline.fit.learners.moves import Moves, move_interval
+from pipeline.fit.learners.point.moves import HardMoves
 from vbcore.data.metrics import nmi
 from vbcore.errors import ConfigError
 

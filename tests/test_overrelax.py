@@ -1,4 +1,5 @@
-"""VB EM's over-relaxed passes (learner option ``accelerate``, pipeline.fit.learners.overrelax; issue 51):
+"""VB EM's over-relaxed passes (learner option ``accelerate``,
+pipeline.fit.learners.vbem.overrelax; issue 51):
 fewer iterations to ``tol`` for the full family, a bound at least as high, never falling, the same bits on
 resume, and the extrapolation itself against its definition."""
 
@@ -47,7 +48,7 @@ def test_accelerated_fit_resumes_bitwise(tmp_path) -> None:
 def test_extrapolation_is_the_step_in_raw_moments(ct: str) -> None:
     """``extrapolate(prev, last, eta)`` is the statistics of ``prev + eta (last - prev)`` in counts, first
     and second raw moments, computed here from the rows (responsibilities of two passes)."""
-    from pipeline.fit.learners.overrelax import extrapolate
+    from pipeline.fit.learners.vbem.overrelax import extrapolate
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(200, 3))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.fit.learners.growth import used_counts, with_children
-from pipeline.fit.learners.vbem import kept_components, prune_components
+from pipeline.fit.learners.vbem.learner import kept_components, prune_components
 from vbcore.model.mstep import weight_posterior
 from vbcore.model.posterior import Posterior, precision_cholesky
 from vbcore.model.priors import Prior, default_prior

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from pipeline import VBMixture
 from pipeline.fit.learners import LEARNERS, learner_names, names_text, register
-from pipeline.fit.learners.vbem import VBEM
+from pipeline.fit.learners.vbem.learner import VBEM
 from pipeline.fit.spec import setting_help
 from pipeline.runs.report_curves import data_passes
 from vbcore.errors import ConfigError

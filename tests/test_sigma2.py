@@ -1,5 +1,5 @@
 """The default fixed variance of the DP-mixture learners (issue 6 item 5): split-coordinate nearest
-neighbours (vbcore/learners/sigma2.py, pipeline.fit.learners.dpm.estimate_fixed_variance)."""
+neighbours (vbcore/learners/sigma2.py, pipeline.fit.learners.point.base.estimate_fixed_variance)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from scipy.stats import chi2
 from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline.estimator import VBMixture
-from pipeline.fit.learners.dpm import estimate_fixed_variance
+from pipeline.fit.learners.point.base import estimate_fixed_variance
 from vbcore.learners.sigma2 import nearest_neighbours, split_nn_variance
 
 

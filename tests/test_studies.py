@@ -154,7 +154,7 @@ def test_seed000_priors_and_initialisation_reach_the_estimator():
 def test_a_failing_learner_is_recorded_not_fatal():
     """A learner that raises mid-fit becomes a failed run with its message; the others still count."""
     from pipeline.fit.learners import LEARNERS, register
-    from pipeline.fit.learners.vbem import VBEM
+    from pipeline.fit.learners.vbem.learner import VBEM
 
     class Failing(VBEM):
         def step(self, iteration):

@@ -210,7 +210,7 @@ def test_pruned_candidates_are_remapped(data, ct):
     state, res = truncated_kernel(chunk, CandidateState(0), params)
     kept = np.setdiff1d(np.arange(k), state.idx[0])  # row 0 loses every candidate
     post2 = m_step(res.stats, prior)
-    from pipeline.fit.learners.vbem import prune_components
+    from pipeline.fit.learners.vbem.learner import prune_components
 
     mask = np.zeros(k, dtype=bool)
     mask[kept] = True

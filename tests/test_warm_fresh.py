@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipeline import VBMixture
-from pipeline.fit.learners.vbem import CHUNK_KEYS, FRESH
+from pipeline.fit.learners.vbem.learner import CHUNK_KEYS, FRESH
 from pipeline.service import fit_run, read_spec
 from pipeline.store.features import FeatureStore
 from tests._reference import planted_blobs

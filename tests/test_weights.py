@@ -272,7 +272,7 @@ def test_the_point_learners_start_draws_rows_of_positive_weight_until_it_has_eno
     about 25 of them (on Fashion-MNIST features with 10% of the rows weighted, sga-f from K = 100
     found 43 clusters from that thin a start, 17 now, 13 with the other rows dropped)."""
     from pipeline.engine.engines import LocalEngine
-    from pipeline.fit.learners.dpm import gather_sample
+    from pipeline.fit.learners.sampling import gather_sample
     from pipeline.fit.setup import open_source, setup
 
     rng = np.random.default_rng(1)
@@ -356,7 +356,7 @@ def test_the_k_means_pp_starts_draw_seeds_by_weight_and_count_weights(learner, m
     their statistics count the weights: two blobs of 400 rows of weight 1 and 4 rows of weight 5,000
     away from both, 96% of the weight. (The projected start's statistics of the diagonal families
     once counted rows: the heavy rows' cluster held 0.6% of the weight.)"""
-    import pipeline.fit.learners.dpm as dpm
+    import pipeline.fit.learners.point.base as dpm
     import vbcore.kernels.sga_stats as sga_stats
 
     seen = []

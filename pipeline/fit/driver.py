@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.fit.checkpoint import Checkpointer, Loaded, config_hash
 from pipeline.fit.learners import FitContext, make_learner
 from pipeline.fit.learners.growth import stopped_growing
-from pipeline.fit.learners.vbem import vbem_pass
+from pipeline.fit.learners.vbem.learner import vbem_pass
 from pipeline.fit.projection import check_projection
 from pipeline.fit.setup import check_components, initial_posterior, setup
 from pipeline.fit.spec import FitSpec

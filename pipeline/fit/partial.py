@@ -47,8 +47,8 @@ import numpy as np
 from pipeline.engine.engines import make_engine, tree_reduce
 from pipeline.fit.driver import CountingEngine, run_fit
 from pipeline.fit.learners import learner_class, learner_names
-from pipeline.fit.learners.memo import chunk_keys, kept_total
-from pipeline.fit.learners.vbem import vbem_pass
+from pipeline.fit.learners.vbem.learner import vbem_pass
+from pipeline.fit.learners.vbem.memo import chunk_keys, kept_total
 from pipeline.fit.projection import check_projection
 from pipeline.fit.setup import build_prior, open_source, setup
 from pipeline.fit.spec import FitSpec
@@ -70,7 +70,7 @@ class PartialState:
     shift: np.ndarray
     prior: Prior
     memos: list[KernelResult] = field(default_factory=list)
-    keys: list[str] = field(default_factory=list)  # each batch's content key (pipeline.fit.learners.memo)
+    keys: list[str] = field(default_factory=list)  # each batch's content key (learners.vbem.memo)
     #: each batch's data moments (the prior's data-dependent defaults follow their sum); None for a
     #: model fitted by ``fit``, whose rows' moments are not kept (its prior stays), or with ``pca``
     moments: list[SuffStats] | None = None

@@ -130,7 +130,7 @@ def _estimate_sigma2(spec: FitSpec, cls: Any, engine: Any, handles: list[Any], s
     """The learner's own ``sigma^2`` estimate on rows gathered through the engine, or the default:
     the mean per-dimension within-cluster variance of k-means with K clusters."""
     if cls.sigma2_sample_rows is not None:
-        from pipeline.fit.learners.dpm import gather_drawn
+        from pipeline.fit.learners.sampling import gather_drawn
 
         seq = np.random.SeedSequence(seed_entropy(random_state), spawn_key=(0, 4))
         bounds = np.asarray([*(sl.start for sl in source.chunk_slices()), source.n_rows], dtype=np.int64)

@@ -58,7 +58,7 @@ def source_model(run_dir: str | Path) -> Warm:
 
 def kept_state(run_dir: str | Path) -> dict[str, Any] | None:
     """What a warm start from ``run_dir`` may adopt: the learner state of its newest valid
-    checkpoint (its memoized statistics, :mod:`pipeline.fit.learners.memo`), or None without one."""
+    checkpoint (its memoized statistics, :mod:`pipeline.fit.learners.vbem.memo`), or None without one."""
     from pipeline.fit.checkpoint import Checkpointer
     from pipeline.fit.driver import LEARNER_KEY
 

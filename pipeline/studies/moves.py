@@ -73,7 +73,7 @@ def fit_one(data: Any, y: np.ndarray, sample: np.ndarray, learner: str, k: int, 
     from sklearn.metrics import normalized_mutual_info_score
 
     from pipeline import VBMixture
-    from pipeline.fit.learners.dpm import estimate_fixed_variance
+    from pipeline.fit.learners.point.base import estimate_fixed_variance
     from vbcore.data.metrics import acc
 
     ct = LEARNERS.get(learner, ("fixed",))[0]  # mm: 'fixed', as the SGA learners

@@ -10,7 +10,7 @@ We have no VGG16 fc7 features: the stores come from the synthetic SUN397-fc7 sta
 ``vbcluster ingest synthetic`` (``pipeline.ingest``: a rank-64 class signal through a random linear
 map, Gaussian noise, a ReLU with 50-80% zeros per dimension, imbalanced classes); docs/studies.md
 describes it. All learners fit the same model: ``covariance_type='fixed'`` with one ``sigma^2``
-estimated once per data set (``pipeline.fit.learners.dpm.estimate_fixed_variance``), ``a0 = N``
+estimated once per data set (``pipeline.fit.learners.point.base.estimate_fixed_variance``), ``a0 = N``
 (Algorithm 1), ``mean_precision_prior = 1``; every learner starts from k-means++ seeds.
 
 ``run(out, quick=True)`` runs two small 64-dimensional data sets (seconds); the full study takes
@@ -61,7 +61,7 @@ def _store(root: Path, name: str, classes: int, rows: int, dim: int, seed: int) 
 
 def _sigma2(store: str, k: int, seed: int) -> float:
     from pipeline.engine.sources import StoreSource
-    from pipeline.fit.learners.dpm import estimate_fixed_variance
+    from pipeline.fit.learners.point.base import estimate_fixed_variance
 
     src = StoreSource(store)
     need = max(10_000, 20 * k)

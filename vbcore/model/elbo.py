@@ -185,7 +185,7 @@ def elbo_terms(stats: SuffStats, post: Posterior, prior: Prior) -> ElboTerms:
 def minibatch_standard_error(n_rows: float, m: float, m2: float) -> float:
     """Standard error of a minibatch estimate ``(N/M) sum_{n in B} l_n`` of ``sum_n l_n`` over all N
     rows, from the minibatch's sum of squared deviations ``m2 = sum_{n in B} (l_n - mean)^2``, for B
-    drawn uniformly without replacement (``pipeline.fit.learners.dpm.draw_rows``):
+    drawn uniformly without replacement (``pipeline.fit.learners.sampling.draw_rows``):
     ``N sqrt((1 - M/N) s^2 / M)`` with the sample variance ``s^2 = m2 / (M - 1)`` (Cochran 1977,
     chapter 2).
 

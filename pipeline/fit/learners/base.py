@@ -244,7 +244,7 @@ class Learner:
 
     def adopt(self, state: Mapping[str, np.ndarray]) -> int:
         """Warm start: take what applies of a previous fit's learner state (its :meth:`state`, e.g.
-        the memoized statistics of unchanged chunks, :mod:`pipeline.fit.learners.memo`) after
+        the memoized statistics of unchanged chunks, :mod:`pipeline.fit.learners.vbem.memo`) after
         :meth:`start`. Returns the number of chunks whose state was adopted (0: none, the default)."""
         return 0
 

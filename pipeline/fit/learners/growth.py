@@ -26,7 +26,7 @@ Refused proposals never enter the ELBO history, so the history stays monotone; t
 iterations run inside one iteration of the fit (its passes are counted). No draw depends on the
 engine or on a resume: the sample is ``ctx.rng(GROW_TAG, iteration)``.
 
-The SGA learners grow with the same rules and proposals (:mod:`pipeline.fit.learners.point_growth`).
+The SGA learners grow with the same rules and proposals (:mod:`pipeline.fit.learners.point.growth`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.blas import one_blas_thread
-from pipeline.fit.learners.dpm import chunk_bounds, gather_drawn
 from pipeline.fit.learners.outliers import outlier_births
+from pipeline.fit.learners.sampling import chunk_bounds, gather_drawn
 from vbcore.kernels.estep import estep_params, log_rho, prepare_chunk
 from vbcore.model.elbo import ElboTerms
 from vbcore.model.mstep import weight_posterior

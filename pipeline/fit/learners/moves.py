@@ -15,18 +15,15 @@ docs/algorithms.md has the details.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.fit.learners.soft_judge import soft_merges
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
-from vbcore.kernels.sga_stats import DPPoint, take_stats
-from vbcore.model.empirical import empirical_update
-from vbcore.model.mstep import m_step
+from vbcore.kernels.sga_stats import take_stats
 from vbcore.model.posterior import Posterior
-from vbcore.model.priors import Prior, default_prior
+from vbcore.model.priors import Prior
 from vbcore.model.stats import SuffStats
 from vbcore.moves.estep_pass import MoveParams, move_kernel
 from vbcore.moves.exact import (
@@ -39,8 +36,10 @@ from vbcore.moves.exact import (
     select_merges,
     total_elbo,
 )
-from vbcore.moves.hard import merge_points, nearest_pairs, select_hard_merges
 from vbcore.moves.truncated import TruncMoveRequest
+
+if TYPE_CHECKING:
+    from pipeline.fit.learners.point.moves import Judge
 
 MOVE_KINDS = ("merge", "delete")
 #: the move options every learner with moves accepts, and their defaults
@@ -185,7 +184,7 @@ class Moves:
     def round_next(self) -> None:
         """Make the next iteration a round if one is pending (VB EM's memoized refresh: right after
         the new rows are absorbed. Where the previous fit's last round proposed the same moves, its
-        kept shares serve the round (:mod:`pipeline.fit.learners.memo_round`) and it visits the new rows
+        kept shares serve the round (:mod:`pipeline.fit.learners.vbem.memo_round`) and it visits the new rows
         and a regular iteration's share; otherwise its full pass doubles as the visit of every old
         row under the new posterior, instead of a lap of visits followed by a round at convergence)."""
         if self.active and self.pending:
@@ -334,166 +333,3 @@ def _rows(pairs: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     """Positions of the ``chosen`` pairs among ``pairs``."""
     lookup = {tuple(p): i for i, p in enumerate(np.asarray(pairs).tolist())}
     return np.asarray([lookup[tuple(p)] for p in np.asarray(chosen).tolist()], dtype=np.int64)
-
-
-class HardMoves:
-    """Merges for the hard-assignment learners (MM, SGA, SGA+M, SGA+F), accepted when the exact ELBO
-    of all rows rises (:func:`vbcore.moves.hard.select_hard_merges`): the hard statistics of a full
-    pass (MM's own pass; one extra pass on a round for the SGA learners), pairs among each cluster's
-    ``move_neighbours`` nearest point means, at most ``move_pairs`` of them tried. Rounds as for
-    :class:`Moves` (every ``move_every`` iterations, and one more before the fit may converge).
-
-    Neither a minibatch nor the MAP bound judges a merge: on a minibatch a cluster with no rows in it
-    reads as free to give up, and ``ln p(x, z, mu, v)`` has no Occam term for the means, so it kept
-    classes split (docs/algorithms.md, "Model selection in the DP point learners")."""
-
-    def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
-        self.kinds = check_move_options(learner, opts)
-        self.opts = dict(opts)
-        self.pending, self.force = True, False
-        self.last_round: dict[str, float] = {}
-
-    def due(self, iteration: int) -> bool:
-        return bool(self.kinds) and (self.force or iteration % int(self.opts["move_every"]) == 0)
-
-    def select(self, stats: SuffStats, means: np.ndarray, prior: Any, soft: Any = None) -> np.ndarray:
-        """Disjoint pairs of clusters to merge, from the hard statistics of all rows; with ``soft``
-        (``soft(pairs, prior) -> (accepted, gain)``, :func:`soft_merges`), only when the hard
-        statistics accept one, the pairs are chosen again on the soft bound."""
-        pairs = nearest_pairs(means, int(self.opts["move_neighbours"]))
-        acc, gain = select_hard_merges(stats, pairs, prior, int(self.opts["move_pairs"]))
-        if acc.shape[0] and soft is not None:
-            acc, gain = soft(pairs, prior)
-        self.pending, self.force = bool(acc.shape[0]), False
-        self.last_round = {"merges": int(acc.shape[0]), "gain": gain}
-        return acc
-
-    def converged(self, base: bool) -> bool:
-        if not (self.kinds and base):
-            return base
-        if self.pending:
-            self.force = True
-            return False
-        return True
-
-    def state(self) -> dict[str, np.ndarray]:
-        if not self.kinds:
-            return {}
-        return {"moves_flags": np.array([self.pending, self.force], dtype=np.int64)}
-
-    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        if self.kinds and "moves_flags" in state:
-            pending, force = (int(v) for v in np.asarray(state["moves_flags"]))
-            self.pending, self.force = bool(pending), bool(force)
-
-
-def partition_prior(ctx: Any) -> Prior:
-    """The prior of the bound that judges a DP point learner's merges and births (``judge='diag'``): the
-    pipeline's default model -- diagonal covariances, the empirical defaults of
-    :func:`vbcore.model.priors.default_prior` from the data's moments -- with the learner's own weight
-    prior. Its exact ELBO at one-hot q(Z) (:func:`partition_bound`) scores a partition of the rows with
-    per-cluster, per-dimension variances, where the learner's fixed isotropic ``sigma^2`` makes every
-    class of real features worth many clusters (docs/algorithms.md, "Model selection in the DP point
-    learners")."""
-    m, own = ctx.moments, ctx.prior
-    return default_prior(covariance_type="diag", weight_type=own.weight_type, n_components=own.n_components,
-                         data_mean=m.raw_mean()[0], data_covariance=m.data_covariance(),
-                         weight_concentration=own.weight_concentration, mean=own.mean, defaults="empirical",
-                         n_rows=float(m.total_weight))
-
-
-def partition_bound(stats: SuffStats, prior: Prior) -> float:
-    """The exact ELBO of the one-hot q(Z) summarised by ``stats`` (hard statistics of all rows) under
-    ``prior``, at its optimal q(theta): the bound :func:`vbcore.moves.hard.select_hard_merges` changes."""
-    return total_elbo(stats, prior, 0.0)
-
-
-class Judge:
-    """Which prior's exact ELBO judges a DP learner's merges and births (learner option ``judge``): the
-    learner's own (``own``), or :func:`partition_prior` (``diag``) with ``beta0`` at its empirical-Bayes
-    value for the partition being judged from (:meth:`tune`), as VB EM re-estimates it."""
-
-    def __init__(self, opts: Mapping[str, Any]) -> None:
-        self.own = opts.get("judge", "own") == "own"
-        self.soft = opts.get("judge", "own") == "diag"  # merges verified at soft responsibilities
-        self._base: Prior | None = None
-
-    def tune(self, ctx: Any, stats: SuffStats) -> Prior:
-        """The judging prior for partitions compared against the one ``stats`` summarise (hard
-        statistics of all rows): the learner's own, or :func:`partition_prior` with ``beta0`` at the
-        maximum of that partition's bound (:func:`vbcore.model.empirical.empirical_update` alternated
-        with the M-step, ``TUNE_STEPS`` at most). A fixed ``beta0`` ties each mean to ``m0`` at the
-        scale of its cluster's own spread, which on well separated classes paid for a merge of two of
-        them (planted 2-D classes: 5 clusters for 6 with ``beta0 = 1``)."""
-        if self.own:
-            return ctx.prior  # type: ignore[no-any-return]
-        if self._base is None:
-            self._base = partition_prior(ctx)
-        prior = self._base
-        for _ in range(TUNE_STEPS):
-            new = empirical_update(prior, m_step(stats, prior, 0.0))
-            done = abs(new.mean_precision - prior.mean_precision) <= 1e-6 * prior.mean_precision
-            prior = new
-            if done:
-                break
-        return prior
-
-
-class HardMovesMixin:
-    """Merges for a :class:`pipeline.fit.learners.dpm.DPPointLearner` (put before it in the bases):
-    the :class:`HardMoves` schedule, its checkpoint state and convergence rule,
-    :meth:`apply_moves` for the learner's step, and the bound merges and births are judged on
-    (option ``judge``, :class:`Judge`)."""
-
-    def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(ctx, options)  # type: ignore[call-arg]
-        opts, name = self.opts, self.name  # type: ignore[attr-defined]
-        self.moves = HardMoves(name, {**opts, "move_every": move_interval(opts, ctx.n_rows)})
-        self.judging = Judge(self.opts)  # type: ignore[attr-defined]
-
-    def judged_bound(self, point: DPPoint, stats: SuffStats) -> float:
-        """The bound a birth is judged on: the learner's exact ELBO at ``point`` (``judge='own'``) or
-        :func:`partition_bound` of its hard statistics ``stats`` with ``beta0`` tuned on them
-        (:meth:`Judge.tune`): each partition compared at its own best ``beta0``. (One ``beta0`` for
-        all, tuned on the current point, refused every birth from one cluster: there the best
-        ``beta0`` pins the mean to ``m0``, where any child's mean is improbable.)"""
-        me: Any = self
-        if self.judging.own:
-            return float(me.bound_of(point, stats)[1].total)
-        return partition_bound(stats, self.judging.tune(me.ctx, stats))
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        super().check_options(opts)  # type: ignore[misc]
-        check_move_options(cls.name, opts)  # type: ignore[attr-defined]
-
-    def apply_moves(self, iteration: int, stats: SuffStats) -> SuffStats:
-        """On a round: merge clusters of the point (means count-weighted, weights summed, counts those
-        of all rows) when the exact ELBO of all rows rises; ``stats`` are the hard statistics of all
-        rows under the current point (MM's pass; the SGA learners spend one more full pass on a
-        round). Returns the statistics after the merges."""
-        if not self.moves.due(iteration):
-            return stats
-        me: Any = self
-        soft = None
-        if self.judging.soft:
-            def soft(pairs: np.ndarray, prior: Prior) -> tuple[np.ndarray, float]:
-                return soft_merges(me.ctx, stats, pairs, prior, int(self.moves.opts["move_pairs"]))
-        acc = self.moves.select(stats, me.point.means, self.judging.tune(me.ctx, stats), soft)
-        if acc.shape[0] == 0:
-            return stats
-        means, sticks, counts, keep = merge_points(me.point.means, me.point.sticks, stats.nk, acc)
-        me.point, me.counts = DPPoint(means, sticks), counts
-        me._reorder(keep)
-        me.post = me.posterior()
-        return apply_merges(stats, acc, np.zeros(acc.shape[0]))
-
-    def converged(self, history: list[float], tol: float) -> bool:
-        return self.moves.converged(super().converged(history, tol))  # type: ignore[misc]
-
-    def state(self) -> dict[str, np.ndarray]:
-        return {**super().state(), **self.moves.state()}  # type: ignore[misc]
-
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
-        super().load_state(post, state)  # type: ignore[misc]
-        self.moves.load_state(state)

@@ -1,7 +1,7 @@
 """The soft check of the DP point learners' merges (learner option ``judge=diag``, issue 51).
 
 A hard-assignment learner's merge proposals are judged on the exact ELBO of the pipeline's diagonal
-model (:func:`pipeline.fit.learners.moves.partition_prior`). At one-hot q(Z) that bound pays for
+model (:func:`pipeline.fit.learners.point.moves.partition_prior`). At one-hot q(Z) that bound pays for
 merging two overlapping classes (their boundary rows cannot be shared), so :func:`soft_merges` judges
 them again at soft responsibilities under the same model and prior.
 """

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.fit.learners import register
-from pipeline.fit.learners.dpm import DPPointLearner
-from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS, HardMovesMixin
+from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS
+from pipeline.fit.learners.point.base import DPPointLearner
+from pipeline.fit.learners.point.moves import HardMovesMixin
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.kernels.sga_stats import take_stats
 from vbcore.learners.sga import map_bound, mm_sticks, mm_update

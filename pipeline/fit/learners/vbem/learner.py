@@ -4,7 +4,7 @@ Options beyond the plain algorithm: the truncated E-step over candidate clusters
 (``candidates``, :mod:`pipeline.fit.learners.truncated`; Forster & Lücke 2018) and merge/delete moves on
 the exact ELBO (``moves``, :mod:`pipeline.fit.learners.moves`; Hughes & Sudderth 2013). Both are off by
 default; they combine (:mod:`vbcore.moves.truncated`). Memoized statistics (``memo``,
-:mod:`pipeline.fit.learners.memo`) combine with the moves and births, not with the truncated E-step.
+:mod:`pipeline.fit.learners.vbem.memo`) combine with the moves and births, not with the truncated E-step.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pipeline.fit.learners.growth import (
     propose_outliers,
     propose_splits,
 )
-from pipeline.fit.learners.memo import MemoStats, check_memo_option, chunk_keys
 from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, check_move_options, merge_back
-from pipeline.fit.learners.overrelax import OverRelax
 from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
+from pipeline.fit.learners.vbem.memo import MemoStats, check_memo_option, chunk_keys
+from pipeline.fit.learners.vbem.overrelax import OverRelax
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import KernelResult, estep_params, vbem_pass_kernel
 from vbcore.model.elbo import ElboTerms, elbo_terms
@@ -186,7 +186,7 @@ class VBEM(TruncatedLearner):
 
     def plain_pass(self) -> SuffStats:
         """A pass from the current q(theta), or first from the over-relaxed one (``accelerate``,
-        :mod:`pipeline.fit.learners.overrelax`), kept when its bound beats the last reported one."""
+        :mod:`pipeline.fit.learners.vbem.overrelax`), kept when its bound beats the last reported one."""
         ctx, relax = self.ctx, self.relax
         trial = relax.proposal(ctx.prior, ctx.reg_covar)
         kept = None

@@ -2,7 +2,7 @@
 
 A move round's pass (:func:`vbcore.moves.estep_pass.move_kernel`) returns, per chunk, the regular statistics
 and three extras: the merge pairs' entropy changes ``h``, the statistics of the delete proposal's
-q(Z) (``alt``) and its pairs' ``alt_h``. With memoized statistics (:mod:`pipeline.fit.learners.memo`) the
+q(Z) (``alt``) and its pairs' ``alt_h``. With memoized statistics (:mod:`pipeline.fit.learners.vbem.memo`) the
 regular statistics are kept per chunk; this module keeps the extras too (on the driver, where the
 round's results arrive), together with the proposal they answer (the deleted components and the
 pairs, in the current indexing).

@@ -102,7 +102,7 @@ def outlier_point(point: DPPoint, parents: np.ndarray, children: np.ndarray, shi
 
 
 class PointGrowthMixin:
-    """Births for a :class:`pipeline.fit.learners.dpm.DPPointLearner` with momentum state (the SGA
+    """Births for a :class:`pipeline.fit.learners.point.base.DPPointLearner` with momentum state (the SGA
     learners; put before it in the bases). The learner calls :meth:`grow_check` at the end of its
     step; the mixin adds the growth's convergence rule, checkpoint state and ``truncation`` entry."""
 

@@ -15,7 +15,7 @@ full pass per iteration for the exact value of the distribution after the step.
 
 With ``ctx.grow`` (the pipeline's default) and DP weights the truncation also grows by births checked
 every ``grow_every`` iterations and accepted on the exact bound of all rows
-(:mod:`pipeline.fit.learners.point_growth`).
+(:mod:`pipeline.fit.learners.point.growth`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ import numpy as np
 
 from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext
-from pipeline.fit.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
-from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS, HardMovesMixin
-from pipeline.fit.learners.point_growth import POINT_GROW_OPTIONS, PointGrowthMixin, check_point_grow_options
+from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS
+from pipeline.fit.learners.point.base import DPPointLearner, check_range
+from pipeline.fit.learners.point.growth import POINT_GROW_OPTIONS, PointGrowthMixin, check_point_grow_options
+from pipeline.fit.learners.point.moves import HardMovesMixin
+from pipeline.fit.learners.sampling import minibatch, minibatch_weight
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.errors import ConfigError
 from vbcore.kernels.sga_stats import map_params, row_bound, scale_stats
@@ -39,8 +41,8 @@ from vbcore.model.posterior import Posterior
 
 ELBO_MODES = ("minibatch", "full")
 #: consecutive rows per slice of a minibatch (option ``minibatch_slice``,
-#: :func:`pipeline.fit.learners.dpm.draw_slices`); 0 (the default) is "auto"
-#: (:func:`pipeline.fit.learners.dpm.auto_slice`): slices of 32 on stores of at least 250 minibatches'
+#: :func:`pipeline.fit.learners.sampling.draw_slices`); 0 (the default) is "auto"
+#: (:func:`pipeline.fit.learners.sampling.auto_slice`): slices of 32 on stores of at least 250 minibatches'
 #: rows (1M at 4,000), single rows below. Slices (a power of two, so they stay inside the store's
 #: 8,192-row chunks) read a chunk per slice instead of nearly every chunk per step (16M rows streamed:
 #: 0.6 s a step with 32 against 5 s with 1; 1M in memory: fewer, larger chunk tasks, sga-f 0.29 ->
@@ -66,11 +68,11 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
 
 class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
     method = "sga"
-    grows = True  # births checked on the bound (pipeline.fit.learners.point_growth)
+    grows = True  # births checked on the bound (pipeline.fit.learners.point.growth)
     options = {"eta": 0.1, "minibatch": 4000, "minibatch_slice": MINIBATCH_SLICE, "prune_threshold": None,
                "elbo": "minibatch",
                **POINT_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS,  # merges: pipeline.fit.learners.moves
-               **POINT_GROW_OPTIONS}  # births: pipeline.fit.learners.point_growth
+               **POINT_GROW_OPTIONS}  # births: pipeline.fit.learners.point.growth
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
@@ -141,7 +143,7 @@ class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
         if terms is None:
             terms = self.exact_terms()
         self.post = self.posterior()
-        grown = self.grow_check(iteration)  # births (pipeline.fit.learners.point_growth)
+        grown = self.grow_check(iteration)  # births (pipeline.fit.learners.point.growth)
         if grown is not None:
             terms, self.se = grown, None
         return self.post, terms

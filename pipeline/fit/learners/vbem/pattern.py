@@ -17,9 +17,9 @@ import numpy as np
 
 from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext, Learner
-from pipeline.fit.learners.gradient import check_convergence_options, seed000_converged
+from pipeline.fit.learners.gradient.learners import check_convergence_options, seed000_converged
 from pipeline.fit.learners.state import LearnerState
-from pipeline.fit.learners.vbem import vbem_pass
+from pipeline.fit.learners.vbem.learner import vbem_pass
 from vbcore.errors import ConfigError, NumericalError
 from vbcore.learners.pattern import PatternLine
 from vbcore.model.elbo import ElboTerms, elbo_terms

@@ -24,7 +24,7 @@ Births and merge/delete moves (the pipeline's defaults) run as without ``memo``:
 passes visit every chunk through :meth:`MemoStats.run` (a refused proposal restores the kept
 statistics of before: :meth:`MemoStats.restore`), a move round keeps each chunk's regular statistics
 and its share of the round (:meth:`MemoStats.run_moves`; a later round they serve visits only the
-chunks without one and a regular share: :mod:`pipeline.fit.learners.memo_round`), and a round that
+chunks without one and a regular share: :mod:`pipeline.fit.learners.vbem.memo_round`), and a round that
 accepts a move applies its choice to each chunk's regular statistics and share of the round
 (:meth:`MemoStats.replay`: merges and deletions act on each component's sums, so the chunks' results
 are the statistics of the accepted q(Z) on their rows; before issue 52 they were invalidated and the
@@ -49,13 +49,13 @@ import numpy as np
 
 from pipeline.engine.engines import tree_reduce
 from pipeline.fit.learners.base import FitContext, restart_lineage
-from pipeline.fit.learners.memo_round import RoundMemo, part_of, stack_stats, unstack_stats
+from pipeline.fit.learners.vbem.memo_round import RoundMemo, part_of, stack_stats, unstack_stats
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import EStepParams, KernelResult, vbem_kernel
 from vbcore.moves.estep_pass import MoveParams, MoveResult, move_kernel
 
 _PREFIX = "memo."
-#: the kept round shares' arrays (:class:`pipeline.fit.learners.memo_round.RoundMemo`)
+#: the kept round shares' arrays (:class:`pipeline.fit.learners.vbem.memo_round.RoundMemo`)
 _ROUND = _PREFIX + "round."
 
 
@@ -151,7 +151,7 @@ class MemoStats:
         self.fresh = np.ones(n, dtype=bool)
         self.keys = chunk_keys(ctx.source)
         self.k = -1  # components of the kept statistics (-1: not known yet)
-        #: each chunk's share of the last move round (:mod:`pipeline.fit.learners.memo_round`)
+        #: each chunk's share of the last move round (:mod:`pipeline.fit.learners.vbem.memo_round`)
         self.rounds = RoundMemo(n)
         self.last_full = True  # whether the last run or round visited every chunk
 
@@ -199,7 +199,7 @@ class MemoStats:
 
     def run_moves(self, params: MoveParams, iteration: int) -> MoveResult:
         """A move round, keeping each chunk's regular statistics and its share of the round
-        (:class:`~pipeline.fit.learners.memo_round.RoundMemo`). Where the kept shares serve the round's
+        (:class:`~pipeline.fit.learners.vbem.memo_round.RoundMemo`). Where the kept shares serve the round's
         proposal, it visits the chunks without one and those a regular iteration would visit, and
         takes the others' kept shares; otherwise every chunk. The result: the regular statistics
         reduced as :meth:`total`, the extras over the same fixed tree (a full pass gives a

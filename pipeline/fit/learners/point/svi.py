@@ -4,7 +4,7 @@ Each iteration: the VB E-step on a minibatch drawn with ``ctx.rng(iteration)`` (
 then the natural-gradient step of the global parameters towards the posterior of the N/M-scaled
 minibatch statistics with ``rho_t = (t + tau)^-kappa`` (:func:`vbcore.learners.svi.svi_update`), then pruning
 by the threshold rule (Lim & Jiang 2024 section 4.5,
-:meth:`pipeline.fit.learners.dpm.DPPointLearner.prune_kept`) and re-ordering by descending count.
+:meth:`pipeline.fit.learners.point.base.DPPointLearner.prune_kept`) and re-ordering by descending count.
 Merges (``moves=merge``) are judged on a full pass: see :meth:`SVI.merge_round`.
 The reported ELBO is the minibatch estimate (``elbo='minibatch'``) or exact (``elbo='full'``, one
 more full pass).
@@ -20,16 +20,17 @@ import numpy as np
 
 from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext
-from pipeline.fit.learners.dpm import DPPointLearner, check_range, minibatch, minibatch_weight
 from pipeline.fit.learners.moves import (
     MOVE_OPTIONS,
     POINT_MOVE_OPTIONS,
-    Judge,
     Moves,
     check_move_options,
     move_interval,
 )
-from pipeline.fit.learners.sga import MINIBATCH_SLICE, check_minibatch_options
+from pipeline.fit.learners.point.base import DPPointLearner, check_range
+from pipeline.fit.learners.point.moves import Judge
+from pipeline.fit.learners.point.sga import MINIBATCH_SLICE, check_minibatch_options
+from pipeline.fit.learners.sampling import minibatch, minibatch_weight
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params, vbem_pass_kernel
 from vbcore.kernels.sga_stats import scale_stats
@@ -147,7 +148,7 @@ class SVI(DPPointLearner):
         mw = minibatch_weight(res.stats, m)  # its rows, or their total weight
         if self.opts["elbo"] == "minibatch":
             # unbiased: the posterior entering the step has not seen this minibatch
-            # (pipeline.fit.learners.sga)
+            # (pipeline.fit.learners.point.sga)
             terms = elbo_terms(scale_stats(res.stats, n / mw), self.vb, self.ctx.prior)
             self.se = minibatch_standard_error(n, mw, res.log_norm_m2)
             self.vb = self._prune(new)

@@ -1,0 +1,1 @@
+"""The gradient learners on the exact bound: GD, CG, NG, NCG (Kuusela et al. 2009)."""

@@ -1,0 +1,2 @@
+"""VB EM and its passes: plain, truncated, memoized, moves, growth; and vbem-ps (VB EM with
+pattern search)."""
