@@ -335,11 +335,11 @@ def _run(run_dir: str, spec: Any, quiet: bool, restart: bool = False, resume: bo
             console.print(f"{run_dir}: no checkpoint yet; the fit starts from {start}", soft_wrap=True)
         engine = _engine(spec.cluster, spec.persist)
         try:
-            with stop_on_signals(), FitProgress(spec.max_iter, f"{spec.learner} {Path(run_dir).name}",
+            with stop_on_signals() as stop, FitProgress(spec.max_iter, f"{spec.learner} {Path(run_dir).name}",
                                                 quiet=quiet, log_path=Path(run_dir) / "iterations.jsonl",
                                                 console=console) as progress:
                 result = fit_run(run_dir, spec, engine=engine, callback=progress, restart=restart,
-                                 warm_from=warm_from)
+                                 warm_from=warm_from, stop=stop)
         finally:
             engine.close()
     except FitInterrupted as exc:

@@ -226,7 +226,7 @@ class VBMixture(DensityMixin, BaseEstimator):
 
     # ---- fitting ------------------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None, resp_init: Any = None, *, sample_weight: Any = None,
-            callback: Callable[[dict[str, Any]], None] | None = None) -> VBMixture:
+            callback: Callable[[dict[str, Any]], None] | None = None, stop: Any = None) -> VBMixture:
         """Fit with the chosen learner (``n_init`` restarts; the best ELBO is kept).
 
         Parameters
@@ -246,8 +246,12 @@ class VBMixture(DensityMixin, BaseEstimator):
             (clusters alive), ``n_components`` (components kept), ``seconds`` (of that iteration),
             ``passes`` (engine passes so far, all attempts) and ``learner``; a resumed fit first calls it
             with ``event='resumed'`` and ``after_iteration`` (the checkpoint's) instead of ``iteration``.
+        stop : pipeline.fit.driver.StopRequest, optional
+            A stop request (``with stop_on_signals() as stop:``, :mod:`pipeline.fit.driver`): once set
+            (SIGINT/SIGTERM) the fit writes a checkpoint after the current iteration and raises
+            FitInterrupted.
         """
-        self._fit(X, resp_init, callback, sample_weight)
+        self._fit(X, resp_init, callback, sample_weight, stop)
         return self
 
     def partial_fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> VBMixture:
@@ -277,7 +281,7 @@ class VBMixture(DensityMixin, BaseEstimator):
         return self.predict(X)
 
     def _fit(self, X: Any, resp_init: Any, callback: Callable[[dict[str, Any]], None] | None,
-             sample_weight: Any = None) -> None:
+             sample_weight: Any = None, stop: Any = None) -> None:
         from pipeline.service import Warm, check_warm, fit
 
         spec = self.spec()
@@ -294,7 +298,7 @@ class VBMixture(DensityMixin, BaseEstimator):
             check_warm(warm, spec, source.n_features)
         best = fit(spec, source, self.engine, random_state=self.random_state,
                    checkpoint_dir=self.checkpoint_dir, warm=warm, resp_init=resp_init, callback=callback,
-                   verbose=int(self.verbose), log_every=int(self.verbose_interval))
+                   verbose=int(self.verbose), log_every=int(self.verbose_interval), stop=stop)
         #: the store a store fit read, as it was when the fit opened it (row count, fingerprint): what
         #: save_run records, whatever an append did to the store meanwhile; None for arrays
         self.fitted_store_ = source if is_store_path(X) else None

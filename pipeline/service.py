@@ -100,14 +100,15 @@ def restart_seeds(random_state: Any, n_init: int) -> list[Any]:
 def fit(spec: FitSpec, source: Any, engine: Any = "local", *, random_state: Any = None,
         checkpoint_dir: str | None = None, warm: Warm | None = None, resp_init: Any = None,
         callback: Callable[[dict[str, Any]], None] | None = None, verbose: int = 0,
-        log_every: int = 10) -> FitOutcome:
+        log_every: int = 10, stop: Any = None) -> FitOutcome:
     """Fit a resolved ``spec`` to ``source``: ``spec.n_init`` restarts (one with ``warm``), the one
     with the highest ELBO returned.
 
     ``engine``: 'local', an engine, a distributed.Client, a scheduler address or a cluster config (one
     made here is closed at the end). ``checkpoint_dir`` is locked for the fit (restarts checkpoint in
     ``restart-I`` below it). ``verbose``: 1 prints each restart and its end, 2 also every
-    ``log_every`` iterations."""
+    ``log_every`` iterations. ``stop``: the run's stop request
+    (:class:`pipeline.fit.driver.StopRequest`, from :func:`pipeline.fit.driver.stop_on_signals`)."""
     if source.n_rows < 2:  # (a partial_fit batch may be one row: partial.py does not come here)
         raise InputError(f"{source.describe()}: found {source.n_rows} sample(s) (rows) while a minimum of 2 "
                          "is required to fit a mixture")
@@ -117,9 +118,9 @@ def fit(spec: FitSpec, source: Any, engine: Any = "local", *, random_state: Any 
         try:
             if spec.select != "none" and warm is None and resp_init is None:
                 return _select_and_fit(spec, source, eng, random_state, checkpoint_dir, callback, verbose,
-                                       log_every)
+                                       log_every, stop)
             return _restarts(spec, source, eng, random_state, checkpoint_dir, warm, resp_init, callback,
-                             verbose, log_every)
+                             verbose, log_every, stop)
         finally:
             if eng is not engine:
                 eng.close()
@@ -129,7 +130,7 @@ def fit(spec: FitSpec, source: Any, engine: Any = "local", *, random_state: Any 
 
 
 def _select_and_fit(spec: FitSpec, source: Any, eng: Any, random_state: Any, checkpoint_dir: str | None,
-                    callback: Any, verbose: int, log_every: int) -> FitOutcome:
+                    callback: Any, verbose: int, log_every: int, stop: Any = None) -> FitOutcome:
     """Model selection (:mod:`pipeline.fit.select`): screen, fit the ``select_fits`` best in full (each
     in ``model-I`` below ``checkpoint_dir`` when more than one), keep the highest full bound."""
     from pipeline.fit.driver import report_stage
@@ -142,7 +143,7 @@ def _select_and_fit(spec: FitSpec, source: Any, eng: Any, random_state: Any, che
     for i in range(n):
         ckpt = f"{checkpoint_dir}/model-{i}" if checkpoint_dir is not None and n > 1 else checkpoint_dir
         outs[i] = _restarts(chosen_spec(spec, selection.candidates[i]), source, eng, random_state, ckpt,
-                            None, None, callback, verbose, log_every)
+                            None, None, callback, verbose, log_every, stop)
     selection = finish(selection, full_bounds(outs, source, selection, spec.normalize))
     best = next(i for i, c in enumerate(selection.candidates) if c.chosen)
     outs[best].selection = selection.to_dict()
@@ -150,14 +151,15 @@ def _select_and_fit(spec: FitSpec, source: Any, eng: Any, random_state: Any, che
 
 
 def _restarts(spec: FitSpec, source: Any, eng: Any, random_state: Any, checkpoint_dir: str | None,
-              warm: Warm | None, resp_init: Any, callback: Any, verbose: int, log_every: int) -> FitOutcome:
+              warm: Warm | None, resp_init: Any, callback: Any, verbose: int, log_every: int,
+              stop: Any = None) -> FitOutcome:
     """``spec.n_init`` restarts (one with ``warm``); the one with the highest ELBO."""
     log = print if verbose >= 2 else None
     if spec.covariance == "lowrank":  # its own VB EM (pipeline.fit.lowrank: one start)
         from pipeline.fit.lowrank import run_lowrank
 
         return run_lowrank(spec, source, eng, random_state=random_state,  # type: ignore[return-value]
-                           checkpoint_dir=checkpoint_dir, callback=callback, log=log)
+                           checkpoint_dir=checkpoint_dir, callback=callback, log=log, stop=stop)
     n_init = 1 if warm is not None else int(spec.n_init)
     best: FitOutcome | None = None
     projection = warm.projection if warm is not None else None
@@ -171,7 +173,7 @@ def _restarts(spec: FitSpec, source: Any, eng: Any, random_state: Any, checkpoin
                       projection=projection,  # the restarts share one projection pass
                       previous_bound=warm.bound if warm is not None else None,
                       resp_init=resp_init, warm_state=warm.state if warm is not None else None,
-                      callback=callback, log=log, log_every=log_every)
+                      callback=callback, log=log, log_every=log_every, stop=stop)
         if verbose:
             state = "converged" if out.converged else "did not converge"
             print(f"Initialization {state} after {out.n_iter} iterations; ELBO {out.terms.total:.6e}")
@@ -394,7 +396,7 @@ def check_fit(run_dir: str | Path, spec: FitSpec, warm_from: str | Path | None =
 
 def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             warm_from: str | Path | None = None, callback: Callable[[dict[str, Any]], None] | None = None,
-            extra: dict[str, Any] | None = None, restart: bool = False) -> dict[str, Any]:
+            extra: dict[str, Any] | None = None, restart: bool = False, stop: Any = None) -> dict[str, Any]:
     """Fit ``spec.store`` into ``run_dir`` with checkpoints; returns the written result.json.
 
     Parameters
@@ -413,6 +415,8 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
         More entries for result.json.
     restart : bool
         Start over in a directory that holds another run (its run files are removed first).
+    stop : pipeline.fit.driver.StopRequest, optional
+        The run's stop request (:func:`pipeline.fit.driver.stop_on_signals`).
     """
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
@@ -434,7 +438,7 @@ def fit_run(run_dir: str | Path, spec: FitSpec, *, engine: Any = "local",
             info["warm_start_from"] = record["from"]
         ckpt = str(run_dir / "checkpoints")
         out = fit(spec, source, eng, random_state=spec.seed, checkpoint_dir=ckpt, warm=warm,
-                  callback=callback)
+                  callback=callback, stop=stop)
         if not isinstance(out, FitOutcome):  # the low-rank family's own run files
             from pipeline.fit.select import Selection, choice
             from pipeline.runs.lowrank_run import save_lowrank_run

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from pipeline import VBMixture
-from pipeline.fit.driver import STOP, stop_on_signals
+from pipeline.fit.driver import stop_on_signals
 from pipeline.fit.progress import FitProgress
 from pipeline.ingest import ingest
 from vbcore.errors import FitInterrupted
@@ -79,10 +79,11 @@ def test_stop_request_checkpoints_and_resume_is_bitwise(data, tmp_path):
 
     def stop_at_5(info):
         if info["iteration"] == 5:
-            STOP(signal.SIGINT)  # what the SIGINT handler does
+            stop(signal.SIGINT)  # what the SIGINT handler does
 
-    with stop_on_signals(), pytest.raises(FitInterrupted, match="interrupted after iteration 5; checkpoint"):
-        VBMixture(checkpoint_dir=str(tmp_path / "ck"), **kw).fit(data, callback=stop_at_5)
+    with stop_on_signals() as stop, pytest.raises(FitInterrupted,
+                                                  match="interrupted after iteration 5; checkpoint"):
+        VBMixture(checkpoint_dir=str(tmp_path / "ck"), **kw).fit(data, callback=stop_at_5, stop=stop)
     assert sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name.startswith("ckpt"))[-1].endswith("05")
     resumed = VBMixture(checkpoint_dir=str(tmp_path / "ck"), **kw).fit(data)
     assert resumed.resumed_from_ and np.array_equal(resumed.means_, full.means_)
@@ -102,10 +103,11 @@ def test_a_resumed_log_holds_each_iteration_once_and_counts_passes_on(data, tmp_
     def stop_at_5(info):
         bar(info)
         if info.get("iteration") == 5:
-            STOP(signal.SIGINT)
+            stop(signal.SIGINT)
 
-    with FitProgress(12, log_path=log, quiet=True) as bar, stop_on_signals(), pytest.raises(FitInterrupted):
-        VBMixture(checkpoint_dir=str(tmp_path / "ck"), **kw).fit(data, callback=stop_at_5)
+    with FitProgress(12, log_path=log, quiet=True) as bar, stop_on_signals() as stop, \
+            pytest.raises(FitInterrupted):
+        VBMixture(checkpoint_dir=str(tmp_path / "ck"), **kw).fit(data, callback=stop_at_5, stop=stop)
     with FitProgress(12, log_path=log, quiet=True) as bar:
         resumed = VBMixture(checkpoint_dir=str(tmp_path / "ck"), **kw).fit(data, callback=bar)
     records = [json.loads(line) for line in log.read_text().splitlines()]

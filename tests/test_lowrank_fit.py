@@ -92,24 +92,24 @@ def test_resume_from_a_checkpoint_keeps_the_bits(store, tmp_path):
 
 
 def test_stop_request_checkpoints_and_resumes(store, tmp_path):
-    """A stop request (what SIGINT/SIGTERM set: pipeline.fit.driver.STOP) after iteration 3 writes a
+    """A stop request (what SIGINT/SIGTERM set: pipeline.fit.driver.StopRequest) after iteration 3 writes a
     checkpoint and raises FitInterrupted; the resumed fit ends with the uninterrupted one's bits."""
-    from pipeline.fit.driver import STOP
+    from pipeline.fit.driver import StopRequest
     from vbcore.errors import FitInterrupted
 
     spec = make_spec(store, covariance="lowrank", rank=2, components=8, seed=0, max_iter=12, tol=0.0)
     ref = run_lowrank(spec, StoreSource(store), LocalEngine())
     ck = str(tmp_path / "ck")
 
+    stop = StopRequest()
+
     def stop_at_three(info):
         if info["iteration"] == 3:
-            STOP.signum = 15
+            stop.signum = 15
 
-    try:
-        with pytest.raises(FitInterrupted, match="interrupted after iteration 3; checkpoint"):
-            run_lowrank(spec, StoreSource(store), LocalEngine(), checkpoint_dir=ck, callback=stop_at_three)
-    finally:
-        STOP.signum = None
+    with pytest.raises(FitInterrupted, match="interrupted after iteration 3; checkpoint"):
+        run_lowrank(spec, StoreSource(store), LocalEngine(), checkpoint_dir=ck, callback=stop_at_three,
+                    stop=stop)
     resumed = run_lowrank(spec, StoreSource(store), LocalEngine(), checkpoint_dir=ck)
     assert resumed.resumed_from is not None and resumed.history == ref.history
 

@@ -19,14 +19,12 @@ import numpy as np
 
 from pipeline.fit.checkpoint import Checkpointer, Loaded, config_hash
 from pipeline.fit.learners import FitContext, make_learner
-from pipeline.fit.learners.growth import stopped_growing
-from pipeline.fit.learners.vbem.learner import vbem_pass
 from pipeline.fit.projection import check_projection
 from pipeline.fit.setup import check_components, initial_posterior, setup
 from pipeline.fit.spec import FitSpec
 from vbcore.errors import ConfigError, FitInterrupted
 from vbcore.kernels.projection import Projection
-from vbcore.model.elbo import ElboTerms, elbo_terms
+from vbcore.model.elbo import ElboTerms
 from vbcore.model.posterior import Posterior, posterior_arrays, posterior_from_arrays
 from vbcore.model.priors import Prior
 
@@ -63,7 +61,7 @@ class FitOutcome:
     kept: dict[str, np.ndarray] = field(default_factory=dict)
     adopted: int = 0
     #: the truncation: start, final, limit, used, saturated, limit_hit, max_iter_hit
-    #: (``Learner.truncation_info`` and :func:`pipeline.fit.learners.growth.stopped_growing`)
+    #: (:meth:`Learner.truncation_record`)
     truncation: dict[str, Any] = field(default_factory=dict)
     #: the data's moments the prior was built from (:attr:`FitContext.moments`)
     moments: Any = None
@@ -72,8 +70,10 @@ class FitOutcome:
 
 
 class StopRequest:
-    """A request to stop after the current iteration (set by a signal handler, see
-    :func:`stop_on_signals`): the driver writes a checkpoint and raises :class:`FitInterrupted`."""
+    """A request to stop after the current iteration, owned by one run: :func:`stop_on_signals`
+    makes one and installs it as the SIGINT/SIGTERM handler; :func:`run_fit` (and the service,
+    :func:`pipeline.fit.lowrank.run_lowrank`) receive it and read it after every iteration, then
+    write a checkpoint and raise :class:`FitInterrupted`. Calling it is what a signal does."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -87,32 +87,34 @@ class StopRequest:
             raise SystemExit(128 + signum)
         self.signum = signum
 
-
-#: the process's stop request (signal handlers set it; the driver reads it after every iteration)
-STOP = StopRequest()
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
 
 class stop_on_signals:
-    """``with stop_on_signals():`` SIGINT and SIGTERM finish the current iteration, write a
-    checkpoint and raise :class:`FitInterrupted` (a second signal stops at once). Main thread only."""
+    """``with stop_on_signals() as stop:`` SIGINT and SIGTERM set ``stop`` (a :class:`StopRequest` of
+    this block's own, handed to the fit): the fit finishes the current iteration, writes a checkpoint
+    and raises :class:`FitInterrupted` (a second signal stops at once). Handlers: main thread only."""
+
+    def __init__(self) -> None:
+        self.request = StopRequest()
 
     def __enter__(self) -> StopRequest:
         import signal
         import threading
 
-        STOP.signum = None
         self.saved: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                self.saved[sig] = signal.signal(sig, STOP)
-        return STOP
+                self.saved[sig] = signal.signal(sig, self.request)
+        return self.request
 
     def __exit__(self, *exc: object) -> None:
         import signal
 
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
-        STOP.signum = None
 
 
 class CountingEngine:
@@ -236,14 +238,16 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
             previous_bound: float | None = None, resp_init: Any = None,
             warm_state: dict[str, np.ndarray] | None = None,
             callback: Callable[[dict[str, Any]], None] | None = None,
-            log: Callable[[str], None] | None = None, log_every: int = 1) -> FitOutcome:
+            log: Callable[[str], None] | None = None, log_every: int = 1,
+            stop: StopRequest | None = None) -> FitOutcome:
     """One fit of ``source`` with the resolved ``spec`` on ``engine`` (see the module docstring).
 
     ``warm`` starts from a posterior (warm start), ``projection`` is that posterior's (the rows are
     projected with it instead of a new one); ``previous_bound`` is the final ELBO of the previous
     warm-started call, so convergence is judged across calls as scikit-learn does. A checkpoint's
     projection is taken from the checkpoint; ``warm_state`` is what the learner may adopt of the
-    previous fit (:meth:`Learner.adopt`)."""
+    previous fit (:meth:`Learner.adopt`); ``stop`` is the run's stop request (:func:`stop_on_signals`;
+    None: the fit is not stopped early)."""
     t_start = time.perf_counter()
     ckpt = None if checkpoint_dir is None else Checkpointer(checkpoint_dir, int(spec.keep))
     identity = run_identity(spec, source) if ckpt is not None else {}
@@ -277,26 +281,27 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
                           "seconds": 0.0, "passes": learner.passes, "learner": spec.learner,
                           "bound": learner.bound_kind()})
             post = _iterate(spec, ctx, learner, loop, post, ckpt, identity, previous_bound, callback,
-                            log, log_every)
+                            log, log_every, stop or StopRequest())
             final = learner.final_terms() if loop.n_iter else None  # exact, where steps estimate
             if final is not None:
                 assert learner.post is not None
                 loop.terms, post = final, learner.post
-            if loop.terms is None:  # max_iter == 0: the bound of the initial posterior needs one E-step
-                loop.terms = elbo_terms(vbem_pass(ctx, post).stats, post, ctx.prior)
-            passes, kind, options = learner.passes, learner.bound_kind(), dict(learner.opts)
-            kept = learner.keep_state()
-            projected_diag = ctx.projection is not None and ctx.covariance_type == "diag"
-            truncation = stopped_growing(learner.truncation_info(n_effective(post, ctx.prior)),
-                                         loop.converged, projected_diag)
+            if loop.terms is None:  # max_iter == 0: the bound of the initial posterior
+                loop.terms = learner.initial_terms(post)
+            out = FitOutcome(
+                post=post, prior=ctx.prior, terms=loop.terms, history=loop.history, converged=loop.converged,
+                n_iter=loop.n_iter, passes=learner.passes, bound_kind=learner.bound_kind(),
+                history_se=loop.history_se, options=dict(learner.opts), kept=learner.keep_state(),
+                adopted=loop.adopted, projection=ctx.projection, moments=ctx.moments,
+                truncation=learner.truncation_record(n_effective(post, ctx.prior), loop.converged),
+                resumed_from=None if loaded is None else str(loaded.path),
+                skipped=[] if loaded is None else [(str(p), r) for p, r in loaded.skipped])
         finally:
             learner.close()
     finally:
         ctx.engine.release(ctx.handles)
-    return FitOutcome(post, ctx.prior, loop.terms, loop.history, loop.converged, loop.n_iter, passes,
-                      None if loaded is None else str(loaded.path),
-                      [] if loaded is None else [(str(p), r) for p, r in loaded.skipped], kind, loop.wall(),
-                      loop.history_se, options, ctx.projection, kept, loop.adopted, truncation, ctx.moments)
+    out.wall_seconds = loop.wall()
+    return out
 
 
 def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,
@@ -330,7 +335,7 @@ def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, 
 def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Posterior,
              ckpt: Checkpointer | None, identity: dict[str, Any], previous_bound: float | None,
              callback: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None] | None,
-             log_every: int) -> Posterior:
+             log_every: int, stop: StopRequest) -> Posterior:
     """Iterations until convergence or ``max_iter``, with checkpoints."""
     t0 = last_ckpt = t_iter = time.perf_counter()
     before = [] if previous_bound is None else [float(previous_bound)]
@@ -356,14 +361,13 @@ def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Po
                or loop.n_iter == int(spec.max_iter))
         if spec.checkpoint_seconds is not None:
             due = due or now - last_ckpt >= float(spec.checkpoint_seconds)
-        stop = STOP.signum is not None
+        signum = stop.signum
         saved = None
-        if ckpt is not None and (due or stop):
+        if ckpt is not None and (due or signum is not None):
             saved = _save(ckpt, loop, post, learner, identity)
             last_ckpt = time.perf_counter()
-        if stop:
-            assert STOP.signum is not None
-            raise FitInterrupted(STOP.signum, loop.n_iter, None if saved is None else str(saved))
+        if signum is not None:
+            raise FitInterrupted(signum, loop.n_iter, None if saved is None else str(saved))
     return post
 
 

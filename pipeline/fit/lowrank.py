@@ -228,16 +228,19 @@ def _record(loop: _Loop, steps: list[ElboTerms], stats: mfa.MfaStats, n: float, 
 
 def run_lowrank(spec: FitSpec, source: Any, engine: Any, *, random_state: Any = None,
                 checkpoint_dir: str | None = None, callback: Callable[[dict[str, Any]], None] | None = None,
-                log: Callable[[str], None] | None = None) -> LowRankOutcome:
+                log: Callable[[str], None] | None = None, stop: Any = None) -> LowRankOutcome:
     """VB EM of the low-rank family on ``source`` with the resolved ``spec`` (``spec.components``
     components of rank ``spec.rank``) until the bound changes by less than ``spec.tol`` per row and a
     merge round keeps nothing, or ``spec.max_iter`` iterations (a kept merge counts as one). Merge
     rounds (off with ``-o moves=none``) start whenever the bound changes by less than
     ``MERGE_TOL_FACTOR * tol`` per row. With ``checkpoint_dir``: a checkpoint every
     ``spec.checkpoint_every`` iterations and at the end (and on SIGINT/SIGTERM, as the Gaussian
-    families' driver), and a resume from the newest valid one, bit for bit."""
+    families' driver: ``stop``, the run's :class:`pipeline.fit.driver.StopRequest`), and a resume from
+    the newest valid one, bit for bit."""
     from pipeline.fit.checkpoint import Checkpointer
-    from pipeline.fit.driver import STOP, run_identity
+    from pipeline.fit.driver import StopRequest, run_identity
+
+    stop = stop if stop is not None else StopRequest()
 
     t0 = time.perf_counter()
     seed = spec.seed if random_state is None else random_state
@@ -269,11 +272,11 @@ def run_lowrank(spec: FitSpec, source: Any, engine: Any, *, random_state: Any = 
             _record(loop, steps, stats, n, t_it, callback, log)
             loop.converged = change < float(spec.tol) * n and not loop.merging
             done = loop.converged or len(loop.history) >= int(spec.max_iter)
-            if ckpt is not None and (done or STOP.signum is not None
+            if ckpt is not None and (done or stop.signum is not None
                                      or len(loop.history) - loop.saved_at >= int(spec.checkpoint_every)):
                 saved, loop.saved_at = _save(ckpt, loop, identity), len(loop.history)
-                if STOP.signum is not None:
-                    raise FitInterrupted(STOP.signum, len(loop.history), str(saved))
+                if stop.signum is not None:
+                    raise FitInterrupted(stop.signum, len(loop.history), str(saved))
         if loop.terms is None:  # max_iter == 0: the start's bound needs one E-step
             loop.terms = mfa.elbo(_pass(engine, handles, loop.post, variance), loop.post, prior)
         labels = np.concatenate(engine.map(labels_kernel, handles, loop.post, mfa.stacked_operand(loop.post)))

@@ -234,6 +234,24 @@ class Learner:
         return {"start": k, "final": k, "limit": k, "grew": 0, "used": int(used), "saturated": sat,
                 "growth": False, "refused": False, "limit_hit": sat}
 
+    def truncation_record(self, used: int, converged: bool) -> dict[str, Any]:
+        """The ``truncation`` entry of a fit that ended (``used`` components holding a row's worth):
+        :meth:`truncation_info` and whether the iteration limit decided the count
+        (:func:`pipeline.fit.learners.growth.stopped_growing`)."""
+        from pipeline.fit.learners.growth import stopped_growing
+
+        projected_diag = self.ctx.projection is not None and self.ctx.covariance_type == "diag"
+        return stopped_growing(self.truncation_info(used), converged, projected_diag)
+
+    def initial_terms(self, post: Posterior) -> ElboTerms:
+        """The exact ELBO of ``post`` before any iteration (a fit of ``max_iter=0``): one exact
+        E-step pass (VB EM's; every learner reports the bound of the same model)."""
+        from vbcore.kernels.estep import estep_params, vbem_pass_kernel
+        from vbcore.model.elbo import elbo_terms
+
+        res = self.ctx.engine.map_reduce(vbem_pass_kernel, self.ctx.handles, estep_params(post, self.ctx.shift))
+        return elbo_terms(res.stats, post, self.ctx.prior)
+
     def state(self) -> dict[str, np.ndarray]:
         """Learner state beyond the posterior, for checkpoints (arrays only)."""
         return {}
