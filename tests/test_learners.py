@@ -1,5 +1,7 @@
 """The learner interface: registry, options, the per-iteration callback, checkpointed learner state."""
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 from sklearn.datasets import load_iris
@@ -8,7 +10,7 @@ from typer.testing import CliRunner
 from pipeline import VBMixture
 from pipeline.cli import app
 from pipeline.fit.learners import LEARNERS, FitContext, Learner, learner_class, register
-from pipeline.fit.learners.vbem.learner import VBEM
+from pipeline.fit.learners.vbem.learner import VBEM, VBEMState
 from vbcore.errors import ConfigError
 
 X, _ = load_iris(return_X_y=True)
@@ -79,8 +81,15 @@ def test_context_rng_depends_on_seed_and_key_only():
     assert np.array_equal(a, b) and not np.array_equal(a, ctx.rng(4).integers(0, 2**31, 5))
 
 
+@dataclass
+class _CountingState(VBEMState):
+    count: np.ndarray | None = None
+
+
 class _Counting(VBEM):
-    """VB EM that also keeps an iteration counter as learner state (exercises state/load_state)."""
+    """VB EM that also keeps an iteration counter as learner state (exercises own_state/load)."""
+
+    state_type = _CountingState
 
     def start(self, post):
         super().start(post)
@@ -90,12 +99,12 @@ class _Counting(VBEM):
         self.count = self.count + 1
         return super().step(iteration)
 
-    def state(self):
-        return {"count": self.count}
+    def own_state(self):
+        return _CountingState(**vars(super().own_state()), count=self.count)
 
-    def load_state(self, post, state):
-        super().load_state(post, state)
-        self.count = np.asarray(state["count"])
+    def load(self, post, state):
+        super().load(post, state)
+        self.count = np.asarray(state.count)
 
 
 def test_learner_state_goes_through_checkpoints(tmp_path, monkeypatch):
@@ -105,13 +114,13 @@ def test_learner_state_goes_through_checkpoints(tmp_path, monkeypatch):
     VBMixture(4, max_iter=6, **kw).fit(X)
     resumed = VBMixture(4, max_iter=10, **kw)
     loaded = {}
-    orig = _Counting.load_state
+    orig = _Counting.load
 
     def spy(self, post, state):
-        loaded.update(state)
+        loaded.update(count=state.count)
         orig(self, post, state)
 
-    monkeypatch.setattr(_Counting, "load_state", spy)
+    monkeypatch.setattr(_Counting, "load", spy)
     resumed.fit(X)
     assert loaded["count"].tolist() == [6.0] and resumed.n_iter_ == 10
     full = VBMixture(4, max_iter=10, **{**kw, "checkpoint_dir": None}).fit(X)

@@ -18,17 +18,19 @@ from typing import Any
 import numpy as np
 
 from pipeline.fit.checkpoint import Checkpointer, Loaded, config_hash
-from pipeline.fit.learners import FitContext, make_learner
+from pipeline.fit.learners import FitContext, Learner, make_learner
+from pipeline.fit.learners.state import STATE_FORMAT, FitState
 from pipeline.fit.projection import check_projection
 from pipeline.fit.setup import check_components, initial_posterior, setup
 from pipeline.fit.spec import FitSpec
 from vbcore.errors import ConfigError, FitInterrupted
 from vbcore.kernels.projection import Projection
 from vbcore.model.elbo import ElboTerms
-from vbcore.model.posterior import Posterior, posterior_arrays, posterior_from_arrays
+from vbcore.model.posterior import Posterior
 from vbcore.model.priors import Prior
 
-#: checkpoint keys of learner state (beyond the posterior) carry this prefix
+#: checkpoint keys of the learner's cache (:meth:`Learner.cache_arrays`) carry this prefix; the state's
+#: keys are :meth:`FitState.to_arrays`'
 LEARNER_KEY = "learner."
 
 
@@ -269,7 +271,8 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
         try:
             report_stage(callback, "loading the checkpoint" if loaded is not None else "warm start"
                          if warm is not None else f"initialising ({spec.init}, K = {spec.components})")
-            loop, post = _begin(spec, ctx, learner, loaded, warm, resp_init, random_state)
+            loop, state = _begin(spec, ctx, learner, loaded, warm, resp_init, random_state)
+            post = state.post
             report_stage(callback, ITERATING)
             if warm is not None and warm_state and loaded is None:
                 loop.adopted = learner.adopt(warm_state)
@@ -280,8 +283,9 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
                           "n_effective": n_effective(post, ctx.prior), "n_components": post.n_components,
                           "seconds": 0.0, "passes": learner.passes, "learner": spec.learner,
                           "bound": learner.bound_kind()})
-            post = _iterate(spec, ctx, learner, loop, post, ckpt, identity, previous_bound, callback,
-                            log, log_every, stop or StopRequest())
+            state = _iterate(spec, ctx, learner, loop, state, ckpt, identity, previous_bound, callback,
+                             log, log_every, stop or StopRequest())
+            post = state.post
             final = learner.final_terms() if loop.n_iter else None  # exact, where steps estimate
             if final is not None:
                 assert learner.post is not None
@@ -304,48 +308,53 @@ def run_fit(spec: FitSpec, source: Any, engine: Any, *, random_state: Any,
     return out
 
 
-def _begin(spec: FitSpec, ctx: FitContext, learner: Any, loaded: Loaded | None, warm: Posterior | None,
-           resp_init: Any, random_state: Any) -> tuple[_Loop, Posterior]:
-    """The loop state and posterior to start from: a checkpoint, a warm start or an initialisation."""
+def _begin(spec: FitSpec, ctx: FitContext, learner: Learner, loaded: Loaded | None, warm: Posterior | None,
+           resp_init: Any, random_state: Any) -> tuple[_Loop, FitState]:
+    """The loop's bookkeeping and the state to start from: a checkpoint's, a warm start's or an
+    initialisation's."""
     loop = _Loop()
     if loaded is not None:
         m = loaded.manifest
-        post = posterior_from_arrays(loaded.state, ctx.covariance_type, ctx.weight_type)
+        if m.get("state_format") != STATE_FORMAT:
+            raise ConfigError(
+                f"{loaded.path}: a checkpoint written before the learners' state became named fields "
+                f"(state format {STATE_FORMAT}); resume it with the vbcluster version that wrote it, or "
+                "start the fit again (--restart, or another checkpoint directory)")
+        state = FitState.from_arrays(loaded.state, ctx.prior, int(m["iteration"]), learner.state_type)
         loop = _Loop([float(v) for v in m["elbo_history"]],
                      ElboTerms(**m["elbo_terms"]) if m["elbo_terms"] else None,
                      bool(m["converged"]), int(m["iteration"]), float(m.get("wall_seconds", 0.0)))
         loop.history_se = list(m.get("elbo_history_se", [None] * len(loop.history)))
         loop.adopted = int(m.get("adopted", 0))
-        learner.load_state(post, {k[len(LEARNER_KEY):]: v for k, v in loaded.state.items()
-                                  if k.startswith(LEARNER_KEY)})
-        ctx.engine.passes = int(m.get("passes", 0))  # the count goes on (older checkpoints: from 0)
-        return loop, post
+        learner.resume(state, {k[len(LEARNER_KEY):]: v for k, v in loaded.state.items()
+                               if k.startswith(LEARNER_KEY)})
+        ctx.engine.passes = int(m.get("passes", 0))  # the count goes on
+        return loop, state
     if warm is not None:
-        learner.start_warm(warm)
-        return loop, warm
+        return loop, learner.begin(warm, warm=True)
     own = learner.initialise() if resp_init is None else None  # a learner's own initialisation
     if own is None:
         n0 = ctx.engine.passes
         own = initial_posterior(spec, ctx, resp_init, random_state)
         ctx.engine.passes = n0  # the setup's initialisation is not a learner pass
-    learner.start(own)
-    return loop, own
+    return loop, learner.begin(own)
 
 
-def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Posterior,
+def _iterate(spec: FitSpec, ctx: FitContext, learner: Learner, loop: _Loop, state: FitState,
              ckpt: Checkpointer | None, identity: dict[str, Any], previous_bound: float | None,
              callback: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None] | None,
-             log_every: int, stop: StopRequest) -> Posterior:
-    """Iterations until convergence or ``max_iter``, with checkpoints."""
+             log_every: int, stop: StopRequest) -> FitState:
+    """Iterations until convergence or ``max_iter``, with checkpoints: each hands the learner the
+    state and takes the new one (:meth:`Learner.advance`)."""
     t0 = last_ckpt = t_iter = time.perf_counter()
     before = [] if previous_bound is None else [float(previous_bound)]
     while not loop.converged and loop.n_iter < int(spec.max_iter):
         loop.n_iter += 1
-        post, loop.terms = learner.step(loop.n_iter)
+        step = learner.advance(state, before + loop.history, float(spec.tol))
+        state, loop.terms, se, post = step.state, step.terms, step.se, step.state.post
         loop.history.append(loop.terms.total)
-        se = learner.bound_se()
         loop.history_se.append(None if se is None else float(se))
-        loop.converged = learner.converged(before + loop.history, float(spec.tol))
+        loop.converged = step.converged
         now = time.perf_counter()
         if log is not None and (loop.n_iter % max(int(log_every), 1) == 0 or loop.converged):
             pm = "" if se is None else f" +- {se:.2e} (minibatch estimate)"
@@ -364,22 +373,24 @@ def _iterate(spec: FitSpec, ctx: FitContext, learner: Any, loop: _Loop, post: Po
         signum = stop.signum
         saved = None
         if ckpt is not None and (due or signum is not None):
-            saved = _save(ckpt, loop, post, learner, identity)
+            saved = _save(ckpt, loop, state, learner, identity)
             last_ckpt = time.perf_counter()
         if signum is not None:
             raise FitInterrupted(signum, loop.n_iter, None if saved is None else str(saved))
-    return post
+    return state
 
 
-def _save(ckpt: Checkpointer, loop: _Loop, post: Posterior, learner: Any, identity: dict[str, Any]) -> Any:
-    """A checkpoint of the posterior, the learner's state, the projection and the loop's bookkeeping."""
+def _save(ckpt: Checkpointer, loop: _Loop, state: FitState, learner: Learner,
+          identity: dict[str, Any]) -> Any:
+    """A checkpoint of the state (:meth:`FitState.to_arrays`), the learner's cache, the projection and
+    the loop's bookkeeping."""
     assert loop.terms is not None
-    state = posterior_arrays(post)
-    state.update({LEARNER_KEY + k: v for k, v in learner.state().items()})
+    arrays = state.to_arrays()
+    arrays.update({LEARNER_KEY + k: v for k, v in learner.cache_arrays().items()})
     if learner.ctx.projection is not None:
-        state.update(learner.ctx.projection.to_arrays())
-    return ckpt.save(loop.n_iter, state, dict(identity, converged=loop.converged, elbo_history=loop.history,
-                                              elbo_history_se=loop.history_se,
-                                              elbo_terms=asdict(loop.terms), wall_seconds=loop.wall(),
-                                              bound_kind=learner.bound_kind(), passes=learner.passes,
-                                              adopted=loop.adopted))
+        arrays.update(learner.ctx.projection.to_arrays())
+    return ckpt.save(loop.n_iter, arrays, dict(identity, converged=loop.converged, elbo_history=loop.history,
+                                               elbo_history_se=loop.history_se, state_format=STATE_FORMAT,
+                                               elbo_terms=asdict(loop.terms), wall_seconds=loop.wall(),
+                                               bound_kind=learner.bound_kind(), passes=learner.passes,
+                                               adopted=loop.adopted))

@@ -6,16 +6,42 @@ through :class:`Learner`. A learner owns one iteration: the engine passes it nee
 update. All learners work on one model (the prior in :class:`FitContext`) and report the same exact
 ELBO (:func:`vbcore.model.elbo.elbo_terms`), so bounds compare across learners and a fit may switch
 learners from a warm start.
+
+**State in, state out** (numpyro's ``SVI.update(state) -> (state, loss)``): the driver holds a frozen
+:class:`~pipeline.fit.learners.state.FitState` -- posterior, prior, iteration and the learner's own
+:class:`~pipeline.fit.learners.state.LearnerState` -- and calls :meth:`Learner.advance`, which returns
+a :class:`Step`: the new frozen state, the bound's terms, the minibatch standard error where the bound
+is estimated, and whether the fit converged. :meth:`Learner.begin` builds the first state (after an
+initialisation or from a warm start), :meth:`Learner.resume` takes one rebuilt from a checkpoint, and
+checkpoints write the state (:meth:`FitState.to_arrays`). The rng is inside: every draw comes from
+``ctx.rng(iteration, ...)``.
+
+**State and cache.** *State* is every host value the next iteration depends on: the posterior, the
+prior, and the learner's :class:`LearnerState` (VB EM: growth, moves, over-relaxation; the point
+learners: sticks, counts, threshold, momentum, moves and growth records; the gradient learners: the
+line search's record; pattern search: its step). The *cache* is what lives with the chunks on the
+engine and cannot be a frozen host value, with the per-chunk bookkeeping kept beside it: VB EM's
+memoized per-chunk statistics (:mod:`pipeline.fit.learners.vbem.memo`, with their visit record and
+kept move-round shares), the candidate sets of the truncated E-step and of the point learners' MAP
+search (with their neighbour lists, pivots and pending relabelling), the gradient learners' per-chunk
+logits, gradient and direction, and VB EM's chunk keys and fresh-chunk flags of a warm start. The
+learner object keeps the cache between calls; checkpoints gather it (:meth:`Learner.cache_arrays`,
+written as ``learner.<name>``) and a resume places it back (:meth:`Learner.load_cache`). A step
+given a state other than the last one it returned restores that state first (:meth:`Learner.restore`;
+the same bits from the same state); the cache then is the learner's current one (the driver never
+steps from an older state: learners without cache -- plain VB EM, MM, SGA, SVI on exact E-steps --
+give the same bits from any state they are handed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
+from pipeline.fit.learners.state import FitState, LearnerState
 from vbcore.errors import ConfigError
 from vbcore.model.elbo import ElboTerms
 from vbcore.model.posterior import Posterior
@@ -82,14 +108,28 @@ class FitContext:
         return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=tuple(int(k) for k in key)))
 
 
+@dataclass(frozen=True)
+class Step:
+    """What :meth:`Learner.advance` returns: the new state, the bound's terms (exact, or a minibatch
+    estimate: :meth:`Learner.bound_kind`), its standard error where it is estimated (else None) and
+    whether the fit converged with it (:meth:`Learner.converged`)."""
+
+    state: FitState
+    terms: ElboTerms
+    se: float | None = None
+    converged: bool = False
+
+
 class Learner:
     """Base class of the learners: every hook the fit setup and driver use is declared here with
     its default, so a learner overrides only what it changes.
 
     Subclasses set ``options`` (the allowed ``learner_options`` with their defaults, checked by
     :meth:`check_options`) and implement :meth:`step`; learners with state beyond the posterior
-    (search directions, momentum, per-chunk logits) also implement :meth:`state`, :meth:`load_state`
-    and :meth:`close`. Engine passes are counted by the engine wrapper of the fit context
+    (search directions, momentum) declare it as a :class:`LearnerState` dataclass (:attr:`state_type`)
+    and implement :meth:`own_state` and :meth:`load`; learners with a cache of per-chunk data on the
+    engine (per-chunk logits, candidate sets) implement :meth:`cache_arrays`, :meth:`load_cache` and
+    :meth:`close`. Engine passes are counted by the engine wrapper of the fit context
     (``ctx.engine.passes``), not by the learners.
     """
 
@@ -123,11 +163,14 @@ class Learner:
     #: whether ``VBMixture.partial_fit`` accepts it: that runs VB EM's pass on memoized batch
     #: statistics (:mod:`pipeline.fit.partial`), so only VB EM sets it
     partial_fit: ClassVar[bool] = False
+    #: the learner's own state (:meth:`own_state`), rebuilt from a checkpoint by its field types
+    state_type: ClassVar[type[LearnerState]] = LearnerState
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         self.ctx = ctx
         self.opts = self.parse_options(options or {})
         self.post: Posterior | None = None
+        self._current: FitState | None = None  # the state the learner's objects hold now
 
     @property
     def passes(self) -> int:
@@ -185,7 +228,59 @@ class Learner:
         """The learner's own initial posterior (None: the fit setup's initialisation)."""
         return None
 
-    # ---- the interface ------------------------------------------------------------------------
+    # ---- the interface: state in, state out ----------------------------------------------------
+    def begin(self, post: Posterior, *, warm: bool = False) -> FitState:
+        """The first state: from ``post`` (an initialisation, or a finished fit's with ``warm``:
+        :meth:`start_warm`)."""
+        (self.start_warm if warm else self.start)(post)
+        return self.snapshot(0)
+
+    def resume(self, state: FitState, cache: Mapping[str, np.ndarray]) -> None:
+        """Continue from a checkpoint's ``state`` (:meth:`FitState.from_arrays`) and cache
+        (:meth:`cache_arrays`' arrays)."""
+        self.restore(state)
+        self.load_cache(state.post, cache)
+
+    def advance(self, state: FitState, history: Sequence[float] = (), tol: float | None = None) -> Step:
+        """One iteration from ``state``: the new state, the bound's terms and, with ``tol``, whether
+        the fit converged (:meth:`converged` on ``history`` and the new bound). The learner's
+        objects follow: a state other than the last one returned is restored first."""
+        if state is not self._current:
+            self.restore(state)
+        _, terms = self.step(state.iteration + 1)
+        se = self.bound_se()
+        done = False if tol is None else self.converged([*history, terms.total], float(tol))
+        return Step(self.snapshot(state.iteration + 1), terms, se, done)
+
+    def snapshot(self, iteration: int) -> FitState:
+        """The learner's state now, frozen (the state :meth:`advance` returns)."""
+        assert self.post is not None, "start() first"
+        self._current = FitState(self.post, self.ctx.prior, int(iteration), self.own_state().freeze())
+        return self._current
+
+    def restore(self, state: FitState) -> None:
+        """Make the learner's objects hold ``state`` (the cache stays as it is)."""
+        self.ctx.prior = state.prior
+        self.load(state.post, state.learner.thaw())
+        self._current = state
+
+    def own_state(self) -> LearnerState:
+        """The learner's state beyond the posterior and prior (host values; :attr:`state_type`)."""
+        return LearnerState()
+
+    def load(self, post: Posterior, state: Any) -> None:
+        """Hold ``post`` and the learner's ``state`` (an :attr:`state_type`, thawed); default: start
+        from ``post``."""
+        self.start(post)
+
+    def cache_arrays(self) -> dict[str, np.ndarray]:
+        """The cache (engine-held per-chunk data, see the module docstring) gathered for a checkpoint."""
+        return {}
+
+    def load_cache(self, post: Posterior, arrays: Mapping[str, np.ndarray]) -> None:
+        """Place a checkpoint's cache (:meth:`cache_arrays`) back with the chunks."""
+
+    # ---- what one iteration is (the learners implement these) ---------------------------------
     def start(self, post: Posterior) -> None:
         """Begin from ``post`` (after initialisation, a warm start or a switch of learner)."""
         self.post = post
@@ -196,8 +291,8 @@ class Learner:
         self.start(post)
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
-        """One iteration; returns the posterior after it and the exact ELBO of the variational
-        distribution it describes."""
+        """One iteration on the learner's objects (:meth:`advance` wraps it); returns the posterior after
+        it and the exact ELBO of the variational distribution it describes."""
         raise NotImplementedError
 
     def bound_kind(self) -> str:
@@ -249,19 +344,12 @@ class Learner:
         from vbcore.kernels.estep import estep_params, vbem_pass_kernel
         from vbcore.model.elbo import elbo_terms
 
-        res = self.ctx.engine.map_reduce(vbem_pass_kernel, self.ctx.handles, estep_params(post, self.ctx.shift))
+        ctx = self.ctx
+        res = ctx.engine.map_reduce(vbem_pass_kernel, ctx.handles, estep_params(post, ctx.shift))
         return elbo_terms(res.stats, post, self.ctx.prior)
 
-    def state(self) -> dict[str, np.ndarray]:
-        """Learner state beyond the posterior, for checkpoints (arrays only)."""
-        return {}
-
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
-        """Resume from a checkpoint written from :meth:`state`."""
-        self.start(post)
-
     def adopt(self, state: Mapping[str, np.ndarray]) -> int:
-        """Warm start: take what applies of a previous fit's learner state (its :meth:`state`, e.g.
+        """Warm start: take what applies of a previous fit's kept state (its :meth:`keep_state`, e.g.
         the memoized statistics of unchanged chunks, :mod:`pipeline.fit.learners.vbem.memo`) after
         :meth:`start`. Returns the number of chunks whose state was adopted (0: none, the default)."""
         return 0

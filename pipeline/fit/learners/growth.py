@@ -32,7 +32,7 @@ The SGA learners grow with the same rules and proposals (:mod:`pipeline.fit.lear
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ import numpy as np
 from pipeline.engine.blas import one_blas_thread
 from pipeline.fit.learners.outliers import outlier_births
 from pipeline.fit.learners.sampling import chunk_bounds, gather_drawn
+from pipeline.fit.learners.state import LearnerState
 from vbcore.kernels.estep import estep_params, log_rho, prepare_chunk
 from vbcore.model.elbo import ElboTerms
 from vbcore.model.mstep import weight_posterior
@@ -441,23 +442,32 @@ class Growth:
                 "refused": bool(self.refused),
                 "limit_hit": bool(sat and (self.truncation >= self.limit or not self.enabled))}
 
-    def state(self) -> dict[str, np.ndarray]:
-        last = [] if self.last is None else [self.last.log_likelihood, self.last.kl_assignments,
-                                             self.last.kl_weights, self.last.kl_components]
-        return {"growth.ints": np.array([self.truncation, int(self.pending), int(self.refused), self.grown,
-                                         int(self.double), int(self.early), int(self.early_off)],
-                                        dtype=np.int64),
-                "growth.last": np.asarray(last, dtype=np.float64),
-                "growth.min_gain": np.asarray(self.min_gain, dtype=np.float64)}
+    def to_state(self) -> GrowthState:
+        return GrowthState(self.truncation, self.pending, self.refused, self.grown, self.double, self.early,
+                           self.early_off, self.early_refused, self.last, self.min_gain)
 
-    def load_state(self, state: Any) -> None:
-        ints = state.get("growth.ints") if hasattr(state, "get") else None
-        if ints is None:
+    def load(self, state: GrowthState | None) -> None:
+        """The record of :meth:`to_state` (None: as started)."""
+        if state is None:
             return
-        ints = [int(v) for v in np.asarray(ints)] + [0, 0]  # (checkpoints before early growth: 5)
-        self.truncation, pending, refused, self.grown, double, early, early_off = ints[:7]
-        self.pending, self.refused, self.double = bool(pending), bool(refused), bool(double)
-        self.early, self.early_off = bool(early), bool(early_off)
-        last = np.asarray(state.get("growth.last"), dtype=np.float64)
-        self.last = ElboTerms(*map(float, last)) if last.size == 4 else None
-        self.min_gain = float(np.asarray(state.get("growth.min_gain", 0.0)))
+        self.truncation, self.grown = int(state.truncation), int(state.grown)
+        self.min_gain = float(state.min_gain)
+        self.pending, self.refused, self.double = bool(state.pending), bool(state.refused), bool(state.double)
+        self.early, self.early_off = bool(state.early), bool(state.early_off)
+        self.early_refused, self.last = bool(state.early_refused), state.last
+
+
+@dataclass
+class GrowthState(LearnerState):
+    """:class:`Growth`'s record in a checkpoint (its settings come from the options and the context)."""
+
+    truncation: int
+    pending: bool
+    refused: bool
+    grown: int
+    double: bool
+    early: bool
+    early_off: bool
+    early_refused: bool
+    last: ElboTerms | None  # the last reported bound
+    min_gain: float

@@ -15,10 +15,12 @@ docs/algorithms.md has the details.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline.fit.learners.state import LearnerState
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
 from vbcore.kernels.sga_stats import take_stats
@@ -282,19 +284,29 @@ class Moves:
         return apply_merges(alt if remove else expand_stats(alt, keep, k), accepted, alt_h[rows], remove)
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def state(self) -> dict[str, np.ndarray]:
+    def to_state(self) -> MovesState | None:
         if not self.active:
-            return {}
-        flags = np.array([self.pending, self.force, self.delete_limit], dtype=np.int64)
-        return {"moves_pairs": self.pairs, "moves_deletes": self.deletes, "moves_flags": flags}
+            return None
+        return MovesState(self.pairs, self.deletes, self.pending, self.force, self.delete_limit)
 
-    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        if not self.active or "moves_flags" not in state:
+    def load(self, state: MovesState | None) -> None:
+        if not self.active or state is None:
             return
-        self.pairs = np.asarray(state["moves_pairs"], dtype=np.int64).reshape(-1, 2)
-        self.deletes = np.asarray(state["moves_deletes"], dtype=np.int64).reshape(-1)
-        pending, force, limit = (int(v) for v in np.asarray(state["moves_flags"]))
-        self.pending, self.force, self.delete_limit = bool(pending), bool(force), limit
+        self.pairs = np.asarray(state.pairs, dtype=np.int64).reshape(-1, 2)
+        self.deletes = np.asarray(state.deletes, dtype=np.int64).reshape(-1)
+        self.pending, self.force = bool(state.pending), bool(state.force)
+        self.delete_limit = int(state.delete_limit)
+
+
+@dataclass
+class MovesState(LearnerState):
+    """:class:`Moves`' record in a checkpoint: the next round's pairs and deletions, and its flags."""
+
+    pairs: np.ndarray
+    deletes: np.ndarray
+    pending: bool
+    force: bool
+    delete_limit: int
 
 
 def merge_back(ctx: Any, post: Posterior, pairs: np.ndarray, pass_: Any = None) -> tuple[SuffStats, int]:

@@ -373,16 +373,16 @@ class TruncatedLearner(Learner):
         if self.truncated is not None:
             self.truncated.relabel(kept, moved)
 
-    def state(self) -> dict[str, np.ndarray]:
-        out = super().state()
-        if self.truncated is not None:
+    def cache_arrays(self) -> dict[str, np.ndarray]:
+        out = super().cache_arrays()
+        if self.truncated is not None:  # the candidate sets (cache: they live with the chunks)
             out.update(self.truncated.state())
         return out
 
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
-        super().load_state(post, state)
+    def load_cache(self, post: Posterior, arrays: Mapping[str, np.ndarray]) -> None:
+        super().load_cache(post, arrays)
         if self.truncated is not None:
-            self.truncated.load_state(post, state)
+            self.truncated.load_state(post, arrays)
 
     def close(self) -> None:
         if self.truncated is not None:

@@ -177,6 +177,7 @@ class GradientLearner(Learner):
     conjugate = False
     #: no 'tied': the gradients (vbcore/learners/gradients.py) are written for per-component precisions
     family = "gradient"
+    state_type = GradientState
     covariance_types = ("full", "diag", "spherical", "fixed")
     options = {
         "convergence": "tol",  # 'tol': |dELBO|/N < tol (the estimator's); 'seed000': see below
@@ -286,20 +287,26 @@ class GradientLearner(Learner):
         return super().converged(history, tol)
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def state(self) -> dict[str, np.ndarray]:
-        """Per-chunk logits, gradient and direction gathered in row order, plus the driver's state."""
+    def own_state(self) -> GradientState:
+        return self.s
+
+    def load(self, post: Posterior, state: GradientState) -> None:
+        self.post, self.s = post, state
+
+    def cache_arrays(self) -> dict[str, np.ndarray]:
+        """Per-chunk logits, gradient and direction gathered in row order."""
         assert self.s.stats is not None
         parts = self.ctx.engine.fetch_states(self.states, _host_state)
         self.states = restart_lineage(self.ctx, self.states, parts)
-        out = self.s.to_arrays(prefix="driver.")
+        out: dict[str, np.ndarray] = {}
         for name in ("log_r", "h", "p"):
             arrays = [getattr(part, name) for part in parts]
             if all(a is not None for a in arrays):
                 out[f"chunk_{name}"] = np.concatenate(arrays)
         return out
 
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
-        if "chunk_log_r" not in state:  # a checkpoint of another learner: start afresh from post
+    def load_cache(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+        if "chunk_log_r" not in state:  # a checkpoint without the logits: start afresh from post
             self.start(post)
             return
         self.close()
@@ -310,8 +317,6 @@ class GradientLearner(Learner):
         self.states = ctx.engine.place_states(per_chunk, ctx.handles)
         if getattr(ctx.engine, "array_backend", "numpy") != "numpy":  # host arrays to the device
             self.states, _ = ctx.engine.map_keep(_device_kernel, ctx.handles, self.states)
-        self.s = GradientState.from_arrays(state, ctx.covariance_type, ctx.weight_type, prefix="driver.")
-        self.post = post
 
     def close(self) -> None:
         if self.states:

@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.fit.learners.base import FitContext, Learner
 from pipeline.fit.learners.moves import parse_moves
+from pipeline.fit.learners.point.state import PointState
 from pipeline.fit.learners.sampling import chunk_bounds, gather_sample, kmeanspp
 from pipeline.fit.learners.truncated import map_search
 from vbcore.errors import ConfigError
@@ -90,6 +91,7 @@ class DPPointLearner(Learner):
 
     sigma2_sample_rows = SIGMA2_ROWS  # rows the estimator gathers for estimate_fixed_variance
     family = "point"
+    state_type = PointState
     @classmethod
     def default_weight_concentration(cls, n_rows: float) -> float | None:
         return default_weight_concentration(n_rows)
@@ -176,12 +178,6 @@ class DPPointLearner(Learner):
             return False
         return bool(parse_moves(self.name, self.opts["moves"], int(self.opts.get("candidates", 0))))
 
-    def threshold_state(self) -> dict[str, np.ndarray]:
-        return {} if self.thr is None else {"prune_threshold": np.array([self.thr])}
-
-    def load_threshold(self, state: Mapping[str, np.ndarray]) -> None:
-        if "prune_threshold" in state:
-            self.thr = float(np.asarray(state["prune_threshold"])[0])
 
     # -- passes
     def hard_pass(self, point: DPPoint, handles: list[Any] | None = None,
@@ -272,18 +268,23 @@ class DPPointLearner(Learner):
             assert self.point is not None
             self.search.start_point(self.point)
 
-    def state(self) -> dict[str, np.ndarray]:
+    def own_state(self) -> PointState:
         assert self.point is not None
-        out = {"sticks": self.point.sticks, "counts": self.counts, **self.threshold_state()}
-        return out if self.search is None else {**out, **self.search.state()}
+        return PointState(self.point.sticks, self.counts, self.thr)
 
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
-        self.point = DPPoint(post.means.copy(), np.asarray(state["sticks"], dtype=np.float64))
-        self.counts = np.asarray(state["counts"], dtype=np.float64)
-        self.load_threshold(state)
+    def load(self, post: Posterior, state: PointState) -> None:
+        assert state.sticks is not None and state.counts is not None
+        self.point = DPPoint(post.means.copy(), np.asarray(state.sticks, dtype=np.float64))
+        self.counts = np.asarray(state.counts, dtype=np.float64)
+        self.thr = state.prune_threshold
         self.post = self.posterior()
+
+    def cache_arrays(self) -> dict[str, np.ndarray]:
+        return {} if self.search is None else self.search.state()  # the candidate sets
+
+    def load_cache(self, post: Posterior, arrays: Mapping[str, np.ndarray]) -> None:
         if self.search is not None:
-            self.search.load_state(post, state)
+            self.search.load_state(post, arrays)
 
     def close(self) -> None:
         if self.search is not None:

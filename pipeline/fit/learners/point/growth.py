@@ -53,6 +53,7 @@ import numpy as np
 
 from pipeline.fit.learners.growth import SPREAD_SPLIT, Growth, default_limit, n_used, split_proposals
 from pipeline.fit.learners.outliers import OUTLIER_MIN_ROWS, outlier_births
+from pipeline.fit.learners.point.state import PointState
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
 from vbcore.kernels.sga_stats import DPPoint, log_stick_weights, take_stats
@@ -221,11 +222,11 @@ class PointGrowthMixin:
             return super().truncation_info(used)  # type: ignore[misc, no-any-return]
         return self.growth.info(used)
 
-    def state(self) -> dict[str, np.ndarray]:
-        return {**super().state(), **self.growth.state()}  # type: ignore[misc]
+    def own_state(self) -> PointState:
+        return replace(super().own_state(), growth=self.growth.to_state())  # type: ignore[misc]
 
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+    def load(self, post: Posterior, state: PointState) -> None:
         me: Any = self
-        self.growth.load_state(state)
+        self.growth.load(state.growth)
         me.ctx.prior = replace(me.ctx.prior, n_components=self.growth.truncation)
-        super().load_state(post, state)  # type: ignore[misc]
+        super().load(post, state)  # type: ignore[misc]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from pipeline.fit.learners.moves import check_move_options, move_interval
 from pipeline.fit.learners.point.soft_judge import soft_merges
+from pipeline.fit.learners.point.state import HardMovesState, PointState
 from vbcore.kernels.sga_stats import DPPoint
 from vbcore.model.empirical import empirical_update
 from vbcore.model.mstep import m_step
@@ -83,15 +85,12 @@ class HardMoves:
             return False
         return True
 
-    def state(self) -> dict[str, np.ndarray]:
-        if not self.kinds:
-            return {}
-        return {"moves_flags": np.array([self.pending, self.force], dtype=np.int64)}
+    def to_state(self) -> HardMovesState | None:
+        return HardMovesState(self.pending, self.force) if self.kinds else None
 
-    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        if self.kinds and "moves_flags" in state:
-            pending, force = (int(v) for v in np.asarray(state["moves_flags"]))
-            self.pending, self.force = bool(pending), bool(force)
+    def load(self, state: HardMovesState | None) -> None:
+        if self.kinds and state is not None:
+            self.pending, self.force = bool(state.pending), bool(state.force)
 
 
 def partition_prior(ctx: Any) -> Prior:
@@ -198,9 +197,9 @@ class HardMovesMixin:
     def converged(self, history: list[float], tol: float) -> bool:
         return self.moves.converged(super().converged(history, tol))  # type: ignore[misc]
 
-    def state(self) -> dict[str, np.ndarray]:
-        return {**super().state(), **self.moves.state()}  # type: ignore[misc]
+    def own_state(self) -> PointState:
+        return replace(super().own_state(), hard_moves=self.moves.to_state())  # type: ignore[misc]
 
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
-        super().load_state(post, state)  # type: ignore[misc]
-        self.moves.load_state(state)
+    def load(self, post: Posterior, state: PointState) -> None:
+        super().load(post, state)  # type: ignore[misc]
+        self.moves.load(state.hard_moves)

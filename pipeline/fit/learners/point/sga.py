@@ -21,6 +21,7 @@ every ``grow_every`` iterations and accepted on the exact bound of all rows
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS
 from pipeline.fit.learners.point.base import DPPointLearner, check_range
 from pipeline.fit.learners.point.growth import POINT_GROW_OPTIONS, PointGrowthMixin, check_point_grow_options
 from pipeline.fit.learners.point.moves import HardMovesMixin
+from pipeline.fit.learners.point.state import PointState
 from pipeline.fit.learners.sampling import minibatch, minibatch_weight
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.errors import ConfigError
@@ -159,17 +161,17 @@ class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
             return None
         return self.exact_terms()  # one full MAP pass; the counts and posterior follow it
 
-    def state(self) -> dict[str, np.ndarray]:
-        out = super().state()
-        if self.method == "sga-m" and self.velocity is not None:
-            out.update({"velocity_mu": self.velocity.mu, "velocity_v": self.velocity.v})
+    def own_state(self) -> PointState:
+        out = super().own_state()
+        if self.method == "sga-m" and self.velocity is not None:  # (the others' is zeros)
+            out = replace(out, velocity=self.velocity)
         return out
 
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
-        super().load_state(post, state)
+    def load(self, post: Posterior, state: PointState) -> None:
+        super().load(post, state)
         k, d = post.means.shape
-        self.velocity = (Velocity(np.asarray(state["velocity_mu"]), np.asarray(state["velocity_v"]))
-                         if "velocity_mu" in state else Velocity.zeros(k, d))
+        v = state.velocity
+        self.velocity = Velocity(np.asarray(v.mu), np.asarray(v.v)) if v is not None else Velocity.zeros(k, d)
 
 
 @register("sga")

@@ -30,6 +30,7 @@ from pipeline.fit.learners.moves import (
 from pipeline.fit.learners.point.base import DPPointLearner, check_range
 from pipeline.fit.learners.point.moves import Judge
 from pipeline.fit.learners.point.sga import MINIBATCH_SLICE, check_minibatch_options
+from pipeline.fit.learners.point.state import PointState
 from pipeline.fit.learners.sampling import minibatch, minibatch_weight
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params, vbem_pass_kernel
@@ -84,14 +85,20 @@ class SVI(DPPointLearner):
         self.vb = self._prune(post)
         self.post = self.vb
 
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
+    def load(self, post: Posterior, state: PointState) -> None:
         self.vb = post
         self.post = post
-        self.moves.load_state(state)
-        self.load_threshold(state)
+        self.moves.load(state.moves)
+        self.thr = state.prune_threshold
 
-    def state(self) -> dict[str, np.ndarray]:
-        return {**self.moves.state(), **self.threshold_state()}
+    def own_state(self) -> PointState:
+        return PointState(prune_threshold=self.thr, moves=self.moves.to_state())
+
+    def cache_arrays(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def load_cache(self, post: Posterior, arrays: Mapping[str, np.ndarray]) -> None:
+        pass
 
     def converged(self, history: list[float], tol: float) -> bool:
         return self.moves.converged(super().converged(history, tol))

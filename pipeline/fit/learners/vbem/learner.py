@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -19,20 +19,22 @@ import numpy as np
 from pipeline.fit.learners import register
 from pipeline.fit.learners.growth import (
     Growth,
+    GrowthState,
     default_limit,
     n_used,
     pairs_after_pruning,
     propose_outliers,
     propose_splits,
 )
-from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, check_move_options, merge_back
+from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, MovesState, check_move_options, merge_back
+from pipeline.fit.learners.state import LearnerState
 from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
 from pipeline.fit.learners.vbem.memo import MemoStats, check_memo_option, chunk_keys
-from pipeline.fit.learners.vbem.overrelax import OverRelax
+from pipeline.fit.learners.vbem.overrelax import OverRelax, RelaxState
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import KernelResult, estep_params, vbem_pass_kernel
 from vbcore.model.elbo import ElboTerms, elbo_terms
-from vbcore.model.empirical import empirical_update, prior_from_state, prior_state
+from vbcore.model.empirical import empirical_update
 from vbcore.model.mstep import m_step
 from vbcore.model.posterior import Posterior
 from vbcore.model.stats import SuffStats
@@ -42,6 +44,17 @@ GROW_SPLITS = ("all", "gated")
 #: learner state without memoized statistics: the store's chunk keys (what a warm start compares
 #: with its own, :meth:`VBEM.adopt`) and a warm start's chunks the previous fit did not have
 CHUNK_KEYS, FRESH = "chunks.keys", "chunks.fresh"
+
+
+@dataclass
+class VBEMState(LearnerState):
+    """VB EM's state beyond the posterior and prior: the growth's record, the moves' next round and the
+    over-relaxation's (None where off). Memoized statistics and candidate sets are cache
+    (:meth:`VBEM.cache_arrays`)."""
+
+    growth: GrowthState
+    moves: MovesState | None
+    relax: RelaxState | None
 
 
 def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
@@ -79,6 +92,7 @@ class VBEM(TruncatedLearner):
     grows = True
     passes_per_iteration = 1
     partial_fit = True
+    state_type = VBEMState
 
     @classmethod
     def check_options(cls, opts: dict[str, Any]) -> None:
@@ -362,14 +376,21 @@ class VBEM(TruncatedLearner):
         if self.memo is not None:
             self.memo.relabel(kept)
 
-    def state(self) -> dict[str, np.ndarray]:
-        out = super().state()
-        out.update(self.moves.state())
+    def own_state(self) -> VBEMState:
+        return VBEMState(self.growth.to_state(), self.moves.to_state(), self.relax.to_state())
+
+    def load(self, post: Posterior, state: VBEMState) -> None:
+        self.post = post
+        self.moves.load(state.moves)
+        self.growth.load(state.growth)
+        self.ctx.prior = replace(self.ctx.prior, n_components=self.growth.truncation)
+        self.relax.load(state.relax)
+
+    def cache_arrays(self) -> dict[str, np.ndarray]:
+        """The candidate sets, the memoized statistics, the chunk keys and fresh chunks."""
+        out = super().cache_arrays()
         if self.memo is not None:
             out.update(self.memo.state())
-        out.update(self.growth.state())
-        out.update(prior_state(self.ctx.prior))
-        out.update(self.relax.state())
         out.update(self._chunk_keys())
         if self.memo is None and self.fresh is not None:
             out[FRESH] = self.fresh
@@ -381,16 +402,12 @@ class VBEM(TruncatedLearner):
             return {}
         return {CHUNK_KEYS: np.asarray(chunk_keys(self.ctx.source), dtype=str)}
 
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
-        super().load_state(post, state)
-        self.moves.load_state(state)
-        self.growth.load_state(state)
-        self.ctx.prior = replace(prior_from_state(self.ctx.prior, state), n_components=self.growth.truncation)
+    def load_cache(self, post: Posterior, arrays: Mapping[str, np.ndarray]) -> None:
+        super().load_cache(post, arrays)
         if self.memo is not None:
-            self.memo.load_state(state)
-        self.relax.load_state(state, self.ctx.shift)
-        if self.memo is None and FRESH in state:
-            self.fresh = np.asarray(state[FRESH], dtype=bool).copy()
+            self.memo.load_state(arrays)
+        if self.memo is None and FRESH in arrays:
+            self.fresh = np.asarray(arrays[FRESH], dtype=bool).copy()
 
     def keep_state(self) -> dict[str, np.ndarray]:
         if self.memo is None:  # a store's chunk keys (a warm start knows its new chunks), candidate sets

@@ -18,12 +18,11 @@ checkpointed, so a resumed fit makes the same tries.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from pipeline.fit.learners.state import LearnerState
 from vbcore.model.mstep import m_step
 from vbcore.model.posterior import Posterior
 from vbcore.model.priors import Prior
@@ -108,29 +107,23 @@ class OverRelax:
         self.prev, self.last = self.last, stats
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    def state(self) -> dict[str, np.ndarray]:
-        if not self.on:
-            return {}
-        out = {"relax.eta": np.asarray([self.eta, self.tries, self.kept], dtype=np.float64)}
-        for tag, s in (("prev", self.prev), ("last", self.last)):
-            if s is not None:
-                out.update({f"relax.{tag}.{k}": np.asarray(getattr(s, k)) for k in _KEYS})
-                out[f"relax.{tag}.rest"] = np.asarray(
-                    [s.sum_rlogr, s.n_rows, np.nan if s.weight is None else s.weight], dtype=np.float64)
-        return out
+    def to_state(self) -> RelaxState | None:
+        return RelaxState(self.eta, self.tries, self.kept, self.prev, self.last) if self.on else None
 
-    def load_state(self, state: Mapping[str, Any], shift: np.ndarray) -> None:
-        if not self.on or "relax.eta" not in state:
+    def load(self, state: RelaxState | None) -> None:
+        if not self.on or state is None:
             return
-        eta, tries, kept = (float(v) for v in np.asarray(state["relax.eta"]))
-        self.eta, self.tries, self.kept = eta, int(tries), int(kept)
-        got: dict[str, SuffStats | None] = {}
-        for tag in ("prev", "last"):
-            if f"relax.{tag}.rest" not in state:
-                got[tag] = None
-                continue
-            rlogr, rows, weight = (float(v) for v in np.asarray(state[f"relax.{tag}.rest"]))
-            arrays = {k: np.asarray(state[f"relax.{tag}.{k}"], dtype=np.float64) for k in _KEYS}
-            got[tag] = SuffStats(sum_rlogr=rlogr, n_rows=int(rows), shift=np.asarray(shift, dtype=np.float64),
-                                 weight=None if np.isnan(weight) else weight, **arrays)
-        self.prev, self.last = got["prev"], got["last"]
+        self.eta, self.tries, self.kept = float(state.eta), int(state.tries), int(state.kept)
+        self.prev, self.last = state.prev, state.last
+
+
+@dataclass
+class RelaxState(LearnerState):
+    """:class:`OverRelax`'s record in a checkpoint: the step factor, its counts and the last two
+    passes' statistics."""
+
+    eta: float
+    tries: int
+    kept: int
+    prev: SuffStats | None
+    last: SuffStats | None

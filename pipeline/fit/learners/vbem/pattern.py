@@ -76,6 +76,7 @@ class PatternSearchVBEM(Learner):
     """VB EM with a pattern-search line search every ``every`` iterations."""
 
     family = "vbem"
+    state_type = PatternState
     options = {
         "every": 3,  # a pattern search on every 3rd iteration (the others are plain VB EM)
         "step": 1.0,  # first trial step (in units of the last cycle's change); then the last accepted
@@ -161,10 +162,8 @@ class PatternSearchVBEM(Learner):
             return seed000_converged(history, float(self.opts["eps"]), self.ctx.n_weight)
         return super().converged(history, tol)
 
-    def state(self) -> dict[str, np.ndarray]:
-        return self.s.to_arrays()
+    def own_state(self) -> PatternState:
+        return self.s
 
-    def load_state(self, post: Posterior, state: Mapping[str, np.ndarray]) -> None:
-        self.start(post)
-        if "lam" in state:  # else a checkpoint of another learner: start afresh from post
-            self.s = PatternState.from_arrays(state, post.covariance_type, post.weight_type)
+    def load(self, post: Posterior, state: PatternState) -> None:
+        self.post, self.s = post, state
