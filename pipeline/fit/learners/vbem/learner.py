@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.fit.learners import register
+from pipeline.fit.learners.base import FitContext
 from pipeline.fit.learners.growth import (
     Growth,
     default_limit,
@@ -44,7 +45,7 @@ GROW_SPLITS = ("all", "gated")
 CHUNK_KEYS, FRESH = "chunks.keys", "chunks.fresh"
 
 
-def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
+def vbem_pass(ctx: FitContext, post: Posterior) -> KernelResult:
     """One E-step + statistics pass with responsibilities from ``post``."""
     return ctx.engine.map_reduce(vbem_pass_kernel, ctx.handles, estep_params(post, ctx.shift))
 
@@ -107,7 +108,7 @@ class VBEM(TruncatedLearner):
             raise ConfigError(f"learner options 'candidates' and 'moves' of {cls.name!r} cannot be combined "
                               "for covariance 'tied' yet; use candidates=0 (the exact E-step) with moves")
 
-    def __init__(self, ctx, options=None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
         if float(options.get("memo", 0.0)) > 0 and int(options.get("candidates", -1)) == -1:
             options["candidates"] = 0  # memoized statistics are the exact E-step's
