@@ -26,7 +26,7 @@ the seeded sample of rows, the held-out bimodality test, the 2-means split, :cla
    proposed, or all refused: the growth ends.
 3. **Judged on the exact bound of all rows**: the proposal and the current point are each refined by
    ``grow_iters`` full-data MM steps (MAP assignments of all rows, :func:`vbcore.learners.sga.mm_update`, the
-   learner's threshold rule; :meth:`PointGrowthMixin.refine`), and the proposal is accepted only when
+   learner's threshold rule; :meth:`PointGrowth.refine`), and the proposal is accepted only when
    its exact ELBO (:func:`vbcore.model.elbo.elbo_terms` of its hard statistics, one more full pass) exceeds
    both the current point's and the refined current point's by more than ``tol`` per unit of weight
    (a check with a proposal: ``2 grow_iters + 3`` passes, the sample's gather included).
