@@ -130,7 +130,8 @@ class OverRelax:
                 got[tag] = None
                 continue
             rlogr, rows, weight = (float(v) for v in np.asarray(state[f"relax.{tag}.rest"]))
-            arrays = {k: np.asarray(state[f"relax.{tag}.{k}"], dtype=np.float64) for k in _KEYS}
-            got[tag] = SuffStats(sum_rlogr=rlogr, n_rows=int(rows), shift=np.asarray(shift, dtype=np.float64),
-                                 weight=None if np.isnan(weight) else weight, **arrays)
+            nk, mean, scatter = (np.asarray(state[f"relax.{tag}.{k}"], dtype=np.float64) for k in _KEYS)
+            got[tag] = SuffStats(nk=nk, mean=mean, scatter=scatter, sum_rlogr=rlogr, n_rows=int(rows),
+                                 shift=np.asarray(shift, dtype=np.float64),
+                                 weight=None if np.isnan(weight) else weight)
         self.prev, self.last = got["prev"], got["last"]
