@@ -12,7 +12,7 @@ TEST_ENV := PREFECT_SERVER_ANALYTICS_ENABLED=false \
             PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 \
             MPLBACKEND=Agg
 
-LINT_PATHS := $(wildcard vbcore pipeline flows tests bench scripts)
+LINT_PATHS := $(wildcard vbcore pipeline flows tests bench scripts examples)
 
 .PHONY: venv test demo bench bench-quick lint docs clean gpu-wheels gpu-check
 

@@ -3,7 +3,11 @@
 ``@register("name")`` adds a :class:`~pipeline.fit.learners.base.Learner` subclass to :data:`LEARNERS`;
 ``VBMixture(learner="name")`` and ``vbcluster fit --learner name`` find it there. Importing this
 package imports every module in it (and in its subpackages), so the registry is complete whichever
-module was imported first; a learner outside the package registers when its module is imported.
+module was imported first. A learner outside the package (a plugin) registers when its module is
+imported: by the user's own code (``VBMixture``), or, for every face at once (the CLI, the flows, a Dask
+cluster's driver), through an installed package's entry point in the group ``vbcluster.learners`` or the
+environment variable ``VBCLUSTER_LEARNERS`` (comma-separated module names), both imported with the
+package (docs/architecture.md, "How to add a learner"; ``examples/toy_learner.py``).
 Every face that names learners (``vbcluster learners``, the help, the ``VBMixture`` docstring, the
 report, ``partial_fit``, the tests) reads :data:`LEARNERS`, selecting by the class attributes that
 :class:`~pipeline.fit.learners.base.Learner` declares (:func:`learner_names`).
@@ -12,6 +16,8 @@ report, ``partial_fit``, the tests) reads :data:`LEARNERS`, selecting by the cla
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import os
 import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -63,7 +69,29 @@ def _import_every_module() -> None:
         importlib.import_module(info.name)
 
 
+#: entry-point group of installed packages' learner modules, and the environment variable naming more
+ENTRY_POINTS, PLUGINS_ENV = "vbcluster.learners", "VBCLUSTER_LEARNERS"
+
+
+def _import_plugins() -> None:
+    """Import the learner modules outside the package: every entry point of the group
+    ``vbcluster.learners`` (name order), then the modules ``VBCLUSTER_LEARNERS`` names, in its order.
+    One that cannot be imported is a ConfigError naming it and where it was named."""
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+        _import_plugin(ep.value.split(":")[0], f"entry point {ep.name!r} of group {ENTRY_POINTS!r}")
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        _import_plugin(module, f"{PLUGINS_ENV}={os.environ[PLUGINS_ENV]!r}")
+
+
+def _import_plugin(module: str, where: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import learner module {module!r} ({where}): {exc}") from None
+
+
 _import_every_module()
+_import_plugins()
 
 __all__ = ["LEARNERS", "FitContext", "Learner", "learner_class", "learner_names", "make_learner",
            "names_text", "register"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from vbcore.kernels.estep import estep_params, log_rho, prepare_chunk
 from vbcore.model.elbo import ElboTerms
 from vbcore.model.mstep import weight_posterior
 from vbcore.model.posterior import Posterior
+
+if TYPE_CHECKING:
+    from pipeline.fit.learners.base import FitContext
 
 #: a truncation is saturated when at least this share of it holds a row's worth or more
 SATURATED_SHARE = 0.9
@@ -378,6 +381,21 @@ class Growth:
         self.early = False  # the pending proposal comes before convergence (:meth:`wants_early`)
         self.early_off = False  # an early proposal was refused: none again until one is accepted
         self.early_refused = False  # the last step refused an early proposal (its bound repeats)
+
+    @classmethod
+    def of(cls, ctx: FitContext, iters: int, eligible: bool = True) -> Growth:
+        """The growth of a fit on ``ctx`` (VB EM's and the SGA learners'): from the prior's truncation up
+        to ``ctx.max_components`` (default :func:`default_limit`), on where ``ctx.grow`` (the pipeline's
+        default), the weights are a DP and the learner's own condition ``eligible`` holds."""
+        start = int(ctx.prior.n_components)
+        limit = ctx.max_components if ctx.max_components is not None else default_limit(start, ctx.n_rows)
+        enabled = bool(ctx.grow) and ctx.weight_type == "dirichlet_process" and eligible
+        return cls(enabled, start, limit, iters)
+
+    def warm(self, ctx: FitContext, n_components: int) -> None:
+        """A warm start from a finished fit's posterior of ``n_components``: ``ctx.prior`` with the
+        truncation :meth:`warm_prior` gives."""
+        ctx.prior = self.warm_prior(ctx.prior, n_components)
 
     def wants_early(self, history: list[float], n_weight: float, n_used: int, n_components: int) -> bool:
         """Whether a fit that has not converged proposes births now: the bound changed by less than

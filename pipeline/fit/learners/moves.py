@@ -38,6 +38,7 @@ from vbcore.moves.exact import (
     select_merges,
     total_elbo,
 )
+from vbcore.moves.hard import nearest_pairs
 from vbcore.moves.truncated import TruncMoveRequest
 
 if TYPE_CHECKING:
@@ -153,9 +154,10 @@ class Moves:
         (None: all), ``post`` the posterior the next pass uses. Proposes when the next is a round."""
         if not self.active:
             return
+        kept: SuffStats | None = stats
         if keep is not None:
-            stats = take_stats(stats, np.flatnonzero(keep)) if keep.any() else None  # type: ignore[assignment]
-        self._last = None if stats is None or stats.nk.shape[0] != post.n_components else (stats, post)
+            kept = take_stats(stats, np.flatnonzero(keep)) if keep.any() else None
+        self._last = None if kept is None or kept.nk.shape[0] != post.n_components else (kept, post)
         self._prior, self._reg = prior, reg_covar
         if self.due(iteration + 1):
             self._propose()
@@ -182,6 +184,11 @@ class Moves:
             floor = float(self.opts.get("prune_below", 0.0))
             share = float(self.opts["delete_share"])
             self.deletes = delete_candidates(stats.nk, share, self.delete_limit, floor)
+
+    def propose_nearest(self, means: np.ndarray) -> None:
+        """Propose merging each component with its ``move_neighbours`` nearest means (SVI's round, whose
+        minibatch steps keep no statistics of all rows to propose from)."""
+        self.pairs = nearest_pairs(means, int(self.opts["move_neighbours"]))
 
     def round_next(self) -> None:
         """Make the next iteration a round if one is pending (VB EM's memoized refresh: right after

@@ -26,7 +26,7 @@ the seeded sample of rows, the held-out bimodality test, the 2-means split, :cla
    proposed, or all refused: the growth ends.
 3. **Judged on the exact bound of all rows**: the proposal and the current point are each refined by
    ``grow_iters`` full-data MM steps (MAP assignments of all rows, :func:`vbcore.learners.sga.mm_update`, the
-   learner's threshold rule; :meth:`PointGrowthMixin.refine`), and the proposal is accepted only when
+   learner's threshold rule; :meth:`PointGrowth.refine`), and the proposal is accepted only when
    its exact ELBO (:func:`vbcore.model.elbo.elbo_terms` of its hard statistics, one more full pass) exceeds
    both the current point's and the refined current point's by more than ``tol`` per unit of weight
    (a check with a proposal: ``2 grow_iters + 3`` passes, the sample's gather included).
@@ -46,20 +46,20 @@ engines and a resumed fit propose the same births; the growth state is in the ch
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from pipeline.fit.learners.growth import SPREAD_SPLIT, Growth, default_limit, n_used, split_proposals
+from pipeline.fit.learners.base import FitContext
+from pipeline.fit.learners.growth import SPREAD_SPLIT, Growth, n_used, split_proposals
 from pipeline.fit.learners.outliers import OUTLIER_MIN_ROWS, outlier_births
-from pipeline.fit.learners.point.state import PointState
+from pipeline.fit.learners.point.moves import MergingPointLearner
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
 from vbcore.kernels.sga_stats import DPPoint, log_stick_weights, take_stats
-from vbcore.learners.sga import Velocity, default_threshold, mm_sticks, mm_update, sticks_of_weights
+from vbcore.learners.sga import default_threshold, mm_sticks, mm_update, sticks_of_weights
 from vbcore.model.elbo import ElboTerms
-from vbcore.model.posterior import Posterior
 from vbcore.model.stats import SuffStats
 
 #: the growth options of the point learners: full-data MM steps a proposal (and the point it would
@@ -102,131 +102,110 @@ def outlier_point(point: DPPoint, parents: np.ndarray, children: np.ndarray, shi
     return DPPoint(means, sticks_of_weights(np.concatenate((pi, w))))
 
 
-class PointGrowthMixin:
-    """Births for a :class:`pipeline.fit.learners.point.base.DPPointLearner` with momentum state (the SGA
-    learners; put before it in the bases). The learner calls :meth:`grow_check` at the end of its
-    step; the mixin adds the growth's convergence rule, checkpoint state and ``truncation`` entry."""
+@dataclass(frozen=True)
+class Birth:
+    """An accepted birth proposal: the refined point, the hard statistics of all rows under it, its
+    exact bound and the new truncation."""
 
-    def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(ctx, options)  # type: ignore[call-arg]
-        me: Any = self
-        start = int(ctx.prior.n_components)
-        limit = ctx.max_components if ctx.max_components is not None else default_limit(start, ctx.n_rows)
-        enabled = bool(ctx.grow) and ctx.weight_type == "dirichlet_process" and me.search is None
-        self.growth = Growth(enabled, start, limit, int(me.opts["grow_iters"]))
+    point: DPPoint
+    stats: SuffStats
+    terms: ElboTerms
+    truncation: int
 
-    def start_warm(self, post: Posterior) -> None:
-        """A warm start continues with a truncation ``post`` does not saturate, as VB EM's
-        (:meth:`pipeline.fit.learners.growth.Growth.warm_prior`)."""
-        me: Any = self
-        me.ctx.prior = self.growth.warm_prior(me.ctx.prior, post.n_components)
-        super().start_warm(post)  # type: ignore[misc]
 
-    def grow_check(self, iteration: int) -> ElboTerms | None:
+class PointGrowth:
+    """Births of a DP point learner (the SGA learners own one: ``learner.births``). The learner calls
+    :meth:`check` at the end of its step with itself (the point, its passes, threshold rule and judged
+    bound) and adopts an accepted :class:`Birth`, then calls :meth:`accept`; it adds :attr:`growth`'s
+    convergence rule, checkpoint state and ``truncation`` entry to its own."""
+
+    def __init__(self, ctx: FitContext, opts: Mapping[str, Any], searching: bool) -> None:
+        self.ctx = ctx
+        self.every = int(opts["grow_every"])
+        #: the truncation's growth (:class:`pipeline.fit.learners.growth.Growth`; off with the candidate
+        #: MAP search, ``searching``)
+        self.growth = Growth.of(ctx, int(opts["grow_iters"]), not searching)
+
+    def check(self, learner: MergingPointLearner, iteration: int) -> Birth | None:
         """At a check (every ``grow_every`` iterations, or after a converged exact bound): propose and
-        judge births; the exact bound of the accepted proposal, or None (nothing proposed or refused:
-        the learner's state is untouched)."""
-        me: Any = self
+        judge births; the accepted proposal, or None (nothing proposed or refused: the learner's state
+        is untouched)."""
         g = self.growth
-        due = g.pending or iteration % int(me.opts["grow_every"]) == 0
+        due = g.pending or iteration % self.every == 0
         if not (g.enabled and not g.refused and due):
             return None
-        if not g.wants(n_used(me.post), me.point.n_components):
+        assert learner.post is not None and learner.point is not None
+        if not g.wants(n_used(learner.post), learner.point.n_components):
             return None
         g.pending = False
-        terms = self.try_births(iteration)
-        g.refused = terms is None
-        return terms
+        born = self.try_births(learner, iteration)
+        g.refused = born is None
+        return born
 
-    def try_births(self, iteration: int) -> ElboTerms | None:
+    def accept(self, truncation: int) -> None:
+        """After the learner adopted an accepted birth: the truncation ``truncation`` (the prior's too);
+        the next iteration checks again (the refined proposal is settled enough)."""
+        g = self.growth
+        g.truncation, g.grown = truncation, g.grown + 1
+        self.ctx.prior = replace(self.ctx.prior, n_components=truncation)
+        g.pending = True
+
+    def try_births(self, learner: MergingPointLearner, iteration: int) -> Birth | None:
         """The birth proposal towards :meth:`Growth.next_truncation`, accepted on the exact bound:
         the gated splits, then, when they are refused or there are none, children at the groups of
         the worst-explained rows (:func:`pipeline.fit.learners.outliers.outlier_births`, one more
         pass), as VB EM's births."""
-        me: Any = self
-        g, ctx = self.growth, me.ctx
-        k = g.next_truncation()
-        births = k - me.point.n_components
-        parents, kept, children = split_proposals(ctx, me.post, births, iteration, gated=True)
+        ctx, point, post = self.ctx, learner.point, learner.post
+        assert point is not None and post is not None
+        k = self.growth.next_truncation()
+        births = k - point.n_components
+        parents, kept, children = split_proposals(ctx, post, births, iteration, gated=True)
         current: list[float] = []  # the current point's bound and its refined one's (computed once)
         if parents.size:
-            proposal = split_point(me.point, parents, kept, children, ctx.shift)
+            proposal = split_point(point, parents, kept, children, ctx.shift)
             born = np.exp(log_stick_weights(proposal.sticks))[parents]
-            if (judged := self.judge(proposal, float(born.min()), current)) is not None:
-                return self.accept(*judged, k)
-        groups = outlier_births(ctx, estep_params(me.post, ctx.shift), me.point.means - ctx.shift,
+            if (judged := self.judge(learner, proposal, float(born.min()), current)) is not None:
+                return Birth(*judged, k)
+        groups = outlier_births(ctx, estep_params(post, ctx.shift), point.means - ctx.shift,
                                 SPREAD_SPLIT)[:births]
         if not groups:
             return None
-        proposal = outlier_point(me.point, np.asarray([c[1] for c in groups], dtype=np.int64),
+        proposal = outlier_point(point, np.asarray([c[1] for c in groups], dtype=np.int64),
                                  np.asarray([c[2] for c in groups]), ctx.shift, ctx.n_weight)
-        judged = self.judge(proposal, float(np.exp(log_stick_weights(proposal.sticks))[-1]), current)
-        return None if judged is None else self.accept(*judged, k)
+        judged = self.judge(learner, proposal, float(np.exp(log_stick_weights(proposal.sticks))[-1]), current)
+        return None if judged is None else Birth(*judged, k)
 
-    def judge(self, proposal: DPPoint, smallest: float,
+    def judge(self, learner: MergingPointLearner, proposal: DPPoint, smallest: float,
               current: list[float]) -> tuple[DPPoint, SuffStats, ElboTerms] | None:
         """The refined proposal, its statistics and exact bound when that beats the current point's
         and its refined one's (``current``, filled on the first call) by more than ``min_gain``; None:
         refused, the threshold as it was. The threshold may not prune a child (of weight
         ``smallest`` or more) before the bound has judged it."""
-        me: Any = self
+        assert learner.point is not None
         if not current:
-            refined, refined_stats, first = self.refine(me.point)  # first: the current point's pass
-            current += [me.judged_bound(me.point, first), me.judged_bound(refined, refined_stats)]
-        old_thr = me.thr
+            refined, refined_stats, first = self.refine(learner, learner.point)  # first: the point's pass
+            current += [learner.judged_bound(learner.point, first),
+                        learner.judged_bound(refined, refined_stats)]
+        old_thr = learner.thr
         if old_thr is not None:
-            me.thr = min(old_thr, default_threshold(proposal.sticks), BIRTH_SHARE * smallest)
-        point, stats, _ = self.refine(proposal)
-        if me.judged_bound(point, stats) <= max(current) + self.growth.min_gain:
-            me.thr = old_thr
+            learner.thr = min(old_thr, default_threshold(proposal.sticks), BIRTH_SHARE * smallest)
+        point, stats, _ = self.refine(learner, proposal)
+        if learner.judged_bound(point, stats) <= max(current) + self.growth.min_gain:
+            learner.thr = old_thr
             return None
-        return point, stats, me.bound_of(point, stats)[1]
+        return point, stats, learner.bound_of(point, stats)[1]
 
-    def accept(self, point: DPPoint, stats: SuffStats, terms: ElboTerms, k: int) -> ElboTerms:
-        """Go on from an accepted proposal's refined point with the truncation ``k``."""
-        me: Any = self
-        g, ctx = self.growth, me.ctx
-        me.point, me.counts = point, stats.nk.copy()
-        me.velocity = Velocity.zeros(*point.means.shape)  # the children have no momentum; the step restarts
-        me.post = me.posterior()
-        g.truncation, g.grown = k, g.grown + 1
-        ctx.prior = replace(ctx.prior, n_components=k)
-        me.moves.pending = True  # a merge round before an exact fit may converge
-        g.pending = True  # the next iteration checks again (the refined proposal is settled enough)
-        return terms
-
-    def refine(self, point: DPPoint) -> tuple[DPPoint, SuffStats, SuffStats]:
+    def refine(self, learner: MergingPointLearner, point: DPPoint) -> tuple[DPPoint, SuffStats, SuffStats]:
         """``grow_iters`` (at least 1) full-data MM steps from ``point`` (MAP assignments of all rows, the
         learner's threshold rule, re-ordering by count, :func:`vbcore.learners.sga.mm_update`): the refined
         point, the hard statistics of all rows under it (one more pass: ``grow_iters + 1`` passes), and
         those under ``point`` itself (the first step's)."""
-        me: Any = self
         first = None
         for _ in range(self.growth.iters):
-            stats = me.hard_pass(point)
+            stats = learner.hard_pass(point)
             first = stats if first is None else first
-            keep = me.prune_kept(mm_sticks(stats.nk, me.a0), stats.nk, stats.mean)
+            keep = learner.prune_kept(mm_sticks(stats.nk, learner.a0), stats.nk, stats.mean)
             order = keep[np.argsort(-stats.nk[keep], kind="stable")]
-            point = mm_update(take_stats(stats, order), me.ctx.prior, me.a0)
+            point = mm_update(take_stats(stats, order), self.ctx.prior, learner.a0)
         assert first is not None, "grow_iters >= 1"
-        return point, me.hard_pass(point), first
-
-    def converged(self, history: list[float], tol: float) -> bool:
-        me: Any = self
-        self.growth.min_gain = tol * me.ctx.n_weight
-        done = super().converged(history, tol)  # type: ignore[misc]
-        return done and not self.growth.wants(n_used(me.post), me.point.n_components)
-
-    def truncation_info(self, used: int) -> dict[str, Any]:
-        if not self.growth.enabled:
-            return super().truncation_info(used)  # type: ignore[misc, no-any-return]
-        return self.growth.info(used)
-
-    def own_state(self) -> PointState:
-        return replace(super().own_state(), growth=self.growth.to_state())  # type: ignore[misc]
-
-    def load(self, post: Posterior, state: PointState) -> None:
-        me: Any = self
-        self.growth.load(state.growth)
-        me.ctx.prior = replace(me.ctx.prior, n_components=self.growth.truncation)
-        super().load(post, state)  # type: ignore[misc]
+        return point, learner.hard_pass(point), first

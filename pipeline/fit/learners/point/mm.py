@@ -13,8 +13,7 @@ import numpy as np
 
 from pipeline.fit.learners import register
 from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS
-from pipeline.fit.learners.point.base import DPPointLearner
-from pipeline.fit.learners.point.moves import HardMovesMixin
+from pipeline.fit.learners.point.moves import MergingPointLearner
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.kernels.sga_stats import take_stats
 from vbcore.learners.sga import map_bound, mm_sticks, mm_update
@@ -23,7 +22,7 @@ from vbcore.model.posterior import Posterior
 
 
 @register("mm")
-class MM(HardMovesMixin, DPPointLearner):
+class MM(MergingPointLearner):
     """Batch hard-assignment MAP learner (Lim & Wang 2018, He n.d.).
 
     The reported ELBO is that of (the assignments of this iteration's pass, the distribution around

@@ -1,14 +1,21 @@
 """Merges for the hard-assignment learners (MM, SGA, SGA+M, SGA+F) and the judge of their merges
-(Hughes & Sudderth 2013 moves on the exact bound of the point learners' hard statistics)."""
+(Hughes & Sudderth 2013 moves on the exact bound of the point learners' hard statistics).
+
+The learner owns its merges (:class:`PointMerges`: the :class:`HardMoves` schedule and the
+:class:`Judge`, ``self.merges``) and calls them; :class:`MergingPointLearner` is the base of the point
+learners with merges (MM and the SGA learners), which adds the merges' checkpoint state and
+convergence rule to :class:`pipeline.fit.learners.point.base.DPPointLearner`'s."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from pipeline.fit.learners.base import FitContext
 from pipeline.fit.learners.moves import check_move_options, move_interval
+from pipeline.fit.learners.point.base import DPPointLearner
 from pipeline.fit.learners.point.soft_judge import soft_merges
 from pipeline.fit.learners.point.state import HardMovesState, PointState
 from vbcore.kernels.sga_stats import DPPoint
@@ -17,32 +24,15 @@ from vbcore.model.mstep import m_step
 from vbcore.model.posterior import Posterior
 from vbcore.model.priors import Prior, default_prior
 from vbcore.model.stats import SuffStats
-from vbcore.moves.exact import (
-    apply_merges,
-    total_elbo,
-)
+from vbcore.moves.exact import apply_merges, total_elbo
 from vbcore.moves.hard import merge_points, nearest_pairs, select_hard_merges
 
-MOVE_KINDS = ("merge", "delete")
-#: the move options every learner with moves accepts, and their defaults
-MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
-                                "delete_share": 0.1, "delete_max": 32}
-#: the move options of the DP point learners and SVI (merges only; 'auto': on unless the candidate MAP
-#: search is, issue 26; ``move_every`` 0: :func:`move_interval`'s rows-seen schedule, issue 52)
-HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", "move_every": 0, **{k: MOVE_OPTIONS[k] for k in (
-    "move_pairs", "move_neighbours")}}
-#: learner option ``judge`` of the DP point learners: the exact bound their merges and births are judged
-#: on -- ``diag`` (the default): the pipeline's default model's (:func:`partition_prior`), births on their
-#: hard assignments, and a merge the hard assignments accept only when the same model's bound at soft
-#: responsibilities accepts it too (:func:`soft_merges`, issue 51); ``diag-hard``: merges on the hard
-#: assignments alone (the default before issue 51); ``own``: the learner's own (the fixed isotropic
-#: covariance)
-JUDGES = ("diag", "diag-hard", "own")
 #: empirical-Bayes steps on ``beta0`` for a judging prior at most (:meth:`Judge.tune`)
 TUNE_STEPS = 50
-#: the move options of the DP point learners (MM, SGA, SGA+M, SGA+F) and SVI
-POINT_MOVE_OPTIONS: dict[str, Any] = {**HARD_MOVE_OPTIONS, "judge": "diag"}
-_EMPTY = np.zeros((0, 2), dtype=np.int64)
+
+
+#: the soft check of a round's merges: ``soft(pairs, prior) -> (accepted pairs, gain)``
+SoftJudge = Callable[[np.ndarray, Prior], tuple[np.ndarray, float]]
 
 
 class HardMoves:
@@ -65,7 +55,8 @@ class HardMoves:
     def due(self, iteration: int) -> bool:
         return bool(self.kinds) and (self.force or iteration % int(self.opts["move_every"]) == 0)
 
-    def select(self, stats: SuffStats, means: np.ndarray, prior: Any, soft: Any = None) -> np.ndarray:
+    def select(self, stats: SuffStats, means: np.ndarray, prior: Prior,
+               soft: SoftJudge | None = None) -> np.ndarray:
         """Disjoint pairs of clusters to merge, from the hard statistics of all rows; with ``soft``
         (``soft(pairs, prior) -> (accepted, gain)``, :func:`soft_merges`), only when the hard
         statistics accept one, the pairs are chosen again on the soft bound."""
@@ -93,7 +84,7 @@ class HardMoves:
             self.pending, self.force = bool(state.pending), bool(state.force)
 
 
-def partition_prior(ctx: Any) -> Prior:
+def partition_prior(ctx: FitContext) -> Prior:
     """The prior of the bound that judges a DP point learner's merges and births (``judge='diag'``): the
     pipeline's default model -- diagonal covariances, the empirical defaults of
     :func:`vbcore.model.priors.default_prior` from the data's moments -- with the learner's own weight
@@ -124,7 +115,7 @@ class Judge:
         self.soft = opts.get("judge", "own") == "diag"  # merges verified at soft responsibilities
         self._base: Prior | None = None
 
-    def tune(self, ctx: Any, stats: SuffStats) -> Prior:
+    def tune(self, ctx: FitContext, stats: SuffStats) -> Prior:
         """The judging prior for partitions compared against the one ``stats`` summarise (hard
         statistics of all rows): the learner's own, or :func:`partition_prior` with ``beta0`` at the
         maximum of that partition's bound (:func:`vbcore.model.empirical.empirical_update` alternated
@@ -132,7 +123,7 @@ class Judge:
         scale of its cluster's own spread, which on well separated classes paid for a merge of two of
         them (planted 2-D classes: 5 clusters for 6 with ``beta0 = 1``)."""
         if self.own:
-            return ctx.prior  # type: ignore[no-any-return]
+            return ctx.prior
         if self._base is None:
             self._base = partition_prior(ctx)
         prior = self._base
@@ -145,17 +136,51 @@ class Judge:
         return prior
 
 
-class HardMovesMixin:
-    """Merges for a :class:`pipeline.fit.learners.point.base.DPPointLearner` (put before it in the bases):
-    the :class:`HardMoves` schedule, its checkpoint state and convergence rule,
-    :meth:`apply_moves` for the learner's step, and the bound merges and births are judged on
-    (option ``judge``, :class:`Judge`)."""
 
-    def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(ctx, options)  # type: ignore[call-arg]
-        opts, name = self.opts, self.name  # type: ignore[attr-defined]
-        self.moves = HardMoves(name, {**opts, "move_every": move_interval(opts, ctx.n_rows)})
-        self.judging = Judge(self.opts)  # type: ignore[attr-defined]
+
+class PointMerges:
+    """The merges of one DP point learner (``learner.merges``): the round schedule (:class:`HardMoves`,
+    ``move_every`` from :func:`pipeline.fit.learners.moves.move_interval`) and the bound that judges
+    them and the births (:class:`Judge`, option ``judge``)."""
+
+    def __init__(self, ctx: FitContext, learner: str, opts: Mapping[str, Any]) -> None:
+        self.ctx = ctx
+        self.schedule = HardMoves(learner, {**opts, "move_every": move_interval(opts, ctx.n_rows)})
+        self.judge = Judge(opts)
+
+    def merge(self, iteration: int, point: DPPoint,
+              stats: SuffStats) -> tuple[DPPoint, np.ndarray, np.ndarray, SuffStats] | None:
+        """On a round, the merges of ``point``'s clusters the exact ELBO of all rows accepts
+        (``stats``: the hard statistics of all rows under ``point``): the merged point (means
+        count-weighted, weights summed), its counts, the order of the clusters kept and the
+        statistics after the merges; None when it is no round or nothing is merged."""
+        if not self.schedule.due(iteration):
+            return None
+        soft = None
+        if self.judge.soft:
+            def soft(pairs: np.ndarray, prior: Prior) -> tuple[np.ndarray, float]:
+                return soft_merges(self.ctx, stats, pairs, prior, int(self.schedule.opts["move_pairs"]))
+        acc = self.schedule.select(stats, point.means, self.judge.tune(self.ctx, stats), soft)
+        if acc.shape[0] == 0:
+            return None
+        means, sticks, counts, keep = merge_points(point.means, point.sticks, stats.nk, acc)
+        return DPPoint(means, sticks), counts, keep, apply_merges(stats, acc, np.zeros(acc.shape[0]))
+
+
+class MergingPointLearner(DPPointLearner):
+    """A DP point learner with merges (MM and the SGA learners): owns :class:`PointMerges`
+    (``self.merges``), applies them in its step (:meth:`apply_moves`), judges births on the bound the
+    merges are judged on (:meth:`judged_bound`) and adds the merges' checkpoint state and convergence
+    rule to its own."""
+
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(ctx, options)
+        self.merges = PointMerges(ctx, self.name, self.opts)
+
+    @classmethod
+    def check_options(cls, opts: dict[str, Any]) -> None:
+        super().check_options(opts)
+        check_move_options(cls.name, opts)
 
     def judged_bound(self, point: DPPoint, stats: SuffStats) -> float:
         """The bound a birth is judged on: the learner's exact ELBO at ``point`` (``judge='own'``) or
@@ -163,43 +188,29 @@ class HardMovesMixin:
         (:meth:`Judge.tune`): each partition compared at its own best ``beta0``. (One ``beta0`` for
         all, tuned on the current point, refused every birth from one cluster: there the best
         ``beta0`` pins the mean to ``m0``, where any child's mean is improbable.)"""
-        me: Any = self
-        if self.judging.own:
-            return float(me.bound_of(point, stats)[1].total)
-        return partition_bound(stats, self.judging.tune(me.ctx, stats))
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        super().check_options(opts)  # type: ignore[misc]
-        check_move_options(cls.name, opts)  # type: ignore[attr-defined]
+        if self.merges.judge.own:
+            return float(self.bound_of(point, stats)[1].total)
+        return partition_bound(stats, self.merges.judge.tune(self.ctx, stats))
 
     def apply_moves(self, iteration: int, stats: SuffStats) -> SuffStats:
-        """On a round: merge clusters of the point (means count-weighted, weights summed, counts those
-        of all rows) when the exact ELBO of all rows rises; ``stats`` are the hard statistics of all
-        rows under the current point (MM's pass; the SGA learners spend one more full pass on a
-        round). Returns the statistics after the merges."""
-        if not self.moves.due(iteration):
+        """On a round: merge clusters of the point (:meth:`PointMerges.merge`); ``stats`` are the hard
+        statistics of all rows under the current point (MM's pass; the SGA learners spend one more
+        full pass on a round). Returns the statistics after the merges."""
+        assert self.point is not None
+        merged = self.merges.merge(iteration, self.point, stats)
+        if merged is None:
             return stats
-        me: Any = self
-        soft = None
-        if self.judging.soft:
-            def soft(pairs: np.ndarray, prior: Prior) -> tuple[np.ndarray, float]:
-                return soft_merges(me.ctx, stats, pairs, prior, int(self.moves.opts["move_pairs"]))
-        acc = self.moves.select(stats, me.point.means, self.judging.tune(me.ctx, stats), soft)
-        if acc.shape[0] == 0:
-            return stats
-        means, sticks, counts, keep = merge_points(me.point.means, me.point.sticks, stats.nk, acc)
-        me.point, me.counts = DPPoint(means, sticks), counts
-        me._reorder(keep)
-        me.post = me.posterior()
-        return apply_merges(stats, acc, np.zeros(acc.shape[0]))
+        self.point, self.counts, keep, stats = merged
+        self._reorder(keep)
+        self.post = self.posterior()
+        return stats
 
     def converged(self, history: list[float], tol: float) -> bool:
-        return self.moves.converged(super().converged(history, tol))  # type: ignore[misc]
+        return self.merges.schedule.converged(super().converged(history, tol))
 
     def own_state(self) -> PointState:
-        return replace(super().own_state(), hard_moves=self.moves.to_state())  # type: ignore[misc]
+        return replace(super().own_state(), hard_moves=self.merges.schedule.to_state())
 
     def load(self, post: Posterior, state: PointState) -> None:
-        super().load(post, state)  # type: ignore[misc]
-        self.moves.load(state.hard_moves)
+        super().load(post, state)
+        self.merges.schedule.load(state.hard_moves)

@@ -28,10 +28,16 @@ import numpy as np
 
 from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext
+from pipeline.fit.learners.growth import n_used
 from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS
-from pipeline.fit.learners.point.base import DPPointLearner, check_range
-from pipeline.fit.learners.point.growth import POINT_GROW_OPTIONS, PointGrowthMixin, check_point_grow_options
-from pipeline.fit.learners.point.moves import HardMovesMixin
+from pipeline.fit.learners.point.base import check_range
+from pipeline.fit.learners.point.growth import (
+    POINT_GROW_OPTIONS,
+    Birth,
+    PointGrowth,
+    check_point_grow_options,
+)
+from pipeline.fit.learners.point.moves import MergingPointLearner
 from pipeline.fit.learners.point.state import PointState
 from pipeline.fit.learners.sampling import minibatch, minibatch_weight
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
@@ -68,7 +74,7 @@ def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
                           f"got {opts['elbo']!r}")
 
 
-class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
+class _SGA(MergingPointLearner):
     method = "sga"
     grows = True  # births checked on the bound (pipeline.fit.learners.point.growth)
     options = {"eta": 0.1, "minibatch": 4000, "minibatch_slice": MINIBATCH_SLICE, "prune_threshold": None,
@@ -78,6 +84,8 @@ class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
+        #: births (pipeline.fit.learners.point.growth)
+        self.births = PointGrowth(ctx, self.opts, searching=self.search is not None)
         self.se: float | None = None
         self.velocity: Velocity | None = None
 
@@ -111,7 +119,7 @@ class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
         assert self.point is not None and self.post is not None, "start() first"
         n = self.ctx.n_weight
         self._iteration = iteration
-        if self.moves.due(iteration):  # merges are judged on all rows: one more full pass
+        if self.merges.schedule.due(iteration):  # merges are judged on all rows: one more full pass
             self.apply_moves(iteration, self.hard_pass(self.point))
         handles, rows, m = minibatch(self.ctx, iteration, int(self.opts["minibatch"]),
                                    int(self.opts["minibatch_slice"]))
@@ -145,10 +153,19 @@ class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
         if terms is None:
             terms = self.exact_terms()
         self.post = self.posterior()
-        grown = self.grow_check(iteration)  # births (pipeline.fit.learners.point.growth)
-        if grown is not None:
-            terms, self.se = grown, None
+        born = self.births.check(self, iteration)  # births (pipeline.fit.learners.point.growth)
+        if born is not None:
+            self.adopt_birth(born)
+            terms, self.se = born.terms, None
         return self.post, terms
+
+    def adopt_birth(self, born: Birth) -> None:
+        """Go on from an accepted birth's refined point with its truncation."""
+        self.point, self.counts = born.point, born.stats.nk.copy()
+        self.velocity = Velocity.zeros(*born.point.means.shape)  # the children have no momentum
+        self.post = self.posterior()
+        self.births.accept(born.truncation)
+        self.merges.schedule.pending = True  # a merge round before an exact fit may converge
 
     def bound_kind(self) -> str:
         return "minibatch estimate" if self.opts["elbo"] == "minibatch" else "exact"
@@ -161,13 +178,33 @@ class _SGA(PointGrowthMixin, HardMovesMixin, DPPointLearner):
             return None
         return self.exact_terms()  # one full MAP pass; the counts and posterior follow it
 
+    def start_warm(self, post: Posterior) -> None:
+        """A warm start continues with a truncation ``post`` does not saturate, as VB EM's
+        (:meth:`pipeline.fit.learners.growth.Growth.warm`)."""
+        self.births.growth.warm(self.ctx, post.n_components)
+        super().start_warm(post)
+
+    def converged(self, history: list[float], tol: float) -> bool:
+        growth = self.births.growth
+        growth.min_gain = tol * self.ctx.n_weight
+        done = super().converged(history, tol)
+        assert self.post is not None and self.point is not None
+        return done and not growth.wants(n_used(self.post), self.point.n_components)
+
+    def truncation_info(self, used: int) -> dict[str, Any]:
+        if not self.births.growth.enabled:
+            return super().truncation_info(used)
+        return self.births.growth.info(used)
+
     def own_state(self) -> PointState:
-        out = super().own_state()
+        out = replace(super().own_state(), growth=self.births.growth.to_state())
         if self.method == "sga-m" and self.velocity is not None:  # (the others' is zeros)
             out = replace(out, velocity=self.velocity)
         return out
 
     def load(self, post: Posterior, state: PointState) -> None:
+        self.births.growth.load(state.growth)
+        self.ctx.prior = replace(self.ctx.prior, n_components=self.births.growth.truncation)
         super().load(post, state)
         k, d = post.means.shape
         v = state.velocity

@@ -39,7 +39,6 @@ from vbcore.learners.svi import minibatch_vbem_kernel, step_size, svi_update
 from vbcore.model.elbo import ElboTerms, elbo_terms, minibatch_standard_error
 from vbcore.model.mstep import m_step, weight_posterior
 from vbcore.model.posterior import Posterior
-from vbcore.moves.hard import nearest_pairs
 
 
 @register("svi")
@@ -135,7 +134,7 @@ class SVI(DPPointLearner):
         ``move_neighbours`` nearest means; accepted merges (the exact ELBO of all rows rises) give
         the full-data posterior of the merged statistics."""
         assert self.vb is not None
-        self.moves.pairs = nearest_pairs(self.vb.means, int(self.opts["move_neighbours"]))
+        self.moves.propose_nearest(self.vb.means)
         chosen = self.moves.run(self.ctx, self.vb, judge=self.judging)
         if self.moves.last_round["merges"]:
             self.vb = self._prune(m_step(chosen, self.ctx.prior, self.ctx.reg_covar))

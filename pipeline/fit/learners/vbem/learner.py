@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.fit.learners import register
+from pipeline.fit.learners.base import FitContext
 from pipeline.fit.learners.growth import (
     Growth,
     GrowthState,
-    default_limit,
     n_used,
     pairs_after_pruning,
     propose_outliers,
@@ -31,8 +31,9 @@ from pipeline.fit.learners.state import LearnerState
 from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
 from pipeline.fit.learners.vbem.memo import MemoStats, check_memo_option, chunk_keys
 from pipeline.fit.learners.vbem.overrelax import OverRelax, RelaxState
+from pipeline.fit.learners.vbem.passes import choose_pass, vbem_pass
 from vbcore.errors import ConfigError
-from vbcore.kernels.estep import KernelResult, estep_params, vbem_pass_kernel
+from vbcore.kernels.estep import estep_params
 from vbcore.model.elbo import ElboTerms, elbo_terms
 from vbcore.model.empirical import empirical_update
 from vbcore.model.mstep import m_step
@@ -55,11 +56,6 @@ class VBEMState(LearnerState):
     growth: GrowthState
     moves: MovesState | None
     relax: RelaxState | None
-
-
-def vbem_pass(ctx, post: Posterior) -> KernelResult:  # type: ignore[no-untyped-def]
-    """One E-step + statistics pass with responsibilities from ``post``."""
-    return ctx.engine.map_reduce(vbem_pass_kernel, ctx.handles, estep_params(post, ctx.shift))
 
 
 @register("vbem")
@@ -121,7 +117,7 @@ class VBEM(TruncatedLearner):
             raise ConfigError(f"learner options 'candidates' and 'moves' of {cls.name!r} cannot be combined "
                               "for covariance 'tied' yet; use candidates=0 (the exact E-step) with moves")
 
-    def __init__(self, ctx, options=None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
         if float(options.get("memo", 0.0)) > 0 and int(options.get("candidates", -1)) == -1:
             options["candidates"] = 0  # memoized statistics are the exact E-step's
@@ -135,21 +131,20 @@ class VBEM(TruncatedLearner):
         self.memo = MemoStats(ctx, memo, str(self.opts["memo_stop"])) if memo > 0 else None
         if self.memo is not None:  # move_every counts passes: a lap of visits is ceil(1 / memo) iterations
             self.moves.opts["move_every"] = int(self.opts["move_every"]) * math.ceil(1.0 / memo)
-        start = int(ctx.prior.n_components)
-        limit = ctx.max_components if ctx.max_components is not None else default_limit(start, ctx.n_rows)
-        enabled = ctx.grow and ctx.weight_type == "dirichlet_process" and ctx.covariance_type != "tied"
-        self.growth = Growth(enabled, start, limit, int(self.opts["grow_iters"]))
+        self.growth = Growth.of(ctx, int(self.opts["grow_iters"]), ctx.covariance_type != "tied")
         self.growth.grow_tol = float(self.opts["grow_tol"])
         self.iteration = 0  # the last step's (the memoized convergence test's lap ends there)
         self.round = False  # the last step was a move round (a full pass)
         self.relax = OverRelax(bool(self.opts["accelerate"]))  # over-relaxed passes (issue 51)
         #: without memoized statistics, a warm start's chunks absent from the previous fit (None: all)
         self.fresh: np.ndarray | None = None
+        #: the E-step pass, chosen once (:mod:`pipeline.fit.learners.vbem.passes`)
+        self.pass_ = choose_pass(ctx, self.truncated, self.memo, self.moves, self.relax, self.growth)
 
     def start_warm(self, post: Posterior) -> None:
         """Begin from ``post``, a finished fit's, with a truncation it does not saturate
         (:meth:`pipeline.fit.learners.growth.Growth.warm_prior`)."""
-        self.ctx.prior = self.growth.warm_prior(self.ctx.prior, post.n_components)
+        self.growth.warm(self.ctx, post.n_components)
         self.start(post)
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:
@@ -158,34 +153,11 @@ class VBEM(TruncatedLearner):
         if self.growth.pending:
             self.relax.reset()
             return self.grow(iteration)
-        trunc = self.truncated
-        if trunc is not None or self.memo is not None:
-            self.relax.reset()
-        if trunc is not None and self.moves.due(iteration):
-            k = self.post.n_components
-            stats = self.moves.choose_truncated(self.ctx, trunc.run(self.post, iteration,
-                                                                    self.moves.truncated_request(k)))
-            self.relabel_components(*self.moves.relabelling)
-        elif trunc is not None:
-            stats = trunc.run(self.post, iteration).stats
-        elif self.moves.due(iteration):
-            memo, self.round = self.memo, True
-            stats = self.moves.run(self.ctx, self.post, None if memo is None else
-                                   lambda params: memo.run_moves(params, iteration))
-            if memo is not None and (self.moves.last_round["merges"] or self.moves.last_round["deleted"]):
-                memo.replay(self.moves.replay)  # each chunk keeps the accepted moves' q(Z) on its rows
-            # (a round on kept shares visits some chunks: the memoized convergence test follows it)
-            self.round = memo is None or memo.last_full
-            if self.moves.last_round["merges"] or self.moves.last_round["deleted"]:
-                self.relax.reset()
-            elif memo is None:  # a round that moved nothing is a plain pass
-                self.relax.push(stats, None)
-        elif self.memo is not None:
-            stats = self.memo.run(estep_params(self.post, self.ctx.shift), iteration).stats
-            if self.memo.absorbed:  # new rows beside adopted statistics: the round comes now
-                self.moves.round_next()
-        else:
-            stats = self.plain_pass()
+        passed = self.pass_.run(self.post, iteration)
+        self.round = passed.full_round
+        if passed.relabelling is not None:
+            self.relabel_components(*passed.relabelling)
+        stats = passed.stats
         if self.ctx.weight_type == "dirichlet_process" and self.opts["reorder"]:
             order = np.argsort(-stats.nk, kind="stable")
             stats = stats.take(order)
@@ -197,24 +169,6 @@ class VBEM(TruncatedLearner):
             self.relax.reset()
         self.moves.observe(iteration, stats, keep, self.post, self.ctx.prior, self.ctx.reg_covar)
         return self.post, terms
-
-    def plain_pass(self) -> SuffStats:
-        """A pass from the current q(theta), or first from the over-relaxed one (``accelerate``,
-        :mod:`pipeline.fit.learners.vbem.overrelax`), kept when its bound beats the last reported one."""
-        ctx, relax = self.ctx, self.relax
-        trial = relax.proposal(ctx.prior, ctx.reg_covar)
-        kept = None
-        if trial is not None and self.growth.last is not None:
-            stats = vbem_pass(ctx, trial).stats
-            kept = elbo_terms(stats, m_step(stats, ctx.prior, ctx.reg_covar), ctx.prior).total \
-                > self.growth.last.total
-            if kept:
-                relax.push(stats, True)
-                return stats
-        assert self.post is not None
-        stats = vbem_pass(ctx, self.post).stats
-        relax.push(stats, False if kept is False else None)
-        return stats
 
     def update(self, stats: SuffStats) -> tuple[ElboTerms, np.ndarray | None]:
         """M-step, empirical Bayes (the prior's free hyperparameters), the exact bound, pruning:

@@ -284,8 +284,8 @@ class MemoStats:
         alt_h)`` of its regular statistics and its share of the round (:meth:`pipeline.fit.learners.moves.
         Moves.replay`), the statistics of the accepted q(Z) on its rows, so no pass revisits every
         chunk. Where a chunk lacks either, every chunk is visited next (:meth:`invalidate`)."""
-        shares = self.rounds.parts
-        if not self.have.all() or any(p is None for p in shares):
+        shares = [s for s in self.rounds.parts if s is not None]
+        if not self.have.all() or len(shares) < len(self.rounds.parts):
             self.invalidate()
             return
         parts = self.ctx.engine.fetch_states(self.states)
