@@ -8,9 +8,10 @@ hand-packed arrays). :meth:`FitState.to_arrays` flattens it into the named array
 :meth:`FitState.from_arrays` rebuilds it from the field types (``numpyro``'s ``SVIState`` is the
 model), so no learner lists its checkpoint attributes by hand.
 
-A learner works on a thawed copy of its state (:meth:`LearnerState.thaw`); what it returns is frozen
-(:meth:`LearnerState.freeze`: a deep copy whose fields cannot be assigned and whose arrays are
-read-only), so a state the driver holds never changes under it.
+A learner works on a thawed copy of its state (:meth:`LearnerState.thaw`: a deep copy); what it returns
+is frozen (:meth:`LearnerState.freeze`: fields that cannot be assigned, arrays as read-only views, no
+data copied), so a state the driver holds is not changed through it (the learners replace their
+arrays and statistics each iteration rather than write into them: the same-state tests check it).
 
 Checkpoint array names: the posterior's (``means``, ...), ``prior.n_components`` and ``prior.<name>``
 of the re-estimated hyperparameters (:func:`vbcore.model.empirical.prior_state`), ``state.<field>``
@@ -64,10 +65,12 @@ class LearnerState:
         return bool(self.__dict__.get("_frozen"))
 
     def freeze(self) -> Any:
-        """A frozen deep copy (itself when already frozen)."""
+        """A frozen copy (itself when already frozen): nested states copied, arrays as read-only views
+        (no data copied: a learner replaces its arrays, it does not write into them), other values
+        (statistics, posteriors) shared."""
         if self.frozen:
             return self
-        out = copy.deepcopy(self)
+        out = copy.copy(self)
         _freeze(out)
         return out
 
@@ -143,9 +146,12 @@ def _freeze(state: LearnerState) -> None:
     for f in dataclasses.fields(state):
         value = getattr(state, f.name)
         if isinstance(value, LearnerState):
+            value = copy.copy(value)
             _freeze(value)
         elif isinstance(value, np.ndarray):
+            value = value.view()
             value.flags.writeable = False
+        object.__setattr__(state, f.name, value)
     object.__setattr__(state, "_frozen", True)
 
 
