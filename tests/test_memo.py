@@ -19,7 +19,7 @@ from pipeline.cli import app
 from pipeline.engine.blas import one_blas_thread
 from pipeline.engine.engines import LocalEngine, tree_reduce
 from pipeline.fit.driver import CountingEngine
-from pipeline.fit.learners import memo as memo_module
+from pipeline.fit.learners.vbem import memo as memo_module
 from pipeline.fit.learners.vbem.learner import VBEM, vbem_pass
 from pipeline.fit.learners.vbem.memo import MemoStats, memo_move_kernel, take_memo
 from pipeline.fit.setup import open_source, setup

@@ -17,7 +17,7 @@ import pytest
 from pipeline import VBMixture
 from pipeline.engine.engines import LocalEngine, tree_reduce
 from pipeline.fit.driver import CountingEngine
-from pipeline.fit.learners import memo as memo_module
+from pipeline.fit.learners.vbem import memo as memo_module
 from pipeline.fit.learners.vbem.memo import MemoStats, memo_move_kernel
 from pipeline.fit.setup import open_source, setup
 from tests._reference import planted_blobs, same_fit_bits
