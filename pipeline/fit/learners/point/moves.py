@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.fit.learners.moves import check_move_options, move_interval
+from pipeline.fit.learners.moves import move_interval, parse_moves
 from pipeline.fit.learners.point.soft_judge import soft_merges
 from vbcore.kernels.sga_stats import DPPoint
 from vbcore.model.empirical import empirical_update
@@ -21,25 +21,8 @@ from vbcore.moves.exact import (
 )
 from vbcore.moves.hard import merge_points, nearest_pairs, select_hard_merges
 
-MOVE_KINDS = ("merge", "delete")
-#: the move options every learner with moves accepts, and their defaults
-MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
-                                "delete_share": 0.1, "delete_max": 32}
-#: the move options of the DP point learners and SVI (merges only; 'auto': on unless the candidate MAP
-#: search is, issue 26; ``move_every`` 0: :func:`move_interval`'s rows-seen schedule, issue 52)
-HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", "move_every": 0, **{k: MOVE_OPTIONS[k] for k in (
-    "move_pairs", "move_neighbours")}}
-#: learner option ``judge`` of the DP point learners: the exact bound their merges and births are judged
-#: on -- ``diag`` (the default): the pipeline's default model's (:func:`partition_prior`), births on their
-#: hard assignments, and a merge the hard assignments accept only when the same model's bound at soft
-#: responsibilities accepts it too (:func:`soft_merges`, issue 51); ``diag-hard``: merges on the hard
-#: assignments alone (the default before issue 51); ``own``: the learner's own (the fixed isotropic
-#: covariance)
-JUDGES = ("diag", "diag-hard", "own")
 #: empirical-Bayes steps on ``beta0`` for a judging prior at most (:meth:`Judge.tune`)
 TUNE_STEPS = 50
-#: the move options of the DP point learners (MM, SGA, SGA+M, SGA+F) and SVI
-POINT_MOVE_OPTIONS: dict[str, Any] = {**HARD_MOVE_OPTIONS, "judge": "diag"}
 _EMPTY = np.zeros((0, 2), dtype=np.int64)
 
 
@@ -55,7 +38,7 @@ class HardMoves:
     classes split (docs/algorithms.md, "Model selection in the DP point learners")."""
 
     def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
-        self.kinds = check_move_options(learner, opts)
+        self.kinds = parse_moves(learner, opts["moves"], int(opts.get("candidates", 0)))
         self.opts = dict(opts)
         self.pending, self.force = True, False
         self.last_round: dict[str, float] = {}
@@ -168,11 +151,6 @@ class HardMovesMixin:
         if self.judging.own:
             return float(me.bound_of(point, stats)[1].total)
         return partition_bound(stats, self.judging.tune(me.ctx, stats))
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        super().check_options(opts)  # type: ignore[misc]
-        check_move_options(cls.name, opts)  # type: ignore[attr-defined]
 
     def apply_moves(self, iteration: int, stats: SuffStats) -> SuffStats:
         """On a round: merge clusters of the point (means count-weighted, weights summed, counts those
