@@ -80,8 +80,8 @@ HARD_MOVE_OPTIONS = Options({
     "moves": Opt("auto", "Merges on the exact bound: auto (merge, unless candidates > 0), none or merge "
                  "(no delete move).", grammar=moves_grammar(("merge",)),
                  resolved="'auto' by parse_moves where the moves are built (HardMoves, SVI's Moves)."),
-    "move_every": Opt(0, "Iterations between two merge rounds.", low=1,
-                      special={0: "auto, 4 iterations or an epoch of minibatches, whichever is longer"},
+    "move_every": Opt(0, "Iterations between two merge rounds; auto: 4 iterations or an epoch of "
+                      "minibatches, whichever is longer.", low=1, special={0: "auto"},
                       resolved="0 by move_interval when the learner builds its moves."),
     **MOVE_OPTIONS.only("move_pairs", "move_neighbours")})
 #: learner option ``judge`` of the DP point learners: the exact bound their merges and births are judged
