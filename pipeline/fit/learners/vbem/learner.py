@@ -52,10 +52,16 @@ VBEM_OPTIONS = {
     "grow_tol": Opt(1e-2, "Grow once the bound changes by less than this per row, before it converges.",
                     low=0, special={0: "only at convergence"}),
 }
-VBEM_MOVES = Opt("auto", "Merge/delete moves on the exact bound: auto, none, or a comma-separated subset of "
+#: VB EM's declarations of two move options: what its __init__ resolves
+VBEM_MOVES = {
+    "moves": Opt("auto", "Merge/delete moves on the exact bound: auto, none, or a comma-separated subset of "
                  "merge, delete.", grammar=moves_grammar(),
                  resolved="'auto' in VBEM.__init__: merge,delete where the truncation grows (grow, DP "
-                 "weights) unless the truncated E-step runs on covariance 'tied', else none.")
+                 "weights) unless the truncated E-step runs on covariance 'tied', else none."),
+    "move_every": replace(MOVE_OPTIONS.decls["move_every"], resolved="with memo > 0, VBEM.__init__ "
+                          "multiplies it by ceil(1 / memo) for its moves (a lap of visits; the option "
+                          "reported keeps the value given)."),
+}
 VBEM_RULES = [
     Rule(("memo", "candidates"), lambda o, _: o["memo"] > 0 and o["candidates"] > 0,
          "learner option 'memo' of {learner!r} keeps the exact E-step's statistics: it cannot be combined "
@@ -97,7 +103,7 @@ class VBEM(TruncatedLearner):
     #: (:mod:`vbcore.model.empirical`).
     #: ``moves='auto'``: merge and delete moves where the truncation grows (``grow``, the pipeline's
     #: default, so K also shrinks on the bound), none otherwise (scikit-learn's trajectory).
-    options = declare(VBEM_OPTIONS, TRUNCATED_OPTIONS, MOVE_OPTIONS, {"moves": VBEM_MOVES}, MEMO_OPTIONS,
+    options = declare(VBEM_OPTIONS, TRUNCATED_OPTIONS, MOVE_OPTIONS, VBEM_MOVES, MEMO_OPTIONS,
                       {"accelerate": Opt(False, "Over-relaxed passes (issue 51; vbem/overrelax.py).")},
                       rules=VBEM_RULES)
     empirical_bayes = True
