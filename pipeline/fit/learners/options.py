@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.fit.spec import coerce, kind_of
 from vbcore.errors import ConfigError
 
 KINDS = ("bool", "int", "float", "str")
@@ -61,8 +62,6 @@ class Opt:
 
     def __post_init__(self) -> None:
         if not self.kind:
-            from pipeline.fit.spec import kind_of
-
             object.__setattr__(self, "kind", kind_of(self.default))
         if self.kind not in KINDS:
             raise ValueError(f"option kind must be one of {KINDS}, got {self.kind!r}")
@@ -165,8 +164,6 @@ def check_options(learner: type[Any], values: Mapping[str, Any],
     to each option's type and checked against its declaration and the learner's rules (those that
     need the covariance type only when ``covariance`` is given). Raises ConfigError, one line naming
     the option and the learner."""
-    from pipeline.fit.spec import coerce
-
     name, options = learner.name, learner_options(learner)
     unknown = sorted(set(values) - set(options))
     if unknown:
