@@ -177,7 +177,7 @@ def test_minibatches_are_aligned_slices_and_every_row_equally_likely():
 def test_minibatch_bound_is_of_exactly_the_rows_drawn(monkeypatch, blobs, learner):
     """The minibatch estimate sums exactly the rows the draw claims (their count and their sum,
     through the per-chunk positions of chunks of 300 rows), scaled by N over that count."""
-    import pipeline.fit.learners.point.base as dpm
+    import pipeline.fit.learners.sampling as dpm
     import pipeline.fit.learners.point.sga as sga
     import pipeline.fit.learners.point.svi as svi
 
@@ -215,7 +215,7 @@ def test_default_slices_only_stores_of_many_minibatches(monkeypatch, blobs, lear
     """``minibatch_slice`` 0 (the default) draws slices of 32 rows where the store holds at least 250
     minibatches' rows and single rows below (a small store may be sorted by class: slices would
     miss its small classes); an explicit value is used as given."""
-    import pipeline.fit.learners.point.base as dpm
+    import pipeline.fit.learners.sampling as dpm
 
     assert (dpm.auto_slice(1_000_000, 4000), dpm.auto_slice(999_999, 4000)) == (32, 1)
     assert dpm.auto_slice(10**9, 16) == 1  # a minibatch smaller than a slice: single rows

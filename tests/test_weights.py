@@ -356,7 +356,7 @@ def test_the_k_means_pp_starts_draw_seeds_by_weight_and_count_weights(learner, m
     their statistics count the weights: two blobs of 400 rows of weight 1 and 4 rows of weight 5,000
     away from both, 96% of the weight. (The projected start's statistics of the diagonal families
     once counted rows: the heavy rows' cluster held 0.6% of the weight.)"""
-    import pipeline.fit.learners.point.base as dpm
+    import pipeline.fit.learners.sampling as dpm
     import vbcore.kernels.sga_stats as sga_stats
 
     seen = []
