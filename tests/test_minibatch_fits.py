@@ -177,9 +177,9 @@ def test_minibatches_are_aligned_slices_and_every_row_equally_likely():
 def test_minibatch_bound_is_of_exactly_the_rows_drawn(monkeypatch, blobs, learner):
     """The minibatch estimate sums exactly the rows the draw claims (their count and their sum,
     through the per-chunk positions of chunks of 300 rows), scaled by N over that count."""
-    import pipeline.fit.learners.sampling as dpm
     import pipeline.fit.learners.point.sga as sga
     import pipeline.fit.learners.point.svi as svi
+    import pipeline.fit.learners.sampling as dpm
 
     X, _ = blobs
     mod = sga if learner == "sga-f" else svi
