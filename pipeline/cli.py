@@ -271,11 +271,16 @@ def fit(
 
 
 @app.command()
-def learners() -> None:
+def learners(name: str | None = typer.Argument(None, help="A learner: each of its options with its type, "
+                                               "default, accepted values and help.")) -> None:
     """List the learners, their family and options (pass options to `fit` as -o KEY=VALUE)."""
     from pipeline.cli_format import learners_table
+    from vbcore.errors import VBClusterError
 
-    table_console().print(learners_table())
+    try:
+        table_console().print(learners_table(name))
+    except VBClusterError as exc:
+        fail(exc)
 
 
 @app.command("defaults")

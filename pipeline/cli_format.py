@@ -203,12 +203,14 @@ def defaults_table() -> Table:
     return table
 
 
-def learners_table() -> Table:
+def learners_table(name: str | None = None) -> Table:
     """Every registered learner (``vbcluster learners``): its family and what it does beyond it
     (``grows`` the truncation, reads a ``minibatch`` per iteration), its options and its docstring's
-    first line."""
+    first line; with ``name``, that learner's options as declared (:func:`learner_options_table`)."""
     from pipeline.fit.learners import LEARNERS
 
+    if name is not None:
+        return learner_options_table(name)
     table = Table(title="vbcluster learners")
     for col in ("learner", "family", "options (defaults)", "about"):
         table.add_column(col)
@@ -218,6 +220,50 @@ def learners_table() -> Table:
         opts = ", ".join(f"{k}={v}" for k, v in cls.options.items()) or "-"
         table.add_row(name, family, opts, (cls.__doc__ or "").strip().splitlines()[0].replace("``", ""))
     return table
+
+
+#: the columns of a learner's options (:func:`pipeline.fit.learners.options.describe`)
+OPTION_COLUMNS = ("option", "type", "default", "accepts", "help")
+
+
+def learner_options_table(name: str) -> Table:
+    """``vbcluster learners NAME``: each option of the learner as declared -- type, default, what it
+    accepts, help (special values, where the learner resolves it) -- and the rules between them."""
+    from pipeline.fit.learners import learner_class
+    from pipeline.fit.learners.options import describe
+
+    cls = learner_class(name)
+    table = Table(title=f"options of learner {name!r} (-o KEY=VALUE)")
+    for col in OPTION_COLUMNS:  # the help takes what the others leave
+        table.add_column(col, overflow="fold", ratio={"accepts": 2, "help": 4}.get(col))
+    for row in describe(cls):
+        table.add_row(*(row[c] for c in OPTION_COLUMNS))
+    return table
+
+
+def learner_options_markdown() -> str:
+    """docs/learner-options.md: every registered learner's options, from their declarations (a test
+    compares the file with this text)."""
+    from pipeline.fit.learners import LEARNERS
+    from pipeline.fit.learners.options import describe
+
+    out = ["# Learner options", "", "Generated from the options' declarations "
+           "(`pipeline.fit.learners.options`) by `pipeline.cli_format.learner_options_markdown`; "
+           "`vbcluster learners NAME` prints the same. Pass them as `vbcluster fit -o KEY=VALUE` or "
+           "`VBMixture(learner_options={...})`.", ""]
+    for name, cls in LEARNERS.items():
+        if not cls.__module__.startswith("pipeline.fit.learners."):
+            continue  # a plug-in's, or a test's
+        out += [f"## {name}", "", "| " + " | ".join(OPTION_COLUMNS) + " |",
+                "|" + "---|" * len(OPTION_COLUMNS)]
+        out += ["| " + " | ".join(_cell(row[c], c) for c in OPTION_COLUMNS) + " |" for row in describe(cls)]
+        out.append("")
+    return "\n".join(out)
+
+
+def _cell(text: str, column: str) -> str:
+    text = text.replace("|", "\\|")
+    return f"`{text}`" if column in ("option", "default") and text else text
 
 
 def key_values(pairs: list[str]) -> dict[str, str]:

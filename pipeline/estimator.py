@@ -116,8 +116,9 @@ class VBMixture(DensityMixin, BaseEstimator):
         ``set_params(learner=..., warm_start=True)`` switches learners and
         continues from the current posterior.
     learner_options : dict, optional
-        Options of the learner (step sizes, minibatch size, ...); each learner lists its own with
-        their defaults in ``LEARNERS[name].options``.
+        Options of the learner (step sizes, minibatch size, ...); each learner declares its own
+        with their defaults in ``LEARNERS[name].options`` (``vbcluster learners NAME`` lists their
+        types, accepted values and help).
     chunk_rows : int, default=8192
         Rows per chunk for the map-reduce passes over in-memory arrays (stores and dask arrays
         keep their own chunking); the default is the chunking `vbcluster ingest` writes.

@@ -124,9 +124,9 @@ class Learner:
     """Base class of the learners: every hook the fit setup and driver use is declared here with
     its default, so a learner overrides only what it changes.
 
-    Subclasses set ``options`` (the allowed ``learner_options`` with their defaults, checked by
-    :meth:`check_options`) and implement :meth:`step`; learners with state beyond the posterior
-    (search directions, momentum) declare it as a :class:`LearnerState` dataclass (:attr:`state_type`)
+    Subclasses set ``options`` (the allowed ``learner_options``, declared once with their defaults,
+    ranges and help, :mod:`pipeline.fit.learners.options`) and implement :meth:`step`; learners with
+    state beyond the posterior (search directions, momentum) declare it as a :class:`LearnerState` dataclass (:attr:`state_type`)
     and implement :meth:`own_state` and :meth:`load`; learners with a cache of per-chunk data on the
     engine (per-chunk logits, candidate sets) implement :meth:`cache_arrays`, :meth:`load_cache` and
     :meth:`close`. Engine passes are counted by the engine wrapper of the fit context
@@ -134,7 +134,8 @@ class Learner:
     """
 
     name: ClassVar[str] = ""
-    #: allowed learner options and their defaults
+    #: the learner options: name -> default, declared as :class:`pipeline.fit.learners.options.Options`
+    #: (type, range or choices, special values, help; a plain dict of defaults is typed by them)
     options: ClassVar[dict[str, Any]] = {}
     #: covariance and weight types the learner can fit (the spec refuses others before any pass)
     covariance_types: ClassVar[tuple[str, ...]] = COVARIANCE_TYPES
@@ -179,28 +180,13 @@ class Learner:
 
     @classmethod
     def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Defaults overridden by ``options``, converted and checked (:meth:`check_options`);
-        unknown keys and wrong types are errors. Values keep the type of their default (strings from
-        the command line are converted by :func:`pipeline.fit.spec.coerce`)."""
-        from pipeline.fit.spec import coerce, kind_of
+        """Defaults overridden by ``options``, converted and checked against the declarations of
+        :attr:`options` (:func:`pipeline.fit.learners.options.check_options`, the one check): unknown
+        keys, wrong types, values out of range and broken rules are errors. Strings from the command
+        line are converted to each option's type."""
+        from pipeline.fit.learners.options import check_options
 
-        unknown = sorted(set(options) - set(cls.options))
-        if unknown:
-            known = ", ".join(sorted(cls.options)) or "none"
-            raise ConfigError(
-                f"learner {cls.name!r} has no option {', '.join(map(repr, unknown))}; its options: {known}"
-            )
-        out = dict(cls.options)
-        for key, value in options.items():
-            where = f"learner option {key!r} of {cls.name!r}"
-            default = cls.options[key]
-            out[key] = None if value is None and default is None else coerce(kind_of(default), value, where)
-        cls.check_options(out)
-        return out
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        """Ranges and relations of the learner's options (ConfigError naming the option)."""
+        return check_options(cls, options)
 
     @classmethod
     def check_spec(cls, spec: Any) -> None:
@@ -213,6 +199,9 @@ class Learner:
             needs = " or ".join(map(repr, cls.weight_types))
             raise ConfigError(f"learner {cls.name!r} needs weights {needs}, not {spec.weights!r} "
                               "(--weights / weight_concentration_prior_type)")
+        from pipeline.fit.learners.options import check_options
+
+        check_options(cls, spec.learner_options, covariance=spec.covariance)  # the rules on the covariance
 
     @classmethod
     def default_weight_concentration(cls, n_rows: float) -> float | None:

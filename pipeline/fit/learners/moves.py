@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline.fit.learners.options import Grammar, Opt, Options
 from pipeline.fit.learners.state import LearnerState
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
@@ -45,13 +46,47 @@ if TYPE_CHECKING:
     from pipeline.fit.learners.point.moves import Judge
 
 MOVE_KINDS = ("merge", "delete")
+
+
+def moves_grammar(kinds: tuple[str, ...] = MOVE_KINDS) -> Grammar:
+    """The values of option ``moves``: ``'none'``, ``'auto'`` or a comma-separated subset of ``kinds``
+    (:func:`parse_moves`, which reads them)."""
+    subsets = f"'none' or a comma-separated subset of {MOVE_KINDS}"
+    merges = "'none' or 'merge' (hard-assignment learners have no delete move)"
+
+    def broken(value: str) -> str:
+        try:
+            found = parse_moves("", value)
+        except ConfigError:
+            return subsets
+        return "" if found <= set(kinds) else merges
+
+    return Grammar(("'auto', " + subsets) if kinds == MOVE_KINDS else "'auto', " + merges, broken)
+
+
 #: the move options every learner with moves accepts, and their defaults
-MOVE_OPTIONS: dict[str, Any] = {"moves": "none", "move_every": 4, "move_pairs": 256, "move_neighbours": 8,
-                                "delete_share": 0.1, "delete_max": 32}
+MOVE_OPTIONS = Options({
+    "moves": Opt("none", "Merge/delete moves on the exact bound: none, auto, or a comma-separated subset "
+                 "of merge, delete.", grammar=moves_grammar()),
+    "move_every": Opt(4, "Iterations between two move rounds (one more whenever the bound has converged "
+                      "since the last accepted move).", low=1),
+    "move_pairs": Opt(256, "Merge pairs tried per round.", low=1),
+    "move_neighbours": Opt(8, "Each component's nearest neighbours among which merge pairs are proposed.",
+                           low=1),
+    "delete_share": Opt(0.1, "The delete proposal: components holding at most this share of the rows.",
+                        low=0, high=1, low_open=True),
+    "delete_max": Opt(32, "The delete proposal: at most this many components at once.", low=1),
+})
 #: the move options of the DP point learners and SVI (merges only; 'auto': on unless the candidate MAP
 #: search is, issue 26; ``move_every`` 0: :func:`move_interval`'s rows-seen schedule, issue 52)
-HARD_MOVE_OPTIONS: dict[str, Any] = {"moves": "auto", "move_every": 0, **{k: MOVE_OPTIONS[k] for k in (
-    "move_pairs", "move_neighbours")}}
+HARD_MOVE_OPTIONS = Options({
+    "moves": Opt("auto", "Merges on the exact bound: auto (merge, unless candidates > 0), none or merge "
+                 "(no delete move).", grammar=moves_grammar(("merge",)),
+                 resolved="'auto' by parse_moves where the moves are built (HardMoves, SVI's Moves)."),
+    "move_every": Opt(0, "Iterations between two merge rounds; auto: 4 iterations or an epoch of "
+                      "minibatches, whichever is longer.", low=1, special={0: "auto"},
+                      resolved="0 by move_interval when the learner builds its moves."),
+    **MOVE_OPTIONS.only("move_pairs", "move_neighbours")})
 #: learner option ``judge`` of the DP point learners: the exact bound their merges and births are judged
 #: on -- ``diag`` (the default): the pipeline's default model's (:func:`partition_prior`), births on their
 #: hard assignments, and a merge the hard assignments accept only when the same model's bound at soft
@@ -62,7 +97,10 @@ JUDGES = ("diag", "diag-hard", "own")
 #: empirical-Bayes steps on ``beta0`` for a judging prior at most (:meth:`Judge.tune`)
 TUNE_STEPS = 50
 #: the move options of the DP point learners (MM, SGA, SGA+M, SGA+F) and SVI
-POINT_MOVE_OPTIONS: dict[str, Any] = {**HARD_MOVE_OPTIONS, "judge": "diag"}
+POINT_MOVE_OPTIONS = HARD_MOVE_OPTIONS.with_({"judge": Opt(
+    "diag", "The bound merges and births are judged on: diag (the default model's, merges checked at "
+    "soft responsibilities), diag-hard (hard assignments alone) or own (the fixed isotropic covariance).",
+    choices=JUDGES)})
 _EMPTY = np.zeros((0, 2), dtype=np.int64)
 
 
@@ -79,28 +117,6 @@ def parse_moves(learner: str, value: str, candidates: int = 0) -> frozenset[str]
     if not kinds <= set(MOVE_KINDS):
         raise ConfigError(f"learner option 'moves' of {learner!r} must be 'none' or a comma-separated "
                           f"subset of {MOVE_KINDS}, got {value!r}")
-    return kinds
-
-
-def check_move_options(learner: str, opts: Mapping[str, Any]) -> frozenset[str]:
-    kinds = parse_moves(learner, opts["moves"], int(opts.get("candidates", 0)))
-    if "judge" in opts and opts["judge"] not in JUDGES:
-        raise ConfigError(f"learner option 'judge' of {learner!r} must be one of {JUDGES}, "
-                          f"got {opts['judge']!r}")
-    if "judge" in opts and opts.get("move_every", 1) == 0:  # the point learners' default: move_interval
-        opts = {**opts, "move_every": 1}
-    for key in ("move_every", "move_pairs", "move_neighbours", "delete_max"):
-        if key in opts and opts[key] < 1:
-            raise ConfigError(f"learner option {key!r} of {learner!r} must be an integer >= 1, "
-                              f"got {opts[key]!r}")
-    if "delete_share" not in opts:
-        if "delete" in kinds:
-            raise ConfigError(f"learner option 'moves' of {learner!r} must be 'none' or 'merge' "
-                              f"(hard-assignment learners have no delete move), got {opts['moves']!r}")
-        return kinds
-    if not 0 < opts["delete_share"] <= 1:
-        raise ConfigError(f"learner option 'delete_share' of {learner!r} must be in (0, 1], "
-                          f"got {opts['delete_share']!r}")
     return kinds
 
 
@@ -124,7 +140,7 @@ class Moves:
     three counters, so a resumed fit makes the same moves."""
 
     def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
-        self.kinds = check_move_options(learner, opts)
+        self.kinds = parse_moves(learner, opts["moves"], int(opts.get("candidates", 0)))
         self.opts = dict(opts)
         self.pairs = _EMPTY
         self.deletes = np.zeros(0, dtype=np.int64)

@@ -28,6 +28,7 @@ import numpy as np
 
 from pipeline.engine.blas import one_blas_thread
 from pipeline.fit.learners.base import FitContext, Learner, restart_lineage
+from pipeline.fit.learners.options import Opt, Options, Rule
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
 from vbcore.kernels.sga_stats import DPPoint, HardStats, map_params
@@ -51,10 +52,6 @@ from vbcore.kernels.truncated_map import (
 )
 from vbcore.model.posterior import Posterior
 
-#: the learner options of the truncated E-step and their defaults (0 candidates: the exact E-step;
-#: -1, the default: :data:`AUTO_CANDIDATES` where :func:`auto_candidates` says, else the exact one)
-TRUNCATED_OPTIONS: dict[str, Any] = {"candidates": -1, "neighbours": 8, "random_clusters": 1,
-                                     "first_search": "all", "search": "best", "block_rows": 64}
 #: ``candidates=-1`` turns the truncated E-step on (C' = 3) from K = 300 components for the diagonal
 #: families: measured on the SUN397-shaped store (108,754 x 4096, nu0 = 64, same start), 3.4x per
 #: iteration at K = 300 and 2.9x at K = 1000 with the same NMI and the bound within 0.002%, but only
@@ -82,22 +79,23 @@ FIRST_SEARCH = ("all", "pivots")
 #: candidates ('all', Forster & Lücke 2018); both add the previous candidates and the random clusters
 SEARCH = ("best", "all")
 
+#: the learner options of the truncated E-step and their defaults (0 candidates: the exact E-step;
+#: -1, the default: :data:`AUTO_CANDIDATES` where :func:`auto_candidates` says, else the exact one)
+TRUNCATED_OPTIONS = Options({
+    "candidates": Opt(-1, "C': candidate clusters per row of the truncated E-step (Forster & Lücke 2018).",
+                      low=-1, special={-1: "automatic", 0: "the exact E-step"},
+                      resolved="-1 by auto_candidates when the learner is built (truncated_e_step), so the "
+                      "fit reports the C' it used."),
+    "neighbours": Opt(8, "G: neighbours per cluster the candidate search moves through.", low=1),
+    "random_clusters": Opt(1, "Clusters drawn at random per row and iteration beside the neighbours.", low=0),
+    "first_search": Opt("all", "How the first pass finds candidates: all (one exact E-step) or pivots "
+                        "(ceil(sqrt(K G)) clusters drawn from the seed).", choices=FIRST_SEARCH),
+    "search": Opt("best", "A block's search space: the neighbours of its rows' best clusters (best) or of "
+                  "all their candidates (all).", choices=SEARCH),
+    "block_rows": Opt(64, "Rows per block of the candidate search.", low=1),
+})
+
 _PREFIX = "trunc_"
-
-
-def check_truncated_options(name: str, opts: Mapping[str, Any]) -> None:
-    """One line per bad value: which option of which learner, what it must be."""
-    for key, low in (("candidates", -1), ("neighbours", 1), ("random_clusters", 0), ("block_rows", 1)):
-        if opts[key] < low:
-            what = " (-1: automatic, 0: the exact E-step)" if key == "candidates" else ""
-            raise ConfigError(f"learner option {key!r} of {name!r} must be an integer >= {low}{what}, "
-                              f"got {opts[key]!r}")
-    if opts["search"] not in SEARCH:
-        raise ConfigError(f"learner option 'search' of {name!r} must be one of {SEARCH}, "
-                          f"got {opts['search']!r}")
-    if opts["first_search"] not in FIRST_SEARCH:
-        raise ConfigError(f"learner option 'first_search' of {name!r} must be one of {FIRST_SEARCH}, "
-                          f"got {opts['first_search']!r}")
 
 
 def _host(state: CandidateState) -> CandidateState:
@@ -239,7 +237,6 @@ class TruncatedEStep:
 def truncated_e_step(name: str, ctx: Any, opts: dict[str, Any]) -> TruncatedEStep | None:
     """The truncated E-step of a learner with :data:`TRUNCATED_OPTIONS`, or None for the exact one.
     ``candidates=-1`` is resolved here, in ``opts`` (so the fit reports the C' it used)."""
-    check_truncated_options(name, opts)
     if int(opts["candidates"]) < 0:
         opts["candidates"] = auto_candidates(int(ctx.prior.n_components), ctx.covariance_type,
                                              getattr(ctx.engine, "array_backend", "numpy"))
@@ -256,23 +253,21 @@ def truncated_e_step(name: str, ctx: Any, opts: dict[str, Any]) -> TruncatedESte
 #: ``first_search``: how a row without candidates starts: 'all' (its exact argmax over all K, the
 #: default) or 'pivots' (ceil(sqrt(K G)) clusters from the seed, then ``extra_steps`` more searches:
 #: cheaper, but measured to find the exact label for only 35-53% of fresh rows, docs/benchmarks.md)
-MAP_SEARCH_OPTIONS: dict[str, Any] = {"candidates": 0, "neighbours": 16, "random_clusters": 1,
-                                      "block_rows": 64, "extra_steps": 1, "first_search": "all"}
-
-
-def check_map_search_options(name: str, opts: Mapping[str, Any]) -> None:
-    """One line per bad value of :data:`MAP_SEARCH_OPTIONS`."""
-    for key, low in (("candidates", 0), ("neighbours", 1), ("random_clusters", 0), ("block_rows", 1),
-                     ("extra_steps", 0)):
-        if opts[key] < low:
-            raise ConfigError(f"learner option {key!r} of {name!r} must be an integer >= {low}, "
-                              f"got {opts[key]!r}")
-    if opts["first_search"] not in FIRST_SEARCH:
-        raise ConfigError(f"learner option 'first_search' of {name!r} must be one of {FIRST_SEARCH}, "
-                          f"got {opts['first_search']!r}")
-    if int(opts["candidates"]) > 0 and opts.get("moves", "none") not in ("none", "auto"):
-        raise ConfigError(f"learner options 'candidates' and 'moves' of {name!r} cannot be combined "
-                          "yet; use candidates=0 or moves=none")
+MAP_SEARCH_OPTIONS = Options({
+    "candidates": Opt(0, "Candidate clusters per row searched for the MAP label.", low=0,
+                      special={0: "the exact argmax over all K"}),
+    "neighbours": Opt(16, TRUNCATED_OPTIONS.decls["neighbours"].help, low=1),
+    "random_clusters": TRUNCATED_OPTIONS.decls["random_clusters"],
+    "block_rows": TRUNCATED_OPTIONS.decls["block_rows"],
+    "extra_steps": Opt(1, "More searches for rows that start from the pivots (never visited, or pruned).",
+                       low=0),
+    "first_search": Opt("all", "How a row without candidates starts: all (its exact argmax over all K) or "
+                        "pivots (ceil(sqrt(K G)) clusters from the seed, then extra_steps more searches).",
+                        choices=FIRST_SEARCH),
+}, rules=[Rule(("candidates", "moves"), lambda o, _: int(o["candidates"]) > 0
+               and o.get("moves", "none") not in ("none", "auto"),
+               "learner options 'candidates' and 'moves' of {learner!r} cannot be combined yet; use "
+               "candidates=0 or moves=none")])
 
 
 def one_thread_map_kernel(chunk: Any, state: CandidateState, params: Any) -> tuple[CandidateState, Any]:
@@ -348,7 +343,6 @@ class MapSearch(TruncatedEStep):
 
 def map_search(name: str, ctx: Any, opts: Mapping[str, Any]) -> MapSearch | None:
     """The candidate MAP search of a learner with :data:`MAP_SEARCH_OPTIONS`, or None (exact)."""
-    check_map_search_options(name, opts)
     return MapSearch(ctx, opts) if int(opts["candidates"]) > 0 else None
 
 

@@ -34,8 +34,8 @@ import numpy as np
 
 from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext, Learner, restart_lineage
+from pipeline.fit.learners.options import Opt, Options
 from pipeline.fit.learners.state import LearnerState
-from vbcore.errors import ConfigError
 from vbcore.kernels.estep import Chunk, estep_params, to_host
 from vbcore.learners.gradients import (
     GradSums,
@@ -61,14 +61,12 @@ def seed000_converged(history: list[float], eps: float, n_rows: float) -> bool:
     return all(history[-i] - history[-i - 1] < eps * n_rows for i in (1, 2))
 
 
-def check_convergence_options(name: str, opts: Mapping[str, Any]) -> None:
-    if opts["convergence"] not in CONVERGENCE_RULES:
-        raise ConfigError(
-            f"learner option 'convergence' of {name!r} must be one of {CONVERGENCE_RULES}, "
-            f"got {opts['convergence']!r}"
-        )
-    if not opts["eps"] > 0:
-        raise ConfigError(f"learner option 'eps' of {name!r} must be > 0, got {opts['eps']!r}")
+#: the convergence options of the gradient learners and pattern search (``vbem-ps``)
+CONVERGENCE_OPTIONS = Options({
+    "convergence": Opt("tol", "tol: |dELBO|/N < tol (the estimator's); seed000: C_{k-1} - C_k < eps N on two "
+                       "iterations in a row (Kuusela et al. 2009 sec. V).", choices=CONVERGENCE_RULES),
+    "eps": Opt(1e-8, "eps of the seed000 rule.", low=0, low_open=True),
+})
 
 
 # ---- the line search -----------------------------------------------------------------------------
@@ -179,23 +177,13 @@ class GradientLearner(Learner):
     family = "gradient"
     state_type = GradientState
     covariance_types = ("full", "diag", "spherical", "fixed")
-    options = {
-        "convergence": "tol",  # 'tol': |dELBO|/N < tol (the estimator's); 'seed000': see below
-        "eps": 1e-8,  # seed000 rule: C_{k-1} - C_k < eps N on two consecutive iterations
-        "line_search_evals": 6,  # most cost evaluations (engine passes) per line search
-    }
+    options = CONVERGENCE_OPTIONS.with_({"line_search_evals": Opt(
+        6, "Most cost evaluations (engine passes) per line search.", low=1, typed=False)})
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
         self.states: list[Any] = []
         self._reset_driver_state()
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        check_convergence_options(cls.name, opts)
-        if opts["line_search_evals"] < 1:
-            raise ConfigError(f"learner option 'line_search_evals' of {cls.name!r} must be >= 1, "
-                              f"got {opts['line_search_evals']!r}")
 
     def _reset_driver_state(self) -> None:
         k, d = self.ctx.prior.n_components, self.ctx.n_features

@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.fit.learners.base import FitContext, Learner
 from pipeline.fit.learners.moves import parse_moves
+from pipeline.fit.learners.options import Opt
 from pipeline.fit.learners.point.state import PointState
 from pipeline.fit.learners.sampling import chunk_bounds, gather_sample, kmeanspp
 from pipeline.fit.learners.truncated import map_search
@@ -54,6 +55,11 @@ ROW_WORTH = 1.0
 #: sample rows of the default sigma^2 (vbcore.learners.sigma2: an n x n neighbour search over <= 1024
 #: coordinates)
 SIGMA2_ROWS = 4000
+#: learner option ``prune_threshold`` of the point learners (:meth:`DPPointLearner.prune_kept`)
+PRUNE_THRESHOLD = {"prune_threshold": Opt(
+    None, "THR of the threshold rule: clusters with E[v_k] < THR are pruned (Lim & Jiang 2024 section "
+    "4.5); unset: a mixture weight of at least default_threshold of the start's, kept for the whole fit.",
+    kind="float", low=0, high=1, high_open=True)}
 
 
 def estimate_fixed_variance(sample: np.ndarray, n_components: int, random_state: Any) -> float:
@@ -113,13 +119,6 @@ class DPPointLearner(Learner):
         self.counts = np.zeros(0)
         #: the default threshold, fixed at the first pruning (the initial weights): see prune_kept
         self.thr: float | None = None
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        thr = opts.get("prune_threshold")
-        if thr is not None and not 0 <= thr < 1:
-            raise ConfigError(f"learner option 'prune_threshold' of {cls.name!r} must be in [0, 1), "
-                              f"got {thr!r}")
 
     def prune_kept(self, sticks: np.ndarray, counts: np.ndarray | None = None,
                    means: np.ndarray | None = None) -> np.ndarray:
@@ -305,11 +304,3 @@ class DPPointLearner(Learner):
         post = point_posterior(point, stats.nk, self.ctx.prior, self.sigma2, self.a0)
         return post, elbo_terms(stats, post, self.ctx.prior)
 
-
-def check_range(learner: str, key: str, value: float, lo: float, hi: float, *,
-                lo_open: bool = False) -> None:
-    bad = value <= lo if lo_open else value < lo
-    if bad or value > hi:
-        left = "(" if lo_open else "["
-        raise ConfigError(f"learner option {key!r} of {learner!r} must be in {left}{lo:g}, {hi:g}], "
-                          f"got {value!r}")

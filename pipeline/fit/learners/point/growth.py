@@ -53,9 +53,9 @@ import numpy as np
 
 from pipeline.fit.learners.base import FitContext
 from pipeline.fit.learners.growth import SPREAD_SPLIT, Growth, n_used, split_proposals
+from pipeline.fit.learners.options import Opt, Options
 from pipeline.fit.learners.outliers import OUTLIER_MIN_ROWS, outlier_births
 from pipeline.fit.learners.point.moves import MergingPointLearner
-from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
 from vbcore.kernels.sga_stats import DPPoint, log_stick_weights, take_stats
 from vbcore.learners.sga import default_threshold, mm_sticks, mm_update, sticks_of_weights
@@ -64,17 +64,14 @@ from vbcore.model.stats import SuffStats
 
 #: the growth options of the point learners: full-data MM steps a proposal (and the point it would
 #: replace) gets before the bound judges it, and the iterations between two checks
-POINT_GROW_OPTIONS: dict[str, Any] = {"grow_iters": 3, "grow_every": 20}
+POINT_GROW_OPTIONS = Options({
+    "grow_iters": Opt(3, "Full-data MM steps a birth proposal (and the point it would replace) gets "
+                      "before the exact bound judges it.", low=1),
+    "grow_every": Opt(20, "Iterations between two birth checks (with grow and DP weights).", low=1),
+})
 #: a birth proposal lowers the threshold rule's THR to this share of its smallest split weight (each
 #: half of a parent), so the rule does not prune a child before the bound has judged it, nor after
 BIRTH_SHARE = 0.5
-
-
-def check_point_grow_options(name: str, opts: Mapping[str, Any]) -> None:
-    for key in POINT_GROW_OPTIONS:
-        if int(opts[key]) < 1:
-            raise ConfigError(f"learner option {key!r} of {name!r} must be an integer >= 1, "
-                              f"got {opts[key]!r}")
 
 
 def split_point(point: DPPoint, parents: np.ndarray, kept: np.ndarray, children: np.ndarray,

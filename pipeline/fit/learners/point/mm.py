@@ -13,6 +13,8 @@ import numpy as np
 
 from pipeline.fit.learners import register
 from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS
+from pipeline.fit.learners.options import declare
+from pipeline.fit.learners.point.base import PRUNE_THRESHOLD
 from pipeline.fit.learners.point.moves import MergingPointLearner
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
 from vbcore.kernels.sga_stats import take_stats
@@ -30,7 +32,7 @@ class MM(MergingPointLearner):
 
     #: merges: pipeline.fit.learners.moves; ``candidates`` > 0: the MAP labels searched over candidate
     #: clusters (pipeline.fit.learners.truncated.MapSearch)
-    options = {"prune_threshold": None, **POINT_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS}
+    options = declare(PRUNE_THRESHOLD, POINT_MOVE_OPTIONS, MAP_SEARCH_OPTIONS)
     passes_per_iteration = 1
 
     def step(self, iteration: int) -> tuple[Posterior, ElboTerms]:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.fit.learners.base import FitContext
-from pipeline.fit.learners.moves import check_move_options, move_interval
+from pipeline.fit.learners.moves import move_interval, parse_moves
 from pipeline.fit.learners.point.base import DPPointLearner
 from pipeline.fit.learners.point.soft_judge import soft_merges
 from pipeline.fit.learners.point.state import HardMovesState, PointState
@@ -47,7 +47,7 @@ class HardMoves:
     classes split (docs/algorithms.md, "Model selection in the DP point learners")."""
 
     def __init__(self, learner: str, opts: Mapping[str, Any]) -> None:
-        self.kinds = check_move_options(learner, opts)
+        self.kinds = parse_moves(learner, opts["moves"], int(opts.get("candidates", 0)))
         self.opts = dict(opts)
         self.pending, self.force = True, False
         self.last_round: dict[str, float] = {}
@@ -176,11 +176,6 @@ class MergingPointLearner(DPPointLearner):
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
         self.merges = PointMerges(ctx, self.name, self.opts)
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        super().check_options(opts)
-        check_move_options(cls.name, opts)
 
     def judged_bound(self, point: DPPoint, stats: SuffStats) -> float:
         """The bound a birth is judged on: the learner's exact ELBO at ``point`` (``judge='own'``) or

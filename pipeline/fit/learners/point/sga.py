@@ -30,18 +30,13 @@ from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext
 from pipeline.fit.learners.growth import n_used
 from pipeline.fit.learners.moves import POINT_MOVE_OPTIONS
-from pipeline.fit.learners.point.base import check_range
-from pipeline.fit.learners.point.growth import (
-    POINT_GROW_OPTIONS,
-    Birth,
-    PointGrowth,
-    check_point_grow_options,
-)
+from pipeline.fit.learners.options import Opt, Options, declare
+from pipeline.fit.learners.point.base import PRUNE_THRESHOLD
+from pipeline.fit.learners.point.growth import POINT_GROW_OPTIONS, Birth, PointGrowth
 from pipeline.fit.learners.point.moves import MergingPointLearner
 from pipeline.fit.learners.point.state import PointState
 from pipeline.fit.learners.sampling import minibatch, minibatch_weight
 from pipeline.fit.learners.truncated import MAP_SEARCH_OPTIONS
-from vbcore.errors import ConfigError
 from vbcore.kernels.sga_stats import map_params, row_bound, scale_stats
 from vbcore.learners.sga import Velocity, gradients, sga_step
 from vbcore.model.elbo import ElboTerms, elbo_terms, minibatch_standard_error
@@ -60,27 +55,24 @@ ELBO_MODES = ("minibatch", "full")
 MINIBATCH_SLICE = 0
 
 
-def check_minibatch_options(name: str, opts: Mapping[str, Any]) -> None:
-    """The options every minibatch learner (sga, sga-m, sga-f, svi) shares."""
-    if opts["minibatch"] < 1:
-        raise ConfigError(f"learner option 'minibatch' of {name!r} must be an integer >= 1 "
-                          f"(rows per iteration), got {opts['minibatch']!r}")
-    if opts["minibatch_slice"] < 0:
-        raise ConfigError(f"learner option 'minibatch_slice' of {name!r} must be an integer >= 0 "
-                          f"(consecutive rows per slice of a minibatch; 0: auto), "
-                          f"got {opts['minibatch_slice']!r}")
-    if opts["elbo"] not in ELBO_MODES:
-        raise ConfigError(f"learner option 'elbo' of {name!r} must be one of {ELBO_MODES}, "
-                          f"got {opts['elbo']!r}")
+#: the options every minibatch learner (sga, sga-m, sga-f, svi) shares
+MINIBATCH_OPTIONS = Options({
+    "minibatch": Opt(4000, "Rows per iteration.", low=1),
+    "minibatch_slice": Opt(MINIBATCH_SLICE, "Consecutive rows per slice of a minibatch.", low=0,
+                           special={0: "auto"}),
+    "elbo": Opt("minibatch", "The bound reported per iteration: minibatch (an unbiased estimate from the "
+                "iteration's minibatch) or full (exact, one more full pass).", choices=ELBO_MODES),
+})
+ETA = Opt(0.1, "Step size (Lim & Jiang 2024 Algorithm 1, step 3.i).", low=1e-3, high=1e-1)
 
 
 class _SGA(MergingPointLearner):
     method = "sga"
     grows = True  # births checked on the bound (pipeline.fit.learners.point.growth)
-    options = {"eta": 0.1, "minibatch": 4000, "minibatch_slice": MINIBATCH_SLICE, "prune_threshold": None,
-               "elbo": "minibatch",
-               **POINT_MOVE_OPTIONS, **MAP_SEARCH_OPTIONS,  # merges: pipeline.fit.learners.moves
-               **POINT_GROW_OPTIONS}  # births: pipeline.fit.learners.point.growth
+    options = declare({"eta": ETA, **MINIBATCH_OPTIONS.only("minibatch", "minibatch_slice"),
+                       **PRUNE_THRESHOLD, "elbo": MINIBATCH_OPTIONS.decls["elbo"]},
+                      POINT_MOVE_OPTIONS, MAP_SEARCH_OPTIONS,  # merges: pipeline.fit.learners.moves
+                      POINT_GROW_OPTIONS)  # births: pipeline.fit.learners.point.growth
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
@@ -88,15 +80,6 @@ class _SGA(MergingPointLearner):
         self.births = PointGrowth(ctx, self.opts, searching=self.search is not None)
         self.se: float | None = None
         self.velocity: Velocity | None = None
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        super().check_options(opts)
-        check_range(cls.name, "eta", opts["eta"], 1e-3, 1e-1)  # Algorithm 1, step 3.i
-        check_minibatch_options(cls.name, opts)
-        check_point_grow_options(cls.name, opts)
-        if "alpha" in opts:
-            check_range(cls.name, "alpha", opts["alpha"], 0.0, 1.0)
 
     def _reorder(self, order: np.ndarray) -> None:
         super()._reorder(order)  # the candidate search's stored candidates
@@ -223,7 +206,7 @@ class SGAMomentum(_SGA):
     """Momentum (Lim & Jiang 2024 section 3.2, eq. 8)."""
 
     method = "sga-m"
-    options = {**_SGA.options, "alpha": 0.9}
+    options = _SGA.options.with_({"alpha": Opt(0.9, "Momentum (Lim & Jiang 2024 eq. 8).", low=0, high=1)})
 
 
 @register("sga-f")

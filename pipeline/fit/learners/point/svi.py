@@ -24,12 +24,12 @@ from pipeline.fit.learners.moves import (
     MOVE_OPTIONS,
     POINT_MOVE_OPTIONS,
     Moves,
-    check_move_options,
     move_interval,
 )
-from pipeline.fit.learners.point.base import DPPointLearner, check_range
+from pipeline.fit.learners.options import Opt, declare
+from pipeline.fit.learners.point.base import PRUNE_THRESHOLD, DPPointLearner
 from pipeline.fit.learners.point.moves import Judge
-from pipeline.fit.learners.point.sga import MINIBATCH_SLICE, check_minibatch_options
+from pipeline.fit.learners.point.sga import MINIBATCH_OPTIONS
 from pipeline.fit.learners.point.state import PointState
 from pipeline.fit.learners.sampling import minibatch, minibatch_weight
 from vbcore.errors import ConfigError
@@ -48,9 +48,12 @@ class SVI(DPPointLearner):
     #: merges (``moves``, as the hard learners'): a round is one full VB E-step pass that also gathers
     #: the entropy changes of merging each cluster with its nearest neighbours; merges are kept when
     #: the exact ELBO of all rows rises (:class:`pipeline.fit.learners.moves.Moves`)
-    options = {"minibatch": 4000, "minibatch_slice": MINIBATCH_SLICE, "tau": 1.0, "kappa": 0.7,
-               "prune_threshold": None, "elbo": "minibatch",
-               **POINT_MOVE_OPTIONS}
+    options = declare({**MINIBATCH_OPTIONS.only("minibatch", "minibatch_slice"),
+                       "tau": Opt(1.0, "Delay of the step sizes rho_t = (t + tau)^-kappa.", low=0),
+                       "kappa": Opt(0.7, "Forgetting rate of rho_t = (t + tau)^-kappa.", low=0.5, high=1,
+                                    low_open=True),
+                       **PRUNE_THRESHOLD, "elbo": MINIBATCH_OPTIONS.decls["elbo"]},
+                      POINT_MOVE_OPTIONS)
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
@@ -59,15 +62,6 @@ class SVI(DPPointLearner):
         self.moves = Moves(self.name, {**MOVE_OPTIONS, **self.opts,
                                        "move_every": move_interval(self.opts, ctx.n_rows)})
         self.judging = Judge(self.opts)
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        super().check_options(opts)
-        check_move_options(cls.name, opts)
-        check_range(cls.name, "kappa", opts["kappa"], 0.5, 1.0, lo_open=True)
-        if opts["tau"] < 0:
-            raise ConfigError(f"learner option 'tau' of {cls.name!r} must be >= 0, got {opts['tau']!r}")
-        check_minibatch_options(cls.name, opts)
 
     def initialise(self) -> Posterior:
         super().initialise()  # k-means++ seeds and one full MAP pass

@@ -26,13 +26,13 @@ from pipeline.fit.learners.growth import (
     propose_outliers,
     propose_splits,
 )
-from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, MovesState, check_move_options, merge_back
+from pipeline.fit.learners.moves import MOVE_OPTIONS, Moves, MovesState, merge_back, moves_grammar
+from pipeline.fit.learners.options import Opt, Rule, declare
 from pipeline.fit.learners.state import LearnerState
-from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner, check_truncated_options
-from pipeline.fit.learners.vbem.memo import MemoStats, check_memo_option, chunk_keys
+from pipeline.fit.learners.truncated import TRUNCATED_OPTIONS, TruncatedLearner
+from pipeline.fit.learners.vbem.memo import MEMO_OPTIONS, MemoStats, chunk_keys
 from pipeline.fit.learners.vbem.overrelax import OverRelax, RelaxState
 from pipeline.fit.learners.vbem.passes import choose_pass, vbem_pass
-from vbcore.errors import ConfigError
 from vbcore.kernels.estep import estep_params
 from vbcore.model.elbo import ElboTerms, elbo_terms
 from vbcore.model.empirical import empirical_update
@@ -42,6 +42,38 @@ from vbcore.model.stats import SuffStats
 
 #: values of VB EM's learner option ``grow_splits``
 GROW_SPLITS = ("all", "gated")
+#: VB EM's own options (the truncated E-step's, the moves' and the memo's are declared with them)
+VBEM_OPTIONS = {
+    "prune_below": Opt(1e-6, "DP pruning: components whose expected count N_k falls under this many rows "
+                       "are dropped after the M-step."),
+    "reorder": Opt(False, "Sort the sticks by descending N_k before the M-step (Lim & Jiang 2024 section "
+                   "4.5)."),
+    "grow_iters": Opt(5, "Iterations a birth proposal may take to beat the converged bound.", low=1),
+    "grow_splits": Opt("all", "all (propose to split every component, keep each split where the exact "
+                       "bound prefers it) or gated (split the components that look like two groups, "
+                       "kept or refused together).", choices=GROW_SPLITS),
+    "grow_tol": Opt(1e-2, "Grow once the bound changes by less than this per row, before it converges.",
+                    low=0, special={0: "only at convergence"}),
+}
+#: VB EM's declarations of two move options: what its __init__ resolves
+VBEM_MOVES = {
+    "moves": Opt("auto", "Merge/delete moves on the exact bound: auto, none, or a comma-separated subset of "
+                 "merge, delete.", grammar=moves_grammar(),
+                 resolved="'auto' in VBEM.__init__: merge,delete where the truncation grows (grow, DP "
+                 "weights) unless the truncated E-step runs on covariance 'tied', else none."),
+    "move_every": replace(MOVE_OPTIONS.decls["move_every"], resolved="with memo > 0, VBEM.__init__ "
+                          "multiplies it by ceil(1 / memo) for its moves (a lap of visits; the option "
+                          "reported keeps the value given)."),
+}
+VBEM_RULES = [
+    Rule(("memo", "candidates"), lambda o, _: o["memo"] > 0 and o["candidates"] > 0,
+         "learner option 'memo' of {learner!r} keeps the exact E-step's statistics: it cannot be combined "
+         "with 'candidates' > 0 yet"),
+    Rule(("candidates", "moves"), lambda o, cov: cov == "tied" and int(o["candidates"]) > 0
+         and o["moves"] not in ("none", "auto"),
+         "learner options 'candidates' and 'moves' of {learner!r} cannot be combined for covariance 'tied' "
+         "yet; use candidates=0 (the exact E-step) with moves"),
+]
 #: learner state without memoized statistics: the store's chunk keys (what a warm start compares
 #: with its own, :meth:`VBEM.adopt`) and a warm start's chunks the previous fit did not have
 CHUNK_KEYS, FRESH = "chunks.keys", "chunks.fresh"
@@ -80,42 +112,15 @@ class VBEM(TruncatedLearner):
     #: (:mod:`vbcore.model.empirical`).
     #: ``moves='auto'``: merge and delete moves where the truncation grows (``grow``, the pipeline's
     #: default, so K also shrinks on the bound), none otherwise (scikit-learn's trajectory).
-    options = {"prune_below": 1e-6, "reorder": False, "grow_iters": 5, "grow_splits": "all", "grow_tol": 1e-2,
-               **TRUNCATED_OPTIONS, **MOVE_OPTIONS, "moves": "auto", "memo": 0.0, "memo_stop": "gain",
-               "accelerate": False}
+    options = declare(VBEM_OPTIONS, TRUNCATED_OPTIONS, MOVE_OPTIONS, VBEM_MOVES, MEMO_OPTIONS,
+                      {"accelerate": Opt(False, "Over-relaxed passes (issue 51; vbem/overrelax.py).")},
+                      rules=VBEM_RULES)
     empirical_bayes = True
     family = "vbem"
     grows = True
     passes_per_iteration = 1
     partial_fit = True
     state_type = VBEMState
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        check_truncated_options(cls.name, opts)
-        check_move_options(cls.name, {**opts, "moves": "none"} if opts["moves"] == "auto" else opts)
-        check_memo_option(cls.name, opts["memo"], opts["memo_stop"])
-        if opts["memo"] > 0 and opts["candidates"] > 0:
-            raise ConfigError(f"learner option 'memo' of {cls.name!r} keeps the exact E-step's statistics: "
-                              "it cannot be combined with 'candidates' > 0 yet")
-        if int(opts["grow_iters"]) < 1:
-            raise ConfigError(f"learner option 'grow_iters' of {cls.name!r} must be >= 1, "
-                              f"got {opts['grow_iters']!r}")
-        if opts["grow_splits"] not in GROW_SPLITS:
-            raise ConfigError(f"learner option 'grow_splits' of {cls.name!r} must be one of {GROW_SPLITS}, "
-                              f"got {opts['grow_splits']!r}")
-        if not float(opts["grow_tol"]) >= 0.0:
-            raise ConfigError(f"learner option 'grow_tol' of {cls.name!r} must be a number >= 0, "
-                              f"got {opts['grow_tol']!r}")
-
-    @classmethod
-    def check_spec(cls, spec: Any) -> None:
-        super().check_spec(spec)
-        opts = spec.learner_options  # every covariance type has the truncated E-step; not all its moves
-        if (int(opts.get("candidates", 0)) > 0 and spec.covariance == "tied"
-                and opts.get("moves", "none") not in ("none", "auto")):
-            raise ConfigError(f"learner options 'candidates' and 'moves' of {cls.name!r} cannot be combined "
-                              "for covariance 'tied' yet; use candidates=0 (the exact E-step) with moves")
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})

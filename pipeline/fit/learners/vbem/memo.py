@@ -49,6 +49,7 @@ import numpy as np
 
 from pipeline.engine.engines import tree_reduce
 from pipeline.fit.learners.base import FitContext, restart_lineage
+from pipeline.fit.learners.options import Opt, Options
 from pipeline.fit.learners.vbem.memo_round import RoundMemo, part_of, stack_stats, unstack_stats
 from vbcore.errors import ConfigError
 from vbcore.kernels.estep import EStepParams, KernelResult, vbem_kernel
@@ -65,12 +66,15 @@ STOP_RULES = ("gain", "lap")
 ORDER_TAG = 2_813
 
 
-def check_memo_option(name: str, value: float, stop: str = "gain") -> None:
-    if not 0.0 <= float(value) <= 1.0:
-        raise ConfigError(f"learner option 'memo' of {name!r} must be in [0, 1] (the share of chunks "
-                          f"an iteration visits; 0: no memoized statistics), got {value!r}")
-    if stop not in STOP_RULES:
-        raise ConfigError(f"learner option 'memo_stop' of {name!r} must be one of {STOP_RULES}, got {stop!r}")
+#: VB EM's memoized statistics' options (:class:`MemoStats`)
+MEMO_OPTIONS = Options({
+    "memo": Opt(0.0, "The share of chunks an iteration visits, their statistics memoized (Hughes & "
+                "Sudderth 2013).", low=0, high=1, special={0: "no memoized statistics"},
+                resolved="memo > 0 sets an unset candidates (-1) to 0 and scales move_every by "
+                "ceil(1 / memo) (VBEM.__init__)."),
+    "memo_stop": Opt("gain", "When a memoized fit has converged: gain (the gain of what an iteration "
+                     "visited) or lap (a whole lap of visits).", choices=STOP_RULES),
+})
 
 
 def memo_kernel(chunk: Any, old: KernelResult | None,

@@ -17,10 +17,11 @@ import numpy as np
 
 from pipeline.fit.learners import register
 from pipeline.fit.learners.base import FitContext, Learner
-from pipeline.fit.learners.gradient.learners import check_convergence_options, seed000_converged
+from pipeline.fit.learners.gradient.learners import CONVERGENCE_OPTIONS, seed000_converged
+from pipeline.fit.learners.options import Opt, Rule, declare
 from pipeline.fit.learners.state import LearnerState
 from pipeline.fit.learners.vbem.learner import vbem_pass
-from vbcore.errors import ConfigError, NumericalError
+from vbcore.errors import NumericalError
 from vbcore.learners.pattern import PatternLine
 from vbcore.model.elbo import ElboTerms, elbo_terms
 from vbcore.model.mstep import m_step
@@ -77,26 +78,19 @@ class PatternSearchVBEM(Learner):
 
     family = "vbem"
     state_type = PatternState
-    options = {
-        "every": 3,  # a pattern search on every 3rd iteration (the others are plain VB EM)
-        "step": 1.0,  # first trial step (in units of the last cycle's change); then the last accepted
-        "max_step": 64.0,  # longest trial step
-        "convergence": "tol",  # 'tol': |dELBO|/N < tol; 'seed000': C_{k-1} - C_k < eps N twice
-        "eps": 1e-8,
-    }
+    options = declare({
+        "every": Opt(3, "A pattern search on every this-many-th iteration (the others are plain VB EM).",
+                     low=1, typed=False),
+        "step": Opt(1.0, "First trial step (in units of the last cycle's change); then the last accepted."),
+        "max_step": Opt(64.0, "Longest trial step."),
+    }, CONVERGENCE_OPTIONS, rules=[Rule(
+        ("step", "max_step"), lambda o, _: not 0 < o["step"] <= o["max_step"],
+        "learner options of {learner!r} need 0 < step <= max_step, got step={step!r}, "
+        "max_step={max_step!r}")])
 
     def __init__(self, ctx: FitContext, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(ctx, options)
         self._clear()
-
-    @classmethod
-    def check_options(cls, opts: dict[str, Any]) -> None:
-        check_convergence_options(cls.name, opts)
-        if opts["every"] < 1:
-            raise ConfigError(f"learner option 'every' of {cls.name!r} must be >= 1, got {opts['every']!r}")
-        if not 0 < opts["step"] <= opts["max_step"]:
-            raise ConfigError(f"learner options of {cls.name!r} need 0 < step <= max_step, got "
-                              f"step={opts['step']!r}, max_step={opts['max_step']!r}")
 
     def _clear(self) -> None:
         self.s = PatternState(lam=float(self.opts["step"]))
