@@ -126,10 +126,10 @@ class Learner:
 
     Subclasses set ``options`` (the allowed ``learner_options``, declared once with their defaults,
     ranges and help, :mod:`pipeline.fit.learners.options`) and implement :meth:`step`; learners with
-    state beyond the posterior (search directions, momentum) declare it as a :class:`LearnerState` dataclass (:attr:`state_type`)
-    and implement :meth:`own_state` and :meth:`load`; learners with a cache of per-chunk data on the
-    engine (per-chunk logits, candidate sets) implement :meth:`cache_arrays`, :meth:`load_cache` and
-    :meth:`close`. Engine passes are counted by the engine wrapper of the fit context
+    state beyond the posterior (search directions, momentum) declare it as a :class:`LearnerState`
+    dataclass (:attr:`state_type`) and implement :meth:`own_state` and :meth:`load`; learners with a
+    cache of per-chunk data on the engine (per-chunk logits, candidate sets) implement
+    :meth:`cache_arrays`, :meth:`load_cache` and :meth:`close`. Engine passes are counted by the engine wrapper of the fit context
     (``ctx.engine.passes``), not by the learners.
     """
 
