@@ -129,8 +129,8 @@ class Learner:
     state beyond the posterior (search directions, momentum) declare it as a :class:`LearnerState`
     dataclass (:attr:`state_type`) and implement :meth:`own_state` and :meth:`load`; learners with a
     cache of per-chunk data on the engine (per-chunk logits, candidate sets) implement
-    :meth:`cache_arrays`, :meth:`load_cache` and :meth:`close`. Engine passes are counted by the engine wrapper of the fit context
-    (``ctx.engine.passes``), not by the learners.
+    :meth:`cache_arrays`, :meth:`load_cache` and :meth:`close`. Engine passes are counted by the
+    engine wrapper of the fit context (``ctx.engine.passes``), not by the learners.
     """
 
     name: ClassVar[str] = ""
