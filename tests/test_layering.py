@@ -138,10 +138,16 @@ def oversized(source: str, filename: str) -> list[str]:
     n = len(source.splitlines())
     if n >= MAX_FILE_LINES:
         found.append(f"{filename}: {n} lines")
+    return found + long_functions(source, filename, MAX_FUNCTION_LINES)
+
+
+def long_functions(source: str, filename: str, limit: int) -> list[str]:
+    """"filename:line: NAME has N lines" for every function or method longer than ``limit`` lines."""
+    found = []
     for node in ast.walk(ast.parse(source, filename=filename)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             length = (node.end_lineno or node.lineno) - node.lineno + 1
-            if length > MAX_FUNCTION_LINES:
+            if length > limit:
                 found.append(f"{filename}:{node.lineno}: {node.name} has {length} lines")
     return found
 
@@ -201,12 +207,7 @@ def learner_style(source: str, filename: str) -> list[str]:
     "filename:line: type: ignore" for every line that silences the type checker."""
     found = [f"{filename}:{i}: type: ignore" for i, line in enumerate(source.splitlines(), 1)
              if re.search(r"#\s*type:\s*ignore", line)]
-    for node in ast.walk(ast.parse(source, filename=filename)):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            length = (node.end_lineno or node.lineno) - node.lineno + 1
-            if length > MAX_LEARNER_FUNCTION_LINES:
-                found.append(f"{filename}:{node.lineno}: {node.name} has {length} lines")
-    return found
+    return found + long_functions(source, filename, MAX_LEARNER_FUNCTION_LINES)
 
 
 def test_learner_style_checker_flags_long_functions_and_type_ignores() -> None:
